@@ -1,0 +1,41 @@
+"""posenc: positional encodings for Transformers, exact, with one attention layer for all of them.
+
+>>> import posenc
+>>> enc = posenc.build("t5", num_heads=8, num_buckets=32, max_distance=128, bidirectional=True)
+>>> attn = posenc.MultiheadAttention(512, 8, encoding="rope:base=500000", causal=True)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import functional
+from .attention import KVCache, MultiheadAttention
+from .backends import use_backend
+from .base import Kind, PositionalEncoding
+from .registry import available, build, get_class, register
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Kind",
+    "KVCache",
+    "MultiheadAttention",
+    "PositionalEncoding",
+    "TransformerLM",
+    "available",
+    "build",
+    "functional",
+    "get_class",
+    "register",
+    "use_backend",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The model module is imported lazily so that `import posenc` stays light.
+    if name in ("TransformerLM", "TransformerEncoder"):
+        from . import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'posenc' has no attribute {name!r}")

@@ -1,0 +1,63 @@
+"""The eager reference backend: explicit logits, every kind, attention weights on request.
+
+It materialises the ``[B, H, Tq, Tk]`` logits (and, for BIAS kinds, the dense bias), so it is the
+slowest and most memory-hungry backend, and the one every other backend is tested against.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..base import Kind
+from . import AttentionRequest, register_backend
+
+
+def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
+    """Repeat ``x [B, Hkv, T, D]`` along heads to ``[B, num_heads, T, D]`` (grouped-query attention)."""
+    groups = num_heads // x.shape[1]
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def attention_logits(req: AttentionRequest) -> Tensor:
+    """Scaled, masked logits ``[B, H, Tq, Tk]`` in the query dtype (masked entries are ``finfo.min``)."""
+    q, k = req.q, repeat_kv(req.k, req.num_heads)
+    if req.kind is Kind.CONTENT:
+        logits = req.encoding.logits(q, k, req.q_pos, req.k_pos, scale=req.scale, layer=req.layer)
+    else:
+        logits = (q @ k.transpose(-1, -2)) * req.scale
+    if req.kind is Kind.BIAS:
+        logits = logits + req.encoding.bias_for_positions(req.q_pos, req.k_pos).to(logits.dtype)
+    extra = req.float_mask()
+    if extra is not None:
+        logits = logits + extra.to(logits.dtype)
+    allowed = req.allowed()
+    if allowed is not None:
+        logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+    return logits
+
+
+def attention_probs(req: AttentionRequest) -> Tensor:
+    """Softmax of :func:`attention_logits` (no dropout): the attention weights ``[B, H, Tq, Tk]``."""
+    return torch.softmax(attention_logits(req), dim=-1)
+
+
+class EagerBackend:
+    name = "eager"
+
+    def reasons(self, request: AttentionRequest) -> list[str]:
+        return []
+
+    def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
+        probs = attention_probs(request)
+        dropped = F.dropout(probs, request.dropout_p, training=request.dropout_p > 0)
+        v = repeat_kv(request.v, request.num_heads)
+        if request.kind is Kind.CONTENT:
+            out = request.encoding.attend(dropped, v, request.q_pos, request.k_pos)
+        else:
+            out = dropped @ v
+        return out, probs if request.need_weights else None
+
+
+register_backend(EagerBackend(), priority=100)

@@ -1,0 +1,83 @@
+"""The ``posenc`` command line: ``posenc list | show | plot | extrapolate | report | bench``.
+
+Typer + Rich. Sub-commands owned by other modules register themselves on :data:`app` when their
+module is imported (see :data:`COMMAND_MODULES`), so this file stays small.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    name="posenc",
+    help="Positional encodings for Transformers: inspect, plot, benchmark and run length-generalization experiments.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,
+)
+console = Console()
+
+#: Modules that add sub-commands to :data:`app` when imported (skipped if not present yet).
+COMMAND_MODULES = ["posenc.experiments.cli", "posenc.viz.cli", "posenc.bench_cli"]
+
+
+@app.command("list")
+def list_encodings() -> None:
+    """List every registered encoding: name, kind, description and the backends that can run it."""
+    import posenc
+    from posenc.inspect import runnable_backends
+
+    table = Table(title="posenc encodings")
+    for column in ("name", "kind", "description", "backends (auto order)"):
+        table.add_column(column)
+    for name in posenc.available():
+        cls = posenc.get_class(name)
+        table.add_row(name, cls.kind.value, cls.description, ", ".join(runnable_backends(name)))
+    console.print(table)
+
+
+@app.command("show")
+def show(spec: str = typer.Argument(..., help="encoding name or spec string, e.g. t5 or rope:base=500000")) -> None:
+    """Show an encoding's configuration and a small numeric view of what it computes."""
+    from posenc.inspect import build_example
+
+    try:
+        enc = build_example(spec)
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err
+    table = Table(title=f"{enc.name} ({enc.kind.value})", show_header=True)
+    table.add_column("option")
+    table.add_column("value")
+    for key, value in enc.config().items():
+        table.add_row(key, repr(value))
+    console.print(table)
+    console.print(f"spec: [bold]{enc.spec()}[/bold]")
+    text = enc.preview()
+    if text:
+        console.print(text)
+
+
+def _load_command_modules() -> None:
+    for module in COMMAND_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name is None or not module.startswith(err.name):
+                raise
+
+
+def main() -> None:
+    """Entry point of the ``posenc`` script."""
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    _load_command_modules()
+    app()
+
+
+if __name__ == "__main__":
+    main()
