@@ -72,6 +72,7 @@ class PositionalEncoding(nn.Module):
     * ``shared_across_layers``: True when one instance serves every layer of a stack (T5 shares its
       bias table across the layers of a stack; DeBERTa shares its relative embedding table).
     * ``causal_only``: True when the encoding is only defined for causal attention (Kerple, FIRE).
+    * ``example_options``: options for the contract tests' small layer (head size 16).
     * ``max_positions``: an instance attribute, the largest supported position + 1, or None.
     """
 
@@ -82,6 +83,9 @@ class PositionalEncoding(nn.Module):
     shared_across_layers: ClassVar[bool] = False
     causal_only: ClassVar[bool] = False
     allows_negative_positions: ClassVar[bool] = False
+    #: Options used when the encoding is built for the registry contract tests and ``posenc show``
+    #: (e.g. M-RoPE's ``mrope_section`` must fit the small test head size of 16).
+    example_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:
         super().__init__()
