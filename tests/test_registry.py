@@ -1,0 +1,79 @@
+"""Registry and spec strings."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import posenc
+from posenc.base import Kind, PositionalEncoding
+from posenc.registry import format_spec, parse_spec, register
+
+
+def test_spec_string_and_keywords_build_the_same_encoding():
+    a = posenc.build("t5:num_buckets=16,max_distance=64,bidirectional=false", num_heads=4)
+    b = posenc.build("t5", num_heads=4, num_buckets=16, max_distance=64, bidirectional=False)
+    assert a.config() == b.config()
+    assert a.config()["bidirectional"] is False and a.config()["num_buckets"] == 16
+
+
+def test_option_given_twice_in_spec_and_keywords():
+    with pytest.raises(ValueError, match="both in the spec string and as keywords"):
+        posenc.build("t5:num_buckets=16", num_heads=4, num_buckets=8)
+
+
+def test_built_encoding_passes_through():
+    enc = posenc.build("alibi", num_heads=4)
+    assert posenc.build(enc) is enc
+    with pytest.raises(ValueError, match="already built"):
+        posenc.build(enc, num_heads=2)
+
+
+_keys = st.from_regex(r"[a-z][a-z_]{0,8}", fullmatch=True)
+_values = st.one_of(st.integers(-10**6, 10**6).map(str), st.sampled_from(["true", "false", "None", "half"]))
+
+
+@given(st.dictionaries(_keys, _values, max_size=5))
+def test_parse_format_round_trip(options):
+    name, raw = parse_spec(format_spec("enc", options))
+    assert name == "enc" and raw == options
+
+
+def test_register_rejects_bad_names_and_duplicates():
+    with pytest.raises(ValueError, match="invalid encoding name"):
+        register("Bad:Name")
+    with pytest.raises(ValueError, match="already registered"):
+
+        @register("t5")
+        class Other(PositionalEncoding):
+            kind = Kind.BIAS
+
+
+def test_a_new_family_is_one_class_and_one_decorator():
+    @register("test-zero-bias")
+    class ZeroBias(PositionalEncoding):
+        """A test-only bias that is zero everywhere."""
+
+        kind = Kind.BIAS
+
+        def __init__(self, num_heads: int, mode: Literal["a", "b"] = "a") -> None:
+            super().__init__()
+            self.num_heads = num_heads
+
+        def bias_at(self, head, q_pos, k_pos):
+            return (head * 0 + q_pos * 0 + k_pos * 0).float()
+
+    try:
+        assert "test-zero-bias" in posenc.available()
+        enc = posenc.build("test-zero-bias:mode=b", num_heads=3)
+        assert enc.config() == {"num_heads": 3, "mode": "b"}
+        assert enc.bias(4, 5).shape == (3, 4, 5)
+        with pytest.raises(ValueError, match="must be one of 'a', 'b'"):
+            posenc.build("test-zero-bias:mode=c", num_heads=3)
+    finally:
+        from posenc import registry
+
+        registry._REGISTRY.pop("test-zero-bias")
