@@ -1,0 +1,370 @@
+"""RoPE: rotary position embedding (Su et al. 2021, "RoFormer"), with every HF scaling type.
+
+Each 2-D pair of query/key channels is rotated by ``position · θ_k``, ``θ_k = base^(-2k/d_r)``,
+so ``⟨R_m q, R_n k⟩`` depends only on ``n - m`` (REFERENCE.md §7.1).
+
+Conventions:
+
+* ``pairing="half"`` pairs channel ``k`` with ``k + d_r/2`` (GPT-NeoX, HF Llama/Mistral/Qwen,
+  ``rotate_half``); ``pairing="interleaved"`` pairs ``(2k, 2k+1)`` (the paper, GPT-J, Meta's
+  complex form). :func:`convert_rope_pairing` permutes q/k projection rows so a checkpoint can
+  switch pairing without changing any output.
+* Partial rotary: only the first ``rotary_dim`` channels of each head rotate; ``θ`` uses
+  ``rotary_dim`` in its exponent (GPT-NeoX ``rotary_pct``, HF ``partial_rotary_factor``, GPT-J).
+* Angles are computed in float32 (``positions.float() * inv_freq``) whatever the model dtype;
+  only ``cos``/``sin`` are cast to the activations' dtype, so a bf16 model keeps positions > 256.
+* Scaling (:mod:`posenc.encodings.rope_scaling`): ``scaling="linear"|"ntk"|"dynamic"|"yarn"|
+  "llama3"|"longrope"`` with typed options, or an HF ``rope_parameters`` dict as it is.
+  ``attention_scale`` multiplies both ``cos`` and ``sin`` (logits scale by its square), as HF.
+  ``dynamic`` and ``longrope`` recompute their frequencies from the current length
+  (``max(position) + 1``) at forward time, as HF's ``dynamic_rope_update`` does; keys already in a
+  KV cache keep the rotation they were given.
+
+Backends: every backend (q and k are rotated before the kernel).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+from ..base import Kind, PositionalEncoding
+from ..registry import register
+from .rope_scaling import LENGTH_DEPENDENT, rope_scaled_inv_freq
+
+__functional__ = ["rope_inv_freq", "apply_rope", "convert_rope_pairing", "rope_cos_sin"]
+
+Pairing = Literal["half", "interleaved"]
+
+
+# ---------------------------------------------------------------------------- pure functions
+
+
+def rope_inv_freq(
+    head_dim: int, base: float = 10000.0, scaling: dict[str, Any] | None = None, seq_len: int | None = None
+) -> tuple[Tensor, float]:
+    """Inverse frequencies ``[rotary_dim // 2]`` (float32) and the attention scale.
+
+    Args:
+        head_dim: per-head size ``d``; must be even (or give ``partial_rotary_factor`` in ``scaling``).
+        base: ``θ`` base ("rope_theta"); ``scaling["rope_theta"]``, when present, takes precedence.
+        scaling: an HF-style ``rope_parameters`` dict (``rope_type``, ``factor``,
+            ``original_max_position_embeddings``, ``partial_rotary_factor``, ...), or None for the
+            paper's frequencies.
+        seq_len: current sequence length, read by the length-dependent types (dynamic, longrope).
+
+    Returns:
+        ``(inv_freq, attention_scale)``; angles are ``position * inv_freq``.
+
+    Raises:
+        ValueError: odd ``head_dim``/rotary dimension, unknown scaling type, bad scaling parameters.
+    """
+    if not isinstance(head_dim, int) or head_dim <= 0:
+        raise ValueError(f"RoPE: head_dim must be a positive int, got {head_dim!r}")
+    config: dict[str, Any] = {"rope_theta": base, **(scaling or {}), "head_dim": head_dim}
+    if config.get("partial_rotary_factor") is None and head_dim % 2:
+        raise ValueError(f"RoPE: head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
+    return rope_scaled_inv_freq(config, seq_len)
+
+
+def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of the angles ``positions * inv_freq``, shape ``[..., T, d_r/2]``.
+
+    Computed in float32, or float64 when ``inv_freq`` is float64; never in a lower precision.
+    """
+    dtype = torch.promote_types(inv_freq.dtype, torch.float32)
+    angles = positions.to(dtype)[..., None] * inv_freq.to(device=positions.device, dtype=dtype)
+    cos, sin = angles.cos(), angles.sin()
+    if attention_scale != 1.0:
+        cos, sin = cos * attention_scale, sin * attention_scale
+    return cos, sin
+
+
+def _rotate(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing) -> Tensor:
+    """Rotate the rotary part ``x [..., T, d_r]`` by ``cos``/``sin`` ``[..., T, d_r/2]`` (already in x's dtype)."""
+    if pairing == "half":
+        half = x.shape[-1] // 2
+        x1, x2 = x[..., :half], x[..., half:]
+        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+
+
+def _check_pairing(pairing: str) -> None:
+    if pairing not in ("half", "interleaved"):
+        raise ValueError(f"RoPE: pairing must be 'half' or 'interleaved', got {pairing!r}")
+
+
+def _apply_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing) -> Tensor:
+    """Rotate the first ``2 * cos.shape[-1]`` channels of ``x [B, H, T, D]``; ``cos``/``sin`` ``[B|1, T, d_r/2]`` float32."""
+    width = 2 * cos.shape[-1]
+    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
+    if width == x.shape[-1]:
+        return _rotate(x, cos, sin, pairing)
+    return torch.cat((_rotate(x[..., :width], cos, sin, pairing), x[..., width:]), dim=-1)
+
+
+def apply_rope(
+    x: Tensor,
+    positions: Tensor,
+    inv_freq: Tensor,
+    pairing: Pairing = "half",
+    rotary_dim: int | None = None,
+    attention_scale: float = 1.0,
+) -> Tensor:
+    """Rotate ``x [B, H, T, D]`` by integer ``positions [T]`` or ``[B, T]``.
+
+    Args:
+        inv_freq: ``[rotary_dim // 2]`` frequencies (:func:`rope_inv_freq`).
+        pairing: ``"half"`` (``(k, k + d_r/2)``, HF Llama) or ``"interleaved"`` (``(2k, 2k+1)``, GPT-J).
+        rotary_dim: channels to rotate (the first ones); default ``2 * len(inv_freq)``. The rest
+            pass through unchanged.
+        attention_scale: multiplies ``cos`` and ``sin`` (HF's ``attention_factor``).
+
+    Angles are float32 whatever ``x.dtype``; ``cos``/``sin`` are cast to ``x.dtype`` afterwards.
+    """
+    _check_pairing(pairing)
+    if x.dim() != 4:
+        raise ValueError(f"apply_rope: x must have shape [B, H, T, D], got {tuple(x.shape)}")
+    width = 2 * inv_freq.shape[-1]
+    if rotary_dim is None:
+        rotary_dim = width
+    if rotary_dim % 2 or rotary_dim <= 0:
+        raise ValueError(f"apply_rope: rotary_dim must be a positive even number, got rotary_dim={rotary_dim}")
+    if rotary_dim != width:
+        raise ValueError(f"apply_rope: rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} values (= rotary_dim/2)")
+    if rotary_dim > x.shape[-1]:
+        raise ValueError(f"apply_rope: rotary_dim={rotary_dim} exceeds the head dimension {x.shape[-1]}")
+    if positions.dim() == 1:
+        positions = positions[None]
+    if positions.dim() != 2 or positions.shape[-1] != x.shape[2]:
+        raise ValueError(f"apply_rope: positions must have shape [T] or [B, T] with T={x.shape[2]}, got {tuple(positions.shape)}")
+    cos, sin = rope_cos_sin(positions, inv_freq, attention_scale)
+    return _apply_cos_sin(x, cos, sin, pairing)
+
+
+def _pairing_permutation(rotary_dim: int, head_dim: int) -> Tensor:
+    """``P = [0, 2, ..., d_r-2, 1, 3, ..., d_r-1]`` then the pass-through channels: ``half(x[P]) = interleaved(x)[P]``."""
+    return torch.cat((torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2), torch.arange(rotary_dim, head_dim)))
+
+
+def convert_rope_pairing(
+    weight: Tensor,
+    num_heads: int,
+    head_dim: int,
+    src: Pairing = "interleaved",
+    dst: Pairing = "half",
+    rotary_dim: int | None = None,
+) -> Tensor:
+    """Permute the rows of a q or k projection weight ``[num_heads*head_dim, in]`` (or bias ``[num_heads*head_dim]``).
+
+    A model whose q/k projections are converted this way gives the same attention scores with
+    ``pairing=dst`` as the original with ``pairing=src`` (REFERENCE.md §7.1, "Equivalence"). Use
+    ``num_heads = num_kv_heads`` for the key projection of grouped-query attention. Values and the
+    output projection are unchanged.
+    """
+    _check_pairing(src)
+    _check_pairing(dst)
+    rotary_dim = head_dim if rotary_dim is None else rotary_dim
+    if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+        raise ValueError(f"convert_rope_pairing: rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+    if weight.shape[0] != num_heads * head_dim:
+        raise ValueError(
+            f"convert_rope_pairing: weight has {weight.shape[0]} rows, expected num_heads*head_dim = {num_heads * head_dim}"
+        )
+    if src == dst:
+        return weight.clone()
+    perm = _pairing_permutation(rotary_dim, head_dim)
+    if src == "half":  # half -> interleaved is the inverse permutation
+        perm = torch.argsort(perm)
+    per_head = weight.reshape(num_heads, head_dim, *weight.shape[1:])
+    return per_head[:, perm.to(weight.device)].reshape(weight.shape).clone()
+
+
+# ---------------------------------------------------------------------------- module
+
+
+@register("rope")
+class RoPE(PositionalEncoding):
+    """Rotary position embedding (RoFormer): rotates q and k; half or interleaved pairing, partial, scaled.
+
+    Args:
+        head_dim: per-head size (filled in by the attention layer).
+        base: ``θ`` base ("rope_theta").
+        pairing: ``"half"`` (GPT-NeoX/Llama) or ``"interleaved"`` (paper/GPT-J).
+        rotary_dim: rotate only the first ``rotary_dim`` channels (default: all).
+        cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand.
+        scaling: ``None``/``"default"``, ``"linear"``, ``"ntk"``, ``"dynamic"``, ``"yarn"``,
+            ``"llama3"`` or ``"longrope"`` (REFERENCE.md §7.2).
+        factor, original_max_position_embeddings, max_position_embeddings, beta_fast, beta_slow,
+        mscale, mscale_all_dim, attention_factor, truncate, low_freq_factor, high_freq_factor,
+        short_factor, long_factor: the scaling's parameters (HF ``rope_parameters`` names).
+        rope_parameters: an HF ``rope_parameters`` dict used as it is (its ``rope_theta`` and
+            ``partial_rotary_factor`` set the base and rotary width); exclusive with ``scaling``.
+    """
+
+    kind = Kind.ROTARY
+    shift_invariant = True
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        pairing: Pairing = "half",
+        rotary_dim: int | None = None,
+        cache_size: int = 2048,
+        scaling: str | None = None,
+        factor: float | None = None,
+        original_max_position_embeddings: int | None = None,
+        max_position_embeddings: int | None = None,
+        beta_fast: float | None = None,
+        beta_slow: float | None = None,
+        mscale: float | None = None,
+        mscale_all_dim: float | None = None,
+        attention_factor: float | None = None,
+        truncate: bool | None = None,
+        low_freq_factor: float | None = None,
+        high_freq_factor: float | None = None,
+        short_factor: list[float] | None = None,
+        long_factor: list[float] | None = None,
+        rope_parameters: dict | None = None,
+    ) -> None:
+        super().__init__()
+        _check_pairing(pairing)
+        if not isinstance(head_dim, int) or head_dim <= 0:
+            raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
+        if cache_size <= 0:
+            raise ValueError(f"rope: cache_size must be positive, got {cache_size}")
+        self.head_dim, self.pairing = head_dim, pairing
+        self.scaling_config = self._scaling_config(
+            head_dim,
+            base,
+            rotary_dim,
+            scaling,
+            rope_parameters,
+            factor=factor,
+            original_max_position_embeddings=original_max_position_embeddings,
+            max_position_embeddings=max_position_embeddings,
+            beta_fast=beta_fast,
+            beta_slow=beta_slow,
+            mscale=mscale,
+            mscale_all_dim=mscale_all_dim,
+            attention_factor=attention_factor,
+            truncate=truncate,
+            low_freq_factor=low_freq_factor,
+            high_freq_factor=high_freq_factor,
+            short_factor=short_factor,
+            long_factor=long_factor,
+        )
+        self.rope_type: str = self.scaling_config.get("rope_type", "default")
+        inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config, None)
+        self.rotary_dim = 2 * inv_freq.shape[0]
+        if self.rotary_dim > head_dim:
+            raise ValueError(f"rope: rotary_dim={self.rotary_dim} exceeds head_dim={head_dim}")
+        self._cache_size = cache_size
+        self._seq_len: int | None = None  # the length the frequencies were computed for (length-dependent types)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos_cached", torch.empty(0), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0), persistent=False)
+        self.build_cache(cache_size)
+
+    @staticmethod
+    def _scaling_config(
+        head_dim: int,
+        base: float,
+        rotary_dim: int | None,
+        scaling: str | None,
+        rope_parameters: dict | None,
+        **params: Any,
+    ) -> dict[str, Any]:
+        """The HF-style config dict read by :mod:`rope_scaling` (one source for both ways of configuring)."""
+        given = {k: v for k, v in params.items() if v is not None}
+        if rope_parameters is not None:
+            if scaling is not None or given:
+                raise ValueError(
+                    f"rope: give either rope_parameters or scaling options, not both (got rope_parameters and "
+                    f"{', '.join(['scaling'] * (scaling is not None) + sorted(given))})"
+                )
+            config = {"rope_theta": base, **rope_parameters}
+            config.setdefault("rope_type", config.get("type", "default"))
+        else:
+            if given and scaling in (None, "default"):
+                raise ValueError(f"rope: option(s) {', '.join(sorted(given))} need a scaling type, e.g. scaling='yarn'")
+            config = {"rope_theta": base, "rope_type": scaling or "default", **given}
+        if rotary_dim is not None:
+            if config.get("partial_rotary_factor") is not None:
+                raise ValueError("rope: give rotary_dim or rope_parameters['partial_rotary_factor'], not both")
+            if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+                raise ValueError(f"rope: rotary_dim must be even and in (0, head_dim={head_dim}], got rotary_dim={rotary_dim}")
+            config["partial_rotary_factor"] = rotary_dim / head_dim
+        elif config.get("partial_rotary_factor") is None and head_dim % 2:
+            raise ValueError(f"rope: head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
+        config["head_dim"] = head_dim
+        return config
+
+    # ------------------------------------------------------------------ tables
+    def build_cache(self, length: int, device: torch.device | None = None) -> None:
+        """(Re)build the float32 ``cos``/``sin`` tables ``[length, rotary_dim/2]`` from ``inv_freq``."""
+        device = device or self.inv_freq.device
+        self.inv_freq = self.inv_freq.to(device=device, dtype=torch.float32)
+        positions = torch.arange(length, device=device)
+        cos, sin = rope_cos_sin(positions, self.inv_freq, self.attention_scale)
+        self.cos_cached, self.sin_cached = cos, sin
+
+    def reset_tables(self, device: torch.device | None = None) -> None:
+        """Recompute ``inv_freq`` and the ``cos``/``sin`` tables in float32 (after a dtype cast of the module)."""
+        device = device or self.inv_freq.device
+        inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config, self._seq_len)
+        self.inv_freq = inv_freq.to(device)
+        self.build_cache(max(self._cache_size, self.cos_cached.shape[0]), device)
+
+    def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
+        # ``module.to(torch.bfloat16)`` casts buffers; the angle tables must stay float32.
+        super()._apply(fn, recurse)
+        if self.inv_freq.dtype != torch.float32 or self.cos_cached.dtype != torch.float32:
+            self.reset_tables(self.inv_freq.device)
+        return self
+
+    def _refresh_frequencies(self, seq_len: int, device: torch.device) -> None:
+        """Length-dependent types (dynamic, longrope): recompute from the current length, as HF does per forward."""
+        if self.rope_type not in LENGTH_DEPENDENT or seq_len == self._seq_len:
+            return
+        inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config, seq_len)
+        self.inv_freq = inv_freq.to(device)
+        self._seq_len = seq_len
+        self.build_cache(max(self._cache_size, seq_len), device)
+
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Float32 ``cos``/``sin`` ``[B, T, rotary_dim/2]`` for integer ``positions [B, T]`` (tables grow on demand)."""
+        top = int(positions.max()) + 1 if positions.numel() else 1
+        stale = self.cos_cached.dtype != torch.float32 or self.cos_cached.device != positions.device
+        if stale or top > self.cos_cached.shape[0]:
+            size = self.cos_cached.shape[0]
+            while size < top:
+                size *= 2
+            self.build_cache(max(size, self._cache_size, top), positions.device)
+        return self.cos_cached[positions], self.sin_cached[positions]
+
+    # ------------------------------------------------------------------ hook
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
+            raise ValueError(f"rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+        if self.rope_type in LENGTH_DEPENDENT:
+            # One length for the whole call (max position + 1), so q and k see the same frequencies.
+            both = torch.cat((q_pos.reshape(-1), k_pos.reshape(-1)))
+            self._refresh_frequencies(int(both.max()) + 1 if both.numel() else 1, both.device)
+        q_cos, q_sin = self.cos_sin(q_pos)
+        k_cos, k_sin = self.cos_sin(k_pos)
+        return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
+
+    def preview(self) -> str:
+        freqs = ", ".join(f"{v:.4g}" for v in self.inv_freq[:6].tolist())
+        more = ", ..." if self.inv_freq.numel() > 6 else ""
+        return (
+            f"rope_type={self.rope_type}, pairing={self.pairing}, rotary_dim={self.rotary_dim}/{self.head_dim}, "
+            f"attention_scale={self.attention_scale:.6g}\ninv_freq = [{freqs}{more}]\n"
+            f"wavelengths 2π/θ: shortest {2 * torch.pi / float(self.inv_freq.max()):.4g}, "
+            f"longest {2 * torch.pi / float(self.inv_freq.min().clamp_min(1e-30)):.4g} positions"
+        )

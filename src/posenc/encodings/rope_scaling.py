@@ -1,0 +1,282 @@
+"""RoPE frequency scaling: a registry of pure functions ``(config, seq_len) -> (inv_freq, attention_scale)``.
+
+Every function takes one plain ``config`` dict, spelled like an HF ``rope_parameters`` dict
+(transformers 5.23 ``modeling_rope_utils.py``) plus two model-level entries HF keeps on the model
+config:
+
+==================================  ===========================================================
+key                                 meaning
+==================================  ===========================================================
+``head_dim``                        per-head size ``d`` (required)
+``rope_theta``                      base ``b`` (default 10000)
+``partial_rotary_factor``           rotary width ``d_r = int(d * factor)`` (default 1.0)
+``factor``                          context-extension factor ``s``
+``original_max_position_embeddings``  pretraining length ``L_orig`` (yarn, llama3, longrope)
+``max_position_embeddings``         the model's maximum length (dynamic's ``L``; yarn/longrope
+                                    derive ``factor = max / L_orig`` when ``factor`` is None)
+==================================  ===========================================================
+
+It returns ``inv_freq`` ``[d_r // 2]`` float32 (angles are ``position * inv_freq``) and
+``attention_scale``, a float that multiplies both ``cos`` and ``sin`` (so the logits scale by its
+square, as in HF). ``seq_len`` is the current sequence length (``max(position) + 1``); only
+``dynamic`` and ``longrope`` read it.
+
+Types (REFERENCE.md §7.2):
+
+* ``default``: ``θ_k = b^(-2k/d_r)``.
+* ``linear``: position interpolation, ``θ_k / s``.
+* ``ntk``: static NTK-aware base rescale ``b' = b · s^(d_r / (d_r - 2))`` (the formula of
+  rotary-embedding-torch's ``theta_rescale_factor``); not an HF type.
+* ``dynamic``: dynamic NTK, ``b' = b · (s·L'/L - (s - 1))^(d_r/(d_r - 2))`` with
+  ``L' = max(seq_len, L)``; unchanged while ``seq_len <= L``.
+* ``yarn``: NTK-by-parts ramp between ``θ`` and ``θ/s`` plus ``attention_scale = 0.1 ln s + 1``
+  (or the DeepSeek ``mscale`` ratio).
+* ``llama3``: Llama 3.1 wavelength bands (keep / smooth / divide by ``s``).
+* ``longrope``: per-frequency ``short_factor`` / ``long_factor`` lists chosen by ``seq_len``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__functional__ = ["rope_scaling_types", "rope_scaled_inv_freq"]
+
+ScalingFunction = Callable[[dict[str, Any], "int | None"], tuple[Tensor, float]]
+
+_SCALINGS: dict[str, ScalingFunction] = {}
+
+#: Types that change their frequencies with the current sequence length.
+LENGTH_DEPENDENT = frozenset({"dynamic", "longrope"})
+
+
+def _scaling(name: str) -> Callable[[ScalingFunction], ScalingFunction]:
+    def decorator(fn: ScalingFunction) -> ScalingFunction:
+        _SCALINGS[name] = fn
+        return fn
+
+    return decorator
+
+
+def rope_scaling_types() -> list[str]:
+    """Names of the RoPE scaling types (``default``, ``linear``, ``ntk``, ``dynamic``, ...)."""
+    return sorted(_SCALINGS)
+
+
+def rope_scaled_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """Dispatch on ``config["rope_type"]`` (or the legacy key ``"type"``; default ``"default"``).
+
+    Raises:
+        ValueError: for an unknown type or missing / invalid parameters (the message names them).
+    """
+    rope_type = config.get("rope_type", config.get("type", "default")) or "default"
+    if rope_type not in _SCALINGS:
+        raise ValueError(f"unknown RoPE scaling (rope_type) {rope_type!r}; available: {', '.join(rope_scaling_types())}")
+    return _SCALINGS[rope_type](config, seq_len)
+
+
+# ---------------------------------------------------------------------------- shared pieces
+
+
+def rotary_width(config: dict[str, Any]) -> int:
+    """``d_r = int(head_dim * partial_rotary_factor)``; ValueError if it is not a positive even number."""
+    head_dim = config.get("head_dim")
+    if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
+        raise ValueError(f"RoPE scaling: head_dim must be a positive int, got {head_dim!r}")
+    factor = config.get("partial_rotary_factor")
+    width = head_dim if factor is None else int(head_dim * factor)
+    if width <= 0 or width % 2:
+        raise ValueError(
+            f"RoPE: rotary dimension {width} (head_dim={head_dim}, partial_rotary_factor={factor}) must be a "
+            "positive even number"
+        )
+    return width
+
+
+def _base(config: dict[str, Any]) -> float:
+    base = config.get("rope_theta")
+    base = 10000.0 if base is None else float(base)
+    if not base > 1.0:
+        raise ValueError(f"RoPE: base (rope_theta) must be > 1, got {base}")
+    return base
+
+
+def _exponents(width: int) -> Tensor:
+    """``2k / d_r`` for ``k < d_r/2`` in float32 (integer arange first, as HF does)."""
+    return torch.arange(0, width, 2, dtype=torch.int64).float() / width
+
+
+def _inv_freq(base: float, width: int) -> Tensor:
+    return 1.0 / (base ** _exponents(width))
+
+
+def _factor(config: dict[str, Any], rope_type: str, *, minimum: float = 0.0) -> float:
+    factor = config.get("factor")
+    if factor is None:
+        raise ValueError(f"RoPE scaling {rope_type!r} needs 'factor'")
+    factor = float(factor)
+    if not factor > minimum:
+        raise ValueError(f"RoPE scaling {rope_type!r}: factor must be > {minimum:g}, got {factor}")
+    return factor
+
+
+def _original_length(config: dict[str, Any], rope_type: str) -> int:
+    """``original_max_position_embeddings``, falling back to ``max_position_embeddings`` as HF does."""
+    length = config.get("original_max_position_embeddings") or config.get("max_position_embeddings")
+    if length is None:
+        raise ValueError(
+            f"RoPE scaling {rope_type!r} needs 'original_max_position_embeddings' (the pretraining length)"
+        )
+    if int(length) <= 0:
+        raise ValueError(f"RoPE scaling {rope_type!r}: original_max_position_embeddings must be positive, got {length}")
+    return int(length)
+
+
+def _factor_or_ratio(config: dict[str, Any], rope_type: str, original: int) -> float:
+    """``factor``, or ``max_position_embeddings / original`` when ``factor`` is None (HF yarn/longrope)."""
+    if config.get("factor") is not None:
+        return _factor(config, rope_type)
+    longest = config.get("max_position_embeddings")
+    if longest is None:
+        raise ValueError(f"RoPE scaling {rope_type!r} needs 'factor' (or 'max_position_embeddings' to derive it)")
+    return float(longest) / original
+
+
+# ---------------------------------------------------------------------------- the types
+
+
+@_scaling("default")
+def default_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """The paper's frequencies ``θ_k = b^(-2k/d_r)``; attention scale 1."""
+    return _inv_freq(_base(config), rotary_width(config)), 1.0
+
+
+@_scaling("linear")
+def linear_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """Position interpolation (Chen et al. 2023): ``θ_k / factor``, i.e. positions divided by ``factor``."""
+    factor = _factor(config, "linear")
+    inv_freq = _inv_freq(_base(config), rotary_width(config))
+    return inv_freq / factor, 1.0
+
+
+@_scaling("ntk")
+def ntk_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """Static NTK-aware scaling: base ``b · factor^(d_r/(d_r-2))`` (rotary-embedding-torch ``theta_rescale_factor``).
+
+    The exponent makes the lowest frequency exactly ``θ_{last}/factor`` (interpolation) while the
+    highest stays ``1`` (extrapolation).
+    """
+    factor = _factor(config, "ntk")
+    width = rotary_width(config)
+    if width <= 2:
+        raise ValueError(f"RoPE scaling 'ntk' needs a rotary dimension > 2, got {width}")
+    base = _base(config) * factor ** (width / (width - 2))
+    return _inv_freq(base, width), 1.0
+
+
+@_scaling("dynamic")
+def dynamic_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """Dynamic NTK: ``b' = b · (s·L'/L - (s-1))^(d_r/(d_r-2))``, ``L' = max(seq_len, L)``.
+
+    ``L`` is ``max_position_embeddings`` (HF reads the model's max length), or
+    ``original_max_position_embeddings`` when only that is given.
+    """
+    factor = _factor(config, "dynamic")
+    width = rotary_width(config)
+    trained = config.get("max_position_embeddings") or config.get("original_max_position_embeddings")
+    if trained is None:
+        raise ValueError("RoPE scaling 'dynamic' needs 'original_max_position_embeddings' (the pretraining length)")
+    length = max(int(seq_len), int(trained)) if seq_len is not None else int(trained)
+    base = _base(config) * ((factor * length / trained) - (factor - 1)) ** (width / (width - 2))
+    return _inv_freq(base, width), 1.0
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def _yarn_correction_dim(rotations: float, width: int, base: float, original: int) -> float:
+    """The (fractional) pair index whose wavelength is ``original / rotations``."""
+    return (width * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+@_scaling("yarn")
+def yarn_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """YaRN (Peng et al. 2023): ramp from ``θ`` (fast pairs) to ``θ/s`` (slow pairs), scale ``0.1 ln s + 1``.
+
+    Options: ``beta_fast`` (32), ``beta_slow`` (1), ``mscale``/``mscale_all_dim`` (DeepSeek ratio),
+    ``attention_factor`` (overrides the scale), ``truncate`` (True: floor/ceil the ramp ends).
+    """
+    base, width = _base(config), rotary_width(config)
+    original = _original_length(config, "yarn")
+    factor = _factor_or_ratio(config, "yarn", original)
+    if not factor > 0:
+        raise ValueError(f"RoPE scaling 'yarn': factor must be > 0, got {factor}")
+    attention = config.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all = config.get("mscale"), config.get("mscale_all_dim")
+        if mscale and mscale_all:
+            attention = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+        else:
+            attention = _yarn_mscale(factor)
+    beta_fast = config.get("beta_fast") or 32.0
+    beta_slow = config.get("beta_slow") or 1.0
+    low = _yarn_correction_dim(beta_fast, width, base, original)
+    high = _yarn_correction_dim(beta_slow, width, base, original)
+    if config.get("truncate", True) is not False:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, width - 1)
+    if low == high:
+        high += 0.001  # the ramp needs a non-empty interval
+    ramp = ((torch.arange(width // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    keep = 1 - ramp  # extrapolation weight: 1 for fast (high-frequency) pairs
+    wavelength_factor = base ** _exponents(width)
+    extrapolated = 1.0 / wavelength_factor
+    interpolated = 1.0 / (factor * wavelength_factor)
+    return interpolated * (1 - keep) + extrapolated * keep, float(attention)
+
+
+@_scaling("llama3")
+def llama3_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """Llama 3.1: keep wavelengths below ``L_orig/high_freq_factor``, divide those above ``L_orig/low_freq_factor`` by ``factor``, blend between."""
+    factor = _factor(config, "llama3")
+    original = _original_length(config, "llama3")
+    for key in ("low_freq_factor", "high_freq_factor"):
+        if config.get(key) is None:
+            raise ValueError(f"RoPE scaling 'llama3' needs {key!r}")
+    low_factor, high_factor = float(config["low_freq_factor"]), float(config["high_freq_factor"])
+    if not high_factor > low_factor:
+        raise ValueError(f"RoPE scaling 'llama3': high_freq_factor ({high_factor}) must exceed low_freq_factor ({low_factor})")
+    inv_freq = _inv_freq(_base(config), rotary_width(config))
+    wavelength = 2 * math.pi / inv_freq
+    long_wave = wavelength > original / low_factor
+    short_wave = wavelength < original / high_factor
+    scaled = torch.where(long_wave, inv_freq / factor, inv_freq)
+    smooth = (original / wavelength - low_factor) / (high_factor - low_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    return torch.where(~short_wave & ~long_wave, blended, scaled), 1.0
+
+
+@_scaling("longrope")
+def longrope_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """LongRoPE (Phi-3): ``θ_k = 1 / (ext_k · b^(2k/d_r))``; ``ext = long_factor`` if ``seq_len > L_orig`` else ``short_factor``."""
+    width = rotary_width(config)
+    original = _original_length(config, "longrope")
+    lists = {}
+    for key in ("short_factor", "long_factor"):
+        values = config.get(key)
+        if values is None or len(values) != width // 2:
+            got = "missing" if values is None else f"length {len(values)}"
+            raise ValueError(f"RoPE scaling 'longrope' needs {key!r} with rotary_dim/2 = {width // 2} values, got {got}")
+        lists[key] = values
+    factor = _factor_or_ratio(config, "longrope", original)
+    attention = config.get("attention_factor")
+    if attention is None:
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    chosen = lists["long_factor"] if seq_len is not None and seq_len > original else lists["short_factor"]
+    ext = torch.tensor(chosen, dtype=torch.float32)
+    return 1.0 / (ext * _base(config) ** _exponents(width)), float(attention)
