@@ -202,7 +202,9 @@ class RoPE(PositionalEncoding):
         mscale, mscale_all_dim, attention_factor, truncate, low_freq_factor, high_freq_factor,
         short_factor, long_factor: the scaling's parameters (HF ``rope_parameters`` names).
         rope_parameters: an HF ``rope_parameters`` dict used as it is (its ``rope_theta`` and
-            ``partial_rotary_factor`` set the base and rotary width); exclusive with ``scaling``.
+            ``partial_rotary_factor`` set the base and rotary width); exclusive with ``scaling`` and
+            its options, except ``max_position_embeddings`` (HF's model-level length, read by
+            ``dynamic`` and by yarn/longrope/llama3 when ``original_max_position_embeddings`` is absent).
     """
 
     kind = Kind.ROTARY
@@ -282,12 +284,14 @@ class RoPE(PositionalEncoding):
         """The HF-style config dict read by :mod:`rope_scaling` (one source for both ways of configuring)."""
         given = {k: v for k, v in params.items() if v is not None}
         if rope_parameters is not None:
+            # HF keeps max_position_embeddings on the model config, outside rope_parameters.
+            model_level = {k: given.pop(k) for k in ("max_position_embeddings",) if k in given}
             if scaling is not None or given:
                 raise ValueError(
                     f"rope: give either rope_parameters or scaling options, not both (got rope_parameters and "
                     f"{', '.join(['scaling'] * (scaling is not None) + sorted(given))})"
                 )
-            config = {"rope_theta": base, **rope_parameters}
+            config = {"rope_theta": base, **model_level, **rope_parameters}
             config.setdefault("rope_type", config.get("type", "default"))
         else:
             if given and scaling in (None, "default"):
