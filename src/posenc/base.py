@@ -152,7 +152,8 @@ class PositionalEncoding(nn.Module):
 
         This is the single definition of the bias: the dense :meth:`bias`, the eager backend and
         the flex backend's ``score_mod`` all evaluate it. It must be elementwise in its arguments.
-        Returns float32.
+        Returns float32, or the parameters' dtype when that is wider (a float64 model keeps
+        float64 biases, so gradcheck sees exact gradients); never bfloat16/float16.
         """
         raise NotImplementedError(f"{type(self).__name__} is {self.kind.value}, not bias")
 
