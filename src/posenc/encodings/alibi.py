@@ -1,0 +1,101 @@
+"""ALiBi: attention with linear biases (Press, Smith and Lewis 2022, "Train Short, Test Long").
+
+Each head ``h`` adds ``−m_h·distance`` to its scaled logits ``q·k/√d``; there is no input embedding.
+
+Slopes (REFERENCE.md §6.1, the paper's ``get_slopes``): for a power of two ``n``,
+``m_h = 2^(−8h/n)``, ``h = 1…n``. For other ``n``, with ``c = 2^floor(log2 n)``: the ``c`` slopes of
+``c`` followed by the first ``n − c`` of the slopes of ``2c`` at even list indices (exponents
+``−8·(2t+1)/(2c)``). 8 heads: ``1/2 … 1/256``; 12 heads: ``2^−1 … 2^−8, 2^−0.5, 2^−1.5, 2^−2.5,
+2^−3.5``; 6 heads: ``[2^−2, 2^−4, 2^−6, 2^−8, 2^−1, 2^−3]`` (not monotone). Computed in float64,
+stored as float32 (equal to HF BLOOM ``_get_alibi_slopes`` and x-transformers to float32 rounding).
+
+Modes (``i`` query position, ``j`` key position):
+
+* ``mode="causal"`` (the paper): ``bias = −m_h·(i − j)``, evaluated for every pair. Future keys
+  (``j > i``) get a *positive* bias ``m_h·(j − i)``, harmless only because the causal mask removes
+  them: in a non-causal layer (encoders, cross-attention) use ``mode="symmetric"``. Under a causal
+  mask the two modes give identical attention.
+  The paper's reference code and HF BLOOM add ``m_h·j`` instead; that differs from ours by the row
+  constant ``m_h·i``, so the softmax is identical under a causal mask (tested).
+* ``mode="symmetric"`` (encoders; ofirpress issue #5, x-transformers ``AlibiPositionalBias``):
+  ``bias = −m_h·|i − j|``.
+
+Both depend on ``i − j`` only (shift invariant). No learnable parameters: the slopes are a
+non-persistent buffer. Kind BIAS: ``bias_at`` is the single definition, used by the dense bias, the
+eager and SDPA backends and the flex ``score_mod``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from ..base import Kind, PositionalEncoding
+from ..registry import register
+
+__functional__ = ["alibi_slopes"]
+
+Mode = Literal["causal", "symmetric"]
+_MODES = ("causal", "symmetric")
+
+
+def _power_of_two_slopes(n: int) -> list[float]:
+    # Geometric sequence starting at 2^(-8/n) with that same ratio: 2^(-8h/n), h = 1..n.
+    return [2.0 ** (-8.0 * h / n) for h in range(1, n + 1)]
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """The ALiBi slopes ``[num_heads]`` (float32) by the paper's rule for any head count.
+
+    Raises:
+        ValueError: ``num_heads`` is not a positive integer.
+    """
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
+        raise ValueError(f"alibi: num_heads must be a positive integer, got num_heads={num_heads!r}")
+    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = _power_of_two_slopes(closest)
+    # Heads beyond the power of two interleave between the existing slopes: every other slope of 2c.
+    slopes += _power_of_two_slopes(2 * closest)[0::2][: num_heads - closest]
+    return torch.tensor(slopes, dtype=torch.float64).to(torch.float32)
+
+
+@register("alibi")
+class ALiBi(PositionalEncoding):
+    """Linear distance penalty per head, no position embedding (Press et al. 2022)."""
+
+    kind = Kind.BIAS
+    shift_invariant = True
+
+    def __init__(self, num_heads: int, mode: Mode = "causal") -> None:
+        """Args: ``num_heads`` (filled in by the layer); ``mode`` ``"causal"`` or ``"symmetric"``."""
+        super().__init__()
+        if mode not in _MODES:
+            raise ValueError(f"alibi: mode must be one of {_MODES}, got mode={mode!r}")
+        self.num_heads, self.mode = num_heads, mode
+        self.slopes: Tensor
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        # ``.to(bf16)``/``.half()`` would round the slopes; rebuild them in float32 on the new device.
+        super()._apply(fn, recurse)
+        self.slopes = alibi_slopes(self.num_heads).to(self.slopes.device)
+        return self
+
+    def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``−m_head·(q_pos − k_pos)`` (causal) or ``−m_head·|q_pos − k_pos|`` (symmetric), float32."""
+        # Negate in integers (k − i rather than −(i − k)) so the diagonal is +0.0, not −0.0.
+        signed = k_pos - q_pos if self.mode == "causal" else -(q_pos - k_pos).abs()
+        return self.slopes[head] * signed.to(torch.float32)
+
+    def preview(self) -> str:
+        slopes = self.slopes.tolist()
+        lines = [f"mode={self.mode}; slopes m_h for {self.num_heads} heads:"]
+        for h, m in enumerate(slopes):
+            lines.append(f"  head {h}: m = {m:.8g} = 2^{math.log2(m):.4g}")
+        row = self.bias(1, 8, q_offset=7)[0, 0] if self.mode == "causal" else self.bias(1, 9, q_offset=4)[0, 0]
+        where = "query 7, keys 0..7" if self.mode == "causal" else "query 4, keys 0..8"
+        lines.append(f"  head 0 bias ({where}): " + " ".join(f"{v:+.4f}" for v in row.tolist()))
+        return "\n".join(lines)
