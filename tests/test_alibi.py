@@ -144,6 +144,26 @@ def test_causal_and_symmetric_modes_give_the_same_attention_under_a_causal_mask(
     torch.testing.assert_close(future, torch.tensor([0.0, 0.25, 0.5]), rtol=0, atol=0)
 
 
+def test_causal_mode_refuses_a_non_causal_layer() -> None:
+    with pytest.raises(ValueError, match="mode='symmetric'"):
+        posenc.MultiheadAttention(8, 2, encoding="alibi")
+    posenc.MultiheadAttention(8, 2, encoding="alibi:mode=symmetric")  # encoders use the symmetric form
+
+
+def test_symmetric_mode_in_an_encoder_and_cross_attention() -> None:
+    heads, embed = 2, 8
+    attn = posenc.MultiheadAttention(embed, heads, encoding="alibi:mode=symmetric", backend="eager").double()
+    x_q, x_kv = torch.randn(1, 3, embed, dtype=torch.float64), torch.randn(1, 5, embed, dtype=torch.float64)
+    _, weights = attn(x_q, context=x_kv, need_weights=True)
+    d = embed // heads
+    q = attn.q_proj(x_q).view(1, 3, heads, d).transpose(1, 2)
+    k = attn.k_proj(x_kv).view(1, 5, heads, d).transpose(1, 2)
+    slopes = torch.tensor([2.0**-4, 2.0**-8], dtype=torch.float64)
+    distance = (torch.arange(3)[:, None] - torch.arange(5)[None, :]).abs().double()
+    expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) - slopes[:, None, None] * distance, dim=-1)
+    torch.testing.assert_close(weights, expected, rtol=1e-6, atol=1e-7)
+
+
 def test_no_parameters_and_slopes_are_not_saved() -> None:
     enc = ALiBi(num_heads=12)
     assert list(enc.parameters()) == []

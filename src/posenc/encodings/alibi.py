@@ -13,8 +13,9 @@ Modes (``i`` query position, ``j`` key position):
 
 * ``mode="causal"`` (the paper): ``bias = −m_h·(i − j)``, evaluated for every pair. Future keys
   (``j > i``) get a *positive* bias ``m_h·(j − i)``, harmless only because the causal mask removes
-  them: in a non-causal layer (encoders, cross-attention) use ``mode="symmetric"``. Under a causal
-  mask the two modes give identical attention.
+  them. A causal-mode encoding therefore refuses to join a layer built with ``causal=False``; use
+  ``mode="symmetric"`` for encoders and for cross-attention (which is never masked causally, even
+  in a ``causal=True`` layer). Under a causal mask the two modes give identical attention.
   The paper's reference code and HF BLOOM add ``m_h·j`` instead; that differs from ours by the row
   constant ``m_h·i``, so the softmax is identical under a causal mask (tested).
 * ``mode="symmetric"`` (encoders; ofirpress issue #5, x-transformers ``AlibiPositionalBias``):
@@ -31,7 +32,7 @@ import math
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..base import Kind, PositionalEncoding
 from ..registry import register
@@ -83,6 +84,14 @@ class ALiBi(PositionalEncoding):
         super()._apply(fn, recurse)
         self.slopes = alibi_slopes(self.num_heads).to(self.slopes.device)
         return self
+
+    def init_layer(self, layer: nn.Module) -> None:
+        # The causal form rewards distant *future* keys; only a causal mask makes it correct.
+        if self.mode == "causal" and not getattr(layer, "causal", True):
+            raise ValueError(
+                "alibi: mode='causal' adds -m·(i-j), which is only correct under a causal mask; "
+                "build the layer with causal=True, or use mode='symmetric' (-m·|i-j|) for non-causal attention"
+            )
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``−m_head·(q_pos − k_pos)`` (causal) or ``−m_head·|q_pos − k_pos|`` (symmetric), float32."""
