@@ -1,0 +1,25 @@
+"""Figures of positional encodings (matplotlib, headless) and the HTML report of an experiment.
+
+>>> from posenc.viz import build_for_plot, make_figure, save_figure
+>>> enc = build_for_plot("t5:num_buckets=32,bidirectional=true")
+>>> save_figure(make_figure(enc, "buckets"), "t5_buckets.png")
+
+Figures are registered per encoding name, per kind, or for every encoding
+(:mod:`posenc.viz.registry`); ``posenc plot --list SPEC`` lists those of an encoding.
+"""
+
+from __future__ import annotations
+
+from . import absolute, attention_maps, bias, content, rotary  # noqa: F401  (importing registers the figures)
+from .registry import ANY, PlotOptions, build_for_plot, figure, figures_for, make_figure, new_figure, save_figure
+
+__all__ = [
+    "ANY",
+    "PlotOptions",
+    "build_for_plot",
+    "figure",
+    "figures_for",
+    "make_figure",
+    "new_figure",
+    "save_figure",
+]

@@ -1,0 +1,137 @@
+"""Figures of BIAS encodings: the generic per-head bias heatmap and bias-against-distance profile
+(computed from ``enc.bias``, so they work for every registered BIAS encoding), plus the T5 bucket
+map and the ALiBi slopes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from torch import nn
+
+from ..base import Kind, PositionalEncoding
+from ._style import DIVERGING, head_grid, label_grid, symmetric_limits
+from .index_maps import index_figure
+from .registry import PlotOptions, describe, figure, new_figure
+
+DEFAULT_LENGTH = 32
+PROFILE_LENGTH = 128
+T5_GRID = 8
+
+
+def defined_for_future_keys(enc: PositionalEncoding) -> bool:
+    """Whether the encoding's bias means anything for keys after the query.
+
+    False for ``causal_only`` encodings and for those that refuse a non-causal layer (ALiBi's
+    causal mode): asking the encoding itself keeps this free of per-name rules.
+    """
+    if enc.causal_only:
+        return False
+    probe = nn.Module()
+    probe.causal = False  # type: ignore[attr-defined]
+    try:
+        enc.init_layer(probe)
+    except ValueError:
+        return False
+    return True
+
+
+def dense_bias(enc: PositionalEncoding, length: int, causal: bool) -> np.ndarray:
+    """``enc.bias(length, length)`` as float64 ``[H, L, L]``, future keys set to NaN when ``causal``."""
+    with torch.no_grad():
+        bias = enc.bias(length, length).double().cpu().numpy()
+    if causal:
+        future = np.triu(np.ones((length, length), dtype=bool), k=1)
+        bias[:, future] = np.nan
+    return bias
+
+
+@figure(Kind.BIAS, "bias")
+def bias_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
+    """Per-head bias heatmap over a query × key grid (from ``enc.bias``)."""
+    length = options.length_or(DEFAULT_LENGTH)
+    causal = not defined_for_future_keys(enc)
+    bias = dense_bias(enc, length, causal)
+    heads = min(bias.shape[0], options.max_heads)
+    low, high = symmetric_limits(bias[:heads])
+    cols = min(heads, 4)
+    fig = new_figure(3.2 * cols + 1.2, 3.0 * -(-heads // cols) + 0.8)
+    axes = head_grid(fig, heads)
+    image = None
+    for head, ax in enumerate(axes):
+        image = ax.imshow(bias[head], cmap=DIVERGING, vmin=low, vmax=high, interpolation="nearest")
+        ax.set_title(f"head {head}")
+        label_grid(ax, "query i", "key j")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="bias added to the logit")
+    shown = f"first {heads} of {bias.shape[0]} heads" if heads < bias.shape[0] else f"{heads} heads"
+    fig.suptitle(f"{describe(enc)}: per-head bias ({shown}{', causal' if causal else ''})")
+    return fig
+
+
+def _profile(enc: PositionalEncoding, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Bias of the last query (position ``length − 1``) against its distance ``i − j`` to each key."""
+    with torch.no_grad():
+        row = enc.bias(1, length, q_offset=length - 1)[:, 0, :].double().cpu().numpy()
+    distance = (length - 1) - np.arange(length)
+    return distance, row
+
+
+def _draw_profile(ax, enc: PositionalEncoding, options: PlotOptions, labels: list[str] | None = None) -> None:
+    distance, row = _profile(enc, options.length_or(PROFILE_LENGTH))
+    heads = min(row.shape[0], options.max_heads)
+    colors = [f"C{h % 10}" for h in range(heads)]
+    for head in range(heads):
+        label = labels[head] if labels else f"head {head}"
+        ax.plot(distance, row[head], color=colors[head], label=label)
+    ax.set_xlabel("distance i − j (query minus key)")
+    ax.set_ylabel("bias")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, ncols=2)
+
+
+@figure(Kind.BIAS, "profile")
+def bias_profile(enc: PositionalEncoding, options: PlotOptions) -> Figure:
+    """Per-head bias of the last query against its distance to each earlier key."""
+    fig = new_figure(8, 5)
+    _draw_profile(fig.subplots(), enc, options)
+    fig.suptitle(f"{describe(enc)}: bias against distance")
+    return fig
+
+
+@figure("alibi", "slopes")
+def alibi_slopes_figure(enc: PositionalEncoding, options: PlotOptions) -> Figure:
+    """ALiBi: per-head bias against distance, each line labelled with its slope m_h."""
+    from .. import functional as F
+
+    slopes = F.alibi_slopes(enc.num_bias_heads).double().numpy()
+    fig = new_figure(12, 5)
+    line_ax, slope_ax = fig.subplots(1, 2, width_ratios=(2, 1))
+    _draw_profile(line_ax, enc, options, [f"head {h}: m = 2^{np.log2(m):.3g}" for h, m in enumerate(slopes)])
+    line_ax.set_title("bias of the last query against distance")
+    slope_ax.bar(np.arange(len(slopes)), slopes, color=[f"C{h % 10}" for h in range(len(slopes))])
+    slope_ax.set_yscale("log", base=2)
+    slope_ax.set_xlabel("head")
+    slope_ax.set_ylabel("slope m_h")
+    slope_ax.set_title(f"slopes for {len(slopes)} heads")
+    fig.suptitle(describe(enc))
+    return fig
+
+
+@figure("t5", "buckets")
+def t5_buckets(enc: PositionalEncoding, options: PlotOptions) -> Figure:
+    """T5: bucket id of every (query, key) pair of a small grid, and bucket against key − query."""
+    length = options.length_or(T5_GRID)
+    positions = torch.arange(length)
+    grid = enc.buckets(positions[None, :] - positions[:, None])  # type: ignore[attr-defined]
+    reach = int(1.5 * enc.max_distance)  # type: ignore[attr-defined]
+    relative = torch.arange(-reach, reach + 1)
+    return index_figure(
+        grid.numpy(),
+        relative.numpy(),
+        enc.buckets(relative).numpy(),  # type: ignore[attr-defined]
+        title=f"{describe(enc)}: bucket ids",
+        curve_xlabel="relative position r = j − i (key minus query)",
+        value_label="bucket",
+        marks={"±max_distance": enc.max_distance},  # type: ignore[attr-defined]
+    )

@@ -1,0 +1,82 @@
+"""``posenc plot`` and ``posenc report``: registered on :data:`posenc.cli.app` when imported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from posenc.cli import app, console
+
+from .registry import PlotOptions, build_for_plot, figures_for, make_figure, save_figure
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(2)
+
+
+def _list_figures(spec: str, heads: int, head_dim: int) -> None:
+    enc = build_for_plot(spec, heads, head_dim)
+    table = Table(title=f"figures of {enc.name} ({enc.kind.value}); the first is the default")
+    table.add_column("figure")
+    table.add_column("what it shows")
+    for name, (_, description) in figures_for(enc).items():
+        table.add_row(name, description)
+    console.print(table)
+
+
+@app.command("plot")
+def plot(
+    spec: str | None = typer.Argument(None, help="encoding name or spec string, e.g. t5 or rope:base=500000"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="output image, .png or .svg"),
+    figure_name: str | None = typer.Option(None, "--figure", "-f", help="which figure (default: the encoding's first; see --list)"),
+    run: Path | None = typer.Option(None, "--run", help="experiment directory: plot a trained model's attention maps"),
+    length: int | None = typer.Option(None, "--length", "-n", help="positions / grid size / original context (figure-specific)"),
+    heads: int = typer.Option(8, "--heads", help="number of heads the encoding is built for"),
+    head_dim: int = typer.Option(16, "--head-dim", help="per-head size the encoding is built for"),
+    max_heads: int = typer.Option(8, "--max-heads", help="draw at most this many heads"),
+    dpi: int = typer.Option(100, "--dpi", help="resolution of PNG output"),
+    list_figures: bool = typer.Option(False, "--list", help="list the figures available for SPEC and exit"),
+) -> None:
+    """Draw a figure of an encoding (or, with --run, of a trained model) to a PNG or SVG file.
+
+    Layer sizes in the spec win over --heads/--head-dim: sinusoidal:dim=512, alibi:num_heads=12.
+    """
+    try:
+        if list_figures:
+            if spec is None:
+                raise ValueError("--list needs an encoding SPEC")
+            _list_figures(spec, heads, head_dim)
+            return
+        if out is None:
+            raise ValueError("--out FILE.png|FILE.svg is required")
+        options = PlotOptions(length=length, max_heads=max_heads)
+        if run is not None:
+            from .runs import run_attention_figure
+
+            fig = run_attention_figure(run, encoding=spec, options=options)
+        elif spec is None:
+            raise ValueError("give an encoding SPEC, or --run DIR for a trained model")
+        else:
+            fig = make_figure(build_for_plot(spec, heads, head_dim), figure_name, options)
+        path = save_figure(fig, out, dpi=dpi)
+    except (ValueError, FileNotFoundError) as err:
+        raise _fail(str(err)) from err
+    console.print(f"wrote {path}")
+
+
+@app.command("report")
+def report(
+    directory: Path = typer.Argument(..., help="experiment directory (results.jsonl, config.json)"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="HTML file to write (default DIR/report.html)"),
+) -> None:
+    """Write one self-contained HTML report of an experiment: config, results, curves and figures."""
+    from .report import write_report
+
+    try:
+        path = write_report(directory, out)
+    except (ValueError, FileNotFoundError) as err:
+        raise _fail(str(err)) from err
+    console.print(f"wrote {path}")

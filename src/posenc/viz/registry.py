@@ -1,0 +1,173 @@
+"""The figure registry: plot functions keyed by encoding name, by kind, or for every encoding.
+
+A figure function takes a built encoding and :class:`PlotOptions` and returns a
+:class:`matplotlib.figure.Figure`. It is registered with :func:`figure` under
+
+* an encoding name (``"t5"``): figures only that family has (its bucket map);
+* a :class:`~posenc.base.Kind` (``Kind.BIAS``): generic figures for every encoding of that kind,
+  computed from the kind's hook (the per-head bias heatmap from ``enc.bias``);
+* :data:`ANY`: figures every encoding has (its positional attention pattern).
+
+:func:`figures_for` merges them in that order, so the first figure of the most specific key is the
+default and a family never needs an ``if name == ...`` anywhere. Figures are drawn on bare
+:class:`~matplotlib.figure.Figure` objects (no pyplot state), so they render headless.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from ..base import Kind, PositionalEncoding
+from ..registry import build_for_layer, parse_spec
+
+__all__ = [
+    "ANY",
+    "FigureFn",
+    "PlotOptions",
+    "build_for_plot",
+    "figure",
+    "figures_for",
+    "make_figure",
+    "new_figure",
+    "save_figure",
+]
+
+#: Registry key of figures every encoding has.
+ANY = "*"
+
+#: Output formats :func:`save_figure` writes.
+FORMATS = (".png", ".svg")
+
+
+@dataclass(frozen=True)
+class PlotOptions:
+    """Options shared by the figure functions (each one documents which it reads).
+
+    Attributes:
+        length: number of positions (or the query/key grid size) to draw; None = the figure's default.
+        max_heads: draw at most this many heads in per-head figures.
+        seed: seed of the random projections of attention-pattern figures.
+    """
+
+    length: int | None = None
+    max_heads: int = 8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.length is not None and self.length < 1:
+            raise ValueError(f"length must be a positive integer, got {self.length}")
+        if self.max_heads < 1:
+            raise ValueError(f"max_heads must be a positive integer, got {self.max_heads}")
+
+    def length_or(self, default: int) -> int:
+        return default if self.length is None else self.length
+
+
+FigureFn = Callable[[PositionalEncoding, PlotOptions], Figure]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    fn: FigureFn
+    description: str
+    applies: Callable[[PositionalEncoding], bool] | None
+
+
+_FIGURES: dict[str | Kind, dict[str, _Entry]] = {}
+
+
+def figure(key: str | Kind, name: str, *, applies: Callable[[PositionalEncoding], bool] | None = None):
+    """Decorator: register a figure function under an encoding name, a :class:`Kind` or :data:`ANY`.
+
+    ``applies(enc)``, when given, says whether the figure makes sense for a particular encoding
+    (an absolute heatmap of NoPE's zero-width embedding does not). The function's docstring's first
+    line is the figure's description in ``posenc plot --list``.
+    """
+
+    def decorator(fn: FigureFn) -> FigureFn:
+        table = _FIGURES.setdefault(key, {})
+        if name in table:
+            raise ValueError(f"figure {name!r} is already registered for {key!r}")
+        doc = (fn.__doc__ or "").strip().split("\n")[0]
+        table[name] = _Entry(fn, doc, applies)
+        return fn
+
+    return decorator
+
+
+def figures_for(enc: PositionalEncoding) -> dict[str, tuple[FigureFn, str]]:
+    """The figures available for ``enc``, most specific first: ``{name: (function, description)}``."""
+    merged: dict[str, tuple[FigureFn, str]] = {}
+    for key in (enc.name, enc.kind, ANY):
+        for name, entry in _FIGURES.get(key, {}).items():
+            if name not in merged and (entry.applies is None or entry.applies(enc)):
+                merged[name] = (entry.fn, entry.description)
+    return merged
+
+
+def make_figure(enc: PositionalEncoding, name: str | None = None, options: PlotOptions | None = None) -> Figure:
+    """Draw figure ``name`` of ``enc`` (its default figure when ``name`` is None)."""
+    available = figures_for(enc)
+    if not available:
+        raise ValueError(f"no figure is registered for encoding {enc.name!r} (kind {enc.kind.value})")
+    if name is None:
+        name = next(iter(available))
+    if name not in available:
+        raise ValueError(
+            f"figure {name!r} is not available for encoding {enc.name!r}; choose one of: {', '.join(available)}"
+        )
+    return available[name][0](enc, options or PlotOptions())
+
+
+def build_for_plot(spec: str, num_heads: int = 8, head_dim: int = 16) -> PositionalEncoding:
+    """Build ``spec`` on its own for plotting, sized like an attention layer.
+
+    Layer options written in the spec win over the arguments: ``"sinusoidal:dim=512"`` builds a
+    512-wide table, ``"alibi:num_heads=12"`` twelve heads.
+    """
+    name, raw = parse_spec(spec)
+    heads = int(raw.pop("num_heads", num_heads))
+    if "head_dim" in raw:
+        head_dim = int(raw.pop("head_dim"))
+    elif "dim" in raw:
+        head_dim = max(int(raw["dim"]) // heads, 1)
+    dim = int(raw.pop("dim", heads * head_dim))
+    if heads < 1 or head_dim < 1 or dim < 1:
+        raise ValueError(f"num_heads, head_dim and dim must be positive, got {heads}, {head_dim}, {dim}")
+    rest = ",".join(f"{k}={v}" for k, v in raw.items())
+    return build_for_layer(name + (":" + rest if rest else ""), num_heads=heads, head_dim=head_dim, dim=dim)
+
+
+def new_figure(width: float = 10.0, height: float = 5.0) -> Figure:
+    """A bare figure with an Agg canvas and constrained layout (no pyplot, safe headless)."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def save_figure(fig: Figure, out: str | Path, dpi: int = 100) -> Path:
+    """Write ``fig`` to ``out`` (``.png`` or ``.svg``), creating parent folders; returns the path."""
+    path = Path(out)
+    if path.suffix.lower() not in FORMATS:
+        raise ValueError(f"out must end in {' or '.join(FORMATS)}, got {str(out)!r}")
+    if dpi < 10:
+        raise ValueError(f"dpi must be at least 10, got {dpi}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    return path
+
+
+def describe(enc: PositionalEncoding) -> str:
+    """A short title for an encoding: its spec string without layer sizes."""
+    config: dict[str, Any] = {
+        k: v for k, v in enc.config().items() if k not in ("num_heads", "head_dim", "dim") and v is not None
+    }
+    from ..registry import format_spec
+
+    return format_spec(enc.name, config)

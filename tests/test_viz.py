@@ -1,0 +1,160 @@
+"""Figures: every ``posenc plot`` figure writes a real image whose pixels follow the encoding.
+
+Each case draws a figure for two settings of an encoding parameter. With every text artist hidden
+(titles, tick labels, legends: they would differ even for an empty plot because the title names
+the spec), the two renderings must differ and neither may be constant, so an empty axes or a plot
+that ignores the parameter fails. The CLI cases check that the command writes a readable,
+non-constant PNG or SVG.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from matplotlib.image import imread
+from matplotlib.text import Text
+from typer.testing import CliRunner
+
+import posenc
+from posenc.base import Kind
+from posenc.cli import _load_command_modules, app
+from posenc.viz import PlotOptions, build_for_plot, figures_for, make_figure
+
+_load_command_modules()
+
+DPI = 40
+
+
+def data_pixels(fig) -> np.ndarray:
+    """RGB pixels of ``fig`` with every text artist hidden."""
+    for text in fig.findobj(Text):
+        text.set_visible(False)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI)
+    buffer.seek(0)
+    return imread(buffer)[..., :3]
+
+
+def assert_not_constant(pixels: np.ndarray) -> None:
+    # A figure of nothing but white paper and axis frames has almost one colour.
+    colours = np.unique((pixels * 255).astype(np.uint8).reshape(-1, 3), axis=0)
+    assert len(colours) > 8, f"image has only {len(colours)} colours"
+
+
+# (figure, spec A, spec B, length): the two specs differ in one parameter the figure must show.
+CASES = [
+    ("seed", "sinusoidal:dim=64", "sinusoidal:dim=64,base=100", 64),
+    ("dims", "sinusoidal:dim=32", "sinusoidal:dim=32,base=1000", 64),
+    ("vectors", "sinusoidal:dim=32", "sinusoidal:dim=32,base=1000", 16),
+    ("heatmap", "sinusoidal:dim=32", "sinusoidal:dim=32,layout=concat", 32),
+    ("similarity", "sinusoidal:dim=32", "sinusoidal:dim=32,base=100", 32),
+    ("heatmap", "learned:dim=16,max_len=32", "learned:dim=32,max_len=32", 16),
+    ("buckets", "t5:bidirectional=true", "t5:bidirectional=false", 8),
+    ("buckets", "t5:max_distance=128", "t5:max_distance=32", 8),
+    ("bias", "alibi:mode=causal", "alibi:mode=symmetric", 12),
+    ("bias", "t5:bidirectional=true", "t5:bidirectional=false", 12),
+    ("profile", "alibi:num_heads=8", "alibi:num_heads=4", 32),
+    ("slopes", "alibi:num_heads=8", "alibi:num_heads=6", 32),
+    ("scaling", "rope:head_dim=32", "rope:head_dim=32,base=500", 256),
+    ("decay", "rope:head_dim=16", "rope:head_dim=16,base=100", 256),
+    ("index", "shaw:k=2", "shaw:k=4", 8),
+    ("index", "deberta:position_buckets=-1,max_relative_positions=3", "deberta:position_buckets=8,max_relative_positions=32", 8),
+    ("attention", "alibi:mode=causal", "alibi:mode=symmetric", 12),
+    ("attention", "rope:base=10000", "rope:base=10", 12),
+]
+
+
+@pytest.mark.parametrize(("name", "spec_a", "spec_b", "length"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
+def test_figure_follows_parameters(name: str, spec_a: str, spec_b: str, length: int) -> None:
+    options = PlotOptions(length=length, max_heads=4)
+    first = data_pixels(make_figure(build_for_plot(spec_a), name, options))
+    second = data_pixels(make_figure(build_for_plot(spec_b), name, options))
+    assert_not_constant(first)
+    assert_not_constant(second)
+    assert first.shape == second.shape
+    assert np.abs(first - second).max() > 0.1, f"{name}: {spec_a} and {spec_b} draw the same pixels"
+
+
+def test_data_pixels_catches_an_empty_plot() -> None:
+    # The check itself must be able to fail: an axes with no data but a title is "constant".
+    from posenc.viz import new_figure
+
+    fig = new_figure(4, 3)
+    ax = fig.subplots()
+    ax.set_title("sinusoidal:dim=32")
+    with pytest.raises(AssertionError):
+        assert_not_constant(data_pixels(fig))
+
+
+def test_every_registered_encoding_has_a_default_figure() -> None:
+    for name in posenc.available():
+        enc = build_for_plot(name)
+        figures = figures_for(enc)
+        assert figures, f"{name} has no figure"
+        if enc.kind is Kind.BIAS:
+            assert "bias" in figures, f"BIAS encoding {name} lacks the generic bias heatmap"
+
+
+@pytest.mark.parametrize("name", [n for n in posenc.available() if posenc.get_class(n).kind is Kind.BIAS])
+def test_generic_bias_heatmap_for_every_bias_encoding(name: str) -> None:
+    pixels = data_pixels(make_figure(build_for_plot(name), "bias", PlotOptions(length=8, max_heads=2)))
+    assert_not_constant(pixels)
+
+
+@pytest.mark.parametrize("suffix", [".png", ".svg"])
+def test_cli_plot_writes_image(tmp_path, suffix: str) -> None:
+    out = tmp_path / f"t5{suffix}"
+    result = CliRunner().invoke(app, ["plot", "t5:num_buckets=16", "--figure", "buckets", "--out", str(out), "--dpi", str(DPI)])
+    assert result.exit_code == 0, result.output
+    assert out.stat().st_size > 1000
+    if suffix == ".png":
+        assert_not_constant(imread(out)[..., :3])
+    else:
+        text = out.read_text()
+        assert text.lstrip().startswith("<?xml") and "<svg" in text and "<path" in text
+
+
+def test_cli_plot_default_figure_and_layer_sizes(tmp_path) -> None:
+    out = tmp_path / "sin.png"
+    result = CliRunner().invoke(app, ["plot", "sinusoidal:dim=32", "-n", "32", "-o", str(out), "--dpi", str(DPI)])
+    assert result.exit_code == 0, result.output
+    assert_not_constant(imread(out)[..., :3])
+
+
+def test_cli_plot_list(tmp_path) -> None:
+    result = CliRunner().invoke(app, ["plot", "rope", "--list"])
+    assert result.exit_code == 0, result.output
+    for figure_name in ("scaling", "decay", "attention"):
+        assert figure_name in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["plot", "alibi", "--figure", "buckets", "-o", "x.png"], "not available for encoding 'alibi'"),
+        (["plot", "alibi", "-o", "x.jpg"], ".png or .svg"),
+        (["plot", "alibi"], "--out"),
+        (["plot", "-o", "x.png"], "SPEC"),
+        (["plot", "nosuch", "-o", "x.png"], "unknown encoding"),
+    ],
+)
+def test_cli_plot_errors(tmp_path, monkeypatch, args: list[str], message: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split()), result.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_sinusoidal_seed_figure_draws_the_seed_dimensions() -> None:
+    # The first panels are dims 2, 6, 12 of the table over the positions, as in the seed.
+    fig = make_figure(build_for_plot("sinusoidal:dim=32"), "dims", PlotOptions(length=128))
+    lines = [ax.lines[0] for ax in fig.axes]
+    assert [ax.get_ylabel() for ax in fig.axes] == ["dim 2", "dim 6", "dim 12"]
+    positions = np.arange(128, dtype=np.float64)
+    for line, dim in zip(lines, (2, 6, 12)):
+        # Paper formula, interleaved: PE[p, 2k] = sin(p * 10000^(-2k/D)).
+        expected = np.sin(positions * 10000.0 ** (-(dim // 2) * 2 / 32))
+        np.testing.assert_allclose(line.get_ydata(), expected, atol=1e-6)
