@@ -90,6 +90,8 @@ class ShawRelative(PositionalEncoding):
 
     kind = Kind.CONTENT
     shift_invariant = True
+    #: Clipping well inside the contract tests' lengths, so clipped rows are exercised.
+    example_options = {"k": 4}
 
     def __init__(
         self,
