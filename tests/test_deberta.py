@@ -281,3 +281,29 @@ def test_logits_without_layer_is_a_clear_error():
 def test_preview_shows_index_map():
     text = posenc.build("deberta", dim=HIDDEN, num_heads=HEADS, head_dim=8, position_buckets=8, max_relative_positions=32).preview(5)
     assert "   8    7    6    5    4" in text
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_grouped_query_heads_equal_mha_with_repeated_kv_projections(share):
+    """num_kv_heads=2 of 4: same output as multi-head attention with each key/value head repeated
+    (with share_att_key the relative keys come from the repeated key projection as well)."""
+    spec = f"deberta:position_buckets=8,max_relative_positions=32,share_att_key={share}"
+    gqa = posenc.MultiheadAttention(HIDDEN, HEADS, spec, num_kv_heads=2).to(torch.float64)
+    mha = posenc.MultiheadAttention(HIDDEN, HEADS, spec).to(torch.float64)
+    state = dict(gqa.state_dict())
+    for name in ("k_proj", "v_proj"):
+        weight = getattr(gqa, name).weight.detach().view(2, 8, HIDDEN)
+        state[f"{name}.weight"] = weight.repeat_interleave(2, dim=0).reshape(HIDDEN, HIDDEN)
+        state[f"{name}.bias"] = getattr(gqa, name).bias.detach().view(2, 8).repeat_interleave(2, dim=0).reshape(HIDDEN)
+    mha.load_state_dict(state)
+    x = torch.randn(2, 40, HIDDEN, dtype=torch.float64)
+    torch.testing.assert_close(gqa(x), mha(x), rtol=1e-12, atol=1e-12)
+
+
+def test_pos_dropout_acts_only_in_training():
+    layer = posenc.MultiheadAttention(HIDDEN, HEADS, "deberta:position_buckets=8,max_relative_positions=32,pos_dropout=0.5")
+    x = torch.randn(1, 12, HIDDEN)
+    layer.eval()
+    torch.testing.assert_close(layer(x), layer(x), rtol=0, atol=0)
+    layer.train()
+    assert not torch.allclose(layer(x), layer.eval()(x))

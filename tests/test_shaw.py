@@ -184,3 +184,21 @@ def test_bad_clipping_distance_is_an_error():
 def test_preview_shows_index_map():
     text = posenc.build("shaw", head_dim=8, k=2).preview(5)
     assert "0   0   0   1   2" in text
+
+
+def test_grouped_query_heads_equal_mha_with_repeated_kv_projections():
+    """num_kv_heads=1: same output as full multi-head attention whose every head uses that key/value head."""
+    gqa = posenc.MultiheadAttention(24, 3, "shaw:k=2,per_head=true", num_kv_heads=1).to(torch_f64)
+    mha = posenc.MultiheadAttention(24, 3, "shaw:k=2,per_head=true").to(torch_f64)
+    with torch.no_grad():
+        mha.load_state_dict(
+            {
+                **gqa.state_dict(),
+                "k_proj.weight": gqa.k_proj.weight.repeat(3, 1),
+                "k_proj.bias": gqa.k_proj.bias.repeat(3),
+                "v_proj.weight": gqa.v_proj.weight.repeat(3, 1),
+                "v_proj.bias": gqa.v_proj.bias.repeat(3),
+            }
+        )
+    x = torch.randn(2, 7, 24, dtype=torch_f64)
+    torch.testing.assert_close(gqa(x), mha(x), rtol=1e-12, atol=1e-12)
