@@ -1,0 +1,286 @@
+"""``posenc report DIR``: one self-contained HTML page for an experiment directory.
+
+The page holds the run's configuration, the results table (mean over seeds per task, encoding,
+metric and length), metric-against-length curves with one line per encoding, the default figure
+of every encoding in the run and, when the run saved checkpoints, a trained model's attention
+maps. Images are PNGs embedded as base64 ``data:`` URIs and the only style sheet is inline, so the
+file opens from disk with no network.
+
+Input (written by the experiment runner, :mod:`posenc.experiments`):
+
+* ``results.jsonl``: one JSON record per line with at least ``encoding``, ``length``, ``metric``
+  and ``value``; ``task``, ``seed`` and ``train_len`` are read when present (the runner's record
+  also carries ``run``, ``steps`` and ``examples``, which the page does not need).
+* ``config.json`` (optional): the run's configuration, shown as it is. Its ``encodings`` list (if
+  any) orders the encodings; its ``num_heads``/``head_dim`` size the encoding figures.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+import io
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .registry import PlotOptions, build_for_plot, describe, figures_for, make_figure, new_figure
+
+__all__ = ["Record", "load_results", "load_config", "render_report", "write_report"]
+
+REQUIRED_FIELDS = ("encoding", "length", "metric", "value")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measurement: ``value`` of ``metric`` for ``encoding`` on ``task`` at ``length``."""
+
+    encoding: str
+    task: str
+    length: int
+    metric: str
+    value: float
+    seed: int
+    train_length: int | None
+
+
+def load_results(directory: Path) -> list[Record]:
+    """Read ``directory/results.jsonl``; ``ValueError`` naming the line for a malformed record."""
+    path = Path(directory) / "results.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {directory} an experiment directory?")
+    records = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
+        missing = [f for f in REQUIRED_FIELDS if f not in raw]
+        if missing:
+            raise ValueError(f"{path}:{number}: record lacks {', '.join(missing)}")
+        train = raw.get("train_len", raw.get("train_length"))
+        records.append(
+            Record(
+                encoding=str(raw["encoding"]),
+                task=str(raw.get("task", "")),
+                length=int(raw["length"]),
+                metric=str(raw["metric"]),
+                value=float(raw["value"]),
+                seed=int(raw.get("seed", 0)),
+                train_length=None if train is None else int(train),
+            )
+        )
+    if not records:
+        raise ValueError(f"{path} holds no results")
+    return records
+
+
+def load_config(directory: Path) -> dict[str, Any]:
+    """``directory/config.json`` as a dict (empty when the run wrote none)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return {}
+    config = json.loads(path.read_text())
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+# ---------------------------------------------------------------------------- aggregation
+
+
+def _encodings_in_order(records: list[Record], config: dict[str, Any]) -> list[str]:
+    seen = list(dict.fromkeys(r.encoding for r in records))
+    listed = [str(e) for e in config.get("encodings", []) if str(e) in seen]
+    return listed + [e for e in seen if e not in listed]
+
+
+def _group(records: list[Record]) -> dict[tuple[str, str, str], dict[int, list[float]]]:
+    """``{(task, metric, encoding): {length: [value per seed]}}``."""
+    grouped: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        grouped[(r.task, r.metric, r.encoding)][r.length].append(r.value)
+    return grouped
+
+
+def _format(values: list[float]) -> str:
+    mean = float(np.mean(values))
+    text = f"{mean:.4g}"
+    if len(values) > 1:
+        text += f" ± {float(np.std(values)):.2g}"
+    return text
+
+
+# ---------------------------------------------------------------------------- HTML pieces
+
+
+def _png_data_uri(fig: Figure, dpi: int = 90) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=dpi)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _image(fig: Figure, alt: str) -> str:
+    return f'<figure><img src="{_png_data_uri(fig)}" alt="{html.escape(alt)}"><figcaption>{html.escape(alt)}</figcaption></figure>'
+
+
+def _config_html(config: dict[str, Any]) -> str:
+    if not config:
+        return "<p>No config.json in this directory.</p>"
+    rows = "".join(
+        f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(json.dumps(v))}</code></td></tr>" for k, v in config.items()
+    )
+    return f'<table id="config">{rows}</table>'
+
+
+def _results_html(records: list[Record], encodings: list[str]) -> str:
+    lengths = sorted({r.length for r in records})
+    grouped = _group(records)
+    head = "".join(f"<th>{n}</th>" for n in lengths)
+    body = []
+    for task, metric in sorted({(r.task, r.metric) for r in records}):
+        for enc in encodings:
+            cells = grouped.get((task, metric, enc))
+            if not cells:
+                continue
+            values = "".join(f"<td>{_format(cells[n]) if n in cells else ''}</td>" for n in lengths)
+            body.append(
+                f"<tr><td>{html.escape(task)}</td><td>{html.escape(metric)}</td>"
+                f"<td><code>{html.escape(enc)}</code></td>{values}</tr>"
+            )
+    seeds = len({r.seed for r in records})
+    return (
+        f'<p>{len(records)} records, {seeds} seed(s); cells are the mean over seeds (± standard deviation).</p>'
+        f'<table id="results"><thead><tr><th>task</th><th>metric</th><th>encoding</th>{head}</tr>'
+        f"<tr><th></th><th></th><th></th><th colspan=\"{len(lengths)}\">evaluation length</th></tr></thead>"
+        f"<tbody>{''.join(body)}</tbody></table>"
+    )
+
+
+def curve_figure(records: list[Record], task: str, metric: str, encodings: list[str]) -> Figure:
+    """``metric`` against evaluation length for each encoding (mean over seeds, band = min..max)."""
+    grouped = _group(records)
+    fig = new_figure(8, 4.8)
+    ax = fig.subplots()
+    for index, enc in enumerate(encodings):
+        cells = grouped.get((task, metric, enc))
+        if not cells:
+            continue
+        lengths = sorted(cells)
+        values = [np.asarray(cells[n]) for n in lengths]
+        color = f"C{index % 10}"
+        ax.plot(lengths, [v.mean() for v in values], marker="o", color=color, label=enc)
+        if any(len(v) > 1 for v in values):
+            ax.fill_between(lengths, [v.min() for v in values], [v.max() for v in values], color=color, alpha=0.15)
+    trained = {r.train_length for r in records if r.task == task and r.train_length is not None}
+    for length in sorted(trained):
+        ax.axvline(length, color="gray", linestyle="--", linewidth=0.8)
+        ax.text(length, ax.get_ylim()[1], " train length", color="gray", fontsize=8, va="top")
+    if max(r.length for r in records) / max(min(r.length for r in records), 1) >= 8:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel("evaluation length")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.suptitle(f"{task + ': ' if task else ''}{metric} against length")
+    return fig
+
+
+def _curves_html(records: list[Record], encodings: list[str]) -> str:
+    parts = []
+    for task, metric in sorted({(r.task, r.metric) for r in records}):
+        label = f"{task + ' · ' if task else ''}{metric} against length"
+        parts.append(_image(curve_figure(records, task, metric, encodings), label))
+    return "".join(parts)
+
+
+def _encoding_figures_html(encodings: list[str], config: dict[str, Any]) -> str:
+    heads = int(config.get("num_heads", 8))
+    head_dim = int(config.get("head_dim") or (int(config["d_model"]) // heads if config.get("d_model") else 16))
+    parts = []
+    for spec in encodings:
+        try:
+            enc = build_for_plot(spec, heads, head_dim)
+            name = next(iter(figures_for(enc)))
+            fig = make_figure(enc, name, PlotOptions())
+        except (ValueError, StopIteration) as err:
+            # Shown on the page, not hidden: the reader sees which figure is missing and why.
+            parts.append(f'<p class="note">No figure for <code>{html.escape(spec)}</code>: {html.escape(str(err))}</p>')
+            continue
+        parts.append(_image(fig, f"{describe(enc)}: {name}"))
+    return "".join(parts)
+
+
+def _attention_html(directory: Path) -> str:
+    from .runs import find_checkpoints, run_attention_figure
+
+    checkpoints = find_checkpoints(directory)
+    if not checkpoints:
+        return "<p>No checkpoints in this directory.</p>"
+    parts = []
+    for encoding in checkpoints:
+        try:
+            fig = run_attention_figure(directory, encoding=encoding, options=PlotOptions(max_heads=4))
+        except (ValueError, FileNotFoundError) as err:
+            parts.append(f'<p class="note">No attention maps for <code>{html.escape(encoding)}</code>: {html.escape(str(err))}</p>')
+            continue
+        parts.append(_image(fig, f"attention maps of the trained model: {encoding}"))
+    return "".join(parts)
+
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.6em; } h2 { border-bottom: 1px solid #ccc; padding-bottom: .2em; margin-top: 2em; }
+table { border-collapse: collapse; margin: 1em 0; font-size: .9em; }
+th, td { border: 1px solid #ddd; padding: .3em .6em; text-align: left; vertical-align: top; }
+thead th { background: #f3f3f3; }
+#results td:nth-child(n+4) { text-align: right; font-variant-numeric: tabular-nums; }
+figure { margin: 1em 0; } img { max-width: 100%; height: auto; border: 1px solid #eee; }
+figcaption { font-size: .85em; color: #555; } .note { color: #a33; }
+code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }
+"""
+
+
+def render_report(directory: str | Path) -> str:
+    """The HTML page for experiment ``directory`` as a string."""
+    directory = Path(directory)
+    records = load_results(directory)
+    config = load_config(directory)
+    encodings = _encodings_in_order(records, config)
+    title = f"posenc report: {directory.resolve().name}"
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sections = [
+        ("config", "Configuration", _config_html(config)),
+        ("results-section", "Results", _results_html(records, encodings)),
+        ("curves", "Metric against length", _curves_html(records, encodings)),
+        ("encodings", "The encodings", _encoding_figures_html(encodings, config)),
+        ("attention", "Attention maps of the trained models", _attention_html(directory)),
+    ]
+    body = "".join(f'<section id="{sid}"><h2>{html.escape(heading)}</h2>{content}</section>' for sid, heading, content in sections)
+    return (
+        "<!DOCTYPE html>\n"
+        f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head><body><h1>{html.escape(title)}</h1>"
+        f"<p>Directory <code>{html.escape(str(directory))}</code>, {len(encodings)} encoding(s), generated {when}.</p>"
+        f"{body}</body></html>\n"
+    )
+
+
+def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of ``directory`` to ``out`` (default ``directory/report.html``)."""
+    path = Path(out) if out is not None else Path(directory) / "report.html"
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise ValueError(f"report output must end in .html, got {str(path)!r}")
+    text = render_report(directory)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
