@@ -1,0 +1,110 @@
+"""``posenc extrapolate``: train at short lengths, evaluate at longer ones, for several encodings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..cli import app, console
+from .tasks import TASKS
+from .train import ExperimentConfig
+
+_DEFAULT = ExperimentConfig()
+
+
+def split_specs(text: str) -> list[str]:
+    """Split ``"nope,rope:base=500000,pairing=half,alibi"`` into specs.
+
+    An item of the form ``key=value`` (no ``:``) continues the previous spec's options.
+    """
+    specs: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item.split("=")[0] and specs:
+            specs[-1] += ("," if ":" in specs[-1] else ":") + item
+        else:
+            specs.append(item)
+    return specs
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        return [int(item) for item in text.split(",") if item.strip()]
+    except ValueError as err:
+        raise typer.BadParameter(f"{option} must be comma-separated integers, got {text!r}") from err
+
+
+@app.command("extrapolate")
+def extrapolate(
+    task: str = typer.Option(_DEFAULT.task, help=f"task: {', '.join(TASKS)}"),
+    encodings: str = typer.Option(
+        ",".join(_DEFAULT.encodings), help="comma-separated encoding specs, options included: nope,rope:base=500000,pairing=half,alibi"
+    ),
+    train_len: int = typer.Option(_DEFAULT.train_len, help="largest training length L (task size; lm: context length)"),
+    eval_len: int = typer.Option(_DEFAULT.eval_len, help="evaluate every length 1..eval_len"),
+    min_train_len: int = typer.Option(_DEFAULT.min_train_len, help="smallest training length"),
+    steps: int = typer.Option(_DEFAULT.steps, help="training steps per run"),
+    seeds: str = typer.Option(",".join(map(str, _DEFAULT.seeds)), help="comma-separated seeds"),
+    out: Path = typer.Option(Path("runs/extrapolate"), help="results folder (re-run the same command to resume)"),
+    batch_size: int = typer.Option(_DEFAULT.batch_size),
+    lr: float = typer.Option(_DEFAULT.lr, help="peak AdamW learning rate (warm-up, then cosine to 10%)"),
+    d_model: int = typer.Option(_DEFAULT.d_model),
+    num_layers: int = typer.Option(_DEFAULT.num_layers),
+    num_heads: int = typer.Option(_DEFAULT.num_heads),
+    d_ff: int = typer.Option(_DEFAULT.d_ff),
+    dropout: float = typer.Option(_DEFAULT.dropout),
+    num_symbols: int = typer.Option(_DEFAULT.num_symbols, help="alphabet size of the synthetic tasks"),
+    distinct: bool = typer.Option(_DEFAULT.distinct, help="copy/reverse/sort: draw distinct symbols"),
+    corpus: Path | None = typer.Option(None, help="lm: a text file (default: the stdlib argparse source)"),
+    eval_examples: int = typer.Option(_DEFAULT.eval_examples, help="examples per evaluated length (lm: windows)"),
+    checkpoint_every: int = typer.Option(_DEFAULT.checkpoint_every, help="checkpoint every N steps"),
+    backend: str = typer.Option(_DEFAULT.backend, help="attention backend (auto picks per call)"),
+    workers: int | None = typer.Option(None, help="parallel processes (default: one per CPU core, at most one per run)"),
+    threads: int = typer.Option(1, help="torch threads per process"),
+    device: str = typer.Option("cpu", help="cpu, cuda or auto"),
+    progress: bool = typer.Option(True, help="show progress bars"),
+) -> None:
+    """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
+
+    Tasks are scored by exact match (teacher-forced argmax equals the target at every output
+    position); lm by perplexity at each position. Writes results.jsonl, results.csv, config.json,
+    checkpoints/ and extrapolation.png into --out and prints a summary table. Interrupted runs
+    resume when the same command is run again. Under `torchrun --nproc_per_node N` each run
+    trains with DistributedDataParallel.
+    """
+    from .runner import ExperimentInterrupted, run_experiment
+
+    specs = split_specs(encodings)
+    config = ExperimentConfig(
+        task=task,
+        encodings=specs,
+        train_len=train_len,
+        eval_len=eval_len,
+        min_train_len=min_train_len,
+        steps=steps,
+        seeds=_int_list(seeds, "--seeds"),
+        batch_size=batch_size,
+        lr=lr,
+        d_model=d_model,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        d_ff=d_ff,
+        dropout=dropout,
+        num_symbols=num_symbols,
+        distinct=distinct,
+        corpus=None if corpus is None else str(corpus),
+        eval_examples=eval_examples,
+        eval_batch=min(eval_examples, _DEFAULT.eval_batch),
+        checkpoint_every=checkpoint_every,
+        backend=backend,
+    )
+    try:
+        run_experiment(config, out, workers=workers, threads=threads, device=device, console=console, show_progress=progress)
+    except ExperimentInterrupted as err:
+        console.print(f"[yellow]{err}[/yellow]; run the same command again to resume")
+        raise typer.Exit(130) from err
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err

@@ -1,0 +1,352 @@
+"""Run a length-generalization experiment: plan the runs, resume, train in parallel or under DDP,
+and write the results folder.
+
+Folder layout (``out``)::
+
+    config.json            the settings (a resumed command must match them)
+    results.jsonl          one tidy record per (encoding, task, length, seed, metric), atomic
+    results.csv            the same records as a table
+    extrapolation.png      the metric against length, one line per encoding
+    checkpoints/<run>.pt   model + optimizer + scheduler + RNG + step of every run
+
+Resume: a run whose records are in ``results.jsonl`` is finished and skipped; any other run
+restarts from its checkpoint (saved every ``checkpoint_every`` steps, on Ctrl-C/SIGTERM, and at the
+end of training), so an interrupted command re-run unchanged loses and recomputes nothing finished.
+
+Parallelism: on CPU, ``workers`` processes with ``threads`` threads each train different runs side
+by side (two single-threaded jobs on two cores beat one job with two threads for models this
+small). Under ``torchrun`` (``WORLD_SIZE > 1``) every process joins one DistributedDataParallel job
+per run instead (gloo on CPU, nccl on GPU), and rank 0 evaluates and writes the results.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue as queue_module
+import signal
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import results as results_io
+from .train import ExperimentConfig, Interrupted, RunSpec, run_id_for, train_and_evaluate
+
+__all__ = ["run_experiment", "ExperimentInterrupted", "Distributed", "summary_table"]
+
+
+class ExperimentInterrupted(Exception):
+    """The experiment stopped early; finished records and checkpoints are saved."""
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a ``torchrun`` job (rank 0 of 1 without one)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_env(cls) -> Distributed:
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def _device(requested: str, dist: Distributed) -> torch.device:
+    if requested == "auto":
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+    if requested == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device='cuda' but no CUDA device is available")
+        return torch.device("cuda", dist.local_rank if dist.enabled else torch.cuda.current_device())
+    if requested != "cpu":
+        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {requested!r}")
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------------------- folder bookkeeping
+
+
+def _check_config(out: Path, config: ExperimentConfig) -> None:
+    """Refuse to mix results of different settings in one folder."""
+    path = out / "config.json"
+    if not path.exists():
+        return
+    saved = json.loads(path.read_text(encoding="utf-8")).get("experiment", {})
+    current = config.identity()
+    different = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+    if different:
+        details = ", ".join(f"{k}: {old!r} there vs {new!r} now" for k, (old, new) in different.items())
+        raise ValueError(f"{out} holds an experiment with other settings ({details}); use another --out folder")
+
+
+def _write_config(out: Path, config: ExperimentConfig, runtime: dict[str, Any]) -> None:
+    payload = {"experiment": config.to_dict(), "runtime": runtime}
+    results_io.atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
+
+
+def _finished_runs(out: Path) -> set[str]:
+    return {record["run"] for record in results_io.read_records(out / "results.jsonl")}
+
+
+# ---------------------------------------------------------------------------- progress
+
+
+class _Progress:
+    """Rich progress bars, one for training and one for evaluation per run (rank 0 only)."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bars: dict[tuple[str, str], Any] = {}
+        self.progress = Progress(
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=console,
+            disable=not enabled,
+        )
+
+    def __enter__(self) -> _Progress:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def report(self, label: str, phase: str, done: int, total: int, note: str) -> None:
+        if not self.enabled:
+            return
+        key = (label, phase)
+        if key not in self.bars:
+            self.bars[key] = self.progress.add_task(f"{phase:<5} {label}", total=total, note=note)
+        self.progress.update(self.bars[key], completed=done, total=total, note=note)
+
+
+# ---------------------------------------------------------------------------- workers
+
+_WORKER_QUEUE: Any = None
+
+
+def _init_worker(threads: int, progress_queue: Any) -> None:
+    global _WORKER_QUEUE
+    torch.set_num_threads(threads)
+    _WORKER_QUEUE = progress_queue
+    # Idle workers ignore Ctrl-C; a running job turns it into a checkpoint and a clean stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _queue_report(label: str, phase: str, done: int, total: int, note: str) -> None:
+    # Training steps are many: report every step's count but only send a message every few steps.
+    if phase == "train" and done % 5 and done != total:
+        return
+    _WORKER_QUEUE.put((label, phase, done, total, note))
+
+
+def _worker_job(config: ExperimentConfig, run: RunSpec, checkpoint: str, device: str) -> list[dict[str, Any]]:
+    return train_and_evaluate(config, run, Path(checkpoint), _queue_report, device=torch.device(device))
+
+
+@contextmanager
+def _sigterm_as_interrupt():
+    """Treat SIGTERM (``kill``) like Ctrl-C in the main process."""
+
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_in_workers(
+    config: ExperimentConfig,
+    runs: list[RunSpec],
+    out: Path,
+    workers: int,
+    threads: int,
+    device: torch.device,
+    progress: _Progress,
+    on_done: Callable[[RunSpec, list[dict[str, Any]]], None],
+) -> None:
+    context = multiprocessing.get_context("spawn")
+    progress_queue = context.Queue()
+    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(threads, progress_queue))
+    futures: dict[Future, RunSpec] = {}
+    interrupted = False
+    try:
+        for run in runs:
+            checkpoint = str(out / "checkpoints" / f"{run_id_for(config, run)}.pt")
+            futures[executor.submit(_worker_job, config, run, checkpoint, str(device))] = run
+        pending = set(futures)
+        while pending:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            _drain(progress_queue, progress)
+            for future in done:
+                try:
+                    on_done(futures[future], future.result())
+                except Interrupted:
+                    interrupted = True
+        _drain(progress_queue, progress)
+    except KeyboardInterrupt:
+        interrupted = True
+        for future in futures:
+            future.cancel()
+        for process in list(getattr(executor, "_processes", {}).values()):
+            if process.is_alive():
+                os.kill(process.pid, signal.SIGINT)  # running jobs checkpoint and stop
+        for future, run in futures.items():
+            if future.cancelled():
+                continue
+            try:
+                on_done(run, future.result())
+            except Interrupted:
+                pass
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)
+    if interrupted:
+        raise ExperimentInterrupted("interrupted; finished runs are saved, unfinished ones resume from their checkpoints")
+
+
+def _drain(progress_queue: Any, progress: _Progress) -> None:
+    while True:
+        try:
+            message = progress_queue.get_nowait()
+        except queue_module.Empty:
+            return
+        progress.report(*message)
+
+
+# ---------------------------------------------------------------------------- experiment
+
+
+def run_experiment(
+    config: ExperimentConfig,
+    out: Path,
+    *,
+    workers: int | None = None,
+    threads: int = 1,
+    device: str = "cpu",
+    console: Console | None = None,
+    show_progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run (or resume) the experiment into ``out`` and return all its records.
+
+    ``workers`` defaults to one process per CPU core (at most one per run); under ``torchrun``
+    runs go one after another, each trained by all processes with DDP.
+    Raises :class:`ExperimentInterrupted` after Ctrl-C/SIGTERM (everything finished is saved).
+    """
+    config.validate()
+    console = console or Console()
+    dist = Distributed.from_env()
+    torch_device = _device(device, dist)
+    out = Path(out)
+    _check_config(out, config)
+    task = config.make_task()
+    for length in (config.train_len, config.eval_len):
+        task.check_length(length)
+    runs = [RunSpec(encoding, seed) for seed in config.seeds for encoding in config.encodings]
+    workers = _worker_count(workers, len(runs), dist)
+    is_writer = dist.rank == 0
+    if dist.enabled:
+        _init_process_group(torch_device)
+    if is_writer:
+        out.mkdir(parents=True, exist_ok=True)
+        runtime = {"workers": workers, "threads": threads, "world_size": dist.world_size, "device": str(torch_device)}
+        _write_config(out, config, runtime)
+    finished = _finished_runs(out)
+    todo = [run for run in runs if run_id_for(config, run) not in finished]
+    if is_writer:
+        for run in runs:
+            if run not in todo:
+                console.print(f"[dim]done already, kept: {run.label}[/dim]")
+        mode = f"DDP world size {dist.world_size}" if dist.enabled else f"{workers} worker(s) x {threads} thread(s)"
+        console.print(f"[bold]{config.task}[/bold]: {len(todo)} run(s) to do on {torch_device} with {mode}")
+
+    def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
+        if is_writer and records:
+            results_io.append_records(out / "results.jsonl", records)
+
+    try:
+        with _sigterm_as_interrupt(), _Progress(console, show_progress and is_writer) as progress:
+            if workers > 1 and len(todo) > 1:
+                _run_in_workers(config, todo, out, workers, threads, torch_device, progress, on_done)
+            else:
+                torch.set_num_threads(threads)
+                for run in todo:
+                    checkpoint = out / "checkpoints" / f"{run_id_for(config, run)}.pt"
+                    records = train_and_evaluate(
+                        config, run, checkpoint, progress.report, rank=dist.rank, world_size=dist.world_size, device=torch_device
+                    )
+                    on_done(run, records)
+    except (Interrupted, KeyboardInterrupt) as err:
+        raise ExperimentInterrupted("interrupted; finished runs are saved, unfinished ones resume from their checkpoints") from err
+    finally:
+        if dist.enabled and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    records = [r for r in results_io.read_records(out / "results.jsonl") if r["encoding"] in config.encodings and r["seed"] in config.seeds]
+    if is_writer:
+        _write_outputs(out, config, records)
+        console.print(summary_table(config, records, task.metric))
+        console.print(f"results: {out / 'results.jsonl'}, {out / 'results.csv'}, {out / 'extrapolation.png'}")
+    return records
+
+
+def _worker_count(workers: int | None, runs: int, dist: Distributed) -> int:
+    if dist.enabled:
+        return 1
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    return max(1, min(workers, runs))
+
+
+def _init_process_group(device: torch.device) -> None:
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+
+
+def _write_outputs(out: Path, config: ExperimentConfig, records: list[dict[str, Any]]) -> None:
+    results_io.write_csv(out / "results.csv", records)
+    metric = "perplexity" if config.task == "lm" else "exact_match"
+    title = f"{config.task}: trained on lengths <= {config.train_len}, {config.steps} steps"
+    results_io.plot_results(out / "extrapolation.png", records, metric, config.train_len, config.encodings, title)
+
+
+def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metric: str) -> Table:
+    """The Rich table: metric at the training length, mean beyond it, at L+1 and at 2L."""
+    rows = results_io.summarize(records, metric, config.train_len, config.encodings)
+    L = config.train_len
+    name = "ppl" if metric == "perplexity" else "exact match"
+    table = Table(title=f"{config.task}: {name} by length (trained on <= {L}, evaluated to {config.eval_len})")
+    table.add_column("encoding")
+    table.add_column("seeds", justify="right")
+    for header in (f"at L={L}", f"mean {L + 1}..{config.eval_len}", f"at L+1={L + 1}", f"at 2L={2 * L}"):
+        table.add_column(header, justify="right")
+    for row in rows:
+        cells = [results_io.format_value(row[key], metric) for key in ("at_train", "beyond", "at_next", "at_double")]
+        table.add_row(row["encoding"], str(row["seeds"]), *cells)
+    return table

@@ -1,0 +1,346 @@
+"""One run: train a :class:`~posenc.TransformerLM` with one encoding on one task and seed, then
+evaluate it at every length up to ``eval_len``.
+
+Determinism and resume: the training batch and the dropout noise of step ``s`` are drawn from
+generators seeded with ``(seed, rank, s)``, so restoring the model, optimizer, scheduler and step
+from a checkpoint continues the run exactly as if it had never stopped (the checkpoint also keeps
+the global RNG state for anything else that draws from it). Evaluation data depend only on
+``(seed, length)``, so every encoding is scored on the same examples.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .tasks import IGNORE, Task, make_task
+
+__all__ = ["ExperimentConfig", "RunSpec", "train_and_evaluate", "run_id_for", "Interrupted", "INTERRUPT_ENV"]
+
+#: Test hook: stop (as if interrupted with Ctrl-C) after this many training steps in this process.
+INTERRUPT_ENV = "POSENC_INTERRUPT_AFTER_STEPS"
+
+Reporter = Callable[[str, str, int, int, str], None]
+
+
+@dataclass
+class ExperimentConfig:
+    """Everything that defines an ``extrapolate`` experiment (written to ``config.json``).
+
+    Lengths are task sizes (:mod:`posenc.experiments.tasks`): training draws sizes uniformly from
+    ``[min_train_len, train_len]``; evaluation scores every size ``1..eval_len`` (for ``lm``: every
+    position of ``eval_len``-byte windows).
+    """
+
+    task: str = "copy"
+    encodings: list[str] = field(default_factory=lambda: ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"])
+    train_len: int = 16
+    eval_len: int = 48
+    min_train_len: int = 1
+    steps: int = 1500
+    seeds: list[int] = field(default_factory=lambda: [0])
+    batch_size: int = 32
+    lr: float = 3e-3
+    warmup: int = 100
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    d_model: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    d_ff: int = 256
+    dropout: float = 0.0
+    num_symbols: int = 64
+    distinct: bool = True
+    corpus: str | None = None
+    eval_examples: int = 100
+    eval_batch: int = 100
+    checkpoint_every: int = 250
+    backend: str = "auto"
+
+    #: Fields that may differ between the first command and a resumed one (they do not change results).
+    RUNTIME_FIELDS = ("encodings", "seeds")
+
+    def validate(self) -> None:
+        checks = [
+            ("train_len", self.train_len >= 1),
+            ("eval_len", self.eval_len >= self.train_len),
+            ("min_train_len", 1 <= self.min_train_len <= self.train_len),
+            ("steps", self.steps >= 1),
+            ("batch_size", self.batch_size >= 1),
+            ("lr", self.lr > 0),
+            ("eval_examples", self.eval_examples >= 1),
+            ("checkpoint_every", self.checkpoint_every >= 1),
+            ("encodings", len(self.encodings) > 0 and len(set(self.encodings)) == len(self.encodings)),
+            ("seeds", len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds)),
+        ]
+        for name, ok in checks:
+            if not ok:
+                raise ValueError(f"invalid {name}={getattr(self, name)!r} (need eval_len >= train_len >= min_train_len >= 1, positive sizes, no duplicates)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that must match for a resumed run to reuse this folder's results."""
+        return {k: v for k, v in self.to_dict().items() if k not in self.RUNTIME_FIELDS}
+
+    def make_task(self) -> Task:
+        return make_task(self.task, num_symbols=self.num_symbols, distinct=self.distinct, corpus=self.corpus)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One (encoding, seed) run of an experiment."""
+
+    encoding: str
+    seed: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.encoding} seed {self.seed}"
+
+
+def run_id_for(config: ExperimentConfig, run: RunSpec) -> str:
+    """A file-name-safe id, e.g. ``rope__copy__seed0`` (spec options hashed into it when present)."""
+    name = run.encoding.split(":")[0]
+    if ":" in run.encoding:
+        name += "-" + hashlib.sha1(run.encoding.encode()).hexdigest()[:8]
+    return f"{name}__{config.task}__seed{run.seed}"
+
+
+class Interrupted(Exception):
+    """Training stopped on request (Ctrl-C, SIGTERM or the test hook) after saving a checkpoint."""
+
+
+class _StopFlag:
+    """Turns SIGINT/SIGTERM into a flag that the training loop checks between steps."""
+
+    def __init__(self) -> None:
+        self.raised = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                self._previous[sig] = signal.signal(sig, self._handle)
+            except ValueError:  # not the main thread: leave signals alone
+                pass
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        self.raised = True
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _mix(*numbers: int) -> int:
+    """A 63-bit seed from integers (stable across processes and Python versions)."""
+    digest = hashlib.blake2b(",".join(map(str, numbers)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Module:
+    """The experiment's model. ``max_len`` covers the longest evaluated sequence, so a learned
+    absolute table has rows for every evaluated position; rows past the training positions are
+    never updated and stay at their random initialisation (the honest reason learned PE fails)."""
+    from ..model import TransformerLM
+
+    return TransformerLM(
+        task.vocab_size,
+        config.d_model,
+        config.num_layers,
+        config.num_heads,
+        encoding,
+        d_ff=config.d_ff,
+        dropout=config.dropout,
+        max_len=task.sequence_length(config.eval_len),
+        backend=config.backend,
+    )
+
+
+def _lr_factor(config: ExperimentConfig) -> Callable[[int], float]:
+    """Linear warm-up, then cosine decay to 10% of the peak."""
+
+    def factor(step: int) -> float:
+        if step < config.warmup:
+            return (step + 1) / config.warmup
+        progress = (step - config.warmup) / max(1, config.steps - config.warmup)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    logits = model(inputs)
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
+
+
+def train_and_evaluate(
+    config: ExperimentConfig,
+    run: RunSpec,
+    checkpoint_path: Path,
+    report: Reporter,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    device: torch.device | None = None,
+) -> list[dict[str, Any]]:
+    """Train (resuming from ``checkpoint_path`` when it exists), then evaluate; return the records.
+
+    Under DDP every rank calls this; rank 0 writes checkpoints and evaluates (the other ranks
+    return an empty list). ``report(run_label, phase, done, total, note)`` receives progress.
+    Raises :class:`Interrupted` after saving a checkpoint when asked to stop.
+    """
+    task = config.make_task()
+    torch.manual_seed(_mix(run.seed, "init"))
+    device = device or torch.device("cpu")
+    model = build_model(config, task, run.encoding).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
+    step = 0
+    if checkpoint_path.exists():
+        state = torch.load(checkpoint_path, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        step = int(state["step"])
+    resumed_from = step
+    trained = _wrap_ddp(model, world_size)
+    interrupt_after = int(os.environ.get(INTERRUPT_ENV, "0") or 0)
+
+    def checkpoint() -> None:
+        if rank == 0:
+            _save_checkpoint(
+                checkpoint_path,
+                {
+                    "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "step": step,
+                    "run": dataclasses.asdict(run),
+                    "config": config.to_dict(),
+                },
+            )
+        _barrier(world_size)
+
+    data_generator = torch.Generator()
+    report(run.label, "train", step, config.steps, "resumed" if step else "")
+    model.train()
+    with _StopFlag() as stop:
+        while step < config.steps:
+            data_generator.manual_seed(_mix(run.seed, rank, step, "data"))
+            torch.manual_seed(_mix(run.seed, rank, step, "dropout"))
+            batch = task.train_batch(config.min_train_len, config.train_len, config.batch_size, data_generator)
+            loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if config.grad_clip > 0:
+                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            optimizer.step()
+            scheduler.step()
+            step += 1
+            report(run.label, "train", step, config.steps, f"loss {loss.item():.3f}")
+            stop_now = _any_rank(stop.raised or (interrupt_after and step - resumed_from >= interrupt_after), world_size)
+            if step % config.checkpoint_every == 0 or step == config.steps or stop_now:
+                checkpoint()
+            if stop_now:
+                raise Interrupted(f"{run.label}: stopped at step {step}/{config.steps}; checkpoint saved")
+    if rank != 0:
+        return []
+    return evaluate(model, config, task, run, report)
+
+
+def _wrap_ddp(model: nn.Module, world_size: int) -> nn.Module:
+    if world_size <= 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model)
+
+
+def _barrier(world_size: int) -> None:
+    if world_size > 1:
+        torch.distributed.barrier()
+
+
+def _any_rank(flag: bool, world_size: int) -> bool:
+    """True on every rank when ``flag`` is True on any rank (so all ranks stop at the same step)."""
+    if world_size <= 1:
+        return bool(flag)
+    tensor = torch.tensor([1.0 if flag else 0.0])
+    torch.distributed.all_reduce(tensor)
+    return bool(tensor.item() > 0)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, config: ExperimentConfig, task: Task, run: RunSpec, report: Reporter) -> list[dict[str, Any]]:
+    """Records for every length ``1..eval_len`` (exact match and token accuracy, or perplexity)."""
+    model.eval()
+    device = next(model.parameters()).device
+    base = {"run": run_id_for(config, run), "encoding": run.encoding, "task": config.task, "seed": run.seed, "train_len": config.train_len, "steps": config.steps}
+    if task.metric == "perplexity":
+        return _evaluate_lm(model, config, task, run, report, base)
+    records = []
+    for length in range(1, config.eval_len + 1):
+        generator = torch.Generator().manual_seed(_mix(run.seed, length, "eval"))
+        exact = correct = counted = 0.0
+        remaining = config.eval_examples
+        while remaining > 0:
+            size = min(remaining, config.eval_batch)
+            batch = task.batch(length, size, generator)
+            predictions = model(batch.inputs.to(device)).argmax(dim=-1).cpu()
+            scored = batch.targets != IGNORE
+            hits = (predictions == batch.targets) & scored
+            exact += float((hits | ~scored).all(dim=1).sum())
+            correct += float(hits.sum())
+            counted += float(scored.sum())
+            remaining -= size
+        examples = config.eval_examples
+        records.append({**base, "length": length, "metric": "exact_match", "value": exact / examples, "examples": examples})
+        records.append({**base, "length": length, "metric": "token_accuracy", "value": correct / counted, "examples": examples})
+        report(run.label, "eval", length, config.eval_len, "")
+    return records
+
+
+def _evaluate_lm(model, config, task, run, report, base) -> list[dict[str, Any]]:
+    """Perplexity at each position of ``eval_len``-byte windows from the held-out text."""
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(_mix(run.seed, "lm-eval"))
+    total = torch.zeros(config.eval_len, dtype=torch.float64)
+    remaining, done = config.eval_examples, 0
+    while remaining > 0:
+        size = min(remaining, config.eval_batch)
+        batch = task.batch(config.eval_len, size, generator)
+        logits = model(batch.inputs.to(device))
+        nll = F.cross_entropy(logits.transpose(1, 2), batch.targets.to(device), reduction="none")  # [B, T]
+        total += nll.sum(dim=0).double().cpu()
+        remaining -= size
+        done += size
+        report(run.label, "eval", done, config.eval_examples, "")
+    mean_nll = total / config.eval_examples
+    return [
+        {**base, "length": position + 1, "metric": "perplexity", "value": float(torch.exp(mean_nll[position])), "examples": config.eval_examples}
+        for position in range(config.eval_len)
+    ]

@@ -1,0 +1,415 @@
+"""A small pre-LN Transformer in which every layer takes any positional encoding.
+
+:class:`TransformerLM` is a decoder-only language model (causal, untied output head) and
+:class:`TransformerEncoder` its bidirectional sibling. Both are the vehicle for the
+length-generalization experiments (:mod:`posenc.experiments`) and for hybrids.
+
+Encodings
+---------
+``encoding`` is one spec string (``"alibi"``, ``"rope:base=500000"``), a built encoding, or a list
+with one spec per layer (a *hybrid*). How each entry acts follows its kind:
+
+* **ABSOLUTE** (``sinusoidal``, ``learned``, ``nope``): added to the token embeddings **once, at the
+  input**, before the first layer. In a hybrid list every *distinct* absolute spec is built once
+  and summed at the input; the layers that list an absolute spec get no in-attention encoding
+  (they see position only through the residual stream). So
+  ``["t5", "t5", "sinusoidal", "sinusoidal"]`` means: T5 biases in layers 0-1, one sinusoidal
+  table added at the input, layers 2-3 plain dot-product attention.
+* **ROTARY / BIAS / CONTENT**: act inside the attention of the layers that list them. An encoding
+  whose class sets ``shared_across_layers`` (T5's bias table, DeBERTa's relative embeddings) is built
+  once per distinct spec and shared by all layers listing that spec; any other encoding gets one
+  instance per layer.
+
+Options the model knows are filled in when the spec leaves them out and the encoding takes them:
+``num_heads``, ``head_dim``, ``dim`` (from the layer), the table size ``max_len`` (learned
+absolute rows, unclipped Shaw; see :data:`LENGTH_OPTIONS`) and ``bidirectional = not causal``
+(T5 buckets).
+
+Positions default to ``arange(T)`` (continuing from the cache length when decoding, or counted from
+the padding mask for left padding) and are computed once per forward and passed to every layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import KVCache, MultiheadAttention
+from .base import Kind, PositionalEncoding
+from .registry import build_for_layer, get_class, options, parse_spec
+
+__all__ = ["TransformerLM", "TransformerEncoder", "TransformerBlock", "LENGTH_OPTIONS"]
+
+#: Options the model's ``max_len`` fills when an encoding takes them and its spec leaves them out:
+#: the size of a position table (learned absolute rows; Shaw's table when unclipped). RoPE's
+#: ``max_position_embeddings`` is deliberately not among them: it changes scaled variants' maths.
+LENGTH_OPTIONS = ("max_len",)
+
+EncodingSpec = str | PositionalEncoding | None
+
+
+class FeedForward(nn.Module):
+    """``Linear(d_model, d_ff) -> GELU -> Linear(d_ff, d_model)`` with dropout on the output."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.up = nn.Linear(d_model, d_ff)
+        self.down = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.down(F.gelu(self.up(x))))
+
+
+class TransformerBlock(nn.Module):
+    """Pre-LN block: ``x + attn(LN(x))`` then ``x + ffn(LN(x))``."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        encoding: PositionalEncoding,
+        *,
+        d_ff: int,
+        dropout: float,
+        causal: bool,
+        num_kv_heads: int | None,
+        backend: str,
+        layer_idx: int,
+    ) -> None:
+        super().__init__()
+        self.norm_attn = nn.LayerNorm(d_model)
+        self.attn = MultiheadAttention(
+            d_model,
+            num_heads,
+            encoding,
+            causal=causal,
+            backend=backend,
+            num_kv_heads=num_kv_heads,
+            dropout=dropout,
+            layer_idx=layer_idx,
+        )
+        self.norm_ffn = nn.LayerNorm(d_model)
+        self.ffn = FeedForward(d_model, d_ff, dropout)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(
+        self, x: Tensor, *, positions: Tensor, key_padding_mask: Tensor | None, cache: KVCache | None
+    ) -> Tensor:
+        x = x + self.dropout(
+            self.attn(self.norm_attn(x), positions=positions, key_padding_mask=key_padding_mask, cache=cache)
+        )
+        return x + self.ffn(self.norm_ffn(x))
+
+
+def _kind_of(spec: EncodingSpec) -> Kind:
+    if spec is None:
+        return Kind.ABSOLUTE
+    if isinstance(spec, PositionalEncoding):
+        return spec.kind
+    return get_class(parse_spec(spec)[0]).kind
+
+
+def _model_options(spec: str, *, max_len: int | None, causal: bool) -> dict[str, object]:
+    """Options the model supplies for ``spec``: those the encoding takes and the spec leaves out."""
+    name, raw = parse_spec(spec)
+    accepted = options(name)
+    filled: dict[str, object] = {}
+    if max_len is not None:
+        for option in LENGTH_OPTIONS:
+            if option in accepted:
+                if option not in raw:
+                    filled[option] = max_len
+                break
+    if "bidirectional" in accepted and "bidirectional" not in raw:
+        filled["bidirectional"] = not causal
+    return filled
+
+
+class _Stack(nn.Module):
+    """Token embedding, input (absolute) encodings, blocks, final LayerNorm and an untied head."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        encoding: EncodingSpec | Sequence[EncodingSpec],
+        *,
+        d_ff: int | None,
+        ffn_mult: float,
+        dropout: float,
+        causal: bool,
+        max_len: int | None,
+        num_kv_heads: int | None,
+        backend: str,
+    ) -> None:
+        super().__init__()
+        for label, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_layers", num_layers), ("num_heads", num_heads)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{label} must be a positive int, got {value!r}")
+        if d_model % num_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
+        if max_len is not None and max_len <= 0:
+            raise ValueError(f"max_len must be positive or None, got {max_len}")
+        d_ff = int(round(ffn_mult * d_model)) if d_ff is None else d_ff
+        if d_ff <= 0:
+            raise ValueError(f"d_ff must be positive, got {d_ff} (ffn_mult={ffn_mult})")
+        self.vocab_size, self.d_model, self.num_layers, self.num_heads = vocab_size, d_model, num_layers, num_heads
+        self.causal, self.max_len = causal, max_len
+        self.head_dim = d_model // num_heads
+
+        specs = self._per_layer_specs(encoding, num_layers)
+        self.encoding_specs = [s if isinstance(s, str) or s is None else s.spec() for s in specs]
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.input_encodings = nn.ModuleList(self._input_encodings(specs))
+        layer_encodings = self._layer_encodings(specs)
+        self.blocks = nn.ModuleList(
+            TransformerBlock(
+                d_model,
+                num_heads,
+                enc,
+                d_ff=d_ff,
+                dropout=dropout,
+                causal=causal,
+                num_kv_heads=num_kv_heads,
+                backend=backend,
+                layer_idx=i,
+            )
+            for i, enc in enumerate(layer_encodings)
+        )
+        self.input_dropout = nn.Dropout(dropout)
+        self.final_norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _per_layer_specs(encoding: EncodingSpec | Sequence[EncodingSpec], num_layers: int) -> list[EncodingSpec]:
+        if isinstance(encoding, (list, tuple)):
+            if len(encoding) != num_layers:
+                raise ValueError(f"encoding list has {len(encoding)} entries but num_layers={num_layers}; give one spec per layer")
+            return list(encoding)
+        if isinstance(encoding, PositionalEncoding) and encoding.kind is not Kind.ABSOLUTE and not encoding.shared_across_layers:
+            raise ValueError(
+                f"encoding: one built {encoding.name!r} instance cannot serve {num_layers} layers (its class is not "
+                "shared_across_layers); pass a spec string so that each layer builds its own"
+            )
+        return [encoding] * num_layers
+
+    def _build(self, spec: EncodingSpec) -> PositionalEncoding:
+        extra = _model_options(spec, max_len=self.max_len, causal=self.causal) if isinstance(spec, str) else {}
+        return build_for_layer(spec, num_heads=self.num_heads, head_dim=self.head_dim, dim=self.d_model, **extra)
+
+    def _input_encodings(self, specs: list[EncodingSpec]) -> list[PositionalEncoding]:
+        built: dict[object, PositionalEncoding] = {}
+        for spec in specs:
+            if spec is None or _kind_of(spec) is not Kind.ABSOLUTE:
+                continue
+            key = spec if isinstance(spec, str) else id(spec)
+            if key not in built:
+                built[key] = self._build(spec)
+        return list(built.values())
+
+    def _layer_encodings(self, specs: list[EncodingSpec]) -> list[PositionalEncoding | None]:
+        shared: dict[object, PositionalEncoding] = {}
+        layers: list[PositionalEncoding | None] = []
+        for spec in specs:
+            if spec is None or _kind_of(spec) is Kind.ABSOLUTE:
+                layers.append(None)  # position arrives through the residual stream
+                continue
+            if isinstance(spec, PositionalEncoding):
+                layers.append(spec)
+                continue
+            if get_class(parse_spec(spec)[0]).shared_across_layers:
+                if spec not in shared:
+                    shared[spec] = self._build(spec)
+                layers.append(shared[spec])
+            else:
+                layers.append(self._build(spec))
+        return layers
+
+    # ------------------------------------------------------------------ forward
+    def _positions(self, tokens: Tensor, positions: Tensor | None, key_padding_mask: Tensor | None, cache: KVCache | None) -> Tensor:
+        """Positions ``[B or 1, T]`` of the new tokens (explicit, from padding, or after the cache)."""
+        batch, length = tokens.shape
+        if positions is not None:
+            if positions.dim() == 1:
+                positions = positions[None]
+            if positions.dim() != 2 or positions.shape[-1] != length or positions.shape[0] not in (1, batch):
+                raise ValueError(f"positions must have shape [{length}] or [{batch}, {length}], got {tuple(positions.shape)}")
+            return positions.to(tokens.device)
+        first = self.blocks[0].attn
+        entry = cache.get(first.layer_idx) if cache is not None else None
+        past = 0 if entry is None else entry.k.shape[2]
+        padding = first._padding_with_cache(key_padding_mask, entry, batch, length)
+        return first._default_positions(padding, entry, length, past, tokens.device)
+
+    def hidden_states(
+        self,
+        tokens: Tensor,
+        *,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """The final (normalised) hidden states ``[B, T, d_model]`` for ``tokens [B, T]``."""
+        if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
+            shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
+            raise ValueError(f"tokens must be an integer tensor [B, T], got {shape}")
+        pos = self._positions(tokens, positions, key_padding_mask, cache)
+        x = self.token_embedding(tokens)
+        batch_pos = pos.expand(tokens.shape[0], -1)
+        for enc in self.input_encodings:
+            x = enc.embed(x, enc.check_positions(batch_pos))
+        x = self.input_dropout(x)
+        for block in self.blocks:
+            x = block(x, positions=pos, key_padding_mask=key_padding_mask, cache=cache)
+        return self.final_norm(x)
+
+
+class TransformerLM(_Stack):
+    """Decoder-only pre-LN Transformer language model with any encoding per layer.
+
+    Args:
+        vocab_size: number of token ids ``V``.
+        d_model: width ``E``.
+        num_layers: number of blocks.
+        num_heads: attention heads (``E`` divisible by it).
+        encoding: one spec string / built encoding, or a list with one spec per layer (hybrid; see
+            the module docstring for how absolute entries work). Default ``"nope"``.
+        d_ff: feed-forward width; default ``ffn_mult * d_model``.
+        ffn_mult: feed-forward multiplier used when ``d_ff`` is None.
+        dropout: dropout on embeddings, attention probabilities and residual branches.
+        causal: causal self-attention (True for a language model).
+        max_len: size of position tables (learned absolute); encodings without a table ignore it.
+        num_kv_heads: key/value heads for grouped-query attention.
+        backend: attention backend for every layer (``"auto"`` picks per call).
+
+    ``forward(tokens [B, T], cache=None, positions=None, key_padding_mask=None) -> logits [B, T, V]``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        encoding: EncodingSpec | Sequence[EncodingSpec] = "nope",
+        *,
+        d_ff: int | None = None,
+        ffn_mult: float = 4.0,
+        dropout: float = 0.0,
+        causal: bool = True,
+        max_len: int | None = None,
+        num_kv_heads: int | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(
+            vocab_size,
+            d_model,
+            num_layers,
+            num_heads,
+            encoding,
+            d_ff=d_ff,
+            ffn_mult=ffn_mult,
+            dropout=dropout,
+            causal=causal,
+            max_len=max_len,
+            num_kv_heads=num_kv_heads,
+            backend=backend,
+        )
+
+    def forward(
+        self,
+        tokens: Tensor,
+        cache: KVCache | None = None,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+    ) -> Tensor:
+        """Logits ``[B, T, V]`` for ``tokens [B, T]`` (new tokens only when ``cache`` holds the past)."""
+        hidden = self.hidden_states(tokens, cache=cache, positions=positions, key_padding_mask=key_padding_mask)
+        return self.head(hidden)
+
+    @torch.no_grad()
+    def generate(
+        self, prompt: Tensor, max_new_tokens: int, *, use_cache: bool = True, eos_token: int | None = None
+    ) -> Tensor:
+        """Greedy decoding: ``prompt [B, T0]`` -> ``[B, T0 + max_new_tokens]`` (argmax at every step).
+
+        With ``use_cache`` each step feeds only the new token and reads keys/values from a
+        :class:`KVCache`; without it every step recomputes the whole sequence. Both give the same
+        tokens. When every row has produced ``eos_token`` the loop stops early (rows are then
+        shorter than ``T0 + max_new_tokens``).
+        """
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        if not self.causal:
+            raise ValueError("generate needs a causal model (causal=True)")
+        was_training = self.training
+        self.eval()
+        tokens = prompt
+        cache = KVCache() if use_cache else None
+        step_input = prompt
+        finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+        try:
+            for _ in range(max_new_tokens):
+                logits = self(step_input, cache=cache) if use_cache else self(tokens)
+                next_token = logits[:, -1].argmax(dim=-1, keepdim=True)
+                tokens = torch.cat([tokens, next_token], dim=1)
+                step_input = next_token
+                if eos_token is not None:
+                    finished |= next_token[:, 0] == eos_token
+                    if bool(finished.all()):
+                        break
+        finally:
+            self.train(was_training)
+        return tokens
+
+
+class TransformerEncoder(_Stack):
+    """Bidirectional pre-LN Transformer encoder with any encoding per layer.
+
+    Same arguments as :class:`TransformerLM` (``causal`` defaults to False). ``forward(tokens,
+    positions=None, key_padding_mask=None)`` returns per-token logits ``[B, T, V]`` from an untied
+    head (masked-token prediction, tagging); :meth:`hidden_states` gives ``[B, T, d_model]``.
+    Encodings that take ``bidirectional`` (T5) get ``bidirectional=True``.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        num_layers: int,
+        num_heads: int,
+        encoding: EncodingSpec | Sequence[EncodingSpec] = "nope",
+        *,
+        d_ff: int | None = None,
+        ffn_mult: float = 4.0,
+        dropout: float = 0.0,
+        causal: bool = False,
+        max_len: int | None = None,
+        num_kv_heads: int | None = None,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__(
+            vocab_size,
+            d_model,
+            num_layers,
+            num_heads,
+            encoding,
+            d_ff=d_ff,
+            ffn_mult=ffn_mult,
+            dropout=dropout,
+            causal=causal,
+            max_len=max_len,
+            num_kv_heads=num_kv_heads,
+            backend=backend,
+        )
+
+    def forward(self, tokens: Tensor, positions: Tensor | None = None, key_padding_mask: Tensor | None = None) -> Tensor:
+        """Logits ``[B, T, V]``; padded keys (``key_padding_mask`` True) are never attended to."""
+        return self.head(self.hidden_states(tokens, positions=positions, key_padding_mask=key_padding_mask))
