@@ -29,6 +29,7 @@ eager and SDPA backends and the flex ``score_mod``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Literal
 
 import torch
@@ -79,7 +80,7 @@ class ALiBi(PositionalEncoding):
         self.slopes: Tensor
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
-    def _apply(self, fn, recurse=True):  # type: ignore[override]
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> ALiBi:
         # ``.to(bf16)``/``.half()`` would round the slopes; rebuild them in float32 on the new device.
         super()._apply(fn, recurse)
         self.slopes = alibi_slopes(self.num_heads).to(self.slopes.device)
