@@ -107,5 +107,6 @@ class ALiBi(PositionalEncoding):
             lines.append(f"  head {h}: m = {m:.8g} = 2^{math.log2(m):.4g}")
         row = self.bias(1, 8, q_offset=7)[0, 0] if self.mode == "causal" else self.bias(1, 9, q_offset=4)[0, 0]
         where = "query 7, keys 0..7" if self.mode == "causal" else "query 4, keys 0..8"
-        lines.append(f"  head 0 bias ({where}): " + " ".join(f"{v:+.4f}" for v in row.tolist()))
+        lines.append(f"  head 0 bias, {where}:")
+        lines.append("    " + " ".join(f"{v:+.4f}" for v in row.tolist()))
         return "\n".join(lines)

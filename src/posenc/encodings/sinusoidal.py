@@ -92,7 +92,7 @@ class Sinusoidal(PositionalEncoding):
     def preview(self) -> str:
         positions = torch.arange(4)
         table = sinusoidal(positions, self.dim, self.base, self.layout)
-        shown = min(self.dim, 8)
+        shown = min(self.dim, 6)
         lines = [f"layout={self.layout}, base={self.base:g}; positions 0..3, channels 0..{shown - 1} of {self.dim}:"]
         for p, row in zip(positions.tolist(), table[:, :shown].tolist()):
             lines.append(f"  p={p}: " + " ".join(f"{v:+.6f}" for v in row))
