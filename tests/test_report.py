@@ -17,9 +17,11 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from posenc.cli import _load_command_modules, app
+from posenc.experiments.train import ExperimentConfig, RunSpec, build_model, run_id_for
 from posenc.viz.report import load_results, render_report
 
 _load_command_modules()
@@ -47,7 +49,8 @@ def accuracy(encoding: str, length: int, seed: int) -> float:
     return max(0.0, 1.0 - drop * max(0, length // 8 - 1) - 0.01 * seed)
 
 
-def write_experiment(directory: Path) -> None:
+def write_experiment(directory: Path, checkpoints: bool = False) -> None:
+    """Records, config and (optionally) untrained model checkpoints in the runner's format."""
     records = [
         {
             "run": f"{enc}-copy-{seed}",
@@ -67,8 +70,26 @@ def write_experiment(directory: Path) -> None:
     ]
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    config = {"task": "copy", "encodings": ENCODINGS, "train_len": TRAIN_LEN, "num_heads": 4, "d_model": 64}
-    (directory / "config.json").write_text(json.dumps(config))
+    config = ExperimentConfig(
+        task="copy", encodings=ENCODINGS, train_len=TRAIN_LEN, eval_len=max(LENGTHS), seeds=[0, 1], d_model=32,
+        num_layers=1, num_heads=2, d_ff=32,
+    )
+    (directory / "config.json").write_text(json.dumps({"experiment": config.to_dict(), "runtime": {"workers": 1}}))
+    if checkpoints:
+        save_checkpoints(directory, config, ENCODINGS[:2])
+
+
+def save_checkpoints(directory: Path, config: ExperimentConfig, encodings: list[str]) -> None:
+    """``checkpoints/<run id>.pt`` as the runner saves them (model weights untrained)."""
+    task = config.make_task()
+    for enc in encodings:
+        torch.manual_seed(0)
+        model = build_model(config, task, enc)
+        run = RunSpec(enc, 0)
+        path = directory / "checkpoints" / f"{run_id_for(config, run)}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"model": model.state_dict(), "step": 0, "run": {"encoding": enc, "seed": 0}, "config": config.to_dict()}
+        torch.save(state, path)
 
 
 class _Page(HTMLParser):
@@ -124,7 +145,7 @@ def chromium_dom(page: Path, tmp_path: Path) -> str:
 @pytest.fixture(scope="module")
 def report_page(tmp_path_factory) -> Path:
     directory = tmp_path_factory.mktemp("experiment")
-    write_experiment(directory)
+    write_experiment(directory, checkpoints=True)
     result = CliRunner().invoke(app, ["report", str(directory)])
     assert result.exit_code == 0, result.output
     page = directory / "report.html"
@@ -154,8 +175,9 @@ def test_report_renders_in_chromium(report_page: Path, tmp_path: Path) -> None:
         for cell, length in zip(body[enc], LENGTHS):
             mean = (accuracy(enc, length, 0) + accuracy(enc, length, 1)) / 2
             assert float(cell.split("±")[0]) == pytest.approx(mean, abs=5e-4)
-    # One curve figure (one task, one metric) and one figure per encoding, all decoded by Chromium.
-    assert len(page.images) == 1 + len(ENCODINGS)
+    # One curve figure (one task, one metric), one figure per encoding and the attention maps of
+    # the two models with checkpoints, all decoded by Chromium.
+    assert len(page.images) == 1 + len(ENCODINGS) + 2
     for image in page.images:
         assert image["src"].startswith("data:image/png;base64,")
         assert int(image["data-decoded-width"]) > 100, image.get("alt")
@@ -163,6 +185,7 @@ def test_report_renders_in_chromium(report_page: Path, tmp_path: Path) -> None:
     assert "accuracy against length" in captions[0]
     for enc, caption in zip(ENCODINGS, captions[1:]):
         assert caption.startswith(enc.split(":")[0])
+    assert captions[-2:] == [f"attention maps of the trained model: {enc}" for enc in ENCODINGS[:2]]
 
 
 def test_load_results_names_the_bad_line(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 
 from ..base import Kind, PositionalEncoding
 from ._style import DIVERGING, SEQUENTIAL, symmetric_limits
-from .registry import PlotOptions, describe, figure, new_figure
+from .registry import PlotOptions, describe, figure, new_figure, set_title
 
 #: The seed's figure: dimensions 2, 6 and 12 over 128 positions, and the vectors of positions 1 and 5.
 SEED_DIMENSIONS = (2, 6, 12)
@@ -94,7 +94,7 @@ def sinusoidal_seed(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     heat_ax, sim_ax = bottom.subplots(1, 2)
     _draw_heatmap(bottom, heat_ax, table)
     _draw_similarity(bottom, sim_ax, table)
-    fig.suptitle(f"{describe(enc)} (width {table.shape[1]})")
+    set_title(fig, f"{describe(enc)} (width {table.shape[1]})")
     return fig
 
 
@@ -104,7 +104,7 @@ def sinusoidal_dims(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     table = encoding_table(enc, options.length_or(SEED_LENGTH))
     fig = new_figure(9, 6)
     _draw_dimensions(list(fig.subplots(3, 1, sharex=True)), table)
-    fig.suptitle(describe(enc))
+    set_title(fig, describe(enc))
     return fig
 
 
@@ -114,7 +114,7 @@ def sinusoidal_vectors(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     table = encoding_table(enc, max(options.length_or(SEED_LENGTH), max(SEED_POSITIONS) + 1))
     fig = new_figure(10, 4.5)
     _draw_vectors(fig.subplots(), table)
-    fig.suptitle(describe(enc))
+    set_title(fig, describe(enc))
     return fig
 
 
@@ -124,7 +124,7 @@ def absolute_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     table = encoding_table(enc, options.length_or(SEED_LENGTH))
     fig = new_figure(9, 6)
     _draw_heatmap(fig, fig.subplots(), table)
-    fig.suptitle(describe(enc))
+    set_title(fig, describe(enc))
     return fig
 
 
@@ -134,5 +134,5 @@ def absolute_similarity(enc: PositionalEncoding, options: PlotOptions) -> Figure
     table = encoding_table(enc, options.length_or(SEED_LENGTH))
     fig = new_figure(7, 6)
     _draw_similarity(fig, fig.subplots(), table)
-    fig.suptitle(describe(enc))
+    set_title(fig, describe(enc))
     return fig

@@ -16,7 +16,7 @@ from ..attention import MultiheadAttention
 from ..base import PositionalEncoding
 from ._style import SEQUENTIAL, head_grid, label_grid
 from .bias import defined_for_future_keys
-from .registry import ANY, PlotOptions, describe, figure, new_figure
+from .registry import ANY, PlotOptions, describe, figure, new_figure, set_title
 
 DEFAULT_LENGTH = 32
 
@@ -63,5 +63,5 @@ def positional_attention(enc: PositionalEncoding, options: PlotOptions) -> Figur
     fig = new_figure(*grid_size(min(heads, options.max_heads)))
     draw_attention_grid(fig, weights[0].double().numpy(), options.max_heads)
     mask = "causal" if causal else "no mask"
-    fig.suptitle(f"{describe(enc)}: attention of a random layer, same token at all {length} positions ({mask})")
+    set_title(fig, f"{describe(enc)}: attention of a random layer, same token at all {length} positions ({mask})")
     return fig

@@ -13,7 +13,7 @@ from torch import nn
 from ..base import Kind, PositionalEncoding
 from ._style import DIVERGING, head_grid, label_grid, symmetric_limits
 from .index_maps import index_figure
-from .registry import PlotOptions, describe, figure, new_figure
+from .registry import PlotOptions, describe, figure, new_figure, set_title
 
 DEFAULT_LENGTH = 32
 PROFILE_LENGTH = 128
@@ -65,7 +65,7 @@ def bias_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
         label_grid(ax, "query i", "key j")
     fig.colorbar(image, ax=axes, shrink=0.8, label="bias added to the logit")
     shown = f"first {heads} of {bias.shape[0]} heads" if heads < bias.shape[0] else f"{heads} heads"
-    fig.suptitle(f"{describe(enc)}: per-head bias ({shown}{', causal' if causal else ''})")
+    set_title(fig, f"{describe(enc)}: per-head bias ({shown}{', causal' if causal else ''})")
     return fig
 
 
@@ -95,7 +95,7 @@ def bias_profile(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Per-head bias of the last query against its distance to each earlier key."""
     fig = new_figure(8, 5)
     _draw_profile(fig.subplots(), enc, options)
-    fig.suptitle(f"{describe(enc)}: bias against distance")
+    set_title(fig, f"{describe(enc)}: bias against distance")
     return fig
 
 
@@ -110,11 +110,12 @@ def alibi_slopes_figure(enc: PositionalEncoding, options: PlotOptions) -> Figure
     _draw_profile(line_ax, enc, options, [f"head {h}: m = 2^{np.log2(m):.3g}" for h, m in enumerate(slopes)])
     line_ax.set_title("bias of the last query against distance")
     slope_ax.bar(np.arange(len(slopes)), slopes, color=[f"C{h % 10}" for h in range(len(slopes))])
+    slope_ax.set_xticks(np.arange(len(slopes)))
     slope_ax.set_yscale("log", base=2)
     slope_ax.set_xlabel("head")
     slope_ax.set_ylabel("slope m_h")
     slope_ax.set_title(f"slopes for {len(slopes)} heads")
-    fig.suptitle(describe(enc))
+    set_title(fig, describe(enc))
     return fig
 
 

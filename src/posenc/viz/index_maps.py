@@ -11,7 +11,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ._style import SEQUENTIAL, annotate_cells, label_grid
-from .registry import new_figure
+from .registry import new_figure, set_title
 
 #: Grids up to this size get the index written in each cell.
 ANNOTATE_UP_TO = 16
@@ -45,5 +45,5 @@ def index_figure(
     curve_ax.set_ylabel(value_label)
     curve_ax.set_title(f"{value_label} against relative position")
     curve_ax.grid(alpha=0.3)
-    fig.suptitle(title)
+    set_title(fig, title)
     return fig

@@ -36,6 +36,7 @@ __all__ = [
     "make_figure",
     "new_figure",
     "save_figure",
+    "set_title",
 ]
 
 #: Registry key of figures every encoding has.
@@ -149,6 +150,14 @@ def new_figure(width: float = 10.0, height: float = 5.0) -> Figure:
     fig = Figure(figsize=(width, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig
+
+
+def set_title(fig: Figure, text: str) -> None:
+    """``fig.suptitle(text)``, wrapped to the figure's width so long spec strings stay on the page."""
+    import textwrap
+
+    columns = max(int(fig.get_figwidth() * 11), 40)
+    fig.suptitle("\n".join(textwrap.wrap(text, columns, break_on_hyphens=False)))
 
 
 def save_figure(fig: Figure, out: str | Path, dpi: int = 100) -> Path:

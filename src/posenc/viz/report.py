@@ -11,8 +11,10 @@ Input (written by the experiment runner, :mod:`posenc.experiments`):
 * ``results.jsonl``: one JSON record per line with at least ``encoding``, ``length``, ``metric``
   and ``value``; ``task``, ``seed`` and ``train_len`` are read when present (the runner's record
   also carries ``run``, ``steps`` and ``examples``, which the page does not need).
-* ``config.json`` (optional): the run's configuration, shown as it is. Its ``encodings`` list (if
-  any) orders the encodings; its ``num_heads``/``head_dim`` size the encoding figures.
+* ``config.json`` (optional): the run's configuration (the runner writes ``{"experiment": {...},
+  "runtime": {...}}``), shown as it is. The experiment's ``encodings`` list orders the encodings;
+  its ``num_heads`` and ``d_model`` size the encoding figures.
+* ``checkpoints/<run id>.pt`` (optional): trained models, whose attention maps are drawn.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .registry import PlotOptions, build_for_plot, describe, figures_for, make_figure, new_figure
+from .registry import PlotOptions, build_for_plot, describe, figures_for, make_figure, new_figure, set_title
 
 __all__ = ["Record", "load_results", "load_config", "render_report", "write_report"]
 
@@ -97,9 +99,15 @@ def load_config(directory: Path) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- aggregation
 
 
+def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The experiment's settings: the runner nests them under ``"experiment"`` (beside ``"runtime"``)."""
+    settings = config.get("experiment", config)
+    return settings if isinstance(settings, dict) else {}
+
+
 def _encodings_in_order(records: list[Record], config: dict[str, Any]) -> list[str]:
     seen = list(dict.fromkeys(r.encoding for r in records))
-    listed = [str(e) for e in config.get("encodings", []) if str(e) in seen]
+    listed = [str(e) for e in experiment_settings(config).get("encodings", []) if str(e) in seen]
     return listed + [e for e in seen if e not in listed]
 
 
@@ -135,8 +143,15 @@ def _image(fig: Figure, alt: str) -> str:
 def _config_html(config: dict[str, Any]) -> str:
     if not config:
         return "<p>No config.json in this directory.</p>"
+    # One level of nesting ({"experiment": {...}, "runtime": {...}}) becomes dotted keys.
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}.{inner}": item for inner, item in value.items()})
+        else:
+            flat[key] = value
     rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(json.dumps(v))}</code></td></tr>" for k, v in config.items()
+        f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(json.dumps(v))}</code></td></tr>" for k, v in flat.items()
     )
     return f'<table id="config">{rows}</table>'
 
@@ -159,9 +174,9 @@ def _results_html(records: list[Record], encodings: list[str]) -> str:
     seeds = len({r.seed for r in records})
     return (
         f'<p>{len(records)} records, {seeds} seed(s); cells are the mean over seeds (± standard deviation).</p>'
-        f'<table id="results"><thead><tr><th>task</th><th>metric</th><th>encoding</th>{head}</tr>'
+        f'<div class="scroll"><table id="results"><thead><tr><th>task</th><th>metric</th><th>encoding</th>{head}</tr>'
         f"<tr><th></th><th></th><th></th><th colspan=\"{len(lengths)}\">evaluation length</th></tr></thead>"
-        f"<tbody>{''.join(body)}</tbody></table>"
+        f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 
 
@@ -190,7 +205,7 @@ def curve_figure(records: list[Record], task: str, metric: str, encodings: list[
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.suptitle(f"{task + ': ' if task else ''}{metric} against length")
+    set_title(fig, f"{task + ': ' if task else ''}{metric} against length")
     return fig
 
 
@@ -203,8 +218,9 @@ def _curves_html(records: list[Record], encodings: list[str]) -> str:
 
 
 def _encoding_figures_html(encodings: list[str], config: dict[str, Any]) -> str:
-    heads = int(config.get("num_heads", 8))
-    head_dim = int(config.get("head_dim") or (int(config["d_model"]) // heads if config.get("d_model") else 16))
+    settings = experiment_settings(config)
+    heads = int(settings.get("num_heads") or 8)
+    head_dim = int(settings.get("head_dim") or (int(settings["d_model"]) // heads if settings.get("d_model") else 16))
     parts = []
     for spec in encodings:
         try:
@@ -246,6 +262,7 @@ thead th { background: #f3f3f3; }
 #results td:nth-child(n+4) { text-align: right; font-variant-numeric: tabular-nums; }
 figure { margin: 1em 0; } img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: .85em; color: #555; } .note { color: #a33; }
+.scroll { overflow-x: auto; }
 code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }
 """
 

@@ -18,7 +18,7 @@ from matplotlib.figure import Figure
 
 from .. import functional as F
 from ..base import Kind, PositionalEncoding
-from .registry import PlotOptions, describe, figure, new_figure
+from .registry import PlotOptions, describe, figure, new_figure, set_title
 
 #: The pre-training length the scaling examples extend (``--length`` overrides it).
 ORIGINAL_LENGTH = 2048
@@ -89,7 +89,7 @@ def rotary_decay(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     _decay_axes(ax, rotary_expected_dot(enc, longest), None)
     ax.set_xlabel("distance between query and key (log scale)")
     ax.set_ylabel("E[q·R(d)k] / D for q = k ~ N(0, I)")
-    fig.suptitle(f"{describe(enc)}: long-range decay")
+    set_title(fig, f"{describe(enc)}: long-range decay")
     return fig
 
 
@@ -168,5 +168,5 @@ def rope_scaling(enc: PositionalEncoding, options: PlotOptions) -> Figure:
         f"dashed: {original}, dotted: {int(FACTOR * original)}",
         fontsize=10,
     )
-    fig.suptitle(f"{describe(enc)} (head_dim {head_dim})")
+    set_title(fig, f"{describe(enc)} (head_dim {head_dim})")
     return fig
