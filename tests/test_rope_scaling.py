@@ -292,3 +292,13 @@ def test_bad_module_options():
         posenc.build("rope:factor=4", head_dim=8)
     with pytest.raises(ValueError, match="rope_parameters"):
         posenc.build("rope", head_dim=8, scaling="linear", rope_parameters={"rope_type": "linear", "factor": 2.0})
+
+
+def test_spec_of_rope_parameters_dict_rebuilds_the_same_frequencies():
+    params = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 256, "partial_rotary_factor": 0.5}
+    enc = posenc.build("rope", head_dim=32, rope_parameters=params)
+    again = posenc.build(enc.spec())
+    assert "scaling=llama3" in enc.spec() and again.rotary_dim == 16
+    torch.testing.assert_close(again.inv_freq, enc.inv_freq, rtol=0, atol=0)
+    torch.testing.assert_close(enc.inv_freq, hf_init(32, 4096, params)[0], rtol=1e-6, atol=0)

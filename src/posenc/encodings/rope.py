@@ -16,9 +16,11 @@ Conventions:
 * Scaling (:mod:`posenc.encodings.rope_scaling`): ``scaling="linear"|"ntk"|"dynamic"|"yarn"|
   "llama3"|"longrope"`` with typed options, or an HF ``rope_parameters`` dict as it is.
   ``attention_scale`` multiplies both ``cos`` and ``sin`` (logits scale by its square), as HF.
-  ``dynamic`` and ``longrope`` recompute their frequencies from the current length
-  (``max(position) + 1``) at forward time, as HF's ``dynamic_rope_update`` does; keys already in a
-  KV cache keep the rotation they were given.
+  ``dynamic`` and ``longrope`` recompute their frequencies at forward time from the current length
+  ``max(position) + 1`` of the call (queries and new keys together). HF's ``dynamic_rope_update``
+  does the same for longrope; for dynamic it only grows (it keeps the largest length seen until a
+  call drops below the original length), so the two agree whenever lengths do not shrink above the
+  original length. Keys already in a KV cache keep the rotation they were given.
 
 Backends: every backend (q and k are rotated before the kernel).
 """
@@ -302,11 +304,48 @@ class RoPE(PositionalEncoding):
                 raise ValueError("rope: give rotary_dim or rope_parameters['partial_rotary_factor'], not both")
             if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
                 raise ValueError(f"rope: rotary_dim must be even and in (0, head_dim={head_dim}], got rotary_dim={rotary_dim}")
-            config["partial_rotary_factor"] = rotary_dim / head_dim
+            config["rotary_dim"] = rotary_dim
         elif config.get("partial_rotary_factor") is None and head_dim % 2:
             raise ValueError(f"rope: head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
         config["head_dim"] = head_dim
         return config
+
+    # ------------------------------------------------------------------ config
+    _TYPED_SCALING_KEYS = (
+        "factor",
+        "original_max_position_embeddings",
+        "max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
+        "truncate",
+        "low_freq_factor",
+        "high_freq_factor",
+        "short_factor",
+        "long_factor",
+    )
+
+    def config(self) -> dict[str, Any]:
+        """The options this instance was built with, leaving out those left at None."""
+        return {k: v for k, v in self._config.items() if v is not None}
+
+    def spec(self) -> str:
+        """A spec string that rebuilds this encoding; an HF ``rope_parameters`` dict becomes typed options."""
+        from ..registry import format_spec
+
+        config = self.config()
+        if "rope_parameters" in config:
+            del config["rope_parameters"]
+            sc = self.scaling_config
+            config["base"] = float(sc.get("rope_theta") or 10000.0)
+            if self.rotary_dim != self.head_dim:
+                config["rotary_dim"] = self.rotary_dim
+            if self.rope_type != "default":
+                config["scaling"] = self.rope_type
+            config.update({k: sc[k] for k in self._TYPED_SCALING_KEYS if sc.get(k) is not None})
+        return format_spec(self.name, config)
 
     # ------------------------------------------------------------------ tables
     def build_cache(self, length: int, device: torch.device | None = None) -> None:

@@ -10,6 +10,7 @@ key                                 meaning
 ``head_dim``                        per-head size ``d`` (required)
 ``rope_theta``                      base ``b`` (default 10000)
 ``partial_rotary_factor``           rotary width ``d_r = int(d * factor)`` (default 1.0)
+``rotary_dim``                      posenc only: ``d_r`` given exactly (wins over the factor)
 ``factor``                          context-extension factor ``s``
 ``original_max_position_embeddings``  pretraining length ``L_orig`` (yarn, llama3, longrope)
 ``max_position_embeddings``         the model's maximum length (dynamic's ``L``; yarn/longrope
@@ -88,7 +89,10 @@ def rotary_width(config: dict[str, Any]) -> int:
     if not isinstance(head_dim, int) or isinstance(head_dim, bool) or head_dim <= 0:
         raise ValueError(f"RoPE scaling: head_dim must be a positive int, got {head_dim!r}")
     factor = config.get("partial_rotary_factor")
-    width = head_dim if factor is None else int(head_dim * factor)
+    if config.get("rotary_dim") is not None:  # posenc's exact spelling; avoids float round-off of the factor
+        width = int(config["rotary_dim"])
+    else:
+        width = head_dim if factor is None else int(head_dim * factor)
     if width <= 0 or width % 2:
         raise ValueError(
             f"RoPE: rotary dimension {width} (head_dim={head_dim}, partial_rotary_factor={factor}) must be a "
