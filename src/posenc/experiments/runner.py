@@ -128,6 +128,9 @@ class _Progress:
     def __exit__(self, *exc) -> None:
         self.progress.__exit__(*exc)
 
+    def log(self, message: str) -> None:
+        self.progress.console.print(f"[cyan]{message}[/cyan]")
+
     def report(self, label: str, phase: str, done: int, total: int, note: str) -> None:
         if not self.enabled:
             return
@@ -157,8 +160,12 @@ def _queue_report(label: str, phase: str, done: int, total: int, note: str) -> N
     _WORKER_QUEUE.put((label, phase, done, total, note))
 
 
+def _queue_log(message: str) -> None:
+    _WORKER_QUEUE.put((message,))
+
+
 def _worker_job(config: ExperimentConfig, run: RunSpec, checkpoint: str, device: str) -> list[dict[str, Any]]:
-    return train_and_evaluate(config, run, Path(checkpoint), _queue_report, device=torch.device(device))
+    return train_and_evaluate(config, run, Path(checkpoint), _queue_report, device=torch.device(device), log=_queue_log)
 
 
 @contextmanager
@@ -234,7 +241,10 @@ def _drain(progress_queue: Any, progress: _Progress) -> None:
             message = progress_queue.get_nowait()
         except queue_module.Empty:
             return
-        progress.report(*message)
+        if len(message) == 1:
+            progress.log(message[0])
+        else:
+            progress.report(*message)
 
 
 # ---------------------------------------------------------------------------- experiment
@@ -296,7 +306,14 @@ def run_experiment(
                 for run in todo:
                     checkpoint = out / "checkpoints" / f"{run_id_for(config, run)}.pt"
                     records = train_and_evaluate(
-                        config, run, checkpoint, progress.report, rank=dist.rank, world_size=dist.world_size, device=torch_device
+                        config,
+                        run,
+                        checkpoint,
+                        progress.report,
+                        rank=dist.rank,
+                        world_size=dist.world_size,
+                        device=torch_device,
+                        log=progress.log if is_writer else (lambda message: None),
                     )
                     on_done(run, records)
     except (Interrupted, KeyboardInterrupt) as err:

@@ -33,6 +33,9 @@ INTERRUPT_ENV = "POSENC_INTERRUPT_AFTER_STEPS"
 
 Reporter = Callable[[str, str, int, int, str], None]
 
+#: Training steps taken by this process (all runs), for the :data:`INTERRUPT_ENV` test hook.
+_steps_this_process = 0
+
 
 @dataclass
 class ExperimentConfig:
@@ -204,13 +207,16 @@ def train_and_evaluate(
     rank: int = 0,
     world_size: int = 1,
     device: torch.device | None = None,
+    log: Callable[[str], None] = lambda message: None,
 ) -> list[dict[str, Any]]:
     """Train (resuming from ``checkpoint_path`` when it exists), then evaluate; return the records.
 
     Under DDP every rank calls this; rank 0 writes checkpoints and evaluates (the other ranks
     return an empty list). ``report(run_label, phase, done, total, note)`` receives progress.
-    Raises :class:`Interrupted` after saving a checkpoint when asked to stop.
+    Raises :class:`Interrupted` after saving a checkpoint when asked to stop. ``log`` receives
+    one-line notes (resuming from a checkpoint).
     """
+    global _steps_this_process
     task = config.make_task()
     torch.manual_seed(_mix(run.seed, "init"))
     device = device or torch.device("cpu")
@@ -225,7 +231,7 @@ def train_and_evaluate(
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"].cpu())
         step = int(state["step"])
-    resumed_from = step
+        log(f"{run.label}: resumed from its checkpoint at step {step}/{config.steps}")
     trained = _wrap_ddp(model, world_size)
     interrupt_after = int(os.environ.get(INTERRUPT_ENV, "0") or 0)
 
@@ -261,8 +267,9 @@ def train_and_evaluate(
             optimizer.step()
             scheduler.step()
             step += 1
+            _steps_this_process += 1
             report(run.label, "train", step, config.steps, f"loss {loss.item():.3f}")
-            stop_now = _any_rank(stop.raised or (interrupt_after and step - resumed_from >= interrupt_after), world_size)
+            stop_now = _any_rank(stop.raised or (interrupt_after and _steps_this_process >= interrupt_after), world_size)
             if step % config.checkpoint_every == 0 or step == config.steps or stop_now:
                 checkpoint()
             if stop_now:

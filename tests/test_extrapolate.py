@@ -1,0 +1,123 @@
+"""The extrapolation runner: records for every task, the exact-match metric, outputs and the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from rich.console import Console
+from torch import nn
+from typer.testing import CliRunner
+
+from posenc.experiments import ExperimentConfig, run_experiment
+from posenc.experiments.cli import split_specs
+from posenc.experiments.tasks import IGNORE, TASKS, make_task
+from posenc.experiments.train import RunSpec, evaluate
+
+TINY = dict(d_model=16, num_layers=1, num_heads=2, d_ff=16, batch_size=4, steps=2, warmup=1, eval_examples=3, checkpoint_every=1)
+
+
+def _quiet() -> Console:
+    return Console(file=open("/dev/null", "w"), width=120)
+
+
+@pytest.mark.parametrize("task", list(TASKS))
+def test_each_task_trains_and_writes_one_record_per_length_and_metric(task, tmp_path):
+    train_len, eval_len = (8, 12) if task == "lm" else (2, 4)
+    config = ExperimentConfig(task=task, encodings=["nope", "learned"], train_len=train_len, eval_len=eval_len, num_symbols=8, **TINY)
+    records = run_experiment(config, tmp_path, workers=1, console=_quiet())
+    metrics = ["perplexity"] if task == "lm" else ["exact_match", "token_accuracy"]
+    keys = {(r["encoding"], r["task"], r["length"], r["seed"], r["metric"]) for r in records}
+    assert len(keys) == len(records) == 2 * eval_len * len(metrics)
+    assert keys == {(e, task, n, 0, m) for e in ("nope", "learned") for n in range(1, eval_len + 1) for m in metrics}
+    for record in records:
+        assert record["value"] >= 1.0 if task == "lm" else 0.0 <= record["value"] <= 1.0
+        assert record["run"] == f"{record['encoding']}__{task}__seed0" and record["steps"] == 2
+    assert json.loads((tmp_path / "config.json").read_text())["experiment"]["task"] == task
+    csv_lines = (tmp_path / "results.csv").read_text().splitlines()
+    assert csv_lines[0].startswith("run,encoding,task,seed,length,metric,value") and len(csv_lines) == len(records) + 1
+    assert (tmp_path / "extrapolation.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [f"learned__{task}__seed0.pt", f"nope__{task}__seed0.pt"]
+
+
+class _Oracle(nn.Module):
+    """Predicts the targets of a task's batches (looked up by the inputs), optionally one wrong token."""
+
+    def __init__(self, table: dict, vocab: int, wrong_position: int | None = None) -> None:
+        super().__init__()
+        self.dummy = nn.Parameter(torch.zeros(1))
+        self.table, self.vocab, self.wrong = table, vocab, wrong_position
+
+    def forward(self, inputs):
+        logits = torch.zeros(*inputs.shape, self.vocab)
+        for i, row in enumerate(inputs):
+            targets = self.table[tuple(row.tolist())].clone()
+            scored = (targets != IGNORE).nonzero()[:, 0]
+            if self.wrong is not None and i == 0:
+                targets[scored[self.wrong]] = (targets[scored[self.wrong]] + 1) % self.vocab
+            logits[i, torch.arange(len(row)), targets.clamp(min=0)] = 1.0
+        return logits
+
+
+def test_exact_match_is_teacher_forced_all_positions(monkeypatch):
+    """A model right at every output position scores 1; one wrong token (even EOS) fails that example."""
+    config = ExperimentConfig(task="reverse", train_len=3, eval_len=3, eval_examples=4, eval_batch=4, num_symbols=8, distinct=False)
+    task = make_task("reverse", num_symbols=8)
+    table = {}
+    original = task.batch
+
+    def recording_batch(length, size, generator):
+        batch = original(length, size, generator)
+        for row, target in zip(batch.inputs, batch.targets):
+            table[tuple(row.tolist())] = target
+        return batch
+
+    monkeypatch.setattr(task, "batch", recording_batch)
+    run = RunSpec("nope", 0)
+    perfect = evaluate(_Oracle(table, task.vocab_size), config, task, run, lambda *a: None)
+    assert [r["value"] for r in perfect if r["metric"] == "exact_match"] == [1.0, 1.0, 1.0]
+    for wrong in (0, -1):  # first output token, and EOS
+        flawed = evaluate(_Oracle(table, task.vocab_size, wrong), config, task, run, lambda *a: None)
+        assert [r["value"] for r in flawed if r["metric"] == "exact_match"] == [0.75, 0.75, 0.75]
+        accuracy = [r["value"] for r in flawed if r["metric"] == "token_accuracy"]
+        assert accuracy == [1 - 1 / (4 * (n + 1)) for n in (1, 2, 3)]
+
+
+def test_same_seed_same_records_and_config_mismatch_refused(tmp_path):
+    config = ExperimentConfig(task="copy", encodings=["alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY)
+    first = run_experiment(config, tmp_path / "a", workers=1, console=_quiet())
+    second = run_experiment(config, tmp_path / "b", workers=1, console=_quiet())
+    assert first == [dict(r) for r in second]
+    other = ExperimentConfig(**{**config.to_dict(), "train_len": 3})
+    with pytest.raises(ValueError, match="train_len"):
+        run_experiment(other, tmp_path / "a", workers=1, console=_quiet())
+
+
+def test_two_workers_give_the_same_records_as_one(tmp_path):
+    config = ExperimentConfig(task="copy", encodings=["nope", "alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY)
+    serial = run_experiment(config, tmp_path / "serial", workers=1, console=_quiet())
+    parallel = run_experiment(config, tmp_path / "parallel", workers=2, console=_quiet())
+    key = lambda r: (r["encoding"], r["length"], r["metric"])  # noqa: E731
+    assert sorted(serial, key=key) == sorted(parallel, key=key)
+    assert json.loads((tmp_path / "parallel" / "config.json").read_text())["runtime"]["workers"] == 2
+
+
+def test_cli_prints_the_summary_table(tmp_path):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    args = ["extrapolate", "--task", "count_copy", "--encodings", "nope,alibi:mode=symmetric", "--train-len", "2", "--eval-len", "5"]
+    args += ["--steps", "2", "--d-model", "16", "--num-layers", "1", "--d-ff", "16", "--eval-examples", "2", "--workers", "1"]
+    args += ["--out", str(tmp_path), "--no-progress"]
+    result = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
+    assert result.exit_code == 0, result.output
+    for text in ("at L=2", "mean 3..5", "at L+1=3", "at 2L=4", "nope", "alibi:mode=symmetric"):
+        assert text in result.output
+    bad = CliRunner().invoke(app, ["extrapolate", "--task", "kopy", "--out", str(tmp_path / "x"), "--no-progress"])
+    assert bad.exit_code == 2 and "unknown task" in bad.output
+
+
+def test_split_specs_keeps_options_with_their_encoding():
+    assert split_specs("nope,rope:base=500000,pairing=half,alibi") == ["nope", "rope:base=500000,pairing=half", "alibi"]
+    assert split_specs(" t5 , shaw:k=4 ") == ["t5", "shaw:k=4"]

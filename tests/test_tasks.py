@@ -1,0 +1,114 @@
+"""Synthetic tasks and the byte LM: format ``BOS x SEP y EOS``, answers checked independently."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from posenc.experiments.tasks import BOS, EOS, FIRST_SYMBOL, IGNORE, PAD, SEP, TASKS, default_corpus, make_task
+
+SEQUENCE_TASKS = [name for name in TASKS if name != "lm"]
+
+
+def _split(row: torch.Tensor) -> tuple[list[int], list[int]]:
+    """``x`` and ``y`` of one full sequence ``BOS x SEP y EOS`` (recovered from inputs + last target)."""
+    tokens = row.tolist()
+    assert tokens[0] == BOS and tokens[-1] == EOS
+    sep = tokens.index(SEP)
+    return tokens[1:sep], tokens[sep + 1 : -1]
+
+
+def _full(batch, i: int) -> torch.Tensor:
+    return torch.cat([batch.inputs[i], batch.targets[i, -1:]])
+
+
+def _digits(symbols: list[int]) -> int:
+    return sum((s - FIRST_SYMBOL) * 10**i for i, s in enumerate(symbols))  # least significant first
+
+
+def _expected(name: str, x: list[int]) -> list[int]:
+    if name == "copy" or name == "count_copy":
+        return list(x)
+    if name == "reverse":
+        return x[::-1]
+    if name == "sort":
+        return sorted(x)
+    if name == "addition":
+        n = (len(x) - 1) // 2
+        total = _digits(x[:n]) + _digits(x[n + 1 :])
+        return [FIRST_SYMBOL + (total // 10**i) % 10 for i in range(n + 1)]
+    if name == "recall":
+        pairs = dict(zip(x[:-1:2], x[1:-1:2]))
+        return [pairs[x[-1]]]
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize("name", SEQUENCE_TASKS)
+@pytest.mark.parametrize("length", [1, 3, 7])
+def test_sequence_task_format_and_answers(name, length):
+    task = make_task(name, num_symbols=16)
+    batch = task.batch(length, 8, torch.Generator().manual_seed(length))
+    assert batch.inputs.shape == (8, task.sequence_length(length)) == batch.targets.shape
+    for i in range(8):
+        x, y = _split(_full(batch, i))
+        assert y == _expected(name, x)
+        assert len(x) == task.input_length(length) and len(y) == task.output_length(length)
+        # Loss only on y EOS: exactly the targets after SEP.
+        scored = (batch.targets[i] != IGNORE).nonzero()[:, 0].tolist()
+        assert scored == list(range(len(x) + 1, len(x) + 1 + len(y) + 1))
+        assert batch.targets[i, scored[-1]] == EOS
+        assert torch.equal(batch.targets[i, :-1], batch.inputs[i, 1:]), "targets are the next tokens"
+
+
+def test_task_specifics():
+    g = torch.Generator().manual_seed(0)
+    x = make_task("count_copy", num_symbols=16).batch(5, 4, g).inputs[:, 1:6]
+    assert bool((x == x[:, :1]).all())
+    distinct = make_task("copy", num_symbols=8, distinct=True).batch(8, 16, g).inputs[:, 1:9]
+    assert all(len(set(row.tolist())) == 8 for row in distinct)
+    recall = make_task("recall", num_symbols=16).batch(8, 16, g).inputs[:, 1:17:2]
+    assert all(len(set(row.tolist())) == 8 for row in recall), "recall keys are distinct"
+    with pytest.raises(ValueError, match="num_symbols"):
+        make_task("copy", num_symbols=8, distinct=True).batch(9, 1, g)
+    with pytest.raises(ValueError, match="unknown task"):
+        make_task("kopy")
+
+
+@pytest.mark.parametrize("name", SEQUENCE_TASKS)
+def test_same_seed_same_data_and_train_batch_padding(name):
+    task = make_task(name, num_symbols=16)
+    a = task.train_batch(1, 6, 12, torch.Generator().manual_seed(3))
+    b = task.train_batch(1, 6, 12, torch.Generator().manual_seed(3))
+    assert torch.equal(a.inputs, b.inputs) and torch.equal(a.targets, b.targets)
+    assert a.inputs.shape[1] == task.sequence_length(6)
+    for i in range(12):
+        row = a.inputs[i].tolist()
+        end = len(row) - row[::-1].index(next(t for t in reversed(row) if t != PAD))  # last real token + 1
+        assert all(t == PAD for t in row[end:])
+        assert bool((a.targets[i, end:] == IGNORE).all()), "no loss on padding"
+        assert int(a.targets[i, end - 1]) == EOS
+
+
+def test_byte_lm_default_corpus_and_windows():
+    import argparse
+
+    assert default_corpus() == inspect.getsource(argparse).encode()
+    task = make_task("lm")
+    assert task.vocab_size == 256
+    batch = task.train_batch(1, 32, 4, torch.Generator().manual_seed(0))
+    assert batch.inputs.shape == (4, 32)
+    assert torch.equal(batch.inputs[:, 1:], batch.targets[:, :-1])
+    held_out = bytes(task.eval_data.tolist())
+    window = task.batch(16, 2, torch.Generator().manual_seed(1))
+    assert bytes(window.inputs[0].tolist()) in held_out
+
+
+def test_byte_lm_reads_a_text_file(tmp_path):
+    path = tmp_path / "text.txt"
+    path.write_bytes(b"abcdefghij" * 20)
+    task = make_task("lm", corpus=str(path))
+    assert bytes(task.train_data[:10].tolist()) == b"abcdefghij"
+    with pytest.raises(ValueError, match="lm"):
+        task.batch(100, 1, torch.Generator())
