@@ -61,7 +61,7 @@ CASES = [
     ("decay", "rope:head_dim=16", "rope:head_dim=16,base=100", 256),
     ("index", "shaw:k=2", "shaw:k=4", 8),
     ("index", "deberta:position_buckets=-1,max_relative_positions=3", "deberta:position_buckets=8,max_relative_positions=32", 8),
-    ("attention", "alibi:mode=causal", "alibi:mode=symmetric", 12),
+    ("attention", "alibi:num_heads=8", "alibi:num_heads=4", 12),
     ("attention", "rope:base=10000", "rope:base=10", 12),
 ]
 
@@ -75,6 +75,24 @@ def test_figure_follows_parameters(name: str, spec_a: str, spec_b: str, length: 
     assert_not_constant(second)
     assert first.shape == second.shape
     assert np.abs(first - second).max() > 0.1, f"{name}: {spec_a} and {spec_b} draw the same pixels"
+
+
+def test_causal_option_masks_future_keys() -> None:
+    enc = build_for_plot("t5:bidirectional=true")
+    both = make_figure(enc, "attention", PlotOptions(length=8, max_heads=2, causal=False))
+    causal = make_figure(enc, "attention", PlotOptions(length=8, max_heads=2))
+    weights = both.axes[0].images[0].get_array()
+    masked = causal.axes[0].images[0].get_array()
+    upper = np.triu_indices(8, 1)
+    assert np.asarray(masked)[upper].max() == 0.0
+    assert np.asarray(weights)[upper].min() > 0.0
+    # The bias heatmap hides future keys only on request (t5 defines them), always for causal ALiBi.
+    shown = make_figure(enc, "bias", PlotOptions(length=8, max_heads=2)).axes[0].images[0].get_array()
+    hidden = make_figure(enc, "bias", PlotOptions(length=8, max_heads=2, causal=True)).axes[0].images[0].get_array()
+    alibi = make_figure(build_for_plot("alibi"), "bias", PlotOptions(length=8, max_heads=2)).axes[0].images[0].get_array()
+    assert np.isfinite(np.asarray(shown)[upper]).all()
+    assert np.ma.getmaskarray(hidden)[upper].all() or np.isnan(np.asarray(hidden)[upper]).all()
+    assert np.ma.getmaskarray(alibi)[upper].all() or np.isnan(np.asarray(alibi)[upper]).all()
 
 
 def test_data_pixels_catches_an_empty_plot() -> None:

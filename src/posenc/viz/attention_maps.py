@@ -30,12 +30,15 @@ def layer_sizes(enc: PositionalEncoding) -> tuple[int, int]:
 
 
 def draw_attention_grid(fig: Figure, weights: np.ndarray, max_heads: int, titles: list[str] | None = None) -> None:
-    """One heatmap per head of ``weights [H, Tq, Tk]`` (probabilities in [0, 1])."""
+    """One heatmap per head of ``weights [H, Tq, Tk]`` (probabilities), one shared colour bar."""
     heads = min(weights.shape[0], max_heads)
     axes = head_grid(fig, heads)
+    # The colour range spans the values drawn: without a mask the weights of a random layer vary
+    # only slightly around 1/T, and a 0-based scale would flatten them.
+    low, high = float(weights[:heads].min()), float(weights[:heads].max())
     image = None
     for head, ax in enumerate(axes):
-        image = ax.imshow(weights[head], cmap=SEQUENTIAL, vmin=0.0, vmax=float(weights[:heads].max()), interpolation="nearest")
+        image = ax.imshow(weights[head], cmap=SEQUENTIAL, vmin=low, vmax=max(high, low + 1e-12), interpolation="nearest")
         ax.set_title(titles[head] if titles else f"head {head}", fontsize=10)
         label_grid(ax, "query", "key")
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention probability")
@@ -48,10 +51,13 @@ def grid_size(heads: int) -> tuple[float, float]:
 
 @figure(ANY, "attention")
 def positional_attention(enc: PositionalEncoding, options: PlotOptions) -> Figure:
-    """Attention pattern of a random layer fed the same token everywhere: what the encoding alone does."""
+    """Attention pattern of a random layer fed the same token everywhere: what the encoding alone does.
+
+    Causal unless ``options.causal`` is False and the encoding is defined for future keys.
+    """
     length = options.length_or(DEFAULT_LENGTH)
     heads, head_dim = layer_sizes(enc)
-    causal = not defined_for_future_keys(enc)
+    causal = options.causal is not False or not defined_for_future_keys(enc)
     generator = torch.Generator().manual_seed(options.seed)
     with torch.random.fork_rng():
         torch.manual_seed(options.seed)

@@ -51,7 +51,7 @@ def dense_bias(enc: PositionalEncoding, length: int, causal: bool) -> np.ndarray
 def bias_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Per-head bias heatmap over a query × key grid (from ``enc.bias``)."""
     length = options.length_or(DEFAULT_LENGTH)
-    causal = not defined_for_future_keys(enc)
+    causal = not defined_for_future_keys(enc) or bool(options.causal)
     bias = dense_bias(enc, length, causal)
     heads = min(bias.shape[0], options.max_heads)
     low, high = symmetric_limits(bias[:heads])

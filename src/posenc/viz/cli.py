@@ -37,6 +37,9 @@ def plot(
     heads: int = typer.Option(8, "--heads", help="number of heads the encoding is built for"),
     head_dim: int = typer.Option(16, "--head-dim", help="per-head size the encoding is built for"),
     max_heads: int = typer.Option(8, "--max-heads", help="draw at most this many heads"),
+    causal: bool | None = typer.Option(
+        None, "--causal/--no-causal", help="mask future keys (default: attention causal, bias as the encoding defines it)"
+    ),
     dpi: int = typer.Option(100, "--dpi", help="resolution of PNG output"),
     list_figures: bool = typer.Option(False, "--list", help="list the figures available for SPEC and exit"),
 ) -> None:
@@ -52,7 +55,7 @@ def plot(
             return
         if out is None:
             raise ValueError("--out FILE.png|FILE.svg is required")
-        options = PlotOptions(length=length, max_heads=max_heads)
+        options = PlotOptions(length=length, max_heads=max_heads, causal=causal)
         if run is not None:
             from .runs import run_attention_figure
 

@@ -40,7 +40,7 @@ def index_figure(
     for text, at in (marks or {}).items():
         for x in (-at, at):
             curve_ax.axvline(x, color="gray", linestyle="--", linewidth=0.8)
-        curve_ax.text(at, float(np.min(index)), f" {text}", color="gray", fontsize=8, va="bottom")
+        curve_ax.text(at, float(np.min(index)), f"{text} ", color="gray", fontsize=8, va="bottom", ha="right")
     curve_ax.set_xlabel(curve_xlabel)
     curve_ax.set_ylabel(value_label)
     curve_ax.set_title(f"{value_label} against relative position")

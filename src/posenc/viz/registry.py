@@ -15,6 +15,8 @@ default and a family never needs an ``if name == ...`` anywhere. Figures are dra
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..base import Kind, PositionalEncoding
-from ..registry import build_for_layer, parse_spec
+from ..registry import build_for_layer, get_class, options, parse_spec
 
 __all__ = [
     "ANY",
@@ -54,11 +56,15 @@ class PlotOptions:
         length: number of positions (or the query/key grid size) to draw; None = the figure's default.
         max_heads: draw at most this many heads in per-head figures.
         seed: seed of the random projections of attention-pattern figures.
+        causal: mask future keys (True), show them (False), or let the figure decide (None): the
+            attention pattern is causal by default, bias heatmaps hide future keys only where the
+            encoding does not define them.
     """
 
     length: int | None = None
     max_heads: int = 8
     seed: int = 0
+    causal: bool | None = None
 
     def __post_init__(self) -> None:
         if self.length is not None and self.length < 1:
@@ -130,19 +136,41 @@ def build_for_plot(spec: str, num_heads: int = 8, head_dim: int = 16) -> Positio
     """Build ``spec`` on its own for plotting, sized like an attention layer.
 
     Layer options written in the spec win over the arguments: ``"sinusoidal:dim=512"`` builds a
-    512-wide table, ``"alibi:num_heads=12"`` twelve heads.
+    512-wide table, ``"alibi:num_heads=12"`` twelve heads. As for ``posenc show``, a bare name gets
+    the class's ``example_options``; a spec with options gets only the example values of required
+    options it leaves out (``sinusoidal2d:base=100`` still gets an example ``grid_width``).
     """
     name, raw = parse_spec(spec)
-    heads = int(raw.pop("num_heads", num_heads))
+    extra = _example_options(name, raw)
+    heads = _int_option(name, raw, "num_heads", num_heads)
     if "head_dim" in raw:
-        head_dim = int(raw.pop("head_dim"))
+        head_dim = _int_option(name, raw, "head_dim", head_dim)
     elif "dim" in raw:
-        head_dim = max(int(raw["dim"]) // heads, 1)
-    dim = int(raw.pop("dim", heads * head_dim))
+        head_dim = max(int(_int_option(name, dict(raw), "dim", 0)) // heads, 1)
+    dim = _int_option(name, raw, "dim", heads * head_dim)
     if heads < 1 or head_dim < 1 or dim < 1:
         raise ValueError(f"num_heads, head_dim and dim must be positive, got {heads}, {head_dim}, {dim}")
     rest = ",".join(f"{k}={v}" for k, v in raw.items())
-    return build_for_layer(name + (":" + rest if rest else ""), num_heads=heads, head_dim=head_dim, dim=dim)
+    return build_for_layer(name + (":" + rest if rest else ""), num_heads=heads, head_dim=head_dim, dim=dim, **extra)
+
+
+def _int_option(name: str, raw: dict[str, str], key: str, default: int) -> int:
+    """Pop layer option ``key`` from the raw spec options as an int (``default`` when absent)."""
+    if key not in raw:
+        return default
+    value = raw.pop(key)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}: option {key!r} must be an int, got {value!r}") from None
+
+
+def _example_options(name: str, given: dict[str, str]) -> dict[str, Any]:
+    examples = {k: v for k, v in get_class(name).example_options.items() if k not in ("num_heads", "head_dim", "dim")}
+    if not given:
+        return examples
+    required = {k for k, p in options(name).items() if p.default is inspect.Parameter.empty}
+    return {k: v for k, v in examples.items() if k in required and k not in given}
 
 
 def new_figure(width: float = 10.0, height: float = 5.0) -> Figure:
@@ -153,11 +181,17 @@ def new_figure(width: float = 10.0, height: float = 5.0) -> Figure:
 
 
 def set_title(fig: Figure, text: str) -> None:
-    """``fig.suptitle(text)``, wrapped to the figure's width so long spec strings stay on the page."""
-    import textwrap
+    """``fig.suptitle(text)``, wrapped to the figure's width so long spec strings stay on the page.
 
+    Lines break after a comma or a space, so a spec string's options are never cut in the middle.
+    """
     columns = max(int(fig.get_figwidth() * 11), 40)
-    fig.suptitle("\n".join(textwrap.wrap(text, columns, break_on_hyphens=False)))
+    lines = [""]
+    for piece in re.split(r"(?<=[, ])", text):
+        if lines[-1] and len(lines[-1]) + len(piece) > columns:
+            lines.append("")
+        lines[-1] += piece
+    fig.suptitle("\n".join(line.strip() for line in lines))
 
 
 def save_figure(fig: Figure, out: str | Path, dpi: int = 100) -> Path:
