@@ -1,0 +1,439 @@
+"""``blocked`` backend: query-blocked attention for BIAS encodings, training included.
+
+Why: SDPA with a float bias needs the dense ``[B, H, Tq, Tk]`` bias, and on CPU under autograd it
+falls back to its math kernel (several times slower than plain SDPA). This backend never builds the
+dense bias. It walks over blocks of queries; for each block it builds the bias rows from the
+encoding (with every mask folded in as ``finfo.min``) and runs one fused attention kernel on them:
+on CPU the FlashAttention kernel behind SDPA (``aten::_scaled_dot_product_flash_attention_for_cpu``,
+which takes a float mask), elsewhere an explicit softmax. The backward pass (a custom
+:class:`torch.autograd.Function`) rebuilds the bias rows per block: when no gradient is needed for the
+bias (ALiBi; frozen tables) the fused CPU backward kernel runs; otherwise the block's logits are
+recomputed from the saved log-sum-exp, FlashAttention-2 style, and the logit gradient is reduced into
+the encoding's parameters. Memory is ``O(H · block · Tk)`` instead of ``O(H · Tq · Tk)``; causal
+attention skips the keys after each block (half the work, like SDPA's causal kernel).
+
+The bias comes from the encoding's single definition, ``bias_at(head, q_pos, k_pos)``:
+
+* **distance table** (``encoding.shift_invariant``): the bias depends on ``k_pos - q_pos`` only, so
+  ``bias_at`` is evaluated once on the ``[H, n_distances]`` table of the distances that occur.
+  When both position rows are consecutive integers (the usual case, a cache offset included) every
+  block's rows are a window of one ``[H, block, Tq + Tk - 1]`` Toeplitz strip built once, and the
+  causal mask is folded into the strip; otherwise each block gathers from the table. The table's
+  gradient is the sum of the logit gradients along each diagonal (per distance), and autograd carries
+  it from the table into the encoding's parameters.
+* **per block** (anything else, e.g. a bias normalised by the query position): ``bias_at`` is
+  evaluated on each block; in the backward pass it is re-evaluated under autograd and
+  ``torch.autograd.grad`` carries the block's logit gradients into the encoding's parameters.
+
+Masks follow the eager reference: masked logits are ``finfo(dtype).min`` (a row whose keys are all
+masked gets uniform weights, like eager) and get no gradient.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ..base import Kind
+from . import AttentionRequest, register_backend
+
+__all__ = ["blocked_bias_attention", "BlockedBackend", "DEFAULT_BLOCK"]
+
+#: Queries per block: 128 rows x 4096 keys x 8 heads of float32 bias is 16 MiB.
+DEFAULT_BLOCK = 128
+#: Use the distance table only while it stays small relative to the sequence (sparse explicit
+#: positions such as 0 and 10**6 would make it huge); otherwise evaluate ``bias_at`` per block.
+_MAX_TABLE_FACTOR = 4
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _cpu_flash_available() -> bool:
+    ops = torch.ops.aten
+    return hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
+        ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
+    )
+
+
+@dataclass
+class _Plan:
+    """What the forward and backward passes share (everything but the differentiable tensors)."""
+
+    encoding: object
+    heads: int
+    scale: float
+    q_pos: Tensor  # [Bp, Tq] int64
+    k_pos: Tensor  # [Bk, Tk] int64
+    causal: bool
+    causal_offset: int
+    padding: Tensor | None  # [B, Tk] bool, True = padding
+    bool_mask: Tensor | None  # broadcastable [B|1, H|1, Tq, Tk], True = may attend
+    float_mask: Tensor | None  # broadcastable [B|1, H|1, Tq, Tk]
+    block: int
+    mode: str  # "toeplitz" | "gather" | "function"
+    d_min: int  # smallest distance k_pos - q_pos (table modes)
+    empty_rows: bool  # some query row may have every key masked (its weights are then uniform)
+    use_flash: bool
+    q_len: int
+    strip: Tensor | None = field(default=None, repr=False)  # toeplitz: [H, block, Tq + Tk - 1]
+    param_names: list[str] = field(default_factory=list)  # function mode: "encoding.<name>" of params
+    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
+
+    def key_end(self, i1: int, k_len: int) -> int:
+        """Keys visible to query rows below ``i1``: causal attention skips the later ones."""
+        return min(k_len, i1 + self.causal_offset) if self.causal and not self.empty_rows else k_len
+
+    @property
+    def has_column_masks(self) -> bool:
+        return self.padding is not None or self.bool_mask is not None or self.float_mask is not None
+
+
+
+# ---------------------------------------------------------------------------- bias per block
+
+
+def _distance_table(encoding, heads: int, d_min: int, d_max: int, device) -> Tensor:
+    """``table[h, d - d_min] = bias_at(h, q, q + d)`` for every distance ``d`` in ``[d_min, d_max]``.
+
+    Evaluated at a non-negative reference query position so both positions stay valid. float32.
+    """
+    q_ref = max(0, -d_min)
+    dist = torch.arange(d_min, d_max + 1, device=device)
+    head = torch.arange(heads, device=device)[:, None]
+    table = encoding.bias_at(head, torch.full_like(dist, q_ref)[None], (q_ref + dist)[None])
+    return _at_least_float32(table).expand(heads, dist.numel()).contiguous()
+
+
+def _at_least_float32(bias: Tensor) -> Tensor:
+    """float32, or float64 when the encoding computes in float64 (float64 gradient checks)."""
+    return bias if bias.dtype == torch.float64 else bias.float()
+
+
+def _toeplitz_strip(plan: _Plan, table: Tensor, q_len: int, dtype: torch.dtype) -> Tensor:
+    """``strip[h, r, c] = table[h, c - r]`` (``[H, block, Tq + Tk - 1]``), causal mask folded in.
+
+    With consecutive positions, block ``i0``'s bias rows are ``strip[:, :rows, s : s + k_end]`` with
+    ``s = Tq - 1 - i0``: a view with positive strides, so blocks need no copy of their own.
+    """
+    heads, width = table.shape
+    rows = min(plan.block, q_len)
+    col = torch.arange(width, device=table.device)
+    diag = col[None, :] - torch.arange(rows, device=table.device)[:, None]  # table index c - r
+    strip = table.to(dtype)[:, diag.clamp(min=0)]
+    if plan.causal:
+        # Distance index c - r = (j - i) + (Tq - 1): key j is in the future of query i when
+        # j - i > causal_offset. Indices below 0 are never read by any block.
+        strip.masked_fill_((diag > plan.causal_offset + q_len - 1)[None], torch.finfo(dtype).min)
+    return strip
+
+
+def _block_rows_float32(plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int) -> Tensor:
+    """Bias rows ``[Bp, H, rows, k_end]`` (float32 or float64) for the gather and function modes."""
+    if plan.mode == "gather":
+        dist = plan.k_pos[:, None, :k_end] - plan.q_pos[:, i0:i1, None] - plan.d_min  # [Bp, rows, k_end]
+        return table[:, dist].transpose(0, 1)
+    device = plan.q_pos.device
+    head = torch.arange(plan.heads, device=device)[None, :, None, None]
+    return _at_least_float32(
+        plan.encoding.bias_at(head, plan.q_pos[:, None, i0:i1, None], plan.k_pos[:, None, None, :k_end])
+    )
+
+
+def _block_disallowed(plan: _Plan, i0: int, i1: int, k_end: int, device, *, causal: bool) -> Tensor | None:
+    """Bool ``[B|1, H|1, rows, k_end]``, True where attention is NOT allowed; None if nothing is."""
+    masked: Tensor | None = None
+    if causal and plan.causal:
+        rows = torch.arange(i0, i1, device=device)[:, None] + plan.causal_offset
+        future = torch.arange(k_end, device=device)[None, :] > rows
+        if bool(future[-1, -1]) or bool(future.any()):
+            masked = future[None, None]
+    if plan.padding is not None:
+        pad = plan.padding[:, None, None, :k_end]
+        masked = pad if masked is None else masked | pad
+    if plan.bool_mask is not None:
+        block = ~plan.bool_mask[..., i0:i1, :k_end]
+        masked = block if masked is None else masked | block
+    return masked
+
+
+def _block_bias(plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int, dtype: torch.dtype):
+    """The block's additive mask ``[B|1, H, rows, k_end]`` in ``dtype`` (bias and every mask).
+
+    Returns ``(bias, disallowed)``; ``disallowed`` is the bool mask of masked entries, or None
+    when no row of the block can be fully masked (masked entries then get probability 0 anyway).
+    """
+    toeplitz = plan.mode == "toeplitz"
+    if toeplitz:
+        start = plan.q_len - 1 - i0
+        bias = plan.strip[None, :, : i1 - i0, start : start + k_end]
+        if not plan.has_column_masks:
+            return bias, None
+        bias = bias.clone()
+    else:
+        bias = _block_rows_float32(plan, table, i0, i1, k_end).to(dtype)
+    if plan.float_mask is not None:
+        bias = bias + plan.float_mask[..., i0:i1, :k_end].to(dtype)
+    disallowed = _block_disallowed(plan, i0, i1, k_end, bias.device, causal=not toeplitz)
+    if disallowed is not None:
+        bias = bias.masked_fill(disallowed, torch.finfo(dtype).min)
+    return bias, (disallowed if plan.empty_rows else None)
+
+
+def _blocks(plan: _Plan, q_len: int, k_len: int):
+    for i0 in range(0, q_len, plan.block):
+        i1 = min(q_len, i0 + plan.block)
+        yield i0, i1, plan.key_end(i1, k_len)
+
+
+# ---------------------------------------------------------------------------- autograd
+
+
+def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
+    """Sum the broadcast dimensions of ``grad`` so that it has ``shape`` (same rank)."""
+    dims = [i for i, (g, s) in enumerate(zip(grad.shape, shape)) if s == 1 and g != 1]
+    return grad.sum(dim=dims, keepdim=True) if dims else grad
+
+
+def _explicit_block(q_blk: Tensor, k_blk: Tensor, bias: Tensor, scale: float) -> Tensor:
+    """Scaled logits plus bias ``[B, H, rows, k_end]``."""
+    return torch.matmul(q_blk, k_blk.transpose(-1, -2)).mul_(scale).add_(bias)
+
+
+class _BlockedBiasAttention(torch.autograd.Function):
+    """``softmax(q kᵀ·scale + bias + mask) v`` block by block; inputs ``plan, q, k, v, table, *params``."""
+
+    @staticmethod
+    def forward(ctx, plan: _Plan, q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, *params: Tensor) -> Tensor:
+        batch, heads, q_len, _ = q.shape
+        out = torch.empty_like(q)
+        lse = torch.empty(batch, heads, q_len, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
+        if plan.mode == "toeplitz":
+            plan.strip = _toeplitz_strip(plan, table, q_len, q.dtype)
+        for i0, i1, k_end in _blocks(plan, q_len, k.shape[2]):
+            bias, _ = _block_bias(plan, table, i0, i1, k_end, q.dtype)
+            q_blk, k_blk, v_blk = q[:, :, i0:i1], k[:, :, :k_end], v[:, :, :k_end]
+            if plan.use_flash:
+                o_blk, l_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                    q_blk, k_blk, v_blk, 0.0, False, attn_mask=bias.expand(batch, -1, -1, -1), scale=plan.scale
+                )
+            else:
+                logits = _explicit_block(q_blk, k_blk, bias, plan.scale)
+                l_blk = torch.logsumexp(logits.float(), dim=-1)
+                o_blk = torch.matmul(torch.exp(logits.float() - l_blk[..., None]).to(q.dtype), v_blk)
+            out[:, :, i0:i1] = o_blk
+            lse[:, :, i0:i1] = l_blk
+        ctx.plan = plan
+        ctx.save_for_backward(q, k, v, out, lse, table, *params)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        plan: _Plan = ctx.plan
+        q, k, v, out, lse, table, *params = ctx.saved_tensors
+        needs = ctx.needs_input_grad  # (plan, q, k, v, table, *params)
+        want_table = table is not None and needs[4]
+        want_bias = want_table or any(needs[5:])
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        d_table = torch.zeros(table.shape, dtype=acc, device=q.device) if want_table else None
+        d_params: list[Tensor | None] = [None] * len(params)
+        delta = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # rowsum(dO ∘ O) = rowsum(P ∘ dP)
+        batch = q.shape[0]
+        for i0, i1, k_end in _blocks(plan, q.shape[2], k.shape[2]):
+            q_blk, k_blk, v_blk, g_blk = q[:, :, i0:i1], k[:, :, :k_end], v[:, :, :k_end], grad_out[:, :, i0:i1]
+            bias, disallowed = _block_bias(plan, table, i0, i1, k_end, q.dtype)
+            if plan.use_flash and not want_bias and not plan.empty_rows:
+                dq_blk, dk_blk, dv_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                    g_blk, q_blk, k_blk, v_blk, out[:, :, i0:i1], lse[:, :, i0:i1], 0.0, False,
+                    attn_mask=bias.expand(batch, -1, -1, -1), scale=plan.scale,
+                )
+                dq[:, :, i0:i1] = dq_blk
+                dk[:, :, :k_end] += dk_blk
+                dv[:, :, :k_end] += dv_blk
+                continue
+            logits = _explicit_block(q_blk, k_blk, bias, plan.scale)
+            if disallowed is None:
+                probs = logits.to(acc).sub_(lse[:, :, i0:i1, None].to(acc)).exp_().to(q.dtype)
+            else:  # a fully masked row has lse == finfo.min + log(Tk) == finfo.min: renormalise
+                probs = torch.softmax(logits.to(acc), dim=-1).to(q.dtype)
+            del logits
+            dv[:, :, :k_end] += torch.matmul(probs.transpose(-1, -2), g_blk)
+            d_logits = torch.matmul(g_blk, v_blk.transpose(-1, -2))
+            d_logits.sub_(delta[:, :, i0:i1].to(q.dtype)).mul_(probs)  # gradient of the biased, masked logits
+            del probs
+            if disallowed is not None:
+                d_logits.masked_fill_(disallowed, 0.0)  # masked_fill blocks the gradient, as in eager
+            if want_bias:
+                _bias_grad(plan, d_logits, d_table, params, d_params, needs[5:], i0, i1, q.shape[2])
+            dq[:, :, i0:i1] = torch.matmul(d_logits, k_blk).mul_(plan.scale)
+            dk[:, :, :k_end] += torch.matmul(d_logits.transpose(-1, -2), q_blk).mul_(plan.scale)
+        d_table = None if d_table is None else d_table.to(table.dtype)
+        return (None, dq, dk, dv, d_table, *d_params)
+
+
+def _bias_grad(plan, d_logits, d_table, params, d_params, needs_params, i0, i1, q_len) -> None:
+    """Add one block's logit gradient to the distance table's or the encoding parameters' gradient."""
+    rows, k_end = i1 - i0, d_logits.shape[-1]
+    heads = d_logits.shape[1]
+    if plan.mode == "toeplitz":
+        # Entry (r, j) of the block has table index (Tq - 1 - i0) + j - r: sum along diagonals by
+        # writing row r shifted right by (rows - 1 - r) into a zero strip and summing the rows.
+        grad = d_logits.sum(0).to(d_table.dtype)  # [H, rows, k_end]
+        width = k_end + rows - 1
+        strip = grad.new_zeros(heads, rows, width)
+        strip.as_strided((heads, rows, k_end), (rows * width, width - 1, 1), rows - 1).copy_(grad)
+        first = q_len - 1 - i0 - (rows - 1)
+        d_table[:, first : first + width] += strip.sum(1)
+        return
+    if plan.mode == "gather":
+        dist = plan.k_pos[:, None, :k_end] - plan.q_pos[:, i0:i1, None] - plan.d_min  # [Bp, rows, k_end]
+        grad = _sum_to(d_logits.to(d_table.dtype), (dist.shape[0], heads, rows, k_end))
+        dist = dist.expand(grad.shape[0], -1, -1)
+        d_table.index_add_(1, dist.reshape(-1), grad.transpose(0, 1).reshape(heads, -1))
+        return
+    with torch.enable_grad():
+        # Re-evaluate bias_at with the very tensors the forward pass used: under
+        # torch.func.functional_call the module's attributes are restored before backward runs.
+        state = {**plan.buffers, **dict(zip(plan.param_names, params))}
+        head = torch.arange(heads, device=d_logits.device)[None, :, None, None]
+        q_pos, k_pos = plan.q_pos[:, None, i0:i1, None], plan.k_pos[:, None, None, :k_end]
+        bias = _at_least_float32(torch.func.functional_call(_BiasAt(plan.encoding), state, (head, q_pos, k_pos)))
+        wanted = [p for p, need in zip(params, needs_params) if need]
+        grads = torch.autograd.grad(bias, wanted, _sum_to(d_logits.to(bias.dtype), bias.shape), allow_unused=True)
+    found = iter(grads)
+    for index, need in enumerate(needs_params):
+        if need:
+            g = next(found)
+            if g is not None:
+                d_params[index] = g if d_params[index] is None else d_params[index] + g
+
+
+class _BiasAt(torch.nn.Module):
+    """``forward = encoding.bias_at``, so ``functional_call`` can evaluate it with given tensors."""
+
+    def __init__(self, encoding) -> None:
+        super().__init__()
+        self.encoding = encoding
+
+    def forward(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return self.encoding.bias_at(head, q_pos, k_pos)
+
+
+# ---------------------------------------------------------------------------- entry points
+
+
+def _consecutive(pos: Tensor) -> bool:
+    """True when every row of ``pos [Bp, T]`` is the same run of consecutive integers."""
+    if pos.shape[1] == 0:
+        return True
+    expected = pos[:1, :1] + torch.arange(pos.shape[1], device=pos.device)[None]
+    return bool((pos == expected).all())
+
+
+def _has_fully_masked_row(req: AttentionRequest) -> bool:
+    """True if some query row may see no key at all (eager then spreads it over every key).
+
+    Such rows need every key (no causal skipping) and an exact softmax in the backward pass (their
+    log-sum-exp, ``finfo.min + log(Tk)``, rounds to ``finfo.min``).
+    """
+    if req.attn_mask is not None and req.attn_mask.dtype == torch.bool:
+        return True  # cannot tell cheaply; take the exact path
+    if req.key_padding_mask is None:
+        return False
+    # Under a causal mask row 0 sees keys 0..causal_offset and has the fewest keys.
+    visible = min(req.k_len, req.causal_offset + 1) if req.causal else req.k_len
+    return bool(req.key_padding_mask[:, :visible].all(dim=1).any())
+
+
+def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]:
+    enc = req.encoding
+    q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
+    table: Tensor | None = None
+    d_min, mode = 0, "function"
+    if enc.shift_invariant and req.q_len and req.k_len:
+        d_min = int(k_pos.min()) - int(q_pos.max())
+        d_max = int(k_pos.max()) - int(q_pos.min())
+        if d_max - d_min + 1 <= _MAX_TABLE_FACTOR * (req.q_len + req.k_len):
+            table = _distance_table(enc, req.num_heads, d_min, d_max, req.q.device)
+            mode = "gather"
+            if _consecutive(q_pos) and _consecutive(k_pos):
+                mode, q_pos, k_pos = "toeplitz", q_pos[:1], k_pos[:1]
+    plan = _Plan(
+        encoding=enc,
+        heads=req.num_heads,
+        scale=req.scale,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        causal=req.causal,
+        causal_offset=req.causal_offset,
+        padding=req.key_padding_mask,
+        bool_mask=req.attn_mask if req.attn_mask is not None and req.attn_mask.dtype == torch.bool else None,
+        float_mask=req.float_mask(),
+        block=block,
+        mode=mode,
+        d_min=d_min,
+        empty_rows=_has_fully_masked_row(req),
+        use_flash=req.q.device.type == "cpu" and req.q.dtype in _FLASH_DTYPES and _cpu_flash_available(),
+        q_len=req.q_len,
+    )
+    return plan, table
+
+
+def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) -> Tensor:
+    """Attention output ``[B, H, Tq, D]`` for a BIAS request, computed ``block`` queries at a time.
+
+    Equal to the eager reference (forward and backward, gradients into the encoding's parameters
+    included) without the ``[B, H, Tq, Tk]`` bias or probabilities.
+    """
+    if block <= 0:
+        raise ValueError(f"block must be positive, got {block}")
+    from .eager import repeat_kv
+
+    if req.k_len == 0 or req.q_len == 0:
+        return req.q.new_zeros(req.q.shape) + 0 * req.q
+    plan, table = _make_plan(req, block)
+    params: list[Tensor] = []
+    if plan.mode == "function":
+        named = [(name, p) for name, p in req.encoding.named_parameters() if p.requires_grad]
+        plan.param_names = [f"encoding.{name}" for name, _ in named]
+        plan.buffers = {f"encoding.{name}": b for name, b in req.encoding.named_buffers()}
+        params = [p for _, p in named]
+    k = repeat_kv(req.k, req.num_heads)
+    v = repeat_kv(req.v, req.num_heads)
+    return _BlockedBiasAttention.apply(plan, req.q, k, v, table, *params)
+
+
+class BlockedBackend:
+    name = "blocked"
+
+    def reasons(self, request: AttentionRequest) -> list[str]:
+        reasons = []
+        if request.kind is not Kind.BIAS:
+            reasons.append(f"serves BIAS encodings only; {request.encoding.name} is {request.kind.value}")
+        if request.dropout_p > 0:
+            reasons.append("attention dropout is not implemented in the blocked backend")
+        mask = request.attn_mask
+        if mask is not None and mask.requires_grad and torch.is_grad_enabled():
+            reasons.append("a float attn_mask that requires grad is not differentiated by the blocked backend")
+        if request.q.device.type != "cpu" and _flex_can_serve(request):
+            reasons.append(f"on {request.q.device.type} the flex backend serves BIAS encodings with a fused kernel")
+        return reasons
+
+    def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
+        return blocked_bias_attention(request), None
+
+
+def _flex_can_serve(request: AttentionRequest) -> bool:
+    from . import get_backend
+
+    try:
+        return not get_backend("flex").reasons(request)
+    except ValueError:
+        return False
+
+
+register_backend(BlockedBackend(), priority=20)
