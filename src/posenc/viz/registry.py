@@ -26,7 +26,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..base import Kind, PositionalEncoding
-from ..registry import build_for_layer, get_class, options, parse_spec
+from ..registry import build_for_layer, format_spec, get_class, parse_spec
+from ..registry import options as encoding_options
 
 __all__ = [
     "ANY",
@@ -169,7 +170,7 @@ def _example_options(name: str, given: dict[str, str]) -> dict[str, Any]:
     examples = {k: v for k, v in get_class(name).example_options.items() if k not in ("num_heads", "head_dim", "dim")}
     if not given:
         return examples
-    required = {k for k, p in options(name).items() if p.default is inspect.Parameter.empty}
+    required = {k for k, p in encoding_options(name).items() if p.default is inspect.Parameter.empty}
     return {k: v for k, v in examples.items() if k in required and k not in given}
 
 
@@ -202,7 +203,9 @@ def save_figure(fig: Figure, out: str | Path, dpi: int = 100) -> Path:
     if dpi < 10:
         raise ValueError(f"dpi must be at least 10, got {dpi}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
+    # No creation date in SVG metadata: the same figure gives the same file.
+    metadata = {"Date": None} if path.suffix.lower() == ".svg" else None
+    fig.savefig(path, dpi=dpi, metadata=metadata)
     return path
 
 
@@ -211,6 +214,4 @@ def describe(enc: PositionalEncoding) -> str:
     config: dict[str, Any] = {
         k: v for k, v in enc.config().items() if k not in ("num_heads", "head_dim", "dim") and v is not None
     }
-    from ..registry import format_spec
-
     return format_spec(enc.name, config)
