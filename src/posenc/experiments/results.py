@@ -117,7 +117,7 @@ def plot_results(
     import matplotlib.pyplot as plt
 
     curves = _curves(records, metric)
-    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=120)
     for encoding in encodings:
         points = sorted(curves.get(encoding, {}).items())
         if not points:
@@ -134,7 +134,7 @@ def plot_results(
         ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")

@@ -331,6 +331,8 @@ def run_experiment(
 
 def _worker_count(workers: int | None, runs: int, dist: Distributed) -> int:
     if dist.enabled:
+        if workers not in (None, 1):
+            raise ValueError(f"workers={workers} cannot be combined with torchrun (WORLD_SIZE={dist.world_size}); drop --workers")
         return 1
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
