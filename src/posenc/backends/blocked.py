@@ -175,7 +175,9 @@ def _block_bias(plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int,
         bias = _block_rows_float32(plan, table, i0, i1, k_end).to(dtype)
     if plan.float_mask is not None:
         bias = bias + plan.float_mask[..., i0:i1, :k_end].to(dtype)
-    disallowed = _block_disallowed(plan, i0, i1, k_end, bias.device, causal=not toeplitz)
+    # The Toeplitz strip already holds the causal mask, but rows that may be fully masked need
+    # the complete mask to zero their gradient.
+    disallowed = _block_disallowed(plan, i0, i1, k_end, bias.device, causal=not toeplitz or plan.empty_rows)
     if disallowed is not None:
         bias = bias.masked_fill(disallowed, torch.finfo(dtype).min)
     return bias, (disallowed if plan.empty_rows else None)
