@@ -143,12 +143,13 @@ class _Progress:
 # ---------------------------------------------------------------------------- workers
 
 _WORKER_QUEUE: Any = None
+_WORKER_STOP: Any = None
 
 
-def _init_worker(threads: int, progress_queue: Any) -> None:
-    global _WORKER_QUEUE
+def _init_worker(threads: int, progress_queue: Any, stop_event: Any) -> None:
+    global _WORKER_QUEUE, _WORKER_STOP
     torch.set_num_threads(threads)
-    _WORKER_QUEUE = progress_queue
+    _WORKER_QUEUE, _WORKER_STOP = progress_queue, stop_event
     # Idle workers ignore Ctrl-C; a running job turns it into a checkpoint and a clean stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -165,7 +166,9 @@ def _queue_log(message: str) -> None:
 
 
 def _worker_job(config: ExperimentConfig, run: RunSpec, checkpoint: str, device: str) -> list[dict[str, Any]]:
-    return train_and_evaluate(config, run, Path(checkpoint), _queue_report, device=torch.device(device), log=_queue_log)
+    return train_and_evaluate(
+        config, run, Path(checkpoint), _queue_report, device=torch.device(device), log=_queue_log, should_stop=_WORKER_STOP.is_set
+    )
 
 
 @contextmanager
@@ -197,10 +200,12 @@ def _run_in_workers(
     on_done: Callable[[RunSpec, list[dict[str, Any]]], None],
 ) -> None:
     context = multiprocessing.get_context("spawn")
-    progress_queue = context.Queue()
-    executor = ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker, initargs=(threads, progress_queue))
+    progress_queue, stop_event = context.Queue(), context.Event()
+    executor = ProcessPoolExecutor(
+        workers, mp_context=context, initializer=_init_worker, initargs=(threads, progress_queue, stop_event)
+    )
     futures: dict[Future, RunSpec] = {}
-    interrupted = False
+    handled: set[Future] = set()
     try:
         for run in runs:
             checkpoint = str(out / "checkpoints" / f"{run_id_for(config, run)}.pt")
@@ -210,29 +215,33 @@ def _run_in_workers(
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
             _drain(progress_queue, progress)
             for future in done:
+                handled.add(future)
                 try:
                     on_done(futures[future], future.result())
-                except Interrupted:
-                    interrupted = True
+                except Interrupted as err:  # a worker was stopped (a signal sent to it alone): stop all
+                    raise KeyboardInterrupt from err
         _drain(progress_queue, progress)
     except KeyboardInterrupt:
-        interrupted = True
-        for future in futures:
-            future.cancel()
-        for process in list(getattr(executor, "_processes", {}).values()):
-            if process.is_alive():
-                os.kill(process.pid, signal.SIGINT)  # running jobs checkpoint and stop
-        for future, run in futures.items():
-            if future.cancelled():
-                continue
-            try:
-                on_done(run, future.result())
-            except Interrupted:
-                pass
+        stop_event.set()  # running jobs checkpoint and stop; queued ones stop before starting
+        _collect_finished({f: r for f, r in futures.items() if f not in handled}, on_done)
+        _drain(progress_queue, progress)
+        raise ExperimentInterrupted("interrupted; finished runs are saved, unfinished ones resume from their checkpoints") from None
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
-    if interrupted:
-        raise ExperimentInterrupted("interrupted; finished runs are saved, unfinished ones resume from their checkpoints")
+
+
+def _collect_finished(futures: dict[Future, RunSpec], on_done: Callable[[RunSpec, list[dict[str, Any]]], None]) -> None:
+    """After a stop request: keep the records of runs that still finished, drop the rest."""
+    for future in futures:
+        future.cancel()
+    for future, run in futures.items():
+        if future.cancelled():
+            continue
+        try:
+            records = future.result()
+        except (Interrupted, KeyboardInterrupt):
+            continue
+        on_done(run, records)
 
 
 def _drain(progress_queue: Any, progress: _Progress) -> None:

@@ -208,15 +208,18 @@ def train_and_evaluate(
     world_size: int = 1,
     device: torch.device | None = None,
     log: Callable[[str], None] = lambda message: None,
+    should_stop: Callable[[], bool] = lambda: False,
 ) -> list[dict[str, Any]]:
     """Train (resuming from ``checkpoint_path`` when it exists), then evaluate; return the records.
 
     Under DDP every rank calls this; rank 0 writes checkpoints and evaluates (the other ranks
     return an empty list). ``report(run_label, phase, done, total, note)`` receives progress.
     Raises :class:`Interrupted` after saving a checkpoint when asked to stop. ``log`` receives
-    one-line notes (resuming from a checkpoint).
+    one-line notes (resuming from a checkpoint); ``should_stop()`` is polled between steps.
     """
     global _steps_this_process
+    if should_stop():
+        raise Interrupted(f"{run.label}: not started (stop requested)")
     task = config.make_task()
     torch.manual_seed(_mix(run.seed, "init"))
     device = device or torch.device("cpu")
@@ -269,7 +272,7 @@ def train_and_evaluate(
             step += 1
             _steps_this_process += 1
             report(run.label, "train", step, config.steps, f"loss {loss.item():.3f}")
-            stop_now = _any_rank(stop.raised or (interrupt_after and _steps_this_process >= interrupt_after), world_size)
+            stop_now = _any_rank(stop.raised or should_stop() or (interrupt_after and _steps_this_process >= interrupt_after), world_size)
             if step % config.checkpoint_every == 0 or step == config.steps or stop_now:
                 checkpoint()
             if stop_now:
