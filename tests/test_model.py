@@ -143,3 +143,12 @@ def test_every_kind_is_placed_where_it_acts():
         absolute = posenc.get_class(name).kind is Kind.ABSOLUTE
         assert (model.blocks[0].attn.encoding.name == "nope") == (absolute or name == "nope")
         assert bool(model.input_encodings) == absolute
+
+
+def test_encoder_padding_is_never_attended():
+    torch.manual_seed(0)
+    encoder = posenc.TransformerEncoder(23, D_MODEL, 2, HEADS, "alibi:mode=symmetric", d_ff=48).double().eval()
+    tokens = torch.randint(0, 23, (1, 5))
+    padded = torch.cat([tokens, torch.zeros(1, 3, dtype=torch.long)], dim=1)
+    mask = torch.tensor([[False] * 5 + [True] * 3])
+    torch.testing.assert_close(encoder(padded, key_padding_mask=mask)[:, :5], encoder(tokens), rtol=1e-9, atol=1e-9)
