@@ -51,7 +51,7 @@ class ExperimentConfig:
     train_len: int = 16
     eval_len: int = 48
     min_train_len: int = 1
-    steps: int = 1500
+    steps: int = 2000
     seeds: list[int] = field(default_factory=lambda: [0])
     batch_size: int = 32
     lr: float = 3e-3
