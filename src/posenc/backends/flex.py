@@ -168,10 +168,14 @@ def flex_bias_attention(req: AttentionRequest, *, compiled: bool = True) -> Tens
     run = _compiled_flex() if compiled else flex_attention
     if compiled:
         _SEEN_SHAPES.add(_shape_key(req))
+    q, k, v = req.q, req.k, req.v
+    if not torch.is_grad_enabled():
+        # FlexAttention refuses CPU inputs that require grad even under no_grad.
+        q, k, v = q.detach(), k.detach(), v.detach()
     return run(
-        req.q,
-        req.k,
-        req.v,
+        q,
+        k,
+        v,
         score_mod=_score_mod(req),
         block_mask=_block_mask(req),
         scale=req.scale,

@@ -1,0 +1,1 @@
+"""Fused helpers used by encodings and backends (no registration, no side effects)."""

@@ -1,0 +1,197 @@
+"""Fused rotary application: ``x·cos + rotate(x)·sin`` in one pass over ``x``, optionally in place.
+
+The textbook form (HF ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin``) makes four
+full-size temporaries per tensor; on CPU each fresh large tensor also pays page faults. Here:
+
+* ``cos``/``sin`` are the float32 tables ``[B|1, T, d_r/2]`` (half width, as the rope encoding
+  caches them per device), cast once to ``x``'s dtype;
+* the rotation is written with ``mul``/``addcmul`` into the output's two halves, a few heads at a
+  time, so every intermediate stays in cache and ``x`` is read and written about once;
+* ``inplace=True`` rotates ``x`` itself (inference, or tensors that do not require grad): no
+  allocation at all, which is where the speed-up over allocating implementations comes from;
+* under ``torch.compile`` (``torch.compiler.is_compiling()``) the plain expression is used, which
+  inductor fuses into one loop without graph breaks.
+
+``pairing="half"`` rotates channel ``k`` with ``k + d_r/2`` (GPT-NeoX/Llama), ``"interleaved"``
+rotates ``(2k, 2k+1)`` (the paper, GPT-J) through a complex multiply. Channels past ``d_r``
+(partial rotary) pass through.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+__all__ = ["apply_rotary", "rotary_reference", "RotaryTables"]
+
+Pairing = Literal["half", "interleaved"]
+
+#: Bytes of ``x`` processed per step: small enough that the temporaries stay in L2/L3 cache.
+CHUNK_BYTES = 1 << 20
+
+
+class RotaryTables:
+    """float32 ``cos``/``sin`` ``[length, d_r/2]`` for positions ``0..length-1``, cached per device.
+
+    ``tables(positions)`` returns ``[B|1, T, d_r/2]`` float32 for integer ``positions [B|1, T]``;
+    tables grow (doubling) when a larger position arrives.
+    """
+
+    def __init__(self, inv_freq: Tensor, attention_scale: float = 1.0) -> None:
+        if inv_freq.dim() != 1:
+            raise ValueError(f"inv_freq must be 1-D [d_r/2], got shape {tuple(inv_freq.shape)}")
+        self.inv_freq = inv_freq.detach().float().cpu()
+        self.attention_scale = float(attention_scale)
+        self._cache: dict[torch.device, tuple[Tensor, Tensor]] = {}
+
+    def _build(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
+        positions = torch.arange(length, device=device, dtype=torch.float32)
+        angles = positions[:, None] * self.inv_freq.to(device)[None, :]
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_scale != 1.0:
+            cos, sin = cos * self.attention_scale, sin * self.attention_scale
+        return cos, sin
+
+    def tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        device = positions.device
+        needed = int(positions.max()) + 1 if positions.numel() else 1
+        cached = self._cache.get(device)
+        if cached is None or cached[0].shape[0] < needed:
+            size = max(needed, 2 * (cached[0].shape[0] if cached is not None else 0))
+            cached = self._cache[device] = self._build(size, device)
+        cos, sin = cached
+        return cos[positions], sin[positions]
+
+
+def _check(x: Tensor, cos: Tensor, sin: Tensor, pairing: str) -> tuple[Tensor, Tensor, int]:
+    if pairing not in ("half", "interleaved"):
+        raise ValueError(f"pairing must be 'half' or 'interleaved', got {pairing!r}")
+    if x.dim() != 4:
+        raise ValueError(f"x must be [B, H, T, D], got shape {tuple(x.shape)}")
+    if cos.dim() == 2:
+        cos, sin = cos[None], sin[None]
+    if cos.shape != sin.shape or cos.dim() != 3 or cos.shape[1] != x.shape[2] or cos.shape[0] not in (1, x.shape[0]):
+        raise ValueError(
+            f"cos/sin must be [T, d_r/2] or [B|1, T, d_r/2] with T={x.shape[2]}, B={x.shape[0]}; "
+            f"got {tuple(cos.shape)} and {tuple(sin.shape)}"
+        )
+    half = cos.shape[-1]
+    if 2 * half > x.shape[-1]:
+        raise ValueError(f"cos/sin rotate {2 * half} channels but x has only {x.shape[-1]}")
+    return cos.to(x.dtype), sin.to(x.dtype), half
+
+
+def rotary_reference(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing = "half") -> Tensor:
+    """The rotation as one expression (what ``torch.compile`` fuses); same contract as :func:`apply_rotary`."""
+    cos, sin, half = _check(x, cos, sin, pairing)
+    cos, sin = cos[:, None], sin[:, None]
+    width = 2 * half
+    rot = x[..., :width]
+    if pairing == "half":
+        x1, x2 = rot[..., :half], rot[..., half:]
+        out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+    return out if width == x.shape[-1] else torch.cat((out, x[..., width:]), dim=-1)
+
+
+def apply_rotary(
+    x: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    *,
+    pairing: Pairing = "half",
+    inplace: bool = False,
+    out: Tensor | None = None,
+) -> Tensor:
+    """Rotate ``x [B, H, T, D]`` by ``cos``/``sin`` ``[T, d_r/2]`` or ``[B|1, T, d_r/2]`` (float32 tables).
+
+    Args:
+        x: queries or keys.
+        cos, sin: tables for each position of ``x`` (from :class:`RotaryTables` or the rope encoding).
+        pairing: ``"half"`` (NeoX/Llama ``rotate_half``) or ``"interleaved"`` (GPT-J, the paper).
+        inplace: rotate ``x`` itself and return it (``x`` must not require grad).
+        out: optional preallocated output (same shape and dtype as ``x``).
+
+    Returns:
+        The rotated tensor (``x`` itself when ``inplace``), equal to :func:`rotary_reference`.
+    """
+    if torch.compiler.is_compiling():
+        if inplace:
+            return x.copy_(rotary_reference(x, cos, sin, pairing))
+        return rotary_reference(x, cos, sin, pairing)
+    cos, sin, half = _check(x, cos, sin, pairing)
+    if inplace:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise ValueError("apply_rotary(inplace=True) needs an x that does not require grad (use inplace=False)")
+        if out is not None:
+            raise ValueError("give either inplace=True or out, not both")
+        target = x
+    else:
+        if out is None:
+            out = torch.empty_like(x)
+        elif out.shape != x.shape or out.dtype != x.dtype:
+            raise ValueError(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}")
+        target = out
+    if x.requires_grad and torch.is_grad_enabled():
+        result = rotary_reference(x, cos, sin, pairing)  # autograd-friendly expression
+        return result if out is None else out.copy_(result)
+    width = 2 * half
+    if not inplace and width < x.shape[-1]:
+        target[..., width:] = x[..., width:]
+    for b0, b1, h0, h1 in _chunks(x, cos.shape[0]):
+        c, s = cos[b0 if cos.shape[0] > 1 else 0], sin[b0 if cos.shape[0] > 1 else 0]
+        src, dst = x[b0:b1, h0:h1, :, :width], target[b0:b1, h0:h1, :, :width]
+        if pairing == "half":
+            _rotate_half_pairs(src, dst, c, s, half, inplace)
+        else:
+            _rotate_interleaved(src, dst, c, s, inplace)
+    return target
+
+
+def _chunks(x: Tensor, table_batch: int):
+    """``(b0, b1, h0, h1)`` slices of about :data:`CHUNK_BYTES`; one batch row at a time when the
+    tables differ per batch row."""
+    batch, heads, length, dim = x.shape
+    per_head = max(1, length * dim * x.element_size())
+    heads_per_chunk = max(1, CHUNK_BYTES // per_head)
+    if heads_per_chunk >= heads and table_batch == 1:
+        yield 0, batch, 0, heads  # small tensor: one step
+        return
+    for b in range(batch):
+        for h0 in range(0, heads, heads_per_chunk):
+            yield b, b + 1, h0, min(heads, h0 + heads_per_chunk)
+
+
+def _rotate_half_pairs(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, half: int, inplace: bool) -> None:
+    x1, x2 = src[..., :half], src[..., half:]
+    o1, o2 = dst[..., :half], dst[..., half:]
+    if inplace:
+        first = x1.clone()  # small: one chunk
+        o1.mul_(cos).addcmul_(x2, sin, value=-1.0)
+        o2.mul_(cos).addcmul_(first, sin)
+    else:
+        torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1.0)
+        torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
+
+
+def _rotate_interleaved(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, inplace: bool) -> None:
+    if src.dtype in (torch.float32, torch.float64) and src.stride(-1) == 1:
+        # (x_{2k} + i x_{2k+1}) * (cos + i sin): one complex multiply.
+        rotation = torch.complex(cos, sin)
+        value = torch.view_as_complex(src.unflatten(-1, (-1, 2)))
+        if inplace:
+            value.mul_(rotation)
+        else:
+            torch.view_as_complex(dst.unflatten(-1, (-1, 2))).copy_(value * rotation)
+        return
+    x1, x2 = src[..., 0::2], src[..., 1::2]
+    first = x1.clone()
+    o1, o2 = dst[..., 0::2], dst[..., 1::2]
+    torch.mul(x1, cos, out=o1) if not inplace else o1.mul_(cos)
+    o1.addcmul_(x2, sin, value=-1.0)
+    o2.copy_(x2) if not inplace else None
+    o2.mul_(cos).addcmul_(first, sin)
