@@ -119,14 +119,16 @@ def _toeplitz_strip(plan: _Plan, table: Tensor, q_len: int, dtype: torch.dtype) 
     """
     heads, width = table.shape
     rows = min(plan.block, q_len)
-    col = torch.arange(width, device=table.device)
-    diag = col[None, :] - torch.arange(rows, device=table.device)[:, None]  # table index c - r
-    strip = table.to(dtype)[:, diag.clamp(min=0)]
+    values = table.to(dtype)
     if plan.causal:
-        # Distance index c - r = (j - i) + (Tq - 1): key j is in the future of query i when
-        # j - i > causal_offset. Indices below 0 are never read by any block.
-        strip.masked_fill_((diag > plan.causal_offset + q_len - 1)[None], torch.finfo(dtype).min)
-    return strip
+        # Index c - r = (j - i) + (Tq - 1): key j is in the future of query i when j - i > offset.
+        values = values.clone()
+        values[:, plan.causal_offset + q_len :] = torch.finfo(dtype).min
+    # padded[h, e] = values[h, e - (rows - 1)]; strip row r, column c reads padded[c - r + rows - 1],
+    # i.e. in reversed row order r' = rows - 1 - r it reads padded[c + r']: positive strides.
+    padded = torch.cat((values.new_zeros(heads, rows - 1), values), dim=1)
+    reversed_rows = padded.as_strided((heads, rows, width), (padded.stride(0), 1, 1))
+    return reversed_rows.flip(1)
 
 
 def _block_rows_float32(plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int) -> Tensor:
@@ -257,22 +259,34 @@ class _BlockedBiasAttention(torch.autograd.Function):
                 dk[:, :, :k_end] += dk_blk
                 dv[:, :, :k_end] += dv_blk
                 continue
-            logits = _explicit_block(q_blk, k_blk, bias, plan.scale)
+            # Explicit FlashAttention-2 backward on [B*H, rows, keys] matrices; baddbmm folds the
+            # bias, -delta and the accumulations into the matrix products.
+            heads = q.shape[1]
+            rows = i1 - i0
+            q3 = (q_blk * plan.scale).reshape(batch * heads, rows, -1)
+            k3, v3 = k_blk.reshape(batch * heads, k_end, -1), v_blk.reshape(batch * heads, k_end, -1)
+            g3 = g_blk.reshape(batch * heads, rows, -1)
+            bias3 = bias.expand(batch, -1, -1, -1).reshape(batch * heads, rows, k_end)
+            logits = torch.baddbmm(bias3, q3, k3.transpose(1, 2))
             if disallowed is None:
-                probs = logits.to(acc).sub_(lse[:, :, i0:i1, None].to(acc)).exp_().to(q.dtype)
+                l_blk = lse[:, :, i0:i1].reshape(batch * heads, rows, 1).to(logits.dtype)
+                probs = logits.sub_(l_blk).exp_()
             else:  # a fully masked row has lse == finfo.min + log(Tk) == finfo.min: renormalise
-                probs = torch.softmax(logits.to(acc), dim=-1).to(q.dtype)
+                probs = torch.softmax(logits, dim=-1)
             del logits
-            dv[:, :, :k_end] += torch.matmul(probs.transpose(-1, -2), g_blk)
-            d_logits = torch.matmul(g_blk, v_blk.transpose(-1, -2))
-            d_logits.sub_(delta[:, :, i0:i1].to(q.dtype)).mul_(probs)  # gradient of the biased, masked logits
+            dv_blk = torch.bmm(probs.transpose(1, 2), g3)
+            d_logits = torch.baddbmm(
+                -delta[:, :, i0:i1].reshape(batch * heads, rows, 1).to(q.dtype), g3, v3.transpose(1, 2)
+            ).mul_(probs)  # gradient of the biased, masked logits: P ∘ (dP - delta)
             del probs
+            d_logits4 = d_logits.view(batch, heads, rows, k_end)
             if disallowed is not None:
-                d_logits.masked_fill_(disallowed, 0.0)  # masked_fill blocks the gradient, as in eager
+                d_logits4.masked_fill_(disallowed, 0.0)  # masked_fill blocks the gradient, as in eager
             if want_bias:
-                _bias_grad(plan, d_logits, d_table, params, d_params, needs[5:], i0, i1, q.shape[2])
-            dq[:, :, i0:i1] = torch.matmul(d_logits, k_blk).mul_(plan.scale)
-            dk[:, :, :k_end] += torch.matmul(d_logits.transpose(-1, -2), q_blk).mul_(plan.scale)
+                _bias_grad(plan, d_logits4, d_table, params, d_params, needs[5:], i0, i1, q.shape[2])
+            dq[:, :, i0:i1] = torch.bmm(d_logits, k3).mul_(plan.scale).view(batch, heads, rows, -1)
+            dk[:, :, :k_end] += torch.bmm(d_logits.transpose(1, 2), q3).view(batch, heads, k_end, -1)
+            dv[:, :, :k_end] += dv_blk.view(batch, heads, k_end, -1)
         d_table = None if d_table is None else d_table.to(table.dtype)
         return (None, dq, dk, dv, d_table, *d_params)
 
@@ -284,9 +298,12 @@ def _bias_grad(plan, d_logits, d_table, params, d_params, needs_params, i0, i1, 
     if plan.mode == "toeplitz":
         # Entry (r, j) of the block has table index (Tq - 1 - i0) + j - r: sum along diagonals by
         # writing row r shifted right by (rows - 1 - r) into a zero strip and summing the rows.
-        grad = d_logits.sum(0).to(d_table.dtype)  # [H, rows, k_end]
+        grad = (d_logits[0] if d_logits.shape[0] == 1 else d_logits.sum(0)).to(d_table.dtype)  # [H, rows, k_end]
         width = k_end + rows - 1
-        strip = grad.new_zeros(heads, rows, width)
+        strip = grad.new_empty(heads, rows, width)
+        # Only the two triangles outside the copied band need zeros: clear their column bands.
+        strip[:, :, : rows - 1] = 0
+        strip[:, :, k_end:] = 0
         strip.as_strided((heads, rows, k_end), (rows * width, width - 1, 1), rows - 1).copy_(grad)
         first = q_len - 1 - i0 - (rows - 1)
         d_table[:, first : first + width] += strip.sum(1)
