@@ -35,7 +35,7 @@ def build_pair(name: str, args: argparse.Namespace) -> tuple[torch.nn.Module, to
 
     wrapper_kw, decoder_kw = ENCODINGS[name]
     ours = posenc.TransformerLM(
-        args.vocab, args.d_model, args.layers, args.heads, name, d_ff=4 * args.d_model, max_len=args.seq
+        args.vocab, args.d_model, args.layers, args.heads, name, d_ff=4 * args.d_model, max_len=args.seq, backend=args.backend
     )
     theirs = TransformerWrapper(
         num_tokens=args.vocab,
@@ -71,6 +71,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20, help="training steps per timed repeat")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--backend", default="auto", help="posenc attention backend (auto, sdpa, eager, ...)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
