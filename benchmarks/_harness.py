@@ -1,0 +1,144 @@
+"""Shared benchmark machinery: interleaved timing, peak memory in a fresh process, tables.
+
+Every benchmark compares a baseline and posenc *in the same process*, with their repeats
+interleaved (A B A B ...) so that load from other processes hits both alike; it reports the median
+and the min–max of each, and the ratio of medians. Peak memory is measured for one call in a fresh
+subprocess (``ru_maxrss`` after the call minus after set-up), so the allocator state of earlier
+cases does not leak into it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+BENCH_DIR = Path(__file__).resolve().parent
+
+
+def machine() -> str:
+    """``nproc``, CPU model, torch version and threads: the line every table is labelled with."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{os.cpu_count()} CPUs ({model}), torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}"
+    )
+
+
+@dataclass
+class Timing:
+    name: str
+    seconds: list[float] = field(default_factory=list)
+    skipped: str | None = None
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    def cell(self) -> str:
+        if self.skipped:
+            return f"— ({self.skipped})"
+        lo, hi = min(self.seconds), max(self.seconds)
+        return f"{_fmt(self.median)} ({_fmt(lo)}–{_fmt(hi)})"
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def interleaved(cases: dict[str, Callable[[], object] | str], repeats: int, warmup: int = 1) -> dict[str, Timing]:
+    """Time each callable ``repeats`` times, interleaved; a string value marks the case skipped."""
+    timings = {name: Timing(name) for name in cases}
+    for name, fn in cases.items():
+        if isinstance(fn, str):
+            timings[name].skipped = fn
+    live = {name: fn for name, fn in cases.items() if not isinstance(fn, str)}
+    for _ in range(warmup):
+        for fn in live.values():
+            fn()
+    for _ in range(repeats):
+        for name, fn in live.items():
+            start = time.perf_counter()
+            fn()
+            timings[name].seconds.append(time.perf_counter() - start)
+    return timings
+
+
+def ratio(ours: Timing, base: Timing) -> str:
+    if ours.skipped or base.skipped:
+        return "—"
+    return f"{ours.median / base.median:.2f}×"
+
+
+def peak_memory_mb(script: str, case: str, **params) -> float | None:
+    """Peak extra resident memory (MiB) of one call of ``case`` in a fresh process, or None on failure.
+
+    The script must implement ``--memory-case CASE --params JSON`` (see :func:`memory_main`).
+    """
+    cmd = [sys.executable, str(BENCH_DIR / script), "--memory-case", case, "--params", json.dumps(params)]
+    env = dict(os.environ, PYTHONPATH=str(BENCH_DIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    except subprocess.TimeoutExpired:
+        return None
+    for line in done.stdout.splitlines():
+        if line.startswith("PEAK_MB "):
+            return float(line.split()[1])
+    return None
+
+
+def memory_main(build: Callable[[str, dict], Callable[[], object]]) -> None:
+    """Child side of :func:`peak_memory_mb`: build the case, then measure one call."""
+    case = sys.argv[sys.argv.index("--memory-case") + 1]
+    params = json.loads(sys.argv[sys.argv.index("--params") + 1])
+    torch.set_num_threads(int(params.pop("threads", torch.get_num_threads())))
+    fn = build(case, params)
+    before = _reset_peak_rss()
+    fn()
+    after = _status_kib("VmHWM") if before is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if before is None:  # no /proc: ru_maxrss is a lifetime high-water mark, a lower bound here
+        before = 0
+    print(f"PEAK_MB {(after - before) / 1024:.1f}")
+
+
+def _status_kib(field_name: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field_name + ":"):
+            return int(line.split()[1])
+    raise KeyError(field_name)
+
+
+def _reset_peak_rss() -> int | None:
+    """Reset the kernel's peak-RSS mark (``clear_refs`` 5) and return the current RSS in KiB."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return _status_kib("VmRSS")
+    except (OSError, KeyError):
+        return None
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def memory_cell(mb: float | None) -> str:
+    return "—" if mb is None else f"{mb:.0f} MiB"

@@ -1,0 +1,110 @@
+"""RoPE application on q and k of shape (4, 32, 2048, 128) float32: posenc vs HF and rotary-embedding-torch.
+
+Rows: the machine's copy bandwidth (``copy_`` of q and k into preallocated tensors: the floor),
+HF ``apply_rotary_pos_emb`` (Llama, full-width cos/sin as HF's rotary embedding returns them),
+``rotary_embedding_torch.RotaryEmbedding.rotate_queries_or_keys`` (interleaved pairs, cached
+frequencies), posenc's ``rope`` encoding ``rotate`` as it is, and the fused kernel
+``posenc.kernels.rope.apply_rotary`` (out of place, in place, interleaved, and under
+``torch.compile``). Effective bandwidth counts reading and writing q and k once.
+
+    python benchmarks/bench_rope.py [--shape 4,32,2048,128] [--repeats 5] [--no-compile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _harness import interleaved, machine, markdown_table  # noqa: E402
+
+import posenc  # noqa: E402
+from posenc.kernels.rope import RotaryTables, apply_rotary, rotary_reference  # noqa: E402
+
+
+def build_cases(shape: tuple[int, int, int, int], compile_too: bool) -> dict:
+    from rotary_embedding_torch import RotaryEmbedding
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    batch, heads, length, dim = shape
+    torch.manual_seed(0)
+    q, k = torch.randn(shape), torch.randn(shape)
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    tables = RotaryTables(inv_freq)
+    positions = torch.arange(length)[None]
+    cos, sin = tables.tables(positions)  # [1, T, dim/2] float32, cached
+    hf_cos, hf_sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)  # HF's [1, T, dim]
+    ret = RotaryEmbedding(dim=dim)
+    ret.rotate_queries_or_keys(q[:, :, :8].clone())  # build its frequency cache
+    enc = posenc.build("rope", head_dim=dim)
+    enc.cos_sin(positions)  # build its tables
+
+    def copy():
+        q_out.copy_(q)
+        k_out.copy_(k)
+
+    cases = {
+        "copy q,k (bandwidth floor)": copy,
+        "HF apply_rotary_pos_emb": lambda: apply_rotary_pos_emb(q, k, hf_cos, hf_sin),
+        "rotary-embedding-torch (interleaved)": lambda: (ret.rotate_queries_or_keys(q), ret.rotate_queries_or_keys(k)),
+        "posenc rope encoding .rotate": lambda: enc.rotate(q, k, positions, positions),
+        "posenc apply_rotary (out of place)": lambda: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)),
+        "posenc apply_rotary (out=, preallocated)": lambda: (
+            apply_rotary(q, cos, sin, out=q_out), apply_rotary(k, cos, sin, out=k_out)),
+        "posenc apply_rotary (in place)": lambda: (
+            apply_rotary(q, cos, sin, inplace=True), apply_rotary(k, cos, sin, inplace=True)),
+        "posenc apply_rotary (interleaved, in place)": lambda: (
+            apply_rotary(q, cos, sin, pairing="interleaved", inplace=True),
+            apply_rotary(k, cos, sin, pairing="interleaved", inplace=True)),
+    }
+    if compile_too:
+        compiled = torch.compile(rotary_reference, dynamic=False)
+        compiled(q, cos, sin)  # compile outside the timing
+        cases["posenc rotary_reference under torch.compile"] = lambda: (compiled(q, cos, sin), compiled(k, cos, sin))
+    return cases
+
+
+def run(shape: tuple[int, int, int, int], repeats: int, compile_too: bool) -> str:
+    cases = build_cases(shape, compile_too)
+    timings = interleaved(cases, repeats, warmup=1)
+    numel = 1
+    for size in shape:
+        numel *= size
+    moved = 2 * 2 * numel * 4  # q and k, read once and written once, float32
+    floor = timings["copy q,k (bandwidth floor)"]
+    hf = timings["HF apply_rotary_pos_emb"]
+    ret = timings["rotary-embedding-torch (interleaved)"]
+    rows = []
+    for name, timing in timings.items():
+        gbps = moved / timing.median / 1e9
+        rows.append([name, timing.cell(), f"{gbps:.1f} GB/s", f"{100 * floor.median / timing.median:.0f}%",
+                     f"{hf.median / timing.median:.2f}×", f"{ret.median / timing.median:.2f}×"])
+    header = ["implementation", "median (min–max)", "effective bandwidth", "% of copy", "speed-up vs HF",
+              "speed-up vs rotary-embedding-torch"]
+    title = f"### RoPE on q and k {tuple(shape)} float32\n\nMachine: {machine()}\n\n"
+    return title + markdown_table(header, rows)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", default="4,32,2048,128")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    shape = tuple(int(s) for s in args.shape.split(","))
+    if len(shape) != 4:
+        raise SystemExit("--shape must be B,H,T,D")
+    table = run(shape, args.repeats, not args.no_compile)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()
