@@ -57,7 +57,6 @@ def test_interrupted_run_resumes_exactly_and_keeps_finished_records(tmp_path, mo
     assert torch.load(out / "checkpoints" / "alibi__copy__seed0.pt", weights_only=False)["step"] == 6
 
 
-@pytest.mark.slow  # two process start-ups; the in-process test above covers the same resume logic
 def test_killed_process_resumes_from_its_last_checkpoint(tmp_path):
     """SIGKILL (no chance to save) mid-training; the same command resumes from the periodic checkpoint."""
     out = tmp_path / "run"
