@@ -79,7 +79,7 @@ class _Plan:
     q_len: int
     strip: Tensor | None = field(default=None, repr=False)  # toeplitz: [H, block, Tq + Tk - 1]
     param_names: list[str] = field(default_factory=list)  # function mode: "encoding.<name>" of params
-    buffers: dict[str, Tensor] = field(default_factory=dict, repr=False)
+    state: dict[str, Tensor] = field(default_factory=dict, repr=False)  # every tensor of the encoding
 
     def key_end(self, i1: int, k_len: int) -> int:
         """Keys visible to query rows below ``i1``: causal attention skips the later ones."""
@@ -131,16 +131,22 @@ def _toeplitz_strip(plan: _Plan, table: Tensor, q_len: int, dtype: torch.dtype) 
     return reversed_rows.flip(1)
 
 
-def _block_rows_float32(plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int) -> Tensor:
-    """Bias rows ``[Bp, H, rows, k_end]`` (float32 or float64) for the gather and function modes."""
+def _block_rows_float32(
+    plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int, state: dict[str, Tensor] | None = None
+) -> Tensor:
+    """Bias rows ``[Bp, H, rows, k_end]`` (float32 or float64) for the gather and function modes.
+
+    ``state`` (function mode, backward pass): the encoding's tensors to evaluate ``bias_at`` with.
+    """
     if plan.mode == "gather":
         dist = plan.k_pos[:, None, :k_end] - plan.q_pos[:, i0:i1, None] - plan.d_min  # [Bp, rows, k_end]
         return table[:, dist].transpose(0, 1)
     device = plan.q_pos.device
     head = torch.arange(plan.heads, device=device)[None, :, None, None]
-    return _at_least_float32(
-        plan.encoding.bias_at(head, plan.q_pos[:, None, i0:i1, None], plan.k_pos[:, None, None, :k_end])
-    )
+    args = (head, plan.q_pos[:, None, i0:i1, None], plan.k_pos[:, None, None, :k_end])
+    if state is None:
+        return _at_least_float32(plan.encoding.bias_at(*args))
+    return _at_least_float32(torch.func.functional_call(_BiasAt(plan.encoding), state, args))
 
 
 def _block_disallowed(plan: _Plan, i0: int, i1: int, k_end: int, device, *, causal: bool) -> Tensor | None:
@@ -160,7 +166,9 @@ def _block_disallowed(plan: _Plan, i0: int, i1: int, k_end: int, device, *, caus
     return masked
 
 
-def _block_bias(plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int, dtype: torch.dtype):
+def _block_bias(
+    plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int, dtype: torch.dtype, state: dict | None = None
+):
     """The block's additive mask ``[B|1, H, rows, k_end]`` in ``dtype`` (bias and every mask).
 
     Returns ``(bias, disallowed)``; ``disallowed`` is the bool mask of masked entries, or None
@@ -174,7 +182,7 @@ def _block_bias(plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int,
             return bias, None
         bias = bias.clone()
     else:
-        bias = _block_rows_float32(plan, table, i0, i1, k_end).to(dtype)
+        bias = _block_rows_float32(plan, table, i0, i1, k_end, state).to(dtype)
     if plan.float_mask is not None:
         bias = bias + plan.float_mask[..., i0:i1, :k_end].to(dtype)
     # The Toeplitz strip already holds the causal mask, but rows that may be fully masked need
@@ -247,9 +255,12 @@ class _BlockedBiasAttention(torch.autograd.Function):
         d_params: list[Tensor | None] = [None] * len(params)
         delta = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # rowsum(dO ∘ O) = rowsum(P ∘ dP)
         batch = q.shape[0]
+        # Function mode: evaluate bias_at with the tensors of the forward pass (under
+        # torch.func.functional_call the module's own attributes are restored before backward).
+        state = {**plan.state, **dict(zip(plan.param_names, params))} if plan.mode == "function" else None
         for i0, i1, k_end in _blocks(plan, q.shape[2], k.shape[2]):
             q_blk, k_blk, v_blk, g_blk = q[:, :, i0:i1], k[:, :, :k_end], v[:, :, :k_end], grad_out[:, :, i0:i1]
-            bias, disallowed = _block_bias(plan, table, i0, i1, k_end, q.dtype)
+            bias, disallowed = _block_bias(plan, table, i0, i1, k_end, q.dtype, state)
             if plan.use_flash and not want_bias and not plan.empty_rows:
                 dq_blk, dk_blk, dv_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                     g_blk, q_blk, k_blk, v_blk, out[:, :, i0:i1], lse[:, :, i0:i1], 0.0, False,
@@ -283,7 +294,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
             if disallowed is not None:
                 d_logits4.masked_fill_(disallowed, 0.0)  # masked_fill blocks the gradient, as in eager
             if want_bias:
-                _bias_grad(plan, d_logits4, d_table, params, d_params, needs[5:], i0, i1, q.shape[2])
+                _bias_grad(plan, d_logits4, d_table, state, params, d_params, needs[5:], i0, i1, q.shape[2])
             dq[:, :, i0:i1] = torch.bmm(d_logits, k3).mul_(plan.scale).view(batch, heads, rows, -1)
             dk[:, :, :k_end] += torch.bmm(d_logits.transpose(1, 2), q3).view(batch, heads, k_end, -1)
             dv[:, :, :k_end] += dv_blk.view(batch, heads, k_end, -1)
@@ -291,7 +302,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
         return (None, dq, dk, dv, d_table, *d_params)
 
 
-def _bias_grad(plan, d_logits, d_table, params, d_params, needs_params, i0, i1, q_len) -> None:
+def _bias_grad(plan, d_logits, d_table, state, params, d_params, needs_params, i0, i1, q_len) -> None:
     """Add one block's logit gradient to the distance table's or the encoding parameters' gradient."""
     rows, k_end = i1 - i0, d_logits.shape[-1]
     heads = d_logits.shape[1]
@@ -315,12 +326,7 @@ def _bias_grad(plan, d_logits, d_table, params, d_params, needs_params, i0, i1, 
         d_table.index_add_(1, dist.reshape(-1), grad.transpose(0, 1).reshape(heads, -1))
         return
     with torch.enable_grad():
-        # Re-evaluate bias_at with the very tensors the forward pass used: under
-        # torch.func.functional_call the module's attributes are restored before backward runs.
-        state = {**plan.buffers, **dict(zip(plan.param_names, params))}
-        head = torch.arange(heads, device=d_logits.device)[None, :, None, None]
-        q_pos, k_pos = plan.q_pos[:, None, i0:i1, None], plan.k_pos[:, None, None, :k_end]
-        bias = _at_least_float32(torch.func.functional_call(_BiasAt(plan.encoding), state, (head, q_pos, k_pos)))
+        bias = _block_rows_float32(plan, None, i0, i1, k_end, state)
         wanted = [p for p, need in zip(params, needs_params) if need]
         grads = torch.autograd.grad(bias, wanted, _sum_to(d_logits.to(bias.dtype), bias.shape), allow_unused=True)
     found = iter(grads)
@@ -419,7 +425,8 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
     if plan.mode == "function":
         named = [(name, p) for name, p in req.encoding.named_parameters() if p.requires_grad]
         plan.param_names = [f"encoding.{name}" for name, _ in named]
-        plan.buffers = {f"encoding.{name}": b for name, b in req.encoding.named_buffers()}
+        plan.state = {f"encoding.{name}": t for name, t in req.encoding.named_parameters()}
+        plan.state.update({f"encoding.{name}": t for name, t in req.encoding.named_buffers()})
         params = [p for _, p in named]
     k = repeat_kv(req.k, req.num_heads)
     v = repeat_kv(req.v, req.num_heads)
