@@ -50,14 +50,13 @@ def _layer(name: str, causal: bool, kv_heads: int) -> posenc.MultiheadAttention:
     return layer.double()
 
 
-def _request(layer, scenario: str, causal: bool) -> AttentionRequest:
+def _request(layer, scenario: str, causal: bool, dtype: torch.dtype = torch.float64) -> AttentionRequest:
     batch, q_len, k_len, _, kv_heads, padded = SCENARIOS[scenario]
     enc = layer.encoding
     if causal and q_len != k_len:
         pytest.skip("causal cross-attention is not a scenario")
     if enc.max_positions is not None and max(q_len, k_len) > enc.max_positions:
         pytest.skip(f"{enc.name} has max_positions={enc.max_positions}")
-    dtype = torch.float64
     q = torch.randn(batch, HEADS, q_len, HEAD_DIM, dtype=dtype, requires_grad=True)
     k = torch.randn(batch, kv_heads, k_len, HEAD_DIM, dtype=dtype, requires_grad=True)
     v = torch.randn(batch, kv_heads, k_len, HEAD_DIM, dtype=dtype, requires_grad=True)
@@ -77,6 +76,28 @@ def _request(layer, scenario: str, causal: bool) -> AttentionRequest:
         key_padding_mask=padding,
         layer=layer,
     )
+
+
+TOLERANCE = {torch.float64: {"rtol": 1e-6, "atol": 1e-8}, torch.float32: {"rtol": 1e-4, "atol": 1e-5}}
+
+
+def _runnable_request(runner, layer, scenario: str, causal: bool):
+    """The request in float64 if the backend allows it, else float32; with gradients if allowed.
+
+    Skips (with the backend's reasons) when it can run neither.
+    """
+    first_reasons = None
+    for dtype in (torch.float64, torch.float32):
+        layer.to(dtype)
+        req = _request(layer, scenario, causal, dtype)
+        reasons = runner.reasons(req)
+        if not reasons:
+            return req, True, TOLERANCE[dtype]
+        with torch.no_grad():
+            if not runner.reasons(req):
+                return req, False, TOLERANCE[dtype]  # e.g. flex on CPU: forward only
+        first_reasons = first_reasons or reasons
+    pytest.skip(f"{runner.name} cannot run {layer.encoding.name}: " + "; ".join(first_reasons))
 
 
 def _run(backend: str, req: AttentionRequest, layer, grads: bool):
@@ -99,16 +120,7 @@ def test_backend_matches_eager(name, backend, scenario):
             pytest.skip(f"{name} refuses this layer: {err}")
         causal = True
         layer = _layer(name, causal, kv_heads)
-    req = _request(layer, scenario, causal)
-    runner = get_backend(backend)
-    reasons = runner.reasons(req)
-    grads = True
-    if reasons:
-        with torch.no_grad():
-            forward_reasons = runner.reasons(req)
-        if forward_reasons:
-            pytest.skip(f"{backend} cannot run {name}: " + "; ".join(reasons))
-        grads = False  # e.g. flex on CPU: forward only
+    req, grads, tolerance = _runnable_request(get_backend(backend), layer, scenario, causal)
     if backend == "sdpa" and causal and padded and grads:
         # Rows 0-4 of the second sequence see no key. Eager sets their logits with masked_fill
         # (no gradient); SDPA adds a finfo.min mask, so q and k still get a gradient there.
@@ -117,11 +129,12 @@ def test_backend_matches_eager(name, backend, scenario):
     with context:
         out, got = _run(backend, req, layer, grads)
         ref, want = _run("eager", req, layer, grads)
-    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-8)
+    torch.testing.assert_close(out, ref, **tolerance)
     names = ["q", "k", "v"] + [n for n, p in layer.named_parameters() if p.requires_grad]
     for label, g, w in zip(names, got, want):
         # Biases are float32 by contract, so their parameters' gradients carry float32 rounding.
-        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, msg=lambda m, label=label: f"grad of {label}: {m}")
+        grad_tolerance = {"rtol": max(1e-5, tolerance["rtol"]), "atol": max(1e-6, tolerance["atol"])}
+        torch.testing.assert_close(g, w, **grad_tolerance, msg=lambda m, label=label: f"grad of {label}: {m}")
 
 
 def test_every_backend_is_exercised():

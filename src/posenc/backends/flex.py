@@ -11,6 +11,7 @@ once (``dynamic=False``): dynamo compiles it once per shape and dtype and reuses
 What this backend refuses, with the reason stated (facts measured on torch 2.13):
 
 * gradients on CPU: FlexAttention has no CPU backward (``NotImplementedError``); ``blocked`` trains;
+* float64 on CPU (the CPU lowering takes float32, float16 and bfloat16 only);
 * ``need_weights`` (FlexAttention returns no weights) and attention dropout (not supported);
 * query rows with no visible key: FlexAttention returns zeros there, the eager reference averages
   every value (uniform weights);
@@ -41,6 +42,7 @@ _COMPILED: dict[str, Callable] = {}
 _SEEN_SHAPES: set[tuple] = set()
 _BLOCK_MASKS: dict[tuple, object] = {}
 _MAX_CACHED_BLOCK_MASKS = 16
+_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 @functools.lru_cache(maxsize=1)
@@ -200,6 +202,8 @@ class FlexBackend:
                     "FlexAttention has no backward pass on CPU (torch raises NotImplementedError); "
                     "the blocked backend trains bias encodings on CPU"
                 )
+            if request.q.dtype not in _CPU_DTYPES:
+                reasons.append(f"compiled FlexAttention on CPU supports float32/float16/bfloat16, not {request.q.dtype}")
             if _cpu_compiler() is None:
                 reasons.append("torch.compile needs a C++ compiler on CPU and none was found")
         elif device not in ("cuda", "xpu"):
