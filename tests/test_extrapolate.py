@@ -121,3 +121,17 @@ def test_cli_prints_the_summary_table(tmp_path):
 def test_split_specs_keeps_options_with_their_encoding():
     assert split_specs("nope,rope:base=500000,pairing=half,alibi") == ["nope", "rope:base=500000,pairing=half", "alibi"]
     assert split_specs(" t5 , shaw:k=4 ") == ["t5", "shaw:k=4"]
+
+
+def test_hybrid_encoding_runs_one_spec_per_layer(tmp_path):
+    from posenc.experiments.train import build_model, run_id_for
+
+    config = ExperimentConfig(task="copy", encodings=["t5/sinusoidal"], train_len=2, eval_len=3, num_symbols=8, **{**TINY, "num_layers": 2})
+    model = build_model(config, config.make_task(), "t5/sinusoidal")
+    assert [b.attn.encoding.name for b in model.blocks] == ["t5", "nope"]
+    assert [e.name for e in model.input_encodings] == ["sinusoidal"]
+    run_id = run_id_for(config, RunSpec("t5/sinusoidal", 0))
+    assert "/" not in run_id and run_id.startswith("t5+sinusoidal-")
+    records = run_experiment(config, tmp_path, workers=1, console=_quiet())
+    assert {r["encoding"] for r in records} == {"t5/sinusoidal"}
+    assert (tmp_path / "checkpoints" / f"{run_id}.pt").exists()

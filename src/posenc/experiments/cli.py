@@ -40,7 +40,8 @@ def _int_list(text: str, option: str) -> list[int]:
 def extrapolate(
     task: str = typer.Option(_DEFAULT.task, help=f"task: {', '.join(TASKS)}"),
     encodings: str = typer.Option(
-        ",".join(_DEFAULT.encodings), help="comma-separated encoding specs, options included: nope,rope:base=500000,pairing=half,alibi"
+        ",".join(_DEFAULT.encodings), help="comma-separated encoding specs, options included: nope,rope:base=500000,pairing=half,alibi; "
+        "a hybrid gives one spec per layer joined by '/': t5/sinusoidal"
     ),
     train_len: int = typer.Option(_DEFAULT.train_len, help="largest training length L (task size; lm: context length)"),
     eval_len: int = typer.Option(_DEFAULT.eval_len, help="evaluate every length 1..eval_len"),

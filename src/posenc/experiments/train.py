@@ -114,12 +114,23 @@ class RunSpec:
         return f"{self.encoding} seed {self.seed}"
 
 
+#: Separates per-layer specs of a hybrid in an experiment's encoding string: ``"t5/sinusoidal"``.
+LAYER_SEPARATOR = "/"
+
+
 def run_id_for(config: ExperimentConfig, run: RunSpec) -> str:
-    """A file-name-safe id, e.g. ``rope__copy__seed0`` (spec options hashed into it when present)."""
-    name = run.encoding.split(":")[0]
-    if ":" in run.encoding:
+    """A file-name-safe id, e.g. ``rope__copy__seed0`` (options and hybrids hashed into it)."""
+    layers = run.encoding.split(LAYER_SEPARATOR)
+    name = "+".join(layer.split(":")[0] for layer in layers)
+    if ":" in run.encoding or len(layers) > 1:
         name += "-" + hashlib.sha1(run.encoding.encode()).hexdigest()[:8]
     return f"{name}__{config.task}__seed{run.seed}"
+
+
+def layer_specs(encoding: str) -> str | list[str]:
+    """``"t5/sinusoidal"`` -> ``["t5", "sinusoidal"]`` (one spec per layer); a single spec as is."""
+    layers = [layer.strip() for layer in encoding.split(LAYER_SEPARATOR)]
+    return layers if len(layers) > 1 else encoding
 
 
 class Interrupted(Exception):
@@ -158,7 +169,8 @@ def _mix(*numbers: int) -> int:
 def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Module:
     """The experiment's model. ``max_len`` covers the longest evaluated sequence, so a learned
     absolute table has rows for every evaluated position; rows past the training positions are
-    never updated and stay at their random initialisation (the honest reason learned PE fails)."""
+    never updated and stay at their random initialisation (the honest reason learned PE fails).
+    ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.model`)."""
     from ..model import TransformerLM
 
     return TransformerLM(
@@ -166,7 +178,7 @@ def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Modul
         config.d_model,
         config.num_layers,
         config.num_heads,
-        encoding,
+        layer_specs(encoding),
         d_ff=config.d_ff,
         dropout=config.dropout,
         max_len=task.sequence_length(config.eval_len),
