@@ -78,6 +78,3 @@ def main() -> None:
     _load_command_modules()
     app()
 
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,5 @@
+"""``python -m posenc ...`` runs the command line (same as the ``posenc`` script)."""
+
+from posenc.cli import main
+
+main()
