@@ -165,13 +165,56 @@ def test_bad_options():
             posenc.MultiheadAttention(32, 2, encoding=name, causal=False)
 
 
-@pytest.mark.parametrize("name", ["kerple", "fire", "mlp_bias"])
-def test_score_mod_scalar_calls_equal_dense_bias(name):
+SCORE_MOD_CASES = [
+    ("kerple", {}),
+    ("kerple", {"variant": "power"}),
+    ("fire", {}),
+    ("mlp_bias", {"dim": 32}),
+    ("mlp_bias", {"dim": 32, "depth": 3, "norm": True, "log_distance": True}),
+]
+
+
+def _with_random_norms(enc):
+    with torch.no_grad():
+        for name, param in enc.named_parameters():
+            if "norm" in name:
+                param.add_(torch.randn_like(param) * 0.2)
+    return enc
+
+
+@pytest.mark.parametrize(("name", "options"), SCORE_MOD_CASES)
+def test_score_mod_scalar_calls_equal_dense_bias(name, options):
     """Flex calls score_mod with 0-d index tensors: the same bias_at must give the dense values."""
-    enc = posenc.build(name, num_heads=2, **({"dim": 32} if name == "mlp_bias" else {}))
+    enc = _with_random_norms(posenc.build(name, num_heads=2, **options))
     dense = enc.bias(3, 5, q_offset=2)
     for h in range(2):
         for i in range(3):
             for j in range(5):
                 score = enc.score_mod(torch.tensor(0.0), torch.tensor(0), torch.tensor(h), torch.tensor(i + 2), torch.tensor(j))
-                torch.testing.assert_close(score, dense[h, i, j], rtol=1e-6, atol=1e-6)
+                torch.testing.assert_close(score, dense[h, i, j], rtol=1e-5, atol=1e-6)
+
+
+FLEX_CASES = [
+    ("kerple", {}),
+    ("kerple", {"variant": "power"}),
+    ("fire", {}),
+    ("mlp_bias", {"dim": 32, "log_distance": True}),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "options"), FLEX_CASES)
+def test_compiled_flex_attention_runs_score_mod(name, options):
+    """The score_mod lowers to a compiled FlexAttention kernel (pointwise ops only) and equals the dense bias."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    enc = _with_random_norms(posenc.build(name, num_heads=2, **options)).requires_grad_(False)
+    q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
+    causal = torch.triu(torch.ones(16, 16, dtype=torch.bool), 1)
+    want = torch.softmax((q @ k.transpose(-1, -2) / 4 + enc.bias(16, 16)).masked_fill(causal, float("-inf")), -1) @ v
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        return torch.where(kv_idx <= q_idx, enc.score_mod(score, b, h, q_idx, kv_idx), -float("inf"))
+
+    got = torch.compile(flex_attention)(q, k, v, score_mod=score_mod)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

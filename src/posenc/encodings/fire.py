@@ -12,8 +12,8 @@ A small MLP maps a normalised, log-transformed relative distance to one bias per
 
 The bias is added to the scaled logits. Normalising by ``ψ(max(i, L))`` makes it depend on the
 absolute query position beyond ``L``, so FIRE is not shift invariant. ``bias_at`` evaluates the MLP
-elementwise (one scalar input per (query, key) pair), so eager, SDPA and flex all run the same
-definition.
+elementwise, unrolled over its hidden units (pointwise ops only), so eager, SDPA and a compiled flex
+``score_mod`` all run the same definition.
 """
 
 from __future__ import annotations
@@ -70,8 +70,14 @@ class FIRE(PositionalEncoding):
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         x = fire_input(q_pos, k_pos, self.c, self.threshold, self.eps)  # float32 (float64 for a float64 model)
         dtype = x.dtype
-        hidden = torch.relu(x[..., None] * self.mlp_in.weight[:, 0].to(dtype) + self.mlp_in.bias.to(dtype))
-        return (hidden * self.mlp_out.weight[head].to(dtype)).sum(-1) + self.mlp_out.bias[head].to(dtype)
+        w_in, b_in = self.mlp_in.weight[:, 0].to(dtype), self.mlp_in.bias.to(dtype)
+        w_out, b_out = self.mlp_out.weight.to(dtype), self.mlp_out.bias.to(dtype)
+        # f_θ unrolled over its hidden units: only pointwise ops, so flex's score_mod compiles it, and
+        # the dense bias never holds a [B, H, Tq, Tk, hidden] tensor.
+        out = b_out[head]
+        for unit in range(w_in.shape[0]):
+            out = out + torch.relu(x * w_in[unit] + b_in[unit]) * w_out[head, unit]
+        return out
 
     @torch.no_grad()
     def preview(self) -> str:

@@ -11,9 +11,12 @@ The semantics of x-transformers' ``DynamicPositionBias`` (REFERENCE.md §10.4; u
 * With ``norm=True`` the first norm is x-transformers' bias-free ``LayerNorm`` (a gain, no shift),
   the later ones are ``nn.LayerNorm`` with gain and shift, exactly as there.
 
-:meth:`bias_at` is the single, elementwise definition (flex ``score_mod`` evaluates it per pair).
-The dense path evaluates it once per distinct distance and gathers, which gives the same numbers
-because the bias depends on ``i - j`` only (shift invariant).
+:meth:`bias_at` is the single, elementwise definition. Called with 0-d indices (flex
+``score_mod``) it evaluates the MLP unrolled over hidden units, with pointwise ops only, so the
+compiled kernel can inline it. That compiles in seconds for the default ``depth=2`` without norm;
+the inlined expression grows like ``hidden_dim^depth`` (minutes for ``depth=3`` or ``norm=True``),
+so kernels should read :meth:`distance_table` for those. Otherwise it runs the same MLP vectorised. The dense path evaluates it once per distinct distance and gathers, which gives
+the same numbers because the bias depends on ``i - j`` only (shift invariant).
 """
 
 from __future__ import annotations
@@ -31,6 +34,26 @@ __functional__ = ["log_distance"]
 def log_distance(relative: Tensor) -> Tensor:
     """``sign(r) · ln(|r| + 1)``: the log-distance input of the dynamic position bias."""
     return torch.sign(relative) * torch.log(relative.abs() + 1)
+
+
+def _pointwise_layer_norm(units: list[Tensor], eps: float = 1e-5) -> list[Tensor]:
+    """LayerNorm (no affine) over a list of same-shaped tensors, one per feature, with pointwise ops only."""
+    mean = sum(units) / len(units)
+    variance = sum((v - mean) ** 2 for v in units) / len(units)
+    scale = torch.rsqrt(variance + eps)
+    return [(v - mean) * scale for v in units]
+
+
+def _select_head(per_head: Tensor, head: Tensor) -> Tensor:
+    """``per_head[..., head]`` for ``per_head [..., H]`` and a ``head`` index broadcastable to ``per_head[..., 0]``.
+
+    The MLP output of all heads is computed once per (query, key) pair and the head picked after,
+    so the dense bias never holds a ``[B, H, Tq, Tk, hidden]`` tensor; with 0-d indices (flex
+    ``score_mod``) it is a plain lookup.
+    """
+    shape = torch.broadcast_shapes(head.shape, per_head.shape[:-1])
+    index = head.expand(shape)[..., None].to(torch.int64)
+    return per_head.expand(*shape, per_head.shape[-1]).gather(-1, index).squeeze(-1)
 
 
 @register("mlp_bias")
@@ -86,21 +109,54 @@ class MLPBias(PositionalEncoding):
             h = F.silu(h)
         return h
 
+    def _pointwise(self, head: Tensor, relative: Tensor) -> Tensor:
+        """The same MLP unrolled over hidden units (pointwise ops only), for flex's per-element ``score_mod``."""
+        dtype = relative.dtype
+        x = log_distance(relative) if self.log_distance else relative
+        first = self.linears[0]
+        w, b = first.weight[:, 0].to(dtype), first.bias.to(dtype)
+        units = [x * w[u] + b[u] for u in range(self.hidden_dim)]
+        if self.first_norm_gain is not None:
+            gain = self.first_norm_gain.to(dtype)
+            units = [v * gain[u] for u, v in enumerate(_pointwise_layer_norm(units))]
+        units = [F.silu(v) for v in units]
+        for index, linear in enumerate(self.linears[1:]):
+            weight, bias = linear.weight.to(dtype), linear.bias.to(dtype)
+            units = [sum((weight[v, u] * units[u] for u in range(self.hidden_dim)), bias[v]) for v in range(self.hidden_dim)]
+            if self.norms is not None:
+                norm = self.norms[index]
+                gain, shift = norm.weight.to(dtype), norm.bias.to(dtype)
+                units = [v * gain[u] + shift[u] for u, v in enumerate(_pointwise_layer_norm(units, norm.eps))]
+            units = [F.silu(v) for v in units]
+        weight, bias = self.out.weight.to(dtype), self.out.bias.to(dtype)
+        return sum((weight[head, u] * units[u] for u in range(self.hidden_dim)), bias[head])
+
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         dtype = torch.promote_types(self.out.weight.dtype, torch.float32)
-        hidden = self._hidden((q_pos - k_pos).to(dtype))
-        out = (hidden * self.out.weight[head].to(dtype)).sum(-1) + self.out.bias[head].to(dtype)
-        return out
+        relative = (q_pos - k_pos).to(dtype)
+        if head.dim() == 0 and relative.dim() == 0:  # one (head, query, key) at a time: flex score_mod
+            return self._pointwise(head, relative)
+        per_head = F.linear(self._hidden(relative), self.out.weight.to(dtype), self.out.bias.to(dtype))  # [..., H]
+        return _select_head(per_head, head)
+
+    def distance_table(self, low: int, high: int, device: torch.device | None = None) -> Tensor:
+        """``table[h, r - low] = bias_at(h, r, 0)`` for every distance ``r = i - j`` in ``[low, high]``: ``[H, high - low + 1]``.
+
+        The bias depends on ``i - j`` only, so a kernel can look it up per element (a flex
+        ``score_mod`` reading this table compiles quickly for any depth, unlike the unrolled MLP).
+        """
+        device = device or self.out.weight.device
+        distances = torch.arange(low, high + 1, device=device)
+        heads = torch.arange(self.num_heads, device=device)
+        return self.bias_at(heads[:, None], distances[None, :], torch.zeros_like(distances)[None, :])
 
     def bias_for_positions(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """Dense ``[B, H, Tq, Tk]``: :meth:`bias_at` on each distinct distance, gathered (the MLP runs 2L-1 times, not L²)."""
+        """Dense ``[B, H, Tq, Tk]``: :meth:`distance_table` gathered (the MLP runs on 2L-1 distances, not L² pairs)."""
         relative = q_pos[:, :, None] - k_pos[:, None, :]  # [B, Tq, Tk]
         if relative.numel() == 0:
             return super().bias_for_positions(q_pos, k_pos)
         low, high = int(relative.min()), int(relative.max())
-        distances = torch.arange(low, high + 1, device=relative.device)
-        heads = torch.arange(self.num_heads, device=relative.device)
-        table = self.bias_at(heads[:, None], distances[None, :], torch.zeros_like(distances)[None, :])  # [H, R]
+        table = self.distance_table(low, high, relative.device)  # [H, R]
         return table[:, relative - low].transpose(0, 1)
 
     @torch.no_grad()
