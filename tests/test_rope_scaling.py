@@ -302,3 +302,11 @@ def test_spec_of_rope_parameters_dict_rebuilds_the_same_frequencies():
     assert "scaling=llama3" in enc.spec() and again.rotary_dim == 16
     torch.testing.assert_close(again.inv_freq, enc.inv_freq, rtol=0, atol=0)
     torch.testing.assert_close(enc.inv_freq, hf_init(32, 4096, params)[0], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize(("seq_len", "new_base"), [(4096, 30527.737), (8192, 72195.860)])
+def test_dynamic_reference_bases(seq_len, new_base):
+    """REFERENCE §7.2: factor 2, max_pos 2048, d = 128: the rescaled base at 4096 and 8192 tokens."""
+    scaling = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2048}
+    freq, _ = F.rope_inv_freq(128, scaling=scaling, seq_len=seq_len)
+    assert float(freq[1]) == pytest.approx(new_base ** (-2 / 128), rel=1e-6)

@@ -49,7 +49,7 @@ def sinusoidal_2d(rows: Tensor, cols: Tensor, dim: int, base: float = 10000.0) -
 
 @register("sinusoidal2d")
 class Sinusoidal2D(PositionalEncoding):
-    """2-D sin-cos patch encoding (MAE channel order [sin w, cos w | sin h, cos h]), added to the input."""
+    """2-D sin-cos patch encoding in MAE channel order (column sin, cos, then row sin, cos), added to the input."""
 
     kind = Kind.ABSOLUTE
     example_options = {"grid_width": 4}
@@ -80,8 +80,12 @@ class Sinusoidal2D(PositionalEncoding):
         positions = torch.arange(first, first + min(2 * self.grid_width, 6))
         rows, cols = grid_row_col(positions, self.grid_width, self.cls_token)
         table = self.encode(positions)[0]
-        shown = min(self.dim, 8)
-        lines = [f"grid_width={self.grid_width}, cls_token={self.cls_token}; channels 0..{shown - 1} of {self.dim}:"]
-        for p, r, c, row in zip(positions.tolist(), rows.tolist(), cols.tolist(), table[:, :shown].tolist()):
+        quarter = self.dim // 4
+        channels = [0, 1, quarter, quarter + 1, 2 * quarter, 2 * quarter + 1, 3 * quarter, 3 * quarter + 1]
+        lines = [
+            f"grid_width={self.grid_width}, cls_token={self.cls_token}; channels {channels} "
+            "(sin col, cos col, sin row, cos row, first two frequencies each):"
+        ]
+        for p, r, c, row in zip(positions.tolist(), rows.tolist(), cols.tolist(), table[:, channels].tolist()):
             lines.append(f"  p={p} (row {r}, col {c}): " + " ".join(f"{v:+.4f}" for v in row))
         return "\n".join(lines)
