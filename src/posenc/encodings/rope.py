@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ..base import Kind, PositionalEncoding
+from ..kernels.rope import apply_rotary
 from ..registry import register
 from .rope_scaling import LENGTH_DEPENDENT, rope_scaled_inv_freq
 
@@ -84,28 +85,19 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_scale: float = 1
     return cos, sin
 
 
-def _rotate(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing) -> Tensor:
-    """Rotate the rotary part ``x [..., T, d_r]`` by ``cos``/``sin`` ``[..., T, d_r/2]`` (already in x's dtype)."""
-    if pairing == "half":
-        half = x.shape[-1] // 2
-        x1, x2 = x[..., :half], x[..., half:]
-        return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    x1, x2 = x[..., 0::2], x[..., 1::2]
-    return torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
-
-
 def _check_pairing(pairing: str) -> None:
     if pairing not in ("half", "interleaved"):
         raise ValueError(f"RoPE: pairing must be 'half' or 'interleaved', got {pairing!r}")
 
 
 def _apply_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing) -> Tensor:
-    """Rotate the first ``2 * cos.shape[-1]`` channels of ``x [B, H, T, D]``; ``cos``/``sin`` ``[B|1, T, d_r/2]`` float32."""
-    width = 2 * cos.shape[-1]
-    cos, sin = cos[:, None].to(x.dtype), sin[:, None].to(x.dtype)
-    if width == x.shape[-1]:
-        return _rotate(x, cos, sin, pairing)
-    return torch.cat((_rotate(x[..., :width], cos, sin, pairing), x[..., width:]), dim=-1)
+    """Rotate the first ``2 * cos.shape[-1]`` channels of ``x [B, H, T, D]``; ``cos``/``sin`` ``[B|1, T, d_r/2]`` float32.
+
+    Runs the fused kernel :func:`posenc.kernels.rope.apply_rotary` (chunked, no full-size
+    temporaries; under autograd or ``torch.compile`` the plain expression), which casts the tables
+    to ``x``'s dtype once.
+    """
+    return apply_rotary(x, cos, sin, pairing=pairing)
 
 
 def apply_rope(
