@@ -203,3 +203,10 @@ def test_bad_options_raise_the_registry_error() -> None:
 def test_preview_lists_the_slopes() -> None:
     text = ALiBi(num_heads=12).preview()
     assert "head 8: m = 0.70710677" in text and "2^-0.5" in text
+
+
+def test_causal_mode_refuses_cross_attention_in_a_causal_layer() -> None:
+    # Cross-attention is never causally masked, so the causal form would favour distant keys.
+    attn = posenc.MultiheadAttention(8, 2, encoding="alibi", causal=True)
+    with pytest.raises(ValueError, match="cross-attention is never causal"):
+        attn(torch.randn(1, 3, 8), context=torch.randn(1, 10, 8))

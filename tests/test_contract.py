@@ -21,17 +21,26 @@ HEADS, HEAD_DIM = 2, 16
 EMBED = HEADS * HEAD_DIM
 
 
-def make_layer(name: str, *, causal: bool = True, dtype=torch.float32, **kwargs) -> posenc.MultiheadAttention:
+def make_encoding(name: str, *, causal: bool = True):
+    """The example encoding; without a causal mask, with the class's ``noncausal_options`` (ALiBi symmetric)."""
+    cls = posenc.get_class(name)
     try:
         enc = build_example(name, num_heads=HEADS, head_dim=HEAD_DIM)
+        if not causal and enc.causal_only and cls.noncausal_options:
+            options = {**enc.config(), **cls.noncausal_options}
+            enc = posenc.registry.build_for_layer(name, num_heads=HEADS, head_dim=HEAD_DIM, dim=EMBED, **{
+                k: v for k, v in options.items() if k not in ("num_heads", "head_dim", "dim")
+            })
     except ValueError as err:  # pragma: no cover - a message for encoding authors
         pytest.fail(f"{name}: cannot build for a {HEADS}x{HEAD_DIM} layer ({err}); set example_options")
-    try:
-        layer = posenc.MultiheadAttention(EMBED, HEADS, encoding=enc, causal=causal, **kwargs)
-    except ValueError as err:
-        if causal or "causal" not in str(err):
-            raise
-        pytest.skip(f"{name} in its example configuration needs causal attention: {err}")
+    if not causal and enc.causal_only:
+        pytest.skip(f"{name} is defined for causal attention only")
+    return enc
+
+
+def make_layer(name: str, *, causal: bool = True, dtype=torch.float32, **kwargs) -> posenc.MultiheadAttention:
+    enc = make_encoding(name, causal=causal)
+    layer = posenc.MultiheadAttention(EMBED, HEADS, encoding=enc, causal=causal, **kwargs)
     _randomize(layer)
     return layer.to(dtype).eval()
 
@@ -117,7 +126,9 @@ def test_shift_invariance_where_claimed(name):
     cls = posenc.get_class(name)
     if not cls.shift_invariant:
         pytest.skip(f"{name} does not claim shift invariance")
-    for causal in (True, False) if not cls.causal_only else (True,):
+    for causal in (True, False):
+        if not causal and cls.causal_only:
+            continue
         layer = make_layer(name, causal=causal)
         x = _x(2, 12)
         base = layer(x, positions=torch.arange(12))
@@ -177,13 +188,12 @@ def test_eager_and_sdpa_agree_forward_and_backward(name, num_kv_heads):
         grads = [x_in.grad] + [p.grad for p in layer.parameters() if p.grad is not None]
         results[backend] = (out.detach(), grads)
     torch.testing.assert_close(results["sdpa"][0], results["eager"][0], rtol=1e-9, atol=1e-9)
-    for got, want in zip(results["sdpa"][1], results["eager"][1]):
+    assert len(results["sdpa"][1]) == len(results["eager"][1])
+    for got, want in zip(results["sdpa"][1], results["eager"][1], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8)
 
 
 def test_cross_attention_odd_sizes(name):
-    if posenc.get_class(name).causal_only:
-        pytest.skip(f"{name} is defined for causal self-attention only")
     layer = make_layer(name, causal=False)
     x_q, x_kv = _x(2, 113), _x(2, 203)
     out, weights = layer(x_q, context=x_kv, need_weights=True)

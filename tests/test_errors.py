@@ -107,3 +107,21 @@ def test_bad_layer_sizes():
         posenc.MultiheadAttention(32, 4, num_kv_heads=3)
     with pytest.raises(ValueError, match=r"x must have shape \[B, T, 16\]"):
         posenc.MultiheadAttention(16, 2)(torch.randn(3, 16))
+
+
+def test_missing_layer_option_in_a_standalone_build_is_named():
+    with pytest.raises(ValueError, match=r"t5: missing required option\(s\) 'num_heads'.*attention layer"):
+        posenc.build("t5")
+
+
+def test_design_md_rope_spec_builds_and_binds_to_the_layer():
+    enc = posenc.build("rope:base=500000,scaling=yarn,factor=4")  # the exact line of DESIGN.md
+    assert enc.config()["factor"] == 4.0 and enc.config()["scaling"] == "yarn"
+    # YaRN's frequencies depend on the pretraining length: binding without it is a named error.
+    with pytest.raises(ValueError, match="original_max_position_embeddings"):
+        posenc.MultiheadAttention(64, 4, encoding=enc)
+    enc = posenc.build("rope:base=500000")
+    layer = posenc.MultiheadAttention(64, 4, encoding=enc)
+    assert enc.head_dim == 16 and layer(torch.randn(1, 3, 64)).shape == (1, 3, 64)
+    with pytest.raises(ValueError, match="head_dim=16"):
+        posenc.MultiheadAttention(64, 2, encoding=enc)

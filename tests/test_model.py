@@ -152,3 +152,13 @@ def test_encoder_padding_is_never_attended():
     padded = torch.cat([tokens, torch.zeros(1, 3, dtype=torch.long)], dim=1)
     mask = torch.tensor([[False] * 5 + [True] * 3])
     torch.testing.assert_close(encoder(padded, key_padding_mask=mask)[:, :5], encoder(tokens), rtol=1e-9, atol=1e-9)
+
+
+def test_encoder_gets_the_noncausal_form_of_alibi():
+    # ALiBi's causal form would favour distant future keys without a causal mask (REFERENCE §6.2).
+    model = posenc.TransformerEncoder(10, 16, 1, 2, encoding="alibi")
+    enc = next(m for m in model.modules() if isinstance(m, posenc.PositionalEncoding))
+    assert enc.mode == "symmetric" and not enc.causal_only
+    bias = enc.bias(3, 3)[0]
+    slope = 2.0 ** (-8 * 1 / 2)  # the paper: m_h = 2^(-8h/n), head h=1 of n=2
+    torch.testing.assert_close(bias, -slope * (torch.arange(3)[:, None] - torch.arange(3)[None]).abs().float())

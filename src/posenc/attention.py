@@ -82,7 +82,9 @@ class MultiheadAttention(nn.Module):
     Call: ``attn(x [B, Tq, E], context=None [B, Tk, E], *, positions, context_positions,
     key_padding_mask [B, Tk] (True = padding), attn_mask (bool, True = may attend, or float added
     to the logits; [Tq, Tk], [B, Tq, Tk] or [B, H, Tq, Tk]), cache, need_weights)`` returns
-    ``out [B, Tq, E]``, or ``(out, weights [B, H, Tq, Tk])`` with ``need_weights=True``.
+    ``out [B, Tq, E]``, or ``(out, weights [B, H, Tq, Tk])`` with ``need_weights=True``. The weights
+    are the attention probabilities before dropout, from any backend (recomputed on the eager
+    reference path when the backend does not produce them).
     """
 
     def __init__(
@@ -126,10 +128,15 @@ class MultiheadAttention(nn.Module):
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.encoding = build_for_layer(encoding, num_heads=num_heads, head_dim=self.head_dim, dim=embed_dim)
         if self.encoding.causal_only and not causal:
-            raise ValueError(f"encoding {self.encoding.name!r} is defined for causal attention only: pass causal=True")
+            raise ValueError(f"{self._causal_only_message()}: pass causal=True")
         self.encoding.init_layer(self)
         self.scale = self.encoding.logit_scale(self.head_dim) if scale is None else float(scale)
         self.last_backend: str | None = None
+
+    def _causal_only_message(self) -> str:
+        hint = self.encoding.noncausal_options
+        alternative = f" (or build it with {', '.join(f'{k}={v!r}' for k, v in hint.items())})" if hint else ""
+        return f"encoding {self.encoding.name!r} is defined for causal attention only{alternative}"
 
     def extra_repr(self) -> str:
         return (
@@ -207,6 +214,8 @@ class MultiheadAttention(nn.Module):
             self._check_input(context, "context")
             if context.shape[0] != batch:
                 raise ValueError(f"context batch {context.shape[0]} differs from x batch {batch}")
+            if self.encoding.causal_only:
+                raise ValueError(f"{self._causal_only_message()}; cross-attention is never causal")
         entry = cache.get(self.layer_idx) if cache is not None else None
         past = 0 if entry is None or cross else entry.k.shape[2]
         device = x.device

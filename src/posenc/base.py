@@ -71,7 +71,10 @@ class PositionalEncoding(nn.Module):
       (relative encodings). The contract tests check it.
     * ``shared_across_layers``: True when one instance serves every layer of a stack (T5 shares its
       bias table across the layers of a stack; DeBERTa shares its relative embedding table).
-    * ``causal_only``: True when the encoding is only defined for causal attention (Kerple, FIRE).
+    * ``causal_only``: True when the encoding is only defined for causal attention (Kerple, FIRE);
+      an instance may set it from its options (ALiBi's causal mode). Cross-attention is never
+      causal, so the layer refuses such encodings there.
+    * ``noncausal_options``: options that lift ``causal_only`` (ALiBi: ``mode="symmetric"``).
     * ``example_options``: options for the contract tests' small layer (head size 16).
     * ``max_positions``: an instance attribute, the largest supported position + 1, or None.
     """
@@ -86,6 +89,9 @@ class PositionalEncoding(nn.Module):
     #: Options used when the encoding is built for the registry contract tests and ``posenc show``
     #: (e.g. M-RoPE's ``mrope_section`` must fit the small test head size of 16).
     example_options: ClassVar[dict[str, Any]] = {}
+    #: Options that make a causal-only encoding correct without a causal mask (ALiBi's symmetric
+    #: mode); models apply them to bidirectional layers when the spec leaves them unset.
+    noncausal_options: ClassVar[dict[str, Any]] = {}
 
     def __init__(self) -> None:
         super().__init__()

@@ -126,6 +126,8 @@ def _model_options(spec: str, *, max_len: int | None, causal: bool) -> dict[str,
                 break
     if "bidirectional" in accepted and "bidirectional" not in raw:
         filled["bidirectional"] = not causal
+    if not causal:  # e.g. ALiBi's symmetric form for an encoder
+        filled.update({k: v for k, v in get_class(name).noncausal_options.items() if k not in raw})
     return filled
 
 

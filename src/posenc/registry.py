@@ -218,8 +218,12 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
-def resolve_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
-    """Check ``given`` against encoding ``name``'s signature and coerce every value to its type."""
+def resolve_options(name: str, given: dict[str, Any], *, layer_fills: bool = False) -> dict[str, Any]:
+    """Check ``given`` against encoding ``name``'s signature and coerce every value to its type.
+
+    ``layer_fills``: the caller (an attention layer) supplies ``num_heads``/``head_dim``/``dim``,
+    so they may be missing here.
+    """
     cls = get_class(name)
     params = options(name)
     hints = _type_hints(cls)
@@ -231,11 +235,17 @@ def resolve_options(name: str, given: dict[str, Any]) -> dict[str, Any]:
                 f"{name}: unknown option {option!r}{_suggest(option, valid)}; valid options: {', '.join(valid) or 'none'}"
             )
         resolved[option] = _coerce(name, option, value, hints.get(option, params[option].annotation))
-    missing = [
-        k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in resolved and k not in LAYER_OPTIONS
-    ]
+    missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in resolved]
+    if layer_fills:
+        missing = [k for k in missing if k not in LAYER_OPTIONS]
     if missing:
-        raise ValueError(f"{name}: missing required option(s) {', '.join(repr(m) for m in missing)}")
+        from_layer = [m for m in missing if m in LAYER_OPTIONS]
+        hint = (
+            f" ({', '.join(from_layer)} is filled in by an attention layer; give it to build the encoding on its own)"
+            if from_layer
+            else ""
+        )
+        raise ValueError(f"{name}: missing required option(s) {', '.join(repr(m) for m in missing)}{hint}")
     return resolved
 
 
@@ -243,7 +253,7 @@ def build(spec: str | PositionalEncoding, /, **options_: Any) -> PositionalEncod
     """Build an encoding from a name or spec string plus keyword options.
 
     >>> enc = build("t5", num_heads=8, num_buckets=32, max_distance=128, bidirectional=True)
-    >>> enc = build("rope:base=500000")
+    >>> enc = build("rope:base=500000")  # head_dim is set by the first layer that takes it
 
     A :class:`PositionalEncoding` instance is returned as it is (options must then be empty).
     Raises ``ValueError`` for unknown names, unknown options, and values of the wrong type.
@@ -279,7 +289,7 @@ def build_for_layer(
         return spec
     name, raw = parse_spec(spec)
     params = options(name)
-    resolved = resolve_options(name, {**raw, **extra})
+    resolved = resolve_options(name, {**raw, **extra}, layer_fills=True)
     for key, value in supplied.items():
         if key not in params:
             continue

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from ..base import Kind, PositionalEncoding
 from ..registry import register
@@ -70,6 +70,7 @@ class ALiBi(PositionalEncoding):
 
     kind = Kind.BIAS
     shift_invariant = True
+    noncausal_options = {"mode": "symmetric"}
 
     def __init__(self, num_heads: int, mode: Mode = "causal") -> None:
         """Args: ``num_heads`` (filled in by the layer); ``mode`` ``"causal"`` or ``"symmetric"``."""
@@ -77,6 +78,9 @@ class ALiBi(PositionalEncoding):
         if mode not in _MODES:
             raise ValueError(f"alibi: mode must be one of {_MODES}, got mode={mode!r}")
         self.num_heads, self.mode = num_heads, mode
+        # The causal form rewards distant *future* keys: only a causal mask makes it correct, so the
+        # layer refuses it in non-causal and cross-attention (use mode="symmetric" there).
+        self.causal_only = mode == "causal"
         self.slopes: Tensor
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
@@ -85,14 +89,6 @@ class ALiBi(PositionalEncoding):
         super()._apply(fn, recurse)
         self.slopes = alibi_slopes(self.num_heads).to(self.slopes.device)
         return self
-
-    def init_layer(self, layer: nn.Module) -> None:
-        # The causal form rewards distant *future* keys; only a causal mask makes it correct.
-        if self.mode == "causal" and not getattr(layer, "causal", True):
-            raise ValueError(
-                "alibi: mode='causal' adds -m·(i-j), which is only correct under a causal mask; "
-                "build the layer with causal=True, or use mode='symmetric' (-m·|i-j|) for non-causal attention"
-            )
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``−m_head·(q_pos − k_pos)`` (causal) or ``−m_head·|q_pos − k_pos|`` (symmetric), float32."""

@@ -206,7 +206,7 @@ class RoPE(PositionalEncoding):
 
     def __init__(
         self,
-        head_dim: int,
+        head_dim: int | None = None,
         base: float = 10000.0,
         pairing: Pairing = "half",
         rotary_dim: int | None = None,
@@ -229,42 +229,71 @@ class RoPE(PositionalEncoding):
     ) -> None:
         super().__init__()
         _check_pairing(pairing)
-        if not isinstance(head_dim, int) or head_dim <= 0:
+        if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0):
             raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
         if cache_size <= 0:
             raise ValueError(f"rope: cache_size must be positive, got {cache_size}")
-        self.head_dim, self.pairing = head_dim, pairing
+        self.head_dim: int | None = None
+        self.pairing = pairing
+        self._cache_size = cache_size
+        self._seq_len: int | None = None  # the length the frequencies were computed for (length-dependent types)
+        self._frequency_options: dict[str, Any] = {
+            "base": base,
+            "rotary_dim": rotary_dim,
+            "scaling": scaling,
+            "rope_parameters": rope_parameters,
+            "factor": factor,
+            "original_max_position_embeddings": original_max_position_embeddings,
+            "max_position_embeddings": max_position_embeddings,
+            "beta_fast": beta_fast,
+            "beta_slow": beta_slow,
+            "mscale": mscale,
+            "mscale_all_dim": mscale_all_dim,
+            "attention_factor": attention_factor,
+            "truncate": truncate,
+            "low_freq_factor": low_freq_factor,
+            "high_freq_factor": high_freq_factor,
+            "short_factor": short_factor,
+            "long_factor": long_factor,
+        }
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.register_buffer("cos_cached", torch.empty(0), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0), persistent=False)
+        if head_dim is not None:
+            self.bind(head_dim)
+
+    @property
+    def is_bound(self) -> bool:
+        """Whether ``head_dim`` is known (given, or taken from the first layer or call)."""
+        return self.head_dim is not None
+
+    def bind(self, head_dim: int) -> None:
+        """Fix ``head_dim``, check every option against it and build the float32 tables.
+
+        Called by ``__init__`` when ``head_dim`` is given; otherwise by the first attention layer
+        that takes this encoding (:meth:`init_layer`) or the first :meth:`rotate` (from ``q``'s
+        last dimension). Binding again to another size is an error.
+        """
+        if self.head_dim is not None:
+            if head_dim != self.head_dim:
+                raise ValueError(f"rope: built for head_dim={self.head_dim}, the layer has head_dim={head_dim}")
+            return
+        options = dict(self._frequency_options)
         self.scaling_config = self._scaling_config(
-            head_dim,
-            base,
-            rotary_dim,
-            scaling,
-            rope_parameters,
-            factor=factor,
-            original_max_position_embeddings=original_max_position_embeddings,
-            max_position_embeddings=max_position_embeddings,
-            beta_fast=beta_fast,
-            beta_slow=beta_slow,
-            mscale=mscale,
-            mscale_all_dim=mscale_all_dim,
-            attention_factor=attention_factor,
-            truncate=truncate,
-            low_freq_factor=low_freq_factor,
-            high_freq_factor=high_freq_factor,
-            short_factor=short_factor,
-            long_factor=long_factor,
+            head_dim, options.pop("base"), options.pop("rotary_dim"), options.pop("scaling"), options.pop("rope_parameters"),
+            **options,
         )
         self.rope_type: str = self.scaling_config.get("rope_type", "default")
         inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config, None)
-        self.rotary_dim = 2 * inv_freq.shape[0]
-        if self.rotary_dim > head_dim:
-            raise ValueError(f"rope: rotary_dim={self.rotary_dim} exceeds head_dim={head_dim}")
-        self._cache_size = cache_size
-        self._seq_len: int | None = None  # the length the frequencies were computed for (length-dependent types)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.register_buffer("cos_cached", torch.empty(0), persistent=False)
-        self.register_buffer("sin_cached", torch.empty(0), persistent=False)
-        self.build_cache(cache_size)
+        rotary_dim = 2 * inv_freq.shape[0]
+        if rotary_dim > head_dim:
+            raise ValueError(f"rope: rotary_dim={rotary_dim} exceeds head_dim={head_dim}")
+        self.head_dim, self.rotary_dim = head_dim, rotary_dim
+        self.inv_freq = inv_freq.to(self.inv_freq.device)
+        self.build_cache(self._cache_size)
+
+    def init_layer(self, layer) -> None:
+        self.bind(layer.head_dim)
 
     @staticmethod
     def _scaling_config(
@@ -358,7 +387,7 @@ class RoPE(PositionalEncoding):
     def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
         # ``module.to(torch.bfloat16)`` casts buffers; the angle tables must stay float32.
         super()._apply(fn, recurse)
-        if self.inv_freq.dtype != torch.float32 or self.cos_cached.dtype != torch.float32:
+        if self.is_bound and self.inv_freq.dtype != torch.float32 or self.cos_cached.dtype != torch.float32:
             self.reset_tables(self.inv_freq.device)
         return self
 
@@ -384,6 +413,7 @@ class RoPE(PositionalEncoding):
 
     # ------------------------------------------------------------------ hook
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        self.bind(q.shape[-1])  # a no-op once bound; an error if q's size differs from head_dim
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(f"rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}")
         if self.rope_type in LENGTH_DEPENDENT:
@@ -395,6 +425,8 @@ class RoPE(PositionalEncoding):
         return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
 
     def preview(self) -> str:
+        if not self.is_bound:
+            return "head_dim not set yet: the first attention layer that takes this encoding sets it"
         freqs = ", ".join(f"{v:.4g}" for v in self.inv_freq[:6].tolist())
         more = ", ..." if self.inv_freq.numel() > 6 else ""
         return (
