@@ -86,6 +86,14 @@ def test_blocked_matches_formula(encoding_cls, case, frozen):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("case", ["causal_cache_offset", "padding_fully_masked_rows", "bool_mask"])
+def test_blocked_without_the_cpu_flash_kernel(case, monkeypatch):
+    """The explicit-softmax path (other devices, or a torch without the CPU flash op)."""
+    monkeypatch.setattr("posenc.backends.blocked._cpu_flash_available", lambda: False)
+    test_blocked_matches_formula(ClippedTableBias, case, frozen=False)
+    test_blocked_matches_formula(QueryNormalisedBias, case, frozen=True)
+
+
 def test_blocked_gradients_reach_parameters_under_functional_call():
     """torch.func.functional_call swaps the parameters only during the call; backward must still
     differentiate with respect to the swapped-in tensors."""

@@ -231,9 +231,10 @@ class _BlockedBiasAttention(torch.autograd.Function):
                     q_blk, k_blk, v_blk, 0.0, False, attn_mask=bias.expand(batch, -1, -1, -1), scale=plan.scale
                 )
             else:
-                logits = _explicit_block(q_blk, k_blk, bias, plan.scale)
-                l_blk = torch.logsumexp(logits.float(), dim=-1)
-                o_blk = torch.matmul(torch.exp(logits.float() - l_blk[..., None]).to(q.dtype), v_blk)
+                logits = _explicit_block(q_blk, k_blk, bias, plan.scale).to(lse.dtype)
+                l_blk = torch.logsumexp(logits, dim=-1)
+                # softmax, not exp(logits - lse): a fully masked row's lse rounds to finfo.min.
+                o_blk = torch.matmul(torch.softmax(logits, dim=-1).to(q.dtype), v_blk)
             out[:, :, i0:i1] = o_blk
             lse[:, :, i0:i1] = l_blk
         ctx.plan = plan
@@ -419,7 +420,7 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
     from .eager import repeat_kv
 
     if req.k_len == 0 or req.q_len == 0:
-        return req.q.new_zeros(req.q.shape) + 0 * req.q
+        return req.q * 0  # no keys (or no queries): zeros, like eager's empty softmax, still in the graph
     plan, table = _make_plan(req, block)
     params: list[Tensor] = []
     if plan.mode == "function":
