@@ -38,6 +38,14 @@ class SdpaBackend:
         if request.kind is Kind.BIAS:
             bias = request.encoding.bias_for_positions(request.q_pos, request.k_pos).to(q.dtype)
             mask = bias if mask is None else mask + bias
+        allowed = None if plain_causal else request.allowed()
+        if allowed is not None:
+            empty = ~allowed.any(dim=-1, keepdim=True)  # [B or 1, 1 or H, Tq, 1]: rows that see no key
+            if bool(empty.any()):
+                # Eager gives such rows the uniform average of v, with no gradient into q, k or the
+                # bias (their logits are constants). Zeroing their query and mask does the same here.
+                q = q.masked_fill(empty, 0.0)
+                mask = mask.masked_fill(empty, 0.0)
         out = F.scaled_dot_product_attention(
             q,
             k,
