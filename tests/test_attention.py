@@ -139,3 +139,19 @@ def test_forcing_a_backend_that_cannot_run_lists_its_reasons():
 def test_unknown_backend_name():
     with pytest.raises(ValueError, match="unknown backend 'fastest'"):
         posenc.MultiheadAttention(16, 2, backend="fastest")
+
+
+def test_auto_weighs_costs_that_forcing_ignores():
+    layer = posenc.MultiheadAttention(16, 2, encoding="alibi", causal=True)
+    small, large = torch.randn(1, 8, 16), torch.randn(1, 300, 16)
+    layer(small)
+    assert layer.last_backend == "sdpa"  # blocked declines tiny problems in auto
+    layer(large)
+    assert layer.last_backend == "blocked"
+    with posenc.use_backend("blocked"):  # a decline is not a limit: forcing still runs it
+        forced = layer(small)
+    with posenc.use_backend("eager"):
+        torch.testing.assert_close(forced, layer(small), rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        layer(large)
+    assert layer.last_backend != "flex"  # no 10-15 s compile per shape on CPU unless asked

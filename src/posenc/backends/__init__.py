@@ -28,6 +28,7 @@ __all__ = [
     "get_backend",
     "select_backend",
     "use_backend",
+    "auto_reasons",
     "backend_reasons",
     "NoBackendError",
 ]
@@ -135,6 +136,16 @@ class Backend(Protocol):
         ...
 
 
+def auto_reasons(backend: Backend, request: AttentionRequest) -> list[str]:
+    """Why ``auto`` passes over ``backend``: its ``reasons`` plus its optional ``declines``.
+
+    ``declines(request)`` states costs rather than limits (a compile per shape, overhead on
+    small problems): ``auto`` respects them, forcing a backend ignores them.
+    """
+    declines = getattr(backend, "declines", None)
+    return backend.reasons(request) + (list(declines(request)) if declines is not None else [])
+
+
 class NoBackendError(RuntimeError):
     """No backend can serve a request; the message lists every backend's reasons."""
 
@@ -175,9 +186,13 @@ def use_backend(name: str) -> Iterator[None]:
         _forced.name = previous
 
 
-def backend_reasons(request: AttentionRequest) -> dict[str, list[str]]:
-    """Every backend's reasons for ``request`` (empty list = can serve it)."""
-    return {name: get_backend(name).reasons(request) for name in available_backends()}
+def backend_reasons(request: AttentionRequest, *, auto: bool = False) -> dict[str, list[str]]:
+    """Every backend's reasons for ``request`` (empty list = can serve it).
+
+    With ``auto=True`` the lists also hold what ``auto`` weighs (:func:`auto_reasons`).
+    """
+    explain = auto_reasons if auto else (lambda backend, req: backend.reasons(req))
+    return {name: explain(get_backend(name), request) for name in available_backends()}
 
 
 def select_backend(request: AttentionRequest, requested: str = "auto") -> Backend:
@@ -193,7 +208,7 @@ def select_backend(request: AttentionRequest, requested: str = "auto") -> Backen
     report = []
     for candidate in available_backends():
         backend = get_backend(candidate)
-        reasons = backend.reasons(request)
+        reasons = auto_reasons(backend, request)
         if not reasons:
             return backend
         report.append(f"{candidate}: " + "; ".join(reasons))

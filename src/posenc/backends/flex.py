@@ -188,6 +188,11 @@ def flex_bias_attention(req: AttentionRequest, *, compiled: bool = True) -> Tens
 class FlexBackend:
     name = "flex"
 
+    def declines(self, request: AttentionRequest) -> list[str]:
+        if request.q.device.type == "cpu":
+            return ["on CPU each new shape costs a 10-15 s compile; blocked and sdpa serve without one (force flex to use it)"]
+        return []
+
     def reasons(self, request: AttentionRequest) -> list[str]:
         reasons = []
         if request.kind is not Kind.BIAS:
