@@ -325,6 +325,11 @@ def run_experiment(
                         log=progress.log if is_writer else (lambda message: None),
                     )
                     on_done(run, records)
+        if dist.enabled:
+            # Rank 0 evaluates after training while the others return at once; tearing the gloo
+            # group down under a peer that is still connected aborts the process
+            # ("terminate called without an active exception"), so every rank waits here first.
+            torch.distributed.barrier()
     except (Interrupted, KeyboardInterrupt) as err:
         raise ExperimentInterrupted("interrupted; finished runs are saved, unfinished ones resume from their checkpoints") from err
     finally:
