@@ -59,6 +59,23 @@ class Timing:
         return f"{_fmt(self.median)} ({_fmt(lo)}–{_fmt(hi)})"
 
 
+def layer_call(layer: torch.nn.Module, length: int, embed_dim: int, train: bool) -> Callable[[], object]:
+    """One timed call of an attention ``layer`` on a ``[1, length, embed_dim]`` input.
+
+    ``train``: forward and backward of ``out.sum()``; otherwise the forward under ``no_grad``.
+    """
+    x = torch.randn(1, length, embed_dim, requires_grad=train)
+
+    def forward() -> None:
+        with torch.no_grad():
+            layer(x)
+
+    def forward_backward() -> None:
+        layer(x).sum().backward()
+
+    return forward_backward if train else forward
+
+
 def _fmt(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 

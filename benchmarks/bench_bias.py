@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from _harness import interleaved, machine, markdown_table, memory_cell, memory_main, peak_memory_mb, ratio  # noqa: E402
+from _harness import interleaved, layer_call, machine, markdown_table, memory_cell, memory_main, peak_memory_mb, ratio  # noqa: E402
 
 import posenc  # noqa: E402
 
@@ -158,16 +158,7 @@ def implementations(encoding: str) -> list[str]:
 def make_call(impl: str, encoding: str, length: int, train: bool):
     torch.manual_seed(0)
     layer = build_layer(impl, encoding)
-    x = torch.randn(1, length, EMBED, requires_grad=train)
-
-    def forward():
-        with torch.no_grad():
-            layer(x)
-
-    def forward_backward():
-        layer(x).sum().backward()
-
-    return forward_backward if train else forward
+    return layer_call(layer, length, EMBED, train)
 
 
 def _memory_build(case: str, params: dict):
