@@ -29,6 +29,7 @@ __all__ = [
     "select_backend",
     "use_backend",
     "auto_reasons",
+    "kind_reasons",
     "backend_reasons",
     "NoBackendError",
 ]
@@ -136,6 +137,13 @@ class Backend(Protocol):
         ...
 
 
+def kind_reasons(request: AttentionRequest, kind: Kind) -> list[str]:
+    """The reason a backend that serves only ``kind`` gives for any other encoding (empty if it fits)."""
+    if request.kind is kind:
+        return []
+    return [f"serves {kind.name} encodings only; {request.encoding.name} is {request.kind.value}"]
+
+
 def auto_reasons(backend: Backend, request: AttentionRequest) -> list[str]:
     """Why ``auto`` passes over ``backend``: its ``reasons`` plus its optional ``declines``.
 
@@ -216,7 +224,7 @@ def select_backend(request: AttentionRequest, requested: str = "auto") -> Backen
 
 
 def _load_builtin() -> None:
-    from . import eager, sdpa  # noqa: F401  (importing registers them)
+    """Import every backend module of this package (importing one registers it)."""
     import importlib
     import pkgutil
 

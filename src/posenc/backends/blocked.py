@@ -38,7 +38,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..base import Kind
-from . import AttentionRequest, register_backend
+from . import AttentionRequest, kind_reasons, register_backend
 
 __all__ = ["blocked_bias_attention", "BlockedBackend", "DEFAULT_BLOCK"]
 
@@ -448,9 +448,7 @@ class BlockedBackend:
         return []
 
     def reasons(self, request: AttentionRequest) -> list[str]:
-        reasons = []
-        if request.kind is not Kind.BIAS:
-            reasons.append(f"serves BIAS encodings only; {request.encoding.name} is {request.kind.value}")
+        reasons = kind_reasons(request, Kind.BIAS)
         if request.dropout_p > 0:
             reasons.append("attention dropout is not implemented in the blocked backend")
         mask = request.attn_mask

@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..base import Kind
-from . import AttentionRequest, register_backend
+from . import AttentionRequest, kind_reasons, register_backend
 
 __all__ = ["FlexBackend", "flex_bias_attention", "flex_available"]
 
@@ -194,9 +194,7 @@ class FlexBackend:
         return []
 
     def reasons(self, request: AttentionRequest) -> list[str]:
-        reasons = []
-        if request.kind is not Kind.BIAS:
-            reasons.append(f"serves BIAS encodings only; {request.encoding.name} is {request.kind.value}")
+        reasons = kind_reasons(request, Kind.BIAS)
         missing = flex_available()
         if missing:
             return reasons + [missing]

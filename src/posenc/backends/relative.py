@@ -20,7 +20,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from ..base import Kind
-from . import AttentionRequest, register_backend
+from . import AttentionRequest, kind_reasons, register_backend
 from .eager import repeat_kv
 
 __all__ = ["RelativeBackend", "relative_attention", "DENSE_LIMIT", "DEFAULT_BLOCK"]
@@ -106,9 +106,7 @@ class RelativeBackend:
     name = "relative"
 
     def reasons(self, request: AttentionRequest) -> list[str]:
-        reasons = []
-        if request.kind is not Kind.CONTENT:
-            reasons.append(f"serves CONTENT encodings only; {request.encoding.name} is {request.kind.value}")
+        reasons = kind_reasons(request, Kind.CONTENT)
         if request.dropout_p > 0:
             reasons.append("attention dropout is not implemented in the relative backend")
         if not getattr(request.encoding, "blockwise_queries", True):
