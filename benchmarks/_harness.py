@@ -80,7 +80,9 @@ def _fmt(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 10 else f"{seconds:.1f} s"
 
 
-def interleaved(cases: dict[str, Callable[[], object] | str], repeats: int, warmup: int = 1) -> dict[str, Timing]:
+def interleaved(
+    cases: dict[str, Callable[[], object] | str], repeats: int, warmup: int = 1
+) -> dict[str, Timing]:
     """Time each callable ``repeats`` times, interleaved; a string value marks the case skipped."""
     timings = {name: Timing(name) for name in cases}
     for name, fn in cases.items():

@@ -21,9 +21,17 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, __import__("os").path.dirname(__file__))
-from _harness import interleaved, layer_call, machine, markdown_table, memory_cell, memory_main, peak_memory_mb, ratio  # noqa: E402
-
-import posenc  # noqa: E402
+import posenc
+from _harness import (
+    interleaved,
+    layer_call,
+    machine,
+    markdown_table,
+    memory_cell,
+    memory_main,
+    peak_memory_mb,
+    ratio,
+)
 
 HEADS, HEAD_DIM = 8, 64
 EMBED = HEADS * HEAD_DIM
@@ -66,9 +74,12 @@ class SeedT5Bias(nn.Module):
         n = n.abs()
         max_exact = BUCKETS // 2  # as the seed writes it (it does not halve the buckets per direction)
         is_small = n < max_exact
-        large = max_exact + (
-            torch.log(n.float() / max_exact) / math.log(MAX_DISTANCE / max_exact) * (BUCKETS - max_exact)
-        ).long()
+        large = (
+            max_exact
+            + (
+                torch.log(n.float() / max_exact) / math.log(MAX_DISTANCE / max_exact) * (BUCKETS - max_exact)
+            ).long()
+        )
         large = torch.minimum(large, torch.full_like(large, BUCKETS - 1))
         # As written, the seed's buckets reach 16 + 31 = 47 for a 32-row table (IndexError);
         # clamp so that the recipe runs; the cost is the same.
@@ -89,7 +100,11 @@ class SeedT5Attention(_Projections):
     def forward(self, x):
         q, k, v = self.heads(x)
         length = x.shape[1]
-        scores = q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM) + self.bias(length, length) + _causal_additive(length)
+        scores = (
+            q @ k.transpose(-1, -2) / math.sqrt(HEAD_DIM)
+            + self.bias(length, length)
+            + _causal_additive(length)
+        )
         return self.out(torch.softmax(scores, dim=-1) @ v)
 
 
@@ -101,7 +116,9 @@ class XTransformersBias(_Projections):
         from x_transformers.x_transformers import AlibiPositionalBias, RelativePositionBias
 
         if kind == "t5":
-            self.bias = RelativePositionBias(scale=1.0, causal=True, num_buckets=BUCKETS, max_distance=MAX_DISTANCE, heads=HEADS)
+            self.bias = RelativePositionBias(
+                scale=1.0, causal=True, num_buckets=BUCKETS, max_distance=MAX_DISTANCE, heads=HEADS
+            )
         else:
             self.bias = AlibiPositionalBias(heads=HEADS, total_heads=HEADS)
 
@@ -121,8 +138,13 @@ class HFT5(nn.Module):
         from transformers.models.t5.modeling_t5 import T5Attention
 
         config = T5Config(
-            d_model=EMBED, d_kv=HEAD_DIM, num_heads=HEADS, relative_attention_num_buckets=BUCKETS,
-            relative_attention_max_distance=MAX_DISTANCE, is_decoder=True, dropout_rate=0.0,
+            d_model=EMBED,
+            d_kv=HEAD_DIM,
+            num_heads=HEADS,
+            relative_attention_num_buckets=BUCKETS,
+            relative_attention_max_distance=MAX_DISTANCE,
+            is_decoder=True,
+            dropout_rate=0.0,
         )
         config._attn_implementation = "eager"
         self.attn = T5Attention(config, has_relative_attention_bias=True, layer_idx=0)
@@ -132,7 +154,11 @@ class HFT5(nn.Module):
 
 
 def build_layer(impl: str, encoding: str) -> nn.Module:
-    spec = f"t5:num_buckets={BUCKETS},max_distance={MAX_DISTANCE},bidirectional=False" if encoding == "t5" else "alibi"
+    spec = (
+        f"t5:num_buckets={BUCKETS},max_distance={MAX_DISTANCE},bidirectional=False"
+        if encoding == "t5"
+        else "alibi"
+    )
     if impl == "sdpa (no bias, floor)":
         return posenc.MultiheadAttention(EMBED, HEADS, None, causal=True, bias=False)
     if impl == "posenc auto (blocked)":
@@ -151,8 +177,13 @@ def build_layer(impl: str, encoding: str) -> nn.Module:
 def implementations(encoding: str) -> list[str]:
     names = ["sdpa (no bias, floor)", "posenc auto (blocked)", "posenc sdpa + dense bias"]
     if encoding == "t5":
-        return names + ["HF T5Attention (dense bias)", "x-transformers RelativePositionBias + SDPA", "seed-000 T5 (dense bias)"]
-    return names + ["x-transformers AlibiPositionalBias + SDPA"]
+        return [
+            *names,
+            "HF T5Attention (dense bias)",
+            "x-transformers RelativePositionBias + SDPA",
+            "seed-000 T5 (dense bias)",
+        ]
+    return [*names, "x-transformers AlibiPositionalBias + SDPA"]
 
 
 def make_call(impl: str, encoding: str, length: int, train: bool):
@@ -181,10 +212,24 @@ def run(sizes: list[int], repeats: int, encoding: str, memory: bool, peers_up_to
             for impl, timing in timings.items():
                 mem = None
                 if memory and length == max(sizes) and not timing.skipped:
-                    mem = peak_memory_mb("bench_bias.py", impl, encoding=encoding, length=length, train=train,
-                                         threads=torch.get_num_threads())
-                rows.append([str(length), "fwd+bwd" if train else "fwd", impl, timing.cell(), ratio(timing, floor),
-                             memory_cell(mem) if memory and length == max(sizes) else ""])
+                    mem = peak_memory_mb(
+                        "bench_bias.py",
+                        impl,
+                        encoding=encoding,
+                        length=length,
+                        train=train,
+                        threads=torch.get_num_threads(),
+                    )
+                rows.append(
+                    [
+                        str(length),
+                        "fwd+bwd" if train else "fwd",
+                        impl,
+                        timing.cell(),
+                        ratio(timing, floor),
+                        memory_cell(mem) if memory and length == max(sizes) else "",
+                    ]
+                )
             print(f"  L={length} {'fwd+bwd' if train else 'fwd'} done", file=sys.stderr, flush=True)
     header = ["L", "pass", "implementation", "median (min–max)", "× SDPA floor", "peak mem (largest L)"]
     title = f"### {encoding} bias attention, causal, B=1, H={HEADS}, d={HEAD_DIM}, float32\n\nMachine: {machine()}\n\n"
@@ -196,7 +241,9 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--sizes", default="512,1024,2048,4096")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--encoding", choices=["t5", "alibi"], default="t5")
-    parser.add_argument("--peers-up-to", type=int, default=2048, help="largest L for the slow dense baselines")
+    parser.add_argument(
+        "--peers-up-to", type=int, default=2048, help="largest L for the slow dense baselines"
+    )
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args(argv)

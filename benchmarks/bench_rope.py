@@ -19,17 +19,16 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import interleaved, machine, markdown_table  # noqa: E402
-
-import posenc  # noqa: E402
-from posenc.kernels.rope import RotaryTables, apply_rotary, rotary_reference  # noqa: E402
+import posenc
+from _harness import interleaved, machine, markdown_table
+from posenc.kernels.rope import RotaryTables, apply_rotary, rotary_reference
 
 
 def build_cases(shape: tuple[int, int, int, int], compile_too: bool) -> dict:
     from rotary_embedding_torch import RotaryEmbedding
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    batch, heads, length, dim = shape
+    _batch, _heads, length, dim = shape
     torch.manual_seed(0)
     q, k = torch.randn(shape), torch.randn(shape)
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
@@ -50,21 +49,32 @@ def build_cases(shape: tuple[int, int, int, int], compile_too: bool) -> dict:
     cases = {
         "copy q,k (bandwidth floor)": copy,
         "HF apply_rotary_pos_emb": lambda: apply_rotary_pos_emb(q, k, hf_cos, hf_sin),
-        "rotary-embedding-torch (interleaved)": lambda: (ret.rotate_queries_or_keys(q), ret.rotate_queries_or_keys(k)),
+        "rotary-embedding-torch (interleaved)": lambda: (
+            ret.rotate_queries_or_keys(q),
+            ret.rotate_queries_or_keys(k),
+        ),
         "posenc rope encoding .rotate": lambda: enc.rotate(q, k, positions, positions),
         "posenc apply_rotary (out of place)": lambda: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)),
         "posenc apply_rotary (out=, preallocated)": lambda: (
-            apply_rotary(q, cos, sin, out=q_out), apply_rotary(k, cos, sin, out=k_out)),
+            apply_rotary(q, cos, sin, out=q_out),
+            apply_rotary(k, cos, sin, out=k_out),
+        ),
         "posenc apply_rotary (in place)": lambda: (
-            apply_rotary(q, cos, sin, inplace=True), apply_rotary(k, cos, sin, inplace=True)),
+            apply_rotary(q, cos, sin, inplace=True),
+            apply_rotary(k, cos, sin, inplace=True),
+        ),
         "posenc apply_rotary (interleaved, in place)": lambda: (
             apply_rotary(q, cos, sin, pairing="interleaved", inplace=True),
-            apply_rotary(k, cos, sin, pairing="interleaved", inplace=True)),
+            apply_rotary(k, cos, sin, pairing="interleaved", inplace=True),
+        ),
     }
     if compile_too:
         compiled = torch.compile(rotary_reference, dynamic=False)
         compiled(q, cos, sin)  # compile outside the timing
-        cases["posenc rotary_reference under torch.compile"] = lambda: (compiled(q, cos, sin), compiled(k, cos, sin))
+        cases["posenc rotary_reference under torch.compile"] = lambda: (
+            compiled(q, cos, sin),
+            compiled(k, cos, sin),
+        )
     return cases
 
 
@@ -81,10 +91,24 @@ def run(shape: tuple[int, int, int, int], repeats: int, compile_too: bool) -> st
     rows = []
     for name, timing in timings.items():
         gbps = moved / timing.median / 1e9
-        rows.append([name, timing.cell(), f"{gbps:.1f} GB/s", f"{100 * floor.median / timing.median:.0f}%",
-                     f"{hf.median / timing.median:.2f}×", f"{ret.median / timing.median:.2f}×"])
-    header = ["implementation", "median (min–max)", "effective bandwidth", "% of copy", "speed-up vs HF",
-              "speed-up vs rotary-embedding-torch"]
+        rows.append(
+            [
+                name,
+                timing.cell(),
+                f"{gbps:.1f} GB/s",
+                f"{100 * floor.median / timing.median:.0f}%",
+                f"{hf.median / timing.median:.2f}×",
+                f"{ret.median / timing.median:.2f}×",
+            ]
+        )
+    header = [
+        "implementation",
+        "median (min–max)",
+        "effective bandwidth",
+        "% of copy",
+        "speed-up vs HF",
+        "speed-up vs rotary-embedding-torch",
+    ]
     title = f"### RoPE on q and k {tuple(shape)} float32\n\nMachine: {machine()}\n\n"
     return title + markdown_table(header, rows)
 

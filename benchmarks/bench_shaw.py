@@ -21,9 +21,17 @@ import torch
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _harness import interleaved, layer_call, machine, markdown_table, memory_cell, memory_main, peak_memory_mb, ratio  # noqa: E402
-
-import posenc  # noqa: E402
+import posenc
+from _harness import (
+    interleaved,
+    layer_call,
+    machine,
+    markdown_table,
+    memory_cell,
+    memory_main,
+    peak_memory_mb,
+    ratio,
+)
 
 HEADS, HEAD_DIM = 8, 64
 EMBED = HEADS * HEAD_DIM
@@ -43,7 +51,9 @@ class SeedShaw(nn.Module):
 
     def forward(self, x):
         b, length, _ = x.shape
-        q, k, v = (w(x).view(b, length, HEADS, HEAD_DIM).transpose(1, 2) for w in (self.W_q, self.W_k, self.W_v))
+        q, k, v = (
+            w(x).view(b, length, HEADS, HEAD_DIM).transpose(1, 2) for w in (self.W_q, self.W_k, self.W_v)
+        )
         rel_pos = torch.arange(length)[:, None] - torch.arange(length)[None, :] + self.max_len - 1
         r_k = self.rel_emb(rel_pos)  # (L, L, d_k)
         scores = (q @ k.transpose(-2, -1) + torch.einsum("bhld,lmd->bhlm", q, r_k)) / math.sqrt(HEAD_DIM)
@@ -93,28 +103,57 @@ def run(sizes: list[int], long_sizes: list[int], repeats: int, memory: bool, lon
         for train in (False, True):
             if long and train and not long_train:
                 continue
-            cases = {impl: (_skip_reason(impl, length, long) or make_call(impl, length, train)) for impl in IMPLS}
+            cases = {
+                impl: (_skip_reason(impl, length, long) or make_call(impl, length, train)) for impl in IMPLS
+            }
             timings = interleaved(cases, 1 if long else repeats, warmup=0 if long else 1)
-            floor = timings["eager (no PE)"] if not timings["eager (no PE)"].skipped else timings["sdpa (no PE)"]
+            floor = (
+                timings["eager (no PE)"] if not timings["eager (no PE)"].skipped else timings["sdpa (no PE)"]
+            )
             measure_memory = memory and train and (length == max(sizes) or long)
             for impl, timing in timings.items():
                 mem = None
                 if measure_memory and not timing.skipped and impl != "sdpa (no PE)":
-                    mem = peak_memory_mb("bench_shaw.py", impl, length=length, train=train, threads=torch.get_num_threads())
-                rows.append([str(length), "fwd+bwd" if train else "fwd", impl, timing.cell(), ratio(timing, floor),
-                             ratio(timing, timings["seed-000 einsum (L,L,d)"]), memory_cell(mem) if measure_memory else ""])
+                    mem = peak_memory_mb(
+                        "bench_shaw.py", impl, length=length, train=train, threads=torch.get_num_threads()
+                    )
+                rows.append(
+                    [
+                        str(length),
+                        "fwd+bwd" if train else "fwd",
+                        impl,
+                        timing.cell(),
+                        ratio(timing, floor),
+                        ratio(timing, timings["seed-000 einsum (L,L,d)"]),
+                        memory_cell(mem) if measure_memory else "",
+                    ]
+                )
             print(f"  L={length} {'fwd+bwd' if train else 'fwd'} done", file=sys.stderr, flush=True)
-    header = ["L", "pass", "implementation", "median (min–max)", "× eager floor", "× seed", "peak mem (fwd+bwd)"]
-    title = (f"### Shaw k={CLIP} (key + value terms), non-causal, B=1, H={HEADS}, d={HEAD_DIM}, float32\n\n"
-             f"Machine: {machine()}\n\n(× eager floor: vs plain eager attention; at long L, vs SDPA.)\n\n")
+    header = [
+        "L",
+        "pass",
+        "implementation",
+        "median (min–max)",
+        "× eager floor",
+        "× seed",
+        "peak mem (fwd+bwd)",
+    ]
+    title = (
+        f"### Shaw k={CLIP} (key + value terms), non-causal, B=1, H={HEADS}, d={HEAD_DIM}, float32\n\n"
+        f"Machine: {machine()}\n\n(× eager floor: vs plain eager attention; at long L, vs SDPA.)\n\n"
+    )
     return title + markdown_table(header, rows)
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="512,1024,2048")
-    parser.add_argument("--long", default="16384", help="long lengths run once (posenc and SDPA only); '' for none")
-    parser.add_argument("--long-train", action="store_true", help="also fwd+bwd at the long lengths (minutes)")
+    parser.add_argument(
+        "--long", default="16384", help="long lengths run once (posenc and SDPA only); '' for none"
+    )
+    parser.add_argument(
+        "--long-train", action="store_true", help="also fwd+bwd at the long lengths (minutes)"
+    )
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-memory", action="store_true")
     parser.add_argument("--threads", type=int, default=None)

@@ -35,20 +35,34 @@ def build_pair(name: str, args: argparse.Namespace) -> tuple[torch.nn.Module, to
 
     wrapper_kw, decoder_kw = ENCODINGS[name]
     ours = posenc.TransformerLM(
-        args.vocab, args.d_model, args.layers, args.heads, name, d_ff=4 * args.d_model, max_len=args.seq, backend=args.backend
+        args.vocab,
+        args.d_model,
+        args.layers,
+        args.heads,
+        name,
+        d_ff=4 * args.d_model,
+        max_len=args.seq,
+        backend=args.backend,
     )
     theirs = TransformerWrapper(
         num_tokens=args.vocab,
         max_seq_len=args.seq,
         attn_layers=Decoder(
-            dim=args.d_model, depth=args.layers, heads=args.heads, attn_dim_head=args.d_model // args.heads, ff_mult=4, **decoder_kw
+            dim=args.d_model,
+            depth=args.layers,
+            heads=args.heads,
+            attn_dim_head=args.d_model // args.heads,
+            ff_mult=4,
+            **decoder_kw,
         ),
         **wrapper_kw,
     )
     return ours, theirs
 
 
-def steps_per_second(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[torch.Tensor]) -> float:
+def steps_per_second(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list[torch.Tensor]
+) -> float:
     start = time.perf_counter()
     for tokens in batches:
         logits = model(tokens[:, :-1])
@@ -80,10 +94,15 @@ def main() -> None:
         f"d_model={args.d_model} layers={args.layers} heads={args.heads} seq={args.seq} batch={args.batch} "
         f"threads={args.threads}, {args.steps} steps x {args.repeats} interleaved repeats; torch {torch.__version__}"
     )
-    print(f"{'encoding':<9} {'params ours/theirs':>19} {'posenc steps/s':>24} {'x-transformers steps/s':>24} {'ratio':>6}")
+    print(
+        f"{'encoding':<9} {'params ours/theirs':>19} {'posenc steps/s':>24} {'x-transformers steps/s':>24} {'ratio':>6}"
+    )
     for name in args.encodings.split(","):
         ours, theirs = build_pair(name, args)
-        runs = {"ours": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-3)), "theirs": (theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-3))}
+        runs = {
+            "ours": (ours, torch.optim.AdamW(ours.parameters(), lr=1e-3)),
+            "theirs": (theirs, torch.optim.AdamW(theirs.parameters(), lr=1e-3)),
+        }
         for model, optimizer in runs.values():  # warm-up (allocator, first-call overheads)
             steps_per_second(model, optimizer, batches[:3])
         rates: dict[str, list[float]] = {"ours": [], "theirs": []}
@@ -94,7 +113,9 @@ def main() -> None:
         ratio = statistics.median(rates["ours"]) / statistics.median(rates["theirs"])
         params = f"{sum(p.numel() for p in ours.parameters())}/{sum(p.numel() for p in theirs.parameters())}"
         backends = ",".join(sorted({block.attn.last_backend for block in ours.blocks}))
-        print(f"{name:<9} {params:>19} {cells[0]:>24} {cells[1]:>24} {ratio:6.2f}  (posenc backend: {backends})")
+        print(
+            f"{name:<9} {params:>19} {cells[0]:>24} {cells[1]:>24} {ratio:6.2f}  (posenc backend: {backends})"
+        )
 
 
 if __name__ == "__main__":

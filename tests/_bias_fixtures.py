@@ -31,7 +31,9 @@ class ClippedTableBias(PositionalEncoding):
 
     def formula(self, q_pos, k_pos):
         """The same bias written independently: ``[B, H, Tq, Tk]`` in the table's dtype."""
-        dist = (k_pos[:, None, None, :] - q_pos[:, None, :, None]).clamp(-self.max_distance, self.max_distance)
+        dist = (k_pos[:, None, None, :] - q_pos[:, None, :, None]).clamp(
+            -self.max_distance, self.max_distance
+        )
         return self.table.t()[dist + self.max_distance].squeeze(1).permute(0, 3, 1, 2)
 
 

@@ -91,7 +91,8 @@ def test_causal_bias_is_the_paper_form_for_every_pair() -> None:
     slopes = [2.0 ** (-8 * 1 / 2), 2.0 ** (-8 * 2 / 2), 2.0 ** (-8 * 1 / 4)]
     q_pos, k_pos = torch.tensor([[2, 5]]), torch.tensor([[0, 1, 2, 3, 4, 5, 6]])
     expected = torch.tensor(
-        [[[-m * (i - j) for j in k_pos[0].tolist()] for i in q_pos[0].tolist()] for m in slopes], dtype=torch.float32
+        [[[-m * (i - j) for j in k_pos[0].tolist()] for i in q_pos[0].tolist()] for m in slopes],
+        dtype=torch.float32,
     )
     got = enc.bias_for_positions(q_pos, k_pos)
     assert got.dtype == torch.float32
@@ -160,7 +161,9 @@ def test_symmetric_mode_in_an_encoder_and_cross_attention() -> None:
     k = attn.k_proj(x_kv).view(1, 5, heads, d).transpose(1, 2)
     slopes = torch.tensor([2.0**-4, 2.0**-8], dtype=torch.float64)
     distance = (torch.arange(3)[:, None] - torch.arange(5)[None, :]).abs().double()
-    expected = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) - slopes[:, None, None] * distance, dim=-1)
+    expected = torch.softmax(
+        q @ k.transpose(-1, -2) / math.sqrt(d) - slopes[:, None, None] * distance, dim=-1
+    )
     torch.testing.assert_close(weights, expected, rtol=1e-6, atol=1e-7)
 
 

@@ -11,7 +11,9 @@ from posenc.backends import NoBackendError
 
 
 def _copy_into_torch_mha(ours: posenc.MultiheadAttention) -> nn.MultiheadAttention:
-    ref = nn.MultiheadAttention(ours.embed_dim, ours.num_heads, batch_first=True, dtype=ours.q_proj.weight.dtype)
+    ref = nn.MultiheadAttention(
+        ours.embed_dim, ours.num_heads, batch_first=True, dtype=ours.q_proj.weight.dtype
+    )
     with torch.no_grad():
         ref.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
         ref.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
@@ -28,7 +30,9 @@ def test_nope_self_attention_equals_torch_mha_with_masks(backend):
     x = torch.randn(2, 7, 24, dtype=torch.float64)
     pad = torch.zeros(2, 7, dtype=torch.bool)
     pad[0, 6] = True
-    causal_block = torch.triu(torch.ones(7, 7, dtype=torch.bool), diagonal=1)  # True = not allowed (torch MHA)
+    causal_block = torch.triu(
+        torch.ones(7, 7, dtype=torch.bool), diagonal=1
+    )  # True = not allowed (torch MHA)
     want, want_w = ref(x, x, x, key_padding_mask=pad, attn_mask=causal_block, average_attn_weights=False)
     got, got_w = ours(x, key_padding_mask=pad, need_weights=True)
     torch.testing.assert_close(got, want)
@@ -129,9 +133,8 @@ def test_dropout_only_in_training():
 
 def test_forcing_a_backend_that_cannot_run_lists_its_reasons():
     layer = posenc.MultiheadAttention(16, 2, encoding="shaw:k=2", causal=True)
-    with pytest.raises(NoBackendError, match="sdpa"):
-        with posenc.use_backend("sdpa"):
-            layer(torch.randn(1, 3, 16))
+    with pytest.raises(NoBackendError, match="sdpa"), posenc.use_backend("sdpa"):
+        layer(torch.randn(1, 3, 16))
     layer(torch.randn(1, 3, 16))
     assert layer.last_backend != "sdpa"
 

@@ -42,7 +42,9 @@ def _cases():
 
 def _layer(name: str, causal: bool, kv_heads: int) -> posenc.MultiheadAttention:
     enc = build_example(name, num_heads=HEADS, head_dim=HEAD_DIM)
-    layer = posenc.MultiheadAttention(HEADS * HEAD_DIM, HEADS, encoding=enc, causal=causal, num_kv_heads=kv_heads)
+    layer = posenc.MultiheadAttention(
+        HEADS * HEAD_DIM, HEADS, encoding=enc, causal=causal, num_kv_heads=kv_heads
+    )
     with torch.no_grad():  # zero-initialised tables would hide position terms
         for param in layer.encoding.parameters():
             if param.numel() and bool((param == 0).all()):
@@ -112,7 +114,7 @@ def _run(backend: str, req: AttentionRequest, layer, grads: bool):
 
 @pytest.mark.parametrize("name,backend,scenario", list(_cases()))
 def test_backend_matches_eager(name, backend, scenario):
-    batch, q_len, k_len, causal, kv_heads, padded = SCENARIOS[scenario]
+    _batch, q_len, k_len, causal, kv_heads, _padded = SCENARIOS[scenario]
     try:
         layer = _layer(name, causal, kv_heads)
     except ValueError as err:  # causal-only encodings (alibi mode='causal', kerple, ...)

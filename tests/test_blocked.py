@@ -12,14 +12,13 @@ import torch
 from torch.func import functional_call
 
 import posenc
+from _bias_fixtures import ClippedTableBias, QueryNormalisedBias, reference_attention
 from posenc.backends import AttentionRequest, get_backend, use_backend
 from posenc.backends.blocked import blocked_bias_attention
 from posenc.backends.eager import EagerBackend
 from posenc.backends.relative import relative_attention
 from posenc.inspect import build_example
 from posenc.kernels.rope import RotaryTables, apply_rotary, rotary_reference
-
-from _bias_fixtures import ClippedTableBias, QueryNormalisedBias, reference_attention
 
 H, D = 2, 8
 
@@ -71,11 +70,23 @@ def test_blocked_matches_formula(encoding_cls, case, frozen):
         mask[..., 0, :] = False  # a query row with no key
     elif mask_kind == "float":
         mask = torch.randn(1, 1, q_len, k_len, dtype=torch.float64)
-    req = AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=q_pos, k_pos=k_pos, scale=0.4, causal=causal,
-                           causal_offset=offset, key_padding_mask=padding, attn_mask=mask)
+    req = AttentionRequest(
+        q=q,
+        k=k,
+        v=v,
+        encoding=enc,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        scale=0.4,
+        causal=causal,
+        causal_offset=offset,
+        key_padding_mask=padding,
+        attn_mask=mask,
+    )
     out = blocked_bias_attention(req, block=4)
-    ref = reference_attention(q, k, v, enc.formula(q_pos, k_pos), 0.4, causal=causal, offset=offset,
-                              padding=padding, attn_mask=mask)
+    ref = reference_attention(
+        q, k, v, enc.formula(q_pos, k_pos), 0.4, causal=causal, offset=offset, padding=padding, attn_mask=mask
+    )
     torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-7)
     inputs = [q, k, v] + [p for p in enc.parameters() if p.requires_grad]
     weight = torch.randn_like(out)
@@ -113,7 +124,9 @@ def test_auto_picks_blocked_for_bias_and_states_reasons():
     enc = ClippedTableBias(num_heads=H)
     q, k, v = _qkv(1, 8, 8, dtype=torch.float32)
     pos = torch.arange(8)[None]
-    req = AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True, dropout_p=0.1)
+    req = AttentionRequest(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True, dropout_p=0.1
+    )
     reasons = get_backend("blocked").reasons(req)
     assert any("dropout" in r for r in reasons)
     layer = posenc.MultiheadAttention(H * D, H, enc, causal=True)
@@ -127,7 +140,10 @@ def test_blocked_bfloat16_close_to_float32():
     enc = ClippedTableBias(num_heads=H)
     q, k, v = (t.detach().float() for t in _qkv(1, 33, 33))
     pos = torch.arange(33)[None]
-    req = lambda a, b, c: AttentionRequest(q=a, k=b, v=c, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True)  # noqa: E731
+
+    def req(a, b, c):
+        return AttentionRequest(q=a, k=b, v=c, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True)
+
     full = blocked_bias_attention(req(q, k, v), block=8)
     half = blocked_bias_attention(req(q.bfloat16(), k.bfloat16(), v.bfloat16()), block=8)
     assert half.dtype == torch.bfloat16
@@ -142,15 +158,26 @@ CONTENT = [name for name in posenc.available() if posenc.get_class(name).kind is
 @pytest.mark.parametrize("name", CONTENT)
 @pytest.mark.parametrize("padded", [False, True])
 def test_relative_blocks_match_eager(name, padded):
-    layer = posenc.MultiheadAttention(H * D, H, build_example(name, num_heads=H, head_dim=D), causal=True).double()
+    layer = posenc.MultiheadAttention(
+        H * D, H, build_example(name, num_heads=H, head_dim=D), causal=True
+    ).double()
     q, k, v = _qkv(2, 29, 29)
     padding = None
     if padded:
         padding = torch.zeros(2, 29, dtype=torch.bool)
         padding[1, :3] = True
-    req = AttentionRequest(q=q, k=k, v=v, encoding=layer.encoding, q_pos=torch.arange(29)[None],
-                           k_pos=torch.arange(29)[None], scale=layer.scale, causal=True, key_padding_mask=padding,
-                           layer=layer)
+    req = AttentionRequest(
+        q=q,
+        k=k,
+        v=v,
+        encoding=layer.encoding,
+        q_pos=torch.arange(29)[None],
+        k_pos=torch.arange(29)[None],
+        scale=layer.scale,
+        causal=True,
+        key_padding_mask=padding,
+        layer=layer,
+    )
     out = relative_attention(req, block=6, use_checkpoint=True)
     ref, _ = EagerBackend().run(req)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
@@ -190,7 +217,9 @@ def test_apply_rotary_half_matches_hf(inplace, monkeypatch):
 
 def test_apply_rotary_interleaved_partial_and_grad():
     x = torch.randn(1, 2, 5, 12, dtype=torch.float64, requires_grad=True)
-    angles = torch.arange(5, dtype=torch.float64)[:, None] * torch.tensor([1.0, 0.1, 0.01], dtype=torch.float64)
+    angles = torch.arange(5, dtype=torch.float64)[:, None] * torch.tensor(
+        [1.0, 0.1, 0.01], dtype=torch.float64
+    )
     cos, sin = angles.cos(), angles.sin()
     # Pairs (0,1), (2,3), (4,5) rotate by the angles; channels 6..11 pass through.
     x1, x2 = x[..., 0:6:2], x[..., 1:6:2]
@@ -198,7 +227,9 @@ def test_apply_rotary_interleaved_partial_and_grad():
     want = torch.cat((rotated, x[..., 6:]), -1)
     got = apply_rotary(x, cos, sin, pairing="interleaved")
     torch.testing.assert_close(got, want)
-    torch.testing.assert_close(apply_rotary(x.detach().clone(), cos, sin, pairing="interleaved", inplace=True), want.detach())
+    torch.testing.assert_close(
+        apply_rotary(x.detach().clone(), cos, sin, pairing="interleaved", inplace=True), want.detach()
+    )
     g = torch.randn_like(got)
     torch.testing.assert_close(torch.autograd.grad(got, x, g)[0], torch.autograd.grad(want, x, g)[0])
     with pytest.raises(ValueError, match="inplace"):

@@ -37,6 +37,8 @@ def test_show_unknown_name_exits_with_a_suggestion():
 
 
 def test_console_script_runs():
-    out = subprocess.run([sys.executable, "-m", "posenc", "show", "rope:base=500000"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "posenc", "show", "rope:base=500000"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert "500000" in out.stdout

@@ -28,9 +28,13 @@ def make_encoding(name: str, *, causal: bool = True):
         enc = build_example(name, num_heads=HEADS, head_dim=HEAD_DIM)
         if not causal and enc.causal_only and cls.noncausal_options:
             options = {**enc.config(), **cls.noncausal_options}
-            enc = posenc.registry.build_for_layer(name, num_heads=HEADS, head_dim=HEAD_DIM, dim=EMBED, **{
-                k: v for k, v in options.items() if k not in ("num_heads", "head_dim", "dim")
-            })
+            enc = posenc.registry.build_for_layer(
+                name,
+                num_heads=HEADS,
+                head_dim=HEAD_DIM,
+                dim=EMBED,
+                **{k: v for k, v in options.items() if k not in ("num_heads", "head_dim", "dim")},
+            )
     except ValueError as err:  # pragma: no cover - a message for encoding authors
         pytest.fail(f"{name}: cannot build for a {HEADS}x{HEAD_DIM} layer ({err}); set example_options")
     if not causal and enc.causal_only:

@@ -16,7 +16,9 @@ def test_positions_reference_rows():
     assert float(ones[2, 4]) == 0.0  # future keys count nothing
     halves = F.cope_positions(causal * 0.5, npos_max=64)
     torch.testing.assert_close(halves[4], torch.tensor([2.5, 2.0, 1.5, 1.0, 0.5]))
-    torch.testing.assert_close(F.cope_positions(causal, npos_max=3)[4], torch.tensor([2.0, 2.0, 2.0, 2.0, 1.0]))
+    torch.testing.assert_close(
+        F.cope_positions(causal, npos_max=3)[4], torch.tensor([2.0, 2.0, 2.0, 2.0, 1.0])
+    )
 
 
 def test_interpolation_between_integer_positions():
@@ -28,6 +30,7 @@ def test_interpolation_between_integer_positions():
 @pytest.mark.parametrize("npos_max", [4, 16])
 def test_logits_match_x_transformers_cope(npos_max):
     import x_transformers.x_transformers as x_transformers  # a test reference: the [test] extra installs it
+
     batch, heads, length, dim = 2, 3, 9, 8
     q, k = torch.randn(batch, heads, length, dim), torch.randn(batch, heads, length, dim)
     scale = dim**-0.5

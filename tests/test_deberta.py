@@ -11,12 +11,11 @@ import math
 
 import pytest
 import torch
+import transformers.models.deberta_v2.modeling_deberta_v2 as hf_deberta  # a test reference: the [test] extra installs it
+from transformers import DebertaV2Config
 
 import posenc
 from posenc import functional as F
-
-import transformers.models.deberta_v2.modeling_deberta_v2 as hf_deberta  # a test reference: the [test] extra installs it
-from transformers import DebertaV2Config  # noqa: E402
 
 HIDDEN, HEADS = 32, 4
 
@@ -26,7 +25,15 @@ HIDDEN, HEADS = 32, 4
 
 def test_log_bucket_ranges_for_8_32_match_reference():
     expected = {}
-    for low, high, bucket in [(5, 7, 5), (8, 15, 6), (16, 31, 7), (32, 61, 8), (62, 121, 9), (122, 240, 10), (241, 300, 11)]:
+    for low, high, bucket in [
+        (5, 7, 5),
+        (8, 15, 6),
+        (16, 31, 7),
+        (32, 61, 8),
+        (62, 121, 9),
+        (122, 240, 10),
+        (241, 300, 11),
+    ]:
         for r in range(low, high + 1):
             expected[r], expected[-r] = bucket, -bucket
     for r in range(-4, 5):
@@ -48,7 +55,9 @@ def test_c2p_rows_for_v3_setting_match_reference():
     assert index[0, :, 0].tolist() == [256, 257, 255, 383, 384, 385, 128, 127, 463, 511, 511, 511, 0]
     buckets = F.deberta_log_bucket(torch.tensor([129, 130, 131, 132, 300]), 256, 512)
     assert buckets.tolist() == [129, 130, 131, 131, 207]
-    rows = F.deberta_relative_index(torch.arange(-600, 600)[None], torch.zeros(1, 1, dtype=torch.long), 256, 512)[0, :, 0]
+    rows = F.deberta_relative_index(
+        torch.arange(-600, 600)[None], torch.zeros(1, 1, dtype=torch.long), 256, 512
+    )[0, :, 0]
     distances_all = torch.arange(-600, 600)
     assert int(distances_all[rows == 511].min()) == 506  # top row from r >= 506
     assert int(distances_all[rows == 0].max()) == -512  # row 0 from r <= -512
@@ -201,7 +210,9 @@ def test_gradients_equal_hf_deberta_v2(monkeypatch):
     ]
     x_hf = hidden.clone().requires_grad_(True)
     x_ours = hidden.clone().requires_grad_(True)
-    expected = torch.autograd.grad((hf_self_attention(encoder, x_hf, real) * weight).sum(), [x_hf] + [p for p, _ in pairs])
+    expected = torch.autograd.grad(
+        (hf_self_attention(encoder, x_hf, real) * weight).sum(), [x_hf] + [p for p, _ in pairs]
+    )
     got = torch.autograd.grad((ours(x_ours) * weight).sum(), [x_ours] + [p for _, p in pairs])
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-9, atol=1e-9)
@@ -222,7 +233,9 @@ def test_non_positive_max_relative_positions_uses_max_position_embeddings(max_re
 def test_table_size_matches_hf_for_buckets():
     config = hf_config(8, True, "c2p|p2c")
     encoder = hf_deberta.DebertaV2Encoder(config)
-    ours = posenc.build("deberta", dim=HIDDEN, num_heads=HEADS, head_dim=8, position_buckets=8, max_relative_positions=32)
+    ours = posenc.build(
+        "deberta", dim=HIDDEN, num_heads=HEADS, head_dim=8, position_buckets=8, max_relative_positions=32
+    )
     assert ours.rel_embeddings.weight.shape == encoder.rel_embeddings.weight.shape == (16, HIDDEN)
 
 
@@ -243,7 +256,9 @@ def make_layer(spec: str, causal: bool) -> posenc.MultiheadAttention:
     return layer
 
 
-@pytest.mark.parametrize("spec", ["deberta:position_buckets=8,max_relative_positions=32", "deberta:share_att_key=false"])
+@pytest.mark.parametrize(
+    "spec", ["deberta:position_buckets=8,max_relative_positions=32", "deberta:share_att_key=false"]
+)
 def test_cached_decoding_equals_own_full_forward(spec):
     layer = make_layer(spec, causal=True)
     x = torch.randn(2, 40, HIDDEN, dtype=torch.float64)
@@ -255,7 +270,9 @@ def test_cached_decoding_equals_own_full_forward(spec):
 
 def test_queries_at_last_positions_equal_rows_of_full_forward():
     """Tq < Tk (HF v2 raises here, REFERENCE §5.3): query rows are the last positions."""
-    layer = make_layer("deberta:position_buckets=8,max_relative_positions=32,share_att_key=false", causal=False)
+    layer = make_layer(
+        "deberta:position_buckets=8,max_relative_positions=32,share_att_key=false", causal=False
+    )
     x = torch.randn(2, 40, HIDDEN, dtype=torch.float64)
     full = layer(x)
     got = layer(x[:, 33:], context=x, positions=torch.arange(33, 40))
@@ -279,7 +296,9 @@ def test_logits_without_layer_is_a_clear_error():
 
 
 def test_preview_shows_index_map():
-    text = posenc.build("deberta", dim=HIDDEN, num_heads=HEADS, head_dim=8, position_buckets=8, max_relative_positions=32).preview(5)
+    text = posenc.build(
+        "deberta", dim=HIDDEN, num_heads=HEADS, head_dim=8, position_buckets=8, max_relative_positions=32
+    ).preview(5)
     assert "   8    7    6    5    4" in text
 
 
@@ -294,14 +313,18 @@ def test_grouped_query_heads_equal_mha_with_repeated_kv_projections(share):
     for name in ("k_proj", "v_proj"):
         weight = getattr(gqa, name).weight.detach().view(2, 8, HIDDEN)
         state[f"{name}.weight"] = weight.repeat_interleave(2, dim=0).reshape(HIDDEN, HIDDEN)
-        state[f"{name}.bias"] = getattr(gqa, name).bias.detach().view(2, 8).repeat_interleave(2, dim=0).reshape(HIDDEN)
+        state[f"{name}.bias"] = (
+            getattr(gqa, name).bias.detach().view(2, 8).repeat_interleave(2, dim=0).reshape(HIDDEN)
+        )
     mha.load_state_dict(state)
     x = torch.randn(2, 40, HIDDEN, dtype=torch.float64)
     torch.testing.assert_close(gqa(x), mha(x), rtol=1e-12, atol=1e-12)
 
 
 def test_pos_dropout_acts_only_in_training():
-    layer = posenc.MultiheadAttention(HIDDEN, HEADS, "deberta:position_buckets=8,max_relative_positions=32,pos_dropout=0.5")
+    layer = posenc.MultiheadAttention(
+        HIDDEN, HEADS, "deberta:position_buckets=8,max_relative_positions=32,pos_dropout=0.5"
+    )
     x = torch.randn(1, 12, HIDDEN)
     layer.eval()
     torch.testing.assert_close(layer(x), layer(x), rtol=0, atol=0)

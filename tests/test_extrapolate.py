@@ -15,7 +15,17 @@ from posenc.experiments.cli import split_specs
 from posenc.experiments.tasks import IGNORE, TASKS, make_task
 from posenc.experiments.train import RunSpec, evaluate
 
-TINY = dict(d_model=16, num_layers=1, num_heads=2, d_ff=16, batch_size=4, steps=2, warmup=1, eval_examples=3, checkpoint_every=1)
+TINY = dict(
+    d_model=16,
+    num_layers=1,
+    num_heads=2,
+    d_ff=16,
+    batch_size=4,
+    steps=2,
+    warmup=1,
+    eval_examples=3,
+    checkpoint_every=1,
+)
 
 
 def _quiet() -> Console:
@@ -25,20 +35,35 @@ def _quiet() -> Console:
 @pytest.mark.parametrize("task", list(TASKS))
 def test_each_task_trains_and_writes_one_record_per_length_and_metric(task, tmp_path):
     train_len, eval_len = (8, 12) if task == "lm" else (2, 4)
-    config = ExperimentConfig(task=task, encodings=["nope", "learned"], train_len=train_len, eval_len=eval_len, num_symbols=8, **TINY)
+    config = ExperimentConfig(
+        task=task,
+        encodings=["nope", "learned"],
+        train_len=train_len,
+        eval_len=eval_len,
+        num_symbols=8,
+        **TINY,
+    )
     records = run_experiment(config, tmp_path, workers=1, console=_quiet())
     metrics = ["perplexity"] if task == "lm" else ["exact_match", "token_accuracy"]
     keys = {(r["encoding"], r["task"], r["length"], r["seed"], r["metric"]) for r in records}
     assert len(keys) == len(records) == 2 * eval_len * len(metrics)
-    assert keys == {(e, task, n, 0, m) for e in ("nope", "learned") for n in range(1, eval_len + 1) for m in metrics}
+    assert keys == {
+        (e, task, n, 0, m) for e in ("nope", "learned") for n in range(1, eval_len + 1) for m in metrics
+    }
     for record in records:
         assert record["value"] >= 1.0 if task == "lm" else 0.0 <= record["value"] <= 1.0
         assert record["run"] == f"{record['encoding']}__{task}__seed0" and record["steps"] == 2
     assert json.loads((tmp_path / "config.json").read_text())["experiment"]["task"] == task
     csv_lines = (tmp_path / "results.csv").read_text().splitlines()
-    assert csv_lines[0].startswith("run,encoding,task,seed,length,metric,value") and len(csv_lines) == len(records) + 1
+    assert (
+        csv_lines[0].startswith("run,encoding,task,seed,length,metric,value")
+        and len(csv_lines) == len(records) + 1
+    )
     assert (tmp_path / "extrapolation.png").read_bytes()[:4] == b"\x89PNG"
-    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [f"learned__{task}__seed0.pt", f"nope__{task}__seed0.pt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
+        f"learned__{task}__seed0.pt",
+        f"nope__{task}__seed0.pt",
+    ]
 
 
 class _Oracle(nn.Module):
@@ -62,7 +87,9 @@ class _Oracle(nn.Module):
 
 def test_exact_match_is_teacher_forced_all_positions(monkeypatch):
     """A model right at every output position scores 1; one wrong token (even EOS) fails that example."""
-    config = ExperimentConfig(task="reverse", train_len=3, eval_len=3, eval_examples=4, eval_batch=4, num_symbols=8, distinct=False)
+    config = ExperimentConfig(
+        task="reverse", train_len=3, eval_len=3, eval_examples=4, eval_batch=4, num_symbols=8, distinct=False
+    )
     task = make_task("reverse", num_symbols=8)
     table = {}
     original = task.batch
@@ -85,7 +112,9 @@ def test_exact_match_is_teacher_forced_all_positions(monkeypatch):
 
 
 def test_same_seed_same_records_and_config_mismatch_refused(tmp_path):
-    config = ExperimentConfig(task="copy", encodings=["alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY)
+    config = ExperimentConfig(
+        task="copy", encodings=["alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY
+    )
     first = run_experiment(config, tmp_path / "a", workers=1, console=_quiet())
     second = run_experiment(config, tmp_path / "b", workers=1, console=_quiet())
     assert first == [dict(r) for r in second]
@@ -95,7 +124,9 @@ def test_same_seed_same_records_and_config_mismatch_refused(tmp_path):
 
 
 def test_two_workers_give_the_same_records_as_one(tmp_path):
-    config = ExperimentConfig(task="copy", encodings=["nope", "alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY)
+    config = ExperimentConfig(
+        task="copy", encodings=["nope", "alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY
+    )
     serial = run_experiment(config, tmp_path / "serial", workers=1, console=_quiet())
     parallel = run_experiment(config, tmp_path / "parallel", workers=2, console=_quiet())
     key = lambda r: (r["encoding"], r["length"], r["metric"])  # noqa: E731
@@ -107,26 +138,62 @@ def test_cli_prints_the_summary_table(tmp_path):
     from posenc.cli import _load_command_modules, app
 
     _load_command_modules()
-    args = ["extrapolate", "--task", "count_copy", "--encodings", "nope,alibi:mode=symmetric", "--train-len", "2", "--eval-len", "5"]
-    args += ["--steps", "2", "--d-model", "16", "--num-layers", "1", "--d-ff", "16", "--eval-examples", "2", "--workers", "1"]
+    args = [
+        "extrapolate",
+        "--task",
+        "count_copy",
+        "--encodings",
+        "nope,alibi:mode=symmetric",
+        "--train-len",
+        "2",
+        "--eval-len",
+        "5",
+    ]
+    args += [
+        "--steps",
+        "2",
+        "--d-model",
+        "16",
+        "--num-layers",
+        "1",
+        "--d-ff",
+        "16",
+        "--eval-examples",
+        "2",
+        "--workers",
+        "1",
+    ]
     args += ["--out", str(tmp_path), "--no-progress"]
     result = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     for text in ("at L=2", "mean 3..5", "at L+1=3", "at 2L=4", "nope", "alibi:mode=symmetric"):
         assert text in result.output
-    bad = CliRunner().invoke(app, ["extrapolate", "--task", "kopy", "--out", str(tmp_path / "x"), "--no-progress"])
+    bad = CliRunner().invoke(
+        app, ["extrapolate", "--task", "kopy", "--out", str(tmp_path / "x"), "--no-progress"]
+    )
     assert bad.exit_code == 2 and "unknown task" in bad.output
 
 
 def test_split_specs_keeps_options_with_their_encoding():
-    assert split_specs("nope,rope:base=500000,pairing=half,alibi") == ["nope", "rope:base=500000,pairing=half", "alibi"]
+    assert split_specs("nope,rope:base=500000,pairing=half,alibi") == [
+        "nope",
+        "rope:base=500000,pairing=half",
+        "alibi",
+    ]
     assert split_specs(" t5 , shaw:k=4 ") == ["t5", "shaw:k=4"]
 
 
 def test_hybrid_encoding_runs_one_spec_per_layer(tmp_path):
     from posenc.experiments.train import build_model, run_id_for
 
-    config = ExperimentConfig(task="copy", encodings=["t5/sinusoidal"], train_len=2, eval_len=3, num_symbols=8, **{**TINY, "num_layers": 2})
+    config = ExperimentConfig(
+        task="copy",
+        encodings=["t5/sinusoidal"],
+        train_len=2,
+        eval_len=3,
+        num_symbols=8,
+        **{**TINY, "num_layers": 2},
+    )
     model = build_model(config, config.make_task(), "t5/sinusoidal")
     assert [b.attn.encoding.name for b in model.blocks] == ["t5", "nope"]
     assert [e.name for e in model.input_encodings] == ["sinusoidal"]

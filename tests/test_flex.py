@@ -12,17 +12,30 @@ import pytest
 import torch
 
 import posenc
+from _bias_fixtures import ClippedTableBias, QueryNormalisedBias, reference_attention
 from posenc.backends import AttentionRequest, get_backend
 from posenc.backends.flex import flex_bias_attention
-
-from _bias_fixtures import ClippedTableBias, QueryNormalisedBias, reference_attention
 
 H, D = 2, 8
 pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 
 
-def _request(enc, *, batch=2, q_len=21, k_len=21, kv_heads=H, causal=True, offset=0, padding=None, mask=None,
-             explicit=False, dtype=torch.float32, grad=False, **extra):
+def _request(
+    enc,
+    *,
+    batch=2,
+    q_len=21,
+    k_len=21,
+    kv_heads=H,
+    causal=True,
+    offset=0,
+    padding=None,
+    mask=None,
+    explicit=False,
+    dtype=torch.float32,
+    grad=False,
+    **extra,
+):
     q = torch.randn(batch, H, q_len, D, dtype=dtype, requires_grad=grad)
     k = torch.randn(batch, kv_heads, k_len, D, dtype=dtype, requires_grad=grad)
     v = torch.randn(batch, kv_heads, k_len, D, dtype=dtype, requires_grad=grad)
@@ -31,14 +44,35 @@ def _request(enc, *, batch=2, q_len=21, k_len=21, kv_heads=H, causal=True, offse
         q_pos = k_pos[:, k_len - q_len :]
     else:
         q_pos, k_pos = torch.arange(offset, offset + q_len)[None], torch.arange(k_len)[None]
-    return AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=q_pos, k_pos=k_pos, scale=0.35, causal=causal,
-                            causal_offset=offset, key_padding_mask=padding, attn_mask=mask, **extra)
+    return AttentionRequest(
+        q=q,
+        k=k,
+        v=v,
+        encoding=enc,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        scale=0.35,
+        causal=causal,
+        causal_offset=offset,
+        key_padding_mask=padding,
+        attn_mask=mask,
+        **extra,
+    )
 
 
 def _reference(req):
     bias = req.encoding.formula(req.q_pos, req.k_pos).float()
-    return reference_attention(req.q, req.k, req.v, bias, req.scale, causal=req.causal, offset=req.causal_offset,
-                               padding=req.key_padding_mask, attn_mask=req.attn_mask)
+    return reference_attention(
+        req.q,
+        req.k,
+        req.v,
+        bias,
+        req.scale,
+        causal=req.causal,
+        offset=req.causal_offset,
+        padding=req.key_padding_mask,
+        attn_mask=req.attn_mask,
+    )
 
 
 SETUPS = {

@@ -90,7 +90,9 @@ def test_fire_matches_formula_and_depends_on_query_position():
         for a, i in enumerate(range(5, 9)):
             for j in range(9):
                 assert float(got[h, a, j]) == pytest.approx(_fire_formula(enc, i, j, h), abs=1e-10)
-    assert not torch.allclose(enc.bias(1, 2, q_offset=10), enc.bias(1, 2, q_offset=1000))  # not shift invariant
+    assert not torch.allclose(
+        enc.bias(1, 2, q_offset=10), enc.bias(1, 2, q_offset=1000)
+    )  # not shift invariant
 
 
 def test_fire_threshold_and_c_are_learned():
@@ -120,9 +122,12 @@ def _copy_from_x_transformers(dpb, enc) -> None:
         enc.out.load_state_dict(layers[-1].state_dict())
 
 
-@pytest.mark.parametrize(("depth", "log_distance", "norm"), [(2, False, False), (3, True, True), (1, True, False)])
+@pytest.mark.parametrize(
+    ("depth", "log_distance", "norm"), [(2, False, False), (3, True, True), (1, True, False)]
+)
 def test_mlp_bias_matches_x_transformers_dynamic_position_bias(depth, log_distance, norm):
     import x_transformers.x_transformers as x_transformers  # a test reference: the [test] extra installs it
+
     dpb = x_transformers.DynamicPositionBias(8, heads=3, depth=depth, log_distance=log_distance, norm=norm)
     enc = posenc.build("mlp_bias", num_heads=3, dim=32, depth=depth, log_distance=log_distance, norm=norm)
     assert enc.hidden_dim == 8  # dim // 4
@@ -144,8 +149,14 @@ def test_mlp_bias_in_attention_matches_manual_softmax():
     _, weights = layer(x, need_weights=True)
     q = layer.q_proj(x).view(1, 6, 2, 16).transpose(1, 2)
     k = layer.k_proj(x).view(1, 6, 2, 16).transpose(1, 2)
-    bias = torch.stack([torch.stack([layer.encoding.bias_at(torch.tensor(h), torch.tensor(i), torch.arange(6))
-                                     for i in range(6)]) for h in range(2)])
+    bias = torch.stack(
+        [
+            torch.stack(
+                [layer.encoding.bias_at(torch.tensor(h), torch.tensor(i), torch.arange(6)) for i in range(6)]
+            )
+            for h in range(2)
+        ]
+    )
     want = torch.softmax(q @ k.transpose(-1, -2) / 4.0 + bias, dim=-1)
     torch.testing.assert_close(weights, want, rtol=1e-5, atol=1e-6)
 
@@ -190,7 +201,9 @@ def test_score_mod_scalar_calls_equal_dense_bias(name, options):
     for h in range(2):
         for i in range(3):
             for j in range(5):
-                score = enc.score_mod(torch.tensor(0.0), torch.tensor(0), torch.tensor(h), torch.tensor(i + 2), torch.tensor(j))
+                score = enc.score_mod(
+                    torch.tensor(0.0), torch.tensor(0), torch.tensor(h), torch.tensor(i + 2), torch.tensor(j)
+                )
                 torch.testing.assert_close(score, dense[h, i, j], rtol=1e-5, atol=1e-6)
 
 
@@ -211,7 +224,10 @@ def test_compiled_flex_attention_runs_score_mod(name, options):
     enc = _with_random_norms(posenc.build(name, num_heads=2, **options)).requires_grad_(False)
     q, k, v = (torch.randn(1, 2, 16, 16) for _ in range(3))
     causal = torch.triu(torch.ones(16, 16, dtype=torch.bool), 1)
-    want = torch.softmax((q @ k.transpose(-1, -2) / 4 + enc.bias(16, 16)).masked_fill(causal, float("-inf")), -1) @ v
+    want = (
+        torch.softmax((q @ k.transpose(-1, -2) / 4 + enc.bias(16, 16)).masked_fill(causal, float("-inf")), -1)
+        @ v
+    )
 
     def score_mod(score, b, h, q_idx, kv_idx):
         return torch.where(kv_idx <= q_idx, enc.score_mod(score, b, h, q_idx, kv_idx), -float("inf"))

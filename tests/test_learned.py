@@ -19,7 +19,7 @@ def interpolate_rows(old: torch.Tensor, new_len: int) -> torch.Tensor:
     rows = []
     for r in range(new_len):
         x = r * (length - 1) / (new_len - 1)
-        left = min(int(math.floor(x)), length - 1)
+        left = min(math.floor(x), length - 1)
         right = min(left + 1, length - 1)
         frac = x - left
         rows.append((1 - frac) * old[left] + frac * old[right])

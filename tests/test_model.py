@@ -42,7 +42,9 @@ def test_cached_generation_equals_full_recomputation(name):
     # Logits too: decoding step by step through the cache equals one full forward pass.
     full = model(with_cache)
     cache = posenc.KVCache()
-    steps = [model(with_cache[:, :5], cache=cache)] + [model(with_cache[:, t : t + 1], cache=cache) for t in range(5, 12)]
+    steps = [model(with_cache[:, :5], cache=cache)] + [
+        model(with_cache[:, t : t + 1], cache=cache) for t in range(5, 12)
+    ]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-9, atol=1e-9)
 
 
@@ -88,7 +90,9 @@ def test_hybrid_list_semantics():
     encodings = [block.attn.encoding for block in model.blocks]
     assert [e.name for e in encodings] == ["t5", "t5", "rope", "nope", "nope"]
     assert encodings[0] is encodings[1], "T5 shares one table across the layers listing it"
-    assert [e.name for e in model.input_encodings] == ["sinusoidal"], "absolute entries summed once at the input"
+    assert [e.name for e in model.input_encodings] == ["sinusoidal"], (
+        "absolute entries summed once at the input"
+    )
     per_layer = posenc.TransformerLM(7, 32, 2, 2, ["rope", "rope"])
     assert per_layer.blocks[0].attn.encoding is not per_layer.blocks[1].attn.encoding
     both = posenc.TransformerLM(7, 32, 3, 2, ["learned", "sinusoidal", "alibi"], max_len=16)
@@ -117,7 +121,9 @@ def test_left_padding_gets_positions_from_the_mask(name):
     tokens = torch.randint(0, 23, (1, 6))
     padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), tokens], dim=1)
     mask = torch.tensor([[True] * 3 + [False] * 6])
-    torch.testing.assert_close(model(padded, key_padding_mask=mask)[:, 3:], model(tokens), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        model(padded, key_padding_mask=mask)[:, 3:], model(tokens), rtol=1e-9, atol=1e-9
+    )
 
 
 def test_explicit_positions_shift_absolute_but_not_relative():
@@ -147,11 +153,15 @@ def test_every_kind_is_placed_where_it_acts():
 
 def test_encoder_padding_is_never_attended():
     torch.manual_seed(0)
-    encoder = posenc.TransformerEncoder(23, D_MODEL, 2, HEADS, "alibi:mode=symmetric", d_ff=48).double().eval()
+    encoder = (
+        posenc.TransformerEncoder(23, D_MODEL, 2, HEADS, "alibi:mode=symmetric", d_ff=48).double().eval()
+    )
     tokens = torch.randint(0, 23, (1, 5))
     padded = torch.cat([tokens, torch.zeros(1, 3, dtype=torch.long)], dim=1)
     mask = torch.tensor([[False] * 5 + [True] * 3])
-    torch.testing.assert_close(encoder(padded, key_padding_mask=mask)[:, :5], encoder(tokens), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(
+        encoder(padded, key_padding_mask=mask)[:, :5], encoder(tokens), rtol=1e-9, atol=1e-9
+    )
 
 
 def test_encoder_gets_the_noncausal_form_of_alibi():
@@ -161,4 +171,6 @@ def test_encoder_gets_the_noncausal_form_of_alibi():
     assert enc.mode == "symmetric" and not enc.causal_only
     bias = enc.bias(3, 3)[0]
     slope = 2.0 ** (-8 * 1 / 2)  # the paper: m_h = 2^(-8h/n), head h=1 of n=2
-    torch.testing.assert_close(bias, -slope * (torch.arange(3)[:, None] - torch.arange(3)[None]).abs().float())
+    torch.testing.assert_close(
+        bias, -slope * (torch.arange(3)[:, None] - torch.arange(3)[None]).abs().float()
+    )

@@ -8,9 +8,6 @@ import torch
 import posenc
 from posenc import functional as F
 
-import transformers  # a test reference: the [test] extra installs it
-
-
 # ---------------------------------------------------------------------------- 2-D sinusoidal
 
 
@@ -58,13 +55,19 @@ def test_sinusoidal2d_added_by_the_layer_and_dtype():
 
 def test_axial_rope_matches_hf_qwen2_vl_vision_rotary():
     from transformers.models.qwen2_vl.configuration_qwen2_vl import Qwen2VLVisionConfig
-    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLVisionRotaryEmbedding, apply_rotary_pos_emb_vision
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import (
+        Qwen2VLVisionRotaryEmbedding,
+        apply_rotary_pos_emb_vision,
+    )
 
     head_dim, heads, grid_h, grid_w = 16, 2, 3, 5
     hf_rope = Qwen2VLVisionRotaryEmbedding(Qwen2VLVisionConfig(embed_dim=head_dim * heads, num_heads=heads))
     rows = torch.arange(grid_h).repeat_interleave(grid_w)
     cols = torch.arange(grid_w).repeat(grid_h)
-    q, k = torch.randn(grid_h * grid_w, heads, head_dim), torch.randn(grid_h * grid_w, heads, head_dim)  # HF: [N, heads, d]
+    q, k = (
+        torch.randn(grid_h * grid_w, heads, head_dim),
+        torch.randn(grid_h * grid_w, heads, head_dim),
+    )  # HF: [N, heads, d]
     cos, sin = hf_rope(q, torch.stack([rows, cols], dim=-1))
     want_q, want_k = apply_rotary_pos_emb_vision(q, k, cos, sin)
 
@@ -77,6 +80,7 @@ def test_axial_rope_matches_hf_qwen2_vl_vision_rotary():
 
 def test_axial_rope_interleaved_matches_rotary_embedding_torch_axial_lang():
     import rotary_embedding_torch as ret  # a test reference: the [test] extra installs it
+
     head_dim, grid_h, grid_w = 16, 2, 3
     reference = ret.RotaryEmbedding(dim=head_dim // 2, freqs_for="lang")
     freqs = reference.get_axial_freqs(grid_h, grid_w)  # [H, W, head_dim] interleaved
@@ -132,7 +136,9 @@ def test_mrope_matches_hf_qwen2_vl_with_three_axis_ids():
         got_q, got_k = enc.rotate(q, k, plain, plain)
     torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
-    assert enc.mrope_section == posenc.build("mrope", head_dim=16).mrope_section  # default [2, 3, 3] at d = 16
+    assert (
+        enc.mrope_section == posenc.build("mrope", head_dim=16).mrope_section
+    )  # default [2, 3, 3] at d = 16
 
 
 def test_mrope_text_tokens_reduce_to_rope():
@@ -152,7 +158,10 @@ def test_mrope_grid_ids_reference_example():
 
 def test_mrope_cached_decoding_with_three_axis_ids_equals_full_pass():
     layer = posenc.MultiheadAttention(32, 2, encoding="mrope", causal=True).eval()
-    ids = torch.cat([torch.arange(2)[None].expand(3, -1), F.mrope_grid_ids(2, 1, 2, 2), torch.tensor([[4], [4], [4]])], dim=1)
+    ids = torch.cat(
+        [torch.arange(2)[None].expand(3, -1), F.mrope_grid_ids(2, 1, 2, 2), torch.tensor([[4], [4], [4]])],
+        dim=1,
+    )
     x = torch.randn(1, 7, 32)
     with layer.encoding.position_ids(ids):
         full = layer(x)
@@ -170,8 +179,7 @@ def test_mrope_errors():
         posenc.build("mrope:mrope_section=2|3|4", head_dim=16)
     enc = posenc.build("mrope", head_dim=16)
     q = torch.randn(1, 1, 4, 16)
-    with pytest.raises(ValueError, match="3-axis"):
-        with enc.position_ids(torch.zeros(3, 5, dtype=torch.long)):
-            enc.rotate(q, q, torch.arange(4)[None], torch.arange(4)[None])
+    with pytest.raises(ValueError, match="3-axis"), enc.position_ids(torch.zeros(3, 5, dtype=torch.long)):
+        enc.rotate(q, q, torch.arange(4)[None], torch.arange(4)[None])
     with pytest.raises(ValueError, match="head_dim"):
         posenc.build("axial_rope", head_dim=6, grid_width=2)

@@ -33,7 +33,7 @@ def test_built_encoding_passes_through():
 
 
 _keys = st.from_regex(r"[a-z][a-z_]{0,8}", fullmatch=True)
-_values = st.one_of(st.integers(-10**6, 10**6).map(str), st.sampled_from(["true", "false", "None", "half"]))
+_values = st.one_of(st.integers(-(10**6), 10**6).map(str), st.sampled_from(["true", "false", "None", "half"]))
 
 
 @given(st.dictionaries(_keys, _values, max_size=5))

@@ -71,10 +71,19 @@ def write_experiment(directory: Path, checkpoints: bool = False) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     config = ExperimentConfig(
-        task="copy", encodings=ENCODINGS, train_len=TRAIN_LEN, eval_len=max(LENGTHS), seeds=[0, 1], d_model=32,
-        num_layers=1, num_heads=2, d_ff=32,
+        task="copy",
+        encodings=ENCODINGS,
+        train_len=TRAIN_LEN,
+        eval_len=max(LENGTHS),
+        seeds=[0, 1],
+        d_model=32,
+        num_layers=1,
+        num_heads=2,
+        d_ff=32,
     )
-    (directory / "config.json").write_text(json.dumps({"experiment": config.to_dict(), "runtime": {"workers": 1}}))
+    (directory / "config.json").write_text(
+        json.dumps({"experiment": config.to_dict(), "runtime": {"workers": 1}})
+    )
     if checkpoints:
         save_checkpoints(directory, config, ENCODINGS[:2])
 
@@ -88,7 +97,12 @@ def save_checkpoints(directory: Path, config: ExperimentConfig, encodings: list[
         run = RunSpec(enc, 0)
         path = directory / "checkpoints" / f"{run_id_for(config, run)}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"model": model.state_dict(), "step": 0, "run": {"encoding": enc, "seed": 0}, "config": config.to_dict()}
+        state = {
+            "model": model.state_dict(),
+            "step": 0,
+            "run": {"encoding": enc, "seed": 0},
+            "config": config.to_dict(),
+        }
         torch.save(state, path)
 
 
@@ -133,7 +147,13 @@ def chromium_dom(page: Path, tmp_path: Path) -> str:
     script = '<script>for (const i of document.images) i.setAttribute("data-decoded-width", i.naturalWidth);</script>'
     probe.write_text(page.read_text().replace("</body>", script + "</body>"))
     result = subprocess.run(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium-profile'}", "--dump-dom", probe.as_uri()],
+        [
+            chromium,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            "--dump-dom",
+            probe.as_uri(),
+        ],
         capture_output=True,
         text=True,
         timeout=120,
@@ -205,7 +225,13 @@ def test_report_of_a_directory_without_results(tmp_path: Path) -> None:
 
 def test_report_shows_a_missing_figure_instead_of_failing(tmp_path: Path) -> None:
     # A spec that cannot be built gets a visible note on the page, never a silent gap.
-    record = {"encoding": "alibi:mode=sideways", "task": "copy", "length": 8, "metric": "accuracy", "value": 0.5}
+    record = {
+        "encoding": "alibi:mode=sideways",
+        "task": "copy",
+        "length": 8,
+        "metric": "accuracy",
+        "value": 0.5,
+    }
     (tmp_path / "results.jsonl").write_text(json.dumps(record) + "\n")
     text = render_report(tmp_path)
     assert "No figure for <code>alibi:mode=sideways</code>" in text

@@ -60,9 +60,38 @@ def test_interrupted_run_resumes_exactly_and_keeps_finished_records(tmp_path, mo
 def test_killed_process_resumes_from_its_last_checkpoint(tmp_path):
     """SIGKILL (no chance to save) mid-training; the same command resumes from the periodic checkpoint."""
     out = tmp_path / "run"
-    command = [str(Path(sys.executable).with_name("posenc")), "extrapolate", "--task", "copy", "--encodings", "nope"]
-    command += ["--train-len", "2", "--eval-len", "3", "--num-symbols", "8", "--d-model", "8", "--num-layers", "1"]
-    command += ["--num-heads", "1", "--d-ff", "8", "--batch-size", "2", "--steps", "100", "--checkpoint-every", "10"]
+    command = [
+        str(Path(sys.executable).with_name("posenc")),
+        "extrapolate",
+        "--task",
+        "copy",
+        "--encodings",
+        "nope",
+    ]
+    command += [
+        "--train-len",
+        "2",
+        "--eval-len",
+        "3",
+        "--num-symbols",
+        "8",
+        "--d-model",
+        "8",
+        "--num-layers",
+        "1",
+    ]
+    command += [
+        "--num-heads",
+        "1",
+        "--d-ff",
+        "8",
+        "--batch-size",
+        "2",
+        "--steps",
+        "100",
+        "--checkpoint-every",
+        "10",
+    ]
     command += ["--eval-examples", "2", "--workers", "1", "--no-progress", "--out", str(out)]
     env = {**os.environ, "COLUMNS": "200"}
     checkpoint = out / "checkpoints" / "nope__copy__seed0.pt"

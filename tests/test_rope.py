@@ -11,8 +11,6 @@ import posenc
 from posenc import functional as F
 from posenc.encodings.rope import RoPE
 
-import transformers  # a test reference: the [test] extra installs it
-
 
 def _positions(batch: int, length: int, offset: int = 0) -> torch.Tensor:
     return (torch.arange(length) + offset)[None].expand(batch, -1) + torch.arange(batch)[:, None] * 3
@@ -25,7 +23,9 @@ def test_matches_hf_llama_rotary_embedding_and_apply():
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-    config = LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=500000.0)
+    config = LlamaConfig(
+        hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=500000.0
+    )
     hf_rope = LlamaRotaryEmbedding(config)
     q, k = torch.randn(2, 4, 7, 16), torch.randn(2, 2, 7, 16)
     pos = _positions(2, 7, offset=100)
@@ -89,7 +89,9 @@ def test_partial_rotary_matches_gpt_neox_rotary_pct():
     torch.testing.assert_close(got_k, want_k, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(got_q[..., 4:], q[..., 4:], rtol=0, atol=0)
     # The HF rope_parameters spelling of the same thing.
-    via_dict = posenc.build("rope", head_dim=16, rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25})
+    via_dict = posenc.build(
+        "rope", head_dim=16, rope_parameters={"rope_type": "default", "partial_rotary_factor": 0.25}
+    )
     torch.testing.assert_close(via_dict.rotate(q, k, pos, pos)[0], want_q, rtol=1e-6, atol=1e-6)
 
 
@@ -153,7 +155,11 @@ def test_bf16_keeps_positions_above_256():
     pos = torch.tensor([299, 301, 303, 1027])
     inv_freq, _ = F.rope_inv_freq(8)
     want = torch.stack(
-        [_rotation_reference(x[0, :, t].double(), float(pos[t]), inv_freq.double(), "half") for t in range(4)], dim=1
+        [
+            _rotation_reference(x[0, :, t].double(), float(pos[t]), inv_freq.double(), "half")
+            for t in range(4)
+        ],
+        dim=1,
     )[None]
     got = F.apply_rope(x.bfloat16(), pos, inv_freq)
     assert got.dtype == torch.bfloat16
@@ -177,7 +183,9 @@ def test_cache_grows_beyond_cache_size():
 # ---------------------------------------------------------------------------- pairing conversion
 
 
-@pytest.mark.parametrize(("src", "dst", "rotary_dim"), [("interleaved", "half", None), ("half", "interleaved", 4)])
+@pytest.mark.parametrize(
+    ("src", "dst", "rotary_dim"), [("interleaved", "half", None), ("half", "interleaved", 4)]
+)
 def test_convert_pairing_keeps_attention_outputs(src, dst, rotary_dim):
     torch.manual_seed(2)
     heads, kv_heads, head_dim = 4, 2, 8
@@ -190,7 +198,9 @@ def test_convert_pairing_keeps_attention_outputs(src, dst, rotary_dim):
     for name, n in (("q_proj", heads), ("k_proj", kv_heads)):
         for part in ("weight", "bias"):
             key = f"{name}.{part}"
-            state[key] = F.convert_rope_pairing(state[key], n, head_dim, src=src, dst=dst, rotary_dim=rotary_dim)
+            state[key] = F.convert_rope_pairing(
+                state[key], n, head_dim, src=src, dst=dst, rotary_dim=rotary_dim
+            )
     converted.load_state_dict(state)
     x = torch.randn(2, 11, 32)
     pos = torch.arange(11) + 7

@@ -9,14 +9,12 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 import posenc
 from posenc import functional as F
-
-import transformers  # a test reference: the [test] extra installs it
-from transformers import LlamaConfig  # noqa: E402
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
 
 
 def hf_config(head_dim: int, max_pos: int, params: dict) -> LlamaConfig:
@@ -41,16 +39,32 @@ SHORT = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7]
 
 CASES = [
     (16, 2048, {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0}, None),
-    (16, 2048, {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0, "partial_rotary_factor": 0.5}, None),
+    (
+        16,
+        2048,
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0, "partial_rotary_factor": 0.5},
+        None,
+    ),
     (16, 2048, {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, None),
     (16, 2048, {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, 1000),
     (16, 2048, {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0}, 4096),
     (16, 2048, {"rope_type": "dynamic", "rope_theta": 500000.0, "factor": 3.0}, 9000),
-    (128, 4096, {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4096}, None),
+    (
+        128,
+        4096,
+        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4096},
+        None,
+    ),
     (
         128,
         16384,
-        {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 4096, "truncate": False},
+        {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 4096,
+            "truncate": False,
+        },
         None,
     ),
     (
@@ -71,10 +85,21 @@ CASES = [
     (
         32,
         8192,
-        {"rope_type": "yarn", "rope_theta": 1e6, "factor": 8.0, "original_max_position_embeddings": 1024, "attention_factor": 1.5},
+        {
+            "rope_type": "yarn",
+            "rope_theta": 1e6,
+            "factor": 8.0,
+            "original_max_position_embeddings": 1024,
+            "attention_factor": 1.5,
+        },
         None,
     ),
-    (32, 8192, {"rope_type": "yarn", "rope_theta": 1e4, "factor": None, "original_max_position_embeddings": 2048}, None),
+    (
+        32,
+        8192,
+        {"rope_type": "yarn", "rope_theta": 1e4, "factor": None, "original_max_position_embeddings": 2048},
+        None,
+    ),
     (
         128,
         131072,
@@ -102,9 +127,42 @@ CASES = [
         },
         None,
     ),
-    (16, 64, {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "short_factor": SHORT, "long_factor": LONG}, None),
-    (16, 64, {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "short_factor": SHORT, "long_factor": LONG}, 17),
-    (16, 64, {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "short_factor": SHORT, "long_factor": LONG}, 16),
+    (
+        16,
+        64,
+        {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 16,
+            "short_factor": SHORT,
+            "long_factor": LONG,
+        },
+        None,
+    ),
+    (
+        16,
+        64,
+        {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 16,
+            "short_factor": SHORT,
+            "long_factor": LONG,
+        },
+        17,
+    ),
+    (
+        16,
+        64,
+        {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 16,
+            "short_factor": SHORT,
+            "long_factor": LONG,
+        },
+        16,
+    ),
     (
         16,
         64,
@@ -125,7 +183,9 @@ CASES = [
 def test_matches_hf_rope_init_functions(head_dim, max_pos, params, seq_len):
     want_freq, want_scale = hf_init(head_dim, max_pos, params, seq_len)
     ours = {k: v for k, v in params.items() if v is not None}
-    got_freq, got_scale = F.rope_inv_freq(head_dim, scaling={**ours, "max_position_embeddings": max_pos}, seq_len=seq_len)
+    got_freq, got_scale = F.rope_inv_freq(
+        head_dim, scaling={**ours, "max_position_embeddings": max_pos}, seq_len=seq_len
+    )
     assert got_freq.dtype == torch.float32
     torch.testing.assert_close(got_freq, want_freq.float(), rtol=1e-6, atol=0)
     assert got_scale == pytest.approx(float(want_scale), rel=1e-12)
@@ -141,18 +201,33 @@ def test_default_matches_hf_llama_default():
 
 def test_reference_numbers():
     """Hand-checked values of REFERENCE.md §7.2."""
-    _, scale = F.rope_inv_freq(128, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096})
+    _, scale = F.rope_inv_freq(
+        128, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
+    )
     assert scale == pytest.approx(1.138629, abs=1e-6)
     freq, scale = F.rope_inv_freq(
-        8, scaling={"rope_type": "longrope", "original_max_position_embeddings": 16, "max_position_embeddings": 64,
-                    "short_factor": [1, 1, 1, 1], "long_factor": [1, 2, 4, 8]}, seq_len=64
+        8,
+        scaling={
+            "rope_type": "longrope",
+            "original_max_position_embeddings": 16,
+            "max_position_embeddings": 64,
+            "short_factor": [1, 1, 1, 1],
+            "long_factor": [1, 2, 4, 8],
+        },
+        seq_len=64,
     )
     torch.testing.assert_close(freq, torch.tensor([1.0, 0.05, 0.0025, 0.000125]))
     assert scale == pytest.approx(math.sqrt(1.5), abs=1e-6)
     freq, _ = F.rope_inv_freq(
-        128, base=500000.0,
-        scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                 "original_max_position_embeddings": 8192},
+        128,
+        base=500000.0,
+        scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
     )
     ratio = freq / F.rope_inv_freq(128, base=500000.0)[0]
     assert int((ratio == 1).sum()) == 29 and int((ratio == 0.125).sum()) == 29
@@ -160,28 +235,41 @@ def test_reference_numbers():
 
 def test_ntk_matches_rotary_embedding_torch_theta_rescale():
     import rotary_embedding_torch  # a test reference: the [test] extra installs it
+
     reference = rotary_embedding_torch.RotaryEmbedding(32, theta=10000, theta_rescale_factor=4.0)
     got, scale = F.rope_inv_freq(32, scaling={"rope_type": "ntk", "factor": 4.0})
     torch.testing.assert_close(got, reference.freqs.detach(), rtol=1e-6, atol=0)
     assert scale == 1.0
     # The formula written out: base' = base * factor^(d/(d-2)).
     base = 10000.0 * 4.0 ** (32 / 30)
-    torch.testing.assert_close(got.double(), base ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        got.double(), base ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32), rtol=1e-6, atol=0
+    )
 
 
 # ---------------------------------------------------------------------------- the module
 
 
 def test_module_spec_string_and_rope_parameters_dict_agree_with_hf():
-    params = {"rope_type": "yarn", "rope_theta": 500000.0, "factor": 4.0, "original_max_position_embeddings": 4096}
+    params = {
+        "rope_type": "yarn",
+        "rope_theta": 500000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+    }
     want, want_scale = hf_init(64, 16384, params)
-    enc = posenc.build("rope:base=500000,scaling=yarn,factor=4,original_max_position_embeddings=4096", head_dim=64)
+    enc = posenc.build(
+        "rope:base=500000,scaling=yarn,factor=4,original_max_position_embeddings=4096", head_dim=64
+    )
     torch.testing.assert_close(enc.inv_freq, want, rtol=1e-6, atol=0)
     assert enc.attention_scale == pytest.approx(want_scale)
     from_dict = posenc.build("rope", head_dim=64, rope_parameters=params)
     torch.testing.assert_close(from_dict.inv_freq, want, rtol=1e-6, atol=0)
     # Spec-string lists use '|'.
-    lr = posenc.build("rope:scaling=longrope,original_max_position_embeddings=16,max_position_embeddings=64,short_factor=1|1|1|1,long_factor=1|2|4|8", head_dim=8)
+    lr = posenc.build(
+        "rope:scaling=longrope,original_max_position_embeddings=16,max_position_embeddings=64,short_factor=1|1|1|1,long_factor=1|2|4|8",
+        head_dim=8,
+    )
     torch.testing.assert_close(lr.inv_freq, torch.tensor([1.0, 0.1, 0.01, 0.001]))
 
 
@@ -189,7 +277,13 @@ def test_module_spec_string_and_rope_parameters_dict_agree_with_hf():
     "params",
     [
         {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
-        {"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 16, "short_factor": SHORT, "long_factor": LONG},
+        {
+            "rope_type": "longrope",
+            "rope_theta": 10000.0,
+            "original_max_position_embeddings": 16,
+            "short_factor": SHORT,
+            "long_factor": LONG,
+        },
         {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
     ],
 )
@@ -210,10 +304,14 @@ def test_module_forward_matches_hf_rotary_embedding(params, length):
 
 
 def test_dynamic_in_attention_layer_uses_current_length():
-    layer = posenc.MultiheadAttention(32, 2, encoding="rope:scaling=dynamic,factor=2,original_max_position_embeddings=8")
+    layer = posenc.MultiheadAttention(
+        32, 2, encoding="rope:scaling=dynamic,factor=2,original_max_position_embeddings=8"
+    )
     x = torch.randn(1, 20, 32)
     layer(x)
-    want, _ = F.rope_inv_freq(16, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8}, seq_len=20)
+    want, _ = F.rope_inv_freq(
+        16, scaling={"rope_type": "dynamic", "factor": 2.0, "max_position_embeddings": 8}, seq_len=20
+    )
     torch.testing.assert_close(layer.encoding.inv_freq, want)
     layer(x[:, :5])  # back below the original length: the paper's frequencies again
     torch.testing.assert_close(layer.encoding.inv_freq, F.rope_inv_freq(16)[0])
@@ -238,11 +336,17 @@ def test_linear_is_default_divided_by_factor(head_dim, base, factor):
 @given(head_dim=head_dims, base=bases, original=st.integers(16, 8192))
 def test_factor_one_is_identity(head_dim, base, original):
     plain, _ = F.rope_inv_freq(head_dim, base)
-    common = {"factor": 1.0, "original_max_position_embeddings": original, "max_position_embeddings": original}
+    common = {
+        "factor": 1.0,
+        "original_max_position_embeddings": original,
+        "max_position_embeddings": original,
+    }
     for rope_type in ("linear", "ntk", "dynamic", "yarn"):
         if rope_type == "ntk" and head_dim <= 2:
             continue
-        got, scale = F.rope_inv_freq(head_dim, base, scaling={"rope_type": rope_type, **common}, seq_len=original)
+        got, scale = F.rope_inv_freq(
+            head_dim, base, scaling={"rope_type": rope_type, **common}, seq_len=original
+        )
         torch.testing.assert_close(got, plain, rtol=1e-6, atol=0, msg=rope_type)
         assert scale == 1.0
     llama3 = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0, **common}
@@ -255,7 +359,9 @@ def test_dynamic_is_default_below_original_length(head_dim, base, factor, origin
     seq_len = data.draw(st.one_of(st.none(), st.integers(1, original)))
     plain, _ = F.rope_inv_freq(head_dim, base)
     dyn = {"rope_type": "dynamic", "factor": factor, "original_max_position_embeddings": original}
-    torch.testing.assert_close(F.rope_inv_freq(head_dim, base, scaling=dyn, seq_len=seq_len)[0], plain, rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        F.rope_inv_freq(head_dim, base, scaling=dyn, seq_len=seq_len)[0], plain, rtol=1e-6, atol=0
+    )
     longer, _ = F.rope_inv_freq(head_dim, base, scaling=dyn, seq_len=2 * original)
     assert bool((longer[1:] < plain[1:]).all())  # above the original length every slow pair slows down
 
@@ -269,9 +375,23 @@ def test_dynamic_is_default_below_original_length(head_dim, base, factor, origin
         ({"rope_type": "yarn", "factor": 0.0, "original_max_position_embeddings": 4096}, "factor"),
         ({"rope_type": "yarn", "factor": -2.0, "original_max_position_embeddings": 4096}, "factor"),
         ({"rope_type": "yarn", "factor": 4.0}, "original_max_position_embeddings"),
-        ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, "original_max_position_embeddings"),
-        ({"rope_type": "longrope", "short_factor": [1] * 4, "long_factor": [1] * 4}, "original_max_position_embeddings"),
-        ({"rope_type": "longrope", "original_max_position_embeddings": 16, "short_factor": [1] * 3, "long_factor": [1] * 4}, "short_factor"),
+        (
+            {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+            "original_max_position_embeddings",
+        ),
+        (
+            {"rope_type": "longrope", "short_factor": [1] * 4, "long_factor": [1] * 4},
+            "original_max_position_embeddings",
+        ),
+        (
+            {
+                "rope_type": "longrope",
+                "original_max_position_embeddings": 16,
+                "short_factor": [1] * 3,
+                "long_factor": [1] * 4,
+            },
+            "short_factor",
+        ),
         ({"rope_type": "linear"}, "factor"),
         ({"rope_type": "dynamic", "factor": 2.0}, "original_max_position_embeddings"),
         ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}, "low_freq_factor"),
@@ -291,12 +411,21 @@ def test_bad_module_options():
     with pytest.raises(ValueError, match="scaling"):
         posenc.build("rope:factor=4", head_dim=8)
     with pytest.raises(ValueError, match="rope_parameters"):
-        posenc.build("rope", head_dim=8, scaling="linear", rope_parameters={"rope_type": "linear", "factor": 2.0})
+        posenc.build(
+            "rope", head_dim=8, scaling="linear", rope_parameters={"rope_type": "linear", "factor": 2.0}
+        )
 
 
 def test_spec_of_rope_parameters_dict_rebuilds_the_same_frequencies():
-    params = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 256, "partial_rotary_factor": 0.5}
+    params = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+        "partial_rotary_factor": 0.5,
+    }
     enc = posenc.build("rope", head_dim=32, rope_parameters=params)
     again = posenc.build(enc.spec())
     assert "scaling=llama3" in enc.spec() and again.rotary_dim == 16

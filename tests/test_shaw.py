@@ -16,7 +16,9 @@ from posenc import functional as F
 torch_f64 = torch.float64
 
 
-def reference_index(q_positions: list[int], k_positions: list[int], k: int | None, max_len: int) -> list[list[int]]:
+def reference_index(
+    q_positions: list[int], k_positions: list[int], k: int | None, max_len: int
+) -> list[list[int]]:
     """Paper index by hand: clip(j - i, -k, k) + k, or (j - i) + max_len - 1 unclipped."""
     rows = []
     for i in q_positions:
@@ -49,7 +51,9 @@ def naive_layer(attn, x_q, x_kv, q_positions, k_positions, *, key_padding_mask=N
     spec = "bhid,hijd->bhij" if enc.per_head else "bhid,ijd->bhij"
     logits = (torch.einsum("bhid,bhjd->bhij", q, k) + torch.einsum(spec, q, a_key)) / head_dim**0.5
     if causal_offset is not None:
-        allowed = torch.tensor([[j <= i + causal_offset for j in range(len(k_positions))] for i in range(len(q_positions))])
+        allowed = torch.tensor(
+            [[j <= i + causal_offset for j in range(len(k_positions))] for i in range(len(q_positions))]
+        )
         logits = logits.masked_fill(~allowed, float("-inf"))
     if key_padding_mask is not None:
         logits = logits.masked_fill(key_padding_mask[:, None, None, :], float("-inf"))

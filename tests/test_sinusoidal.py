@@ -31,18 +31,26 @@ def test_position_2_dim_4_interleaved_is_sin2_cos2_sin002_cos002() -> None:
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-7)
     # The rounded numbers printed in REFERENCE.md §1.5.
-    torch.testing.assert_close(got[0], torch.tensor([0.909297, -0.416147, 0.019999, 0.999800]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        got[0], torch.tensor([0.909297, -0.416147, 0.019999, 0.999800]), rtol=0, atol=1e-6
+    )
 
 
 def test_concat_layout_position_2_dim_4() -> None:
     got = F.sinusoidal(torch.tensor(2), 4, layout="concat")
-    torch.testing.assert_close(got, torch.tensor([0.909297, 0.019999, -0.416147, 0.999800]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        got, torch.tensor([0.909297, 0.019999, -0.416147, 0.999800]), rtol=0, atol=1e-6
+    )
 
 
 def test_reference_table_dim_4_positions_0_to_3() -> None:
     expected = torch.tensor(
-        [[0, 1, 0, 1], [0.841471, 0.540302, 0.010000, 0.999950], [0.909297, -0.416147, 0.019999, 0.999800],
-         [0.141120, -0.989992, 0.029996, 0.999550]]
+        [
+            [0, 1, 0, 1],
+            [0.841471, 0.540302, 0.010000, 0.999950],
+            [0.909297, -0.416147, 0.019999, 0.999800],
+            [0.141120, -0.989992, 0.029996, 0.999550],
+        ]
     )
     torch.testing.assert_close(F.sinusoidal(torch.arange(4), 4), expected, rtol=0, atol=1e-6)
 
@@ -76,7 +84,9 @@ def test_concat_is_a_channel_permutation_of_interleaved() -> None:
     dim = 8
     interleaved = torch.tensor(paper_table(list(range(5)), dim), dtype=torch.float32)
     permutation = list(range(0, dim, 2)) + list(range(1, dim, 2))
-    torch.testing.assert_close(F.sinusoidal(torch.arange(5), dim, layout="concat"), interleaved[:, permutation])
+    torch.testing.assert_close(
+        F.sinusoidal(torch.arange(5), dim, layout="concat"), interleaved[:, permutation]
+    )
 
 
 def test_any_position_shape() -> None:
@@ -108,7 +118,9 @@ def test_no_maximum_position() -> None:
     enc = Sinusoidal(dim=4)
     assert enc.max_positions is None
     got = enc.encode(torch.tensor([[1_000_000]]))
-    torch.testing.assert_close(got[0], torch.tensor(paper_table([1_000_000], 4), dtype=torch.float32), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        got[0], torch.tensor(paper_table([1_000_000], 4), dtype=torch.float32), rtol=0, atol=1e-6
+    )
 
 
 def test_layer_fills_in_dim_and_adds_the_encoding() -> None:

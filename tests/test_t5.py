@@ -24,7 +24,9 @@ T5_CONFIGS = [  # (num_buckets, max_distance)
 ]
 
 
-def hf_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: int, bidirectional: bool) -> torch.Tensor:
+def hf_bucket(
+    relative_position: torch.Tensor, num_buckets: int, max_distance: int, bidirectional: bool
+) -> torch.Tensor:
     from transformers.models.t5.modeling_t5 import T5Attention
 
     return T5Attention._relative_position_bucket(
@@ -34,7 +36,9 @@ def hf_bucket(relative_position: torch.Tensor, num_buckets: int, max_distance: i
 
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("num_buckets,max_distance", T5_CONFIGS)
-def test_buckets_equal_hf_on_minus_300_to_300(num_buckets: int, max_distance: int, bidirectional: bool) -> None:
+def test_buckets_equal_hf_on_minus_300_to_300(
+    num_buckets: int, max_distance: int, bidirectional: bool
+) -> None:
     r = torch.arange(-300, 301)
     ours = F.t5_bucket(r, num_buckets, max_distance, bidirectional)
     expected = hf_bucket(r, num_buckets, max_distance, bidirectional)
@@ -61,16 +65,48 @@ def _expand(ranges: list[tuple[int, int, int]]) -> dict[int, int]:
 
 # REFERENCE.md §4.3, r = key − query, num_buckets = 32, max_distance = 128 (hand-checked table).
 BIDIRECTIONAL = _expand(
-    [(-200, -91, 15), (-90, -64, 14), (-63, -46, 13), (-45, -32, 12), (-31, -23, 11), (-22, -16, 10), (-15, -12, 9),
-     (-11, -8, 8)]
+    [
+        (-200, -91, 15),
+        (-90, -64, 14),
+        (-63, -46, 13),
+        (-45, -32, 12),
+        (-31, -23, 11),
+        (-22, -16, 10),
+        (-15, -12, 9),
+        (-11, -8, 8),
+    ]
     + [(r, r, -r) for r in range(-7, 1)]
     + [(r, r, 16 + r) for r in range(1, 8)]
-    + [(8, 11, 24), (12, 15, 25), (16, 22, 26), (23, 31, 27), (32, 45, 28), (46, 63, 29), (64, 90, 30), (91, 200, 31)]
+    + [
+        (8, 11, 24),
+        (12, 15, 25),
+        (16, 22, 26),
+        (23, 31, 27),
+        (32, 45, 28),
+        (46, 63, 29),
+        (64, 90, 30),
+        (91, 200, 31),
+    ]
 )
 CAUSAL = _expand(
-    [(-200, -113, 31), (-112, -99, 30), (-98, -87, 29), (-86, -77, 28), (-76, -67, 27), (-66, -59, 26), (-58, -52, 25),
-     (-51, -46, 24), (-45, -40, 23), (-39, -35, 22), (-34, -31, 21), (-30, -27, 20), (-26, -24, 19), (-23, -21, 18),
-     (-20, -19, 17), (-18, -16, 16)]
+    [
+        (-200, -113, 31),
+        (-112, -99, 30),
+        (-98, -87, 29),
+        (-86, -77, 28),
+        (-76, -67, 27),
+        (-66, -59, 26),
+        (-58, -52, 25),
+        (-51, -46, 24),
+        (-45, -40, 23),
+        (-39, -35, 22),
+        (-34, -31, 21),
+        (-30, -27, 20),
+        (-26, -24, 19),
+        (-23, -21, 18),
+        (-20, -19, 17),
+        (-18, -16, 16),
+    ]
     + [(r, r, -r) for r in range(-15, 0)]
     + [(0, 200, 0)]
 )
@@ -128,7 +164,9 @@ def _our_encoding(hf, is_decoder: bool) -> T5Bias:
 
 
 @pytest.mark.parametrize("is_decoder", [False, True])
-@pytest.mark.parametrize("q_len,k_len,past", [(7, 7, 0), (1, 9, 8), (3, 12, 9), (5, 40, 35), (4, 30, 0), (6, 2, 0)])
+@pytest.mark.parametrize(
+    "q_len,k_len,past", [(7, 7, 0), (1, 9, 8), (3, 12, 9), (5, 40, 35), (4, 30, 0), (6, 2, 0)]
+)
 def test_bias_equals_hf_compute_bias(is_decoder: bool, q_len: int, k_len: int, past: int) -> None:
     _, hf = _hf_attention(is_decoder)
     enc = _our_encoding(hf, is_decoder)
@@ -149,10 +187,21 @@ def test_incremental_row_is_the_row_of_the_full_bias() -> None:
 
 def _our_layer(hf, is_decoder: bool) -> posenc.MultiheadAttention:
     attn = posenc.MultiheadAttention(
-        16, 2, encoding=_our_encoding(hf, is_decoder), causal=is_decoder, scale=1.0, bias=False, backend="eager"
+        16,
+        2,
+        encoding=_our_encoding(hf, is_decoder),
+        causal=is_decoder,
+        scale=1.0,
+        bias=False,
+        backend="eager",
     )
     with torch.no_grad():
-        for ours, theirs in [(attn.q_proj, hf.q), (attn.k_proj, hf.k), (attn.v_proj, hf.v), (attn.out_proj, hf.o)]:
+        for ours, theirs in [
+            (attn.q_proj, hf.q),
+            (attn.k_proj, hf.k),
+            (attn.v_proj, hf.v),
+            (attn.out_proj, hf.o),
+        ]:
             ours.weight.copy_(theirs.weight)
     return attn.eval()
 
@@ -167,7 +216,9 @@ def test_full_layer_equals_hf_t5_attention(is_decoder: bool) -> None:
     mask = None
     if is_decoder:  # HF takes the causal mask as an additive [B, 1, Tq, Tk] tensor
         future = torch.ones(length, length, dtype=torch.bool).triu(1)
-        mask = torch.zeros(length, length, dtype=torch.float64).masked_fill(future, torch.finfo(torch.float64).min)
+        mask = torch.zeros(length, length, dtype=torch.float64).masked_fill(
+            future, torch.finfo(torch.float64).min
+        )
         mask = mask[None, None]
     with torch.no_grad():
         expected = hf(x, mask=mask)[0]
@@ -207,12 +258,16 @@ def test_one_table_shared_by_every_layer_of_a_stack() -> None:
 def test_shift_invariance_and_elementwise_bias_at() -> None:
     enc = T5Bias(num_heads=3, num_buckets=16, max_distance=40)
     q, k = torch.arange(5)[None], torch.arange(60)[None]
-    torch.testing.assert_close(enc.bias_for_positions(q + 1000, k + 1000), enc.bias_for_positions(q, k), rtol=0, atol=0)
+    torch.testing.assert_close(
+        enc.bias_for_positions(q + 1000, k + 1000), enc.bias_for_positions(q, k), rtol=0, atol=0
+    )
     dense = enc.bias(5, 60).detach()
     for h, i, j in [(0, 0, 0), (2, 4, 59), (1, 3, 1)]:
         value = enc.bias_at(torch.tensor(h), torch.tensor(i), torch.tensor(j)).detach()
         assert value.shape == () and float(value) == float(dense[h, i, j])
-        score = enc.score_mod(torch.tensor(0.5), torch.tensor(0), torch.tensor(h), torch.tensor(i), torch.tensor(j))
+        score = enc.score_mod(
+            torch.tensor(0.5), torch.tensor(0), torch.tensor(h), torch.tensor(i), torch.tensor(j)
+        )
         assert float(score.detach()) == pytest.approx(0.5 + float(dense[h, i, j]))
 
 

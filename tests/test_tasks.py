@@ -7,7 +7,17 @@ import inspect
 import pytest
 import torch
 
-from posenc.experiments.tasks import BOS, EOS, FIRST_SYMBOL, IGNORE, PAD, SEP, TASKS, default_corpus, make_task
+from posenc.experiments.tasks import (
+    BOS,
+    EOS,
+    FIRST_SYMBOL,
+    IGNORE,
+    PAD,
+    SEP,
+    TASKS,
+    default_corpus,
+    make_task,
+)
 
 SEQUENCE_TASKS = [name for name in TASKS if name != "lm"]
 
@@ -60,7 +70,9 @@ def test_sequence_task_format_and_answers(name, length):
         assert scored == list(range(len(x) + 1, len(x) + 1 + len(y) + 1))
         assert batch.targets[i, scored[-1]] == EOS
         shifted = batch.inputs[i, 1:]
-        assert all(int(batch.targets[i, j]) == int(shifted[j]) for j in scored[:-1]), "targets are the next tokens"
+        assert all(int(batch.targets[i, j]) == int(shifted[j]) for j in scored[:-1]), (
+            "targets are the next tokens"
+        )
 
 
 def test_task_specifics():

@@ -60,7 +60,12 @@ CASES = [
     ("scaling", "rope:head_dim=32", "rope:head_dim=32,base=500", 256),
     ("decay", "rope:head_dim=16", "rope:head_dim=16,base=100", 256),
     ("index", "shaw:k=2", "shaw:k=4", 8),
-    ("index", "deberta:position_buckets=-1,max_relative_positions=3", "deberta:position_buckets=8,max_relative_positions=32", 8),
+    (
+        "index",
+        "deberta:position_buckets=-1,max_relative_positions=3",
+        "deberta:position_buckets=8,max_relative_positions=32",
+        8,
+    ),
     ("attention", "alibi:num_heads=8", "alibi:num_heads=4", 12),
     ("attention", "rope:base=10000", "rope:base=10", 12),
 ]
@@ -88,8 +93,18 @@ def test_causal_option_masks_future_keys() -> None:
     assert np.asarray(weights)[upper].min() > 0.0
     # The bias heatmap hides future keys only on request (t5 defines them), always for causal ALiBi.
     shown = make_figure(enc, "bias", PlotOptions(length=8, max_heads=2)).axes[0].images[0].get_array()
-    hidden = make_figure(enc, "bias", PlotOptions(length=8, max_heads=2, causal=True)).axes[0].images[0].get_array()
-    alibi = make_figure(build_for_plot("alibi"), "bias", PlotOptions(length=8, max_heads=2)).axes[0].images[0].get_array()
+    hidden = (
+        make_figure(enc, "bias", PlotOptions(length=8, max_heads=2, causal=True))
+        .axes[0]
+        .images[0]
+        .get_array()
+    )
+    alibi = (
+        make_figure(build_for_plot("alibi"), "bias", PlotOptions(length=8, max_heads=2))
+        .axes[0]
+        .images[0]
+        .get_array()
+    )
     assert np.isfinite(np.asarray(shown)[upper]).all()
     assert np.ma.getmaskarray(hidden)[upper].all() or np.isnan(np.asarray(hidden)[upper]).all()
     assert np.ma.getmaskarray(alibi)[upper].all() or np.isnan(np.asarray(alibi)[upper]).all()
@@ -124,7 +139,9 @@ def test_generic_bias_heatmap_for_every_bias_encoding(name: str) -> None:
 @pytest.mark.parametrize("suffix", [".png", ".svg"])
 def test_cli_plot_writes_image(tmp_path, suffix: str) -> None:
     out = tmp_path / f"t5{suffix}"
-    result = CliRunner().invoke(app, ["plot", "t5:num_buckets=16", "--figure", "buckets", "--out", str(out), "--dpi", str(DPI)])
+    result = CliRunner().invoke(
+        app, ["plot", "t5:num_buckets=16", "--figure", "buckets", "--out", str(out), "--dpi", str(DPI)]
+    )
     assert result.exit_code == 0, result.output
     assert out.stat().st_size > 1000
     if suffix == ".png":
@@ -136,7 +153,9 @@ def test_cli_plot_writes_image(tmp_path, suffix: str) -> None:
 
 def test_cli_plot_default_figure_and_layer_sizes(tmp_path) -> None:
     out = tmp_path / "sin.png"
-    result = CliRunner().invoke(app, ["plot", "sinusoidal:dim=32", "-n", "32", "-o", str(out), "--dpi", str(DPI)])
+    result = CliRunner().invoke(
+        app, ["plot", "sinusoidal:dim=32", "-n", "32", "-o", str(out), "--dpi", str(DPI)]
+    )
     assert result.exit_code == 0, result.output
     assert_not_constant(imread(out)[..., :3])
 
@@ -192,7 +211,14 @@ def run_dir(tmp_path_factory):
 
     directory = tmp_path_factory.mktemp("run")
     config = ExperimentConfig(
-        task="copy", encodings=["alibi", "rope"], train_len=4, eval_len=8, d_model=32, num_layers=2, num_heads=2, d_ff=32
+        task="copy",
+        encodings=["alibi", "rope"],
+        train_len=4,
+        eval_len=8,
+        d_model=32,
+        num_layers=2,
+        num_heads=2,
+        d_ff=32,
     )
     (directory / "config.json").write_text(json.dumps({"experiment": config.to_dict(), "runtime": {}}))
     task = config.make_task()
@@ -201,7 +227,12 @@ def run_dir(tmp_path_factory):
         model = build_model(config, task, enc)
         path = directory / "checkpoints" / f"{run_id_for(config, RunSpec(enc, 0))}.pt"
         path.parent.mkdir(exist_ok=True)
-        state = {"model": model.state_dict(), "step": 7, "run": {"encoding": enc, "seed": 0}, "config": config.to_dict()}
+        state = {
+            "model": model.state_dict(),
+            "step": 7,
+            "run": {"encoding": enc, "seed": 0},
+            "config": config.to_dict(),
+        }
         torch.save(state, path)
     return directory
 
@@ -239,7 +270,9 @@ def test_run_attention_weights_are_causal_probabilities(run_dir) -> None:
 
 def test_cli_plot_run(run_dir, tmp_path) -> None:
     out = tmp_path / "maps.png"
-    result = CliRunner().invoke(app, ["plot", "rope", "--run", str(run_dir), "-n", "4", "-o", str(out), "--dpi", str(DPI)])
+    result = CliRunner().invoke(
+        app, ["plot", "rope", "--run", str(run_dir), "-n", "4", "-o", str(out), "--dpi", str(DPI)]
+    )
     assert result.exit_code == 0, result.output
     assert_not_constant(imread(out)[..., :3])
     ambiguous = CliRunner().invoke(app, ["plot", "--run", str(run_dir), "-o", str(out)])

@@ -12,21 +12,34 @@ from posenc import functional as F
 
 
 def test_zeta_and_decay_reference_numbers():
-    torch.testing.assert_close(F.xpos_zeta(8), torch.tensor([0.285714, 0.464286, 0.642857, 0.821429]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        F.xpos_zeta(8), torch.tensor([0.285714, 0.464286, 0.642857, 0.821429]), rtol=0, atol=1e-6
+    )
     zeta = F.xpos_zeta(8).double()
-    for dist, want0, want3 in [(1, 0.997556, 0.999616), (512, 0.285714, 0.821429), (1024, 0.081633, 0.674745)]:
+    for dist, want0, want3 in [
+        (1, 0.997556, 0.999616),
+        (512, 0.285714, 0.821429),
+        (1024, 0.081633, 0.674745),
+    ]:
         assert float(zeta[0] ** (dist / 512)) == pytest.approx(want0, abs=1e-6)
         assert float(zeta[3] ** (dist / 512)) == pytest.approx(want3, abs=1e-6)
 
 
-def _paper_score(q: torch.Tensor, k: torch.Tensor, n: int, m: int, base=10000.0, scale_base=512.0, gamma=0.4) -> float:
+def _paper_score(
+    q: torch.Tensor, k: torch.Tensor, n: int, m: int, base=10000.0, scale_base=512.0, gamma=0.4
+) -> float:
     """Σ_k ζ_k^((n-m)/B) · ⟨R_n q_k, R_m k_k⟩ over interleaved pairs, float64, written out pair by pair."""
     d = q.shape[-1]
     total = 0.0
     for pair in range(d // 2):
         theta = base ** (-2 * pair / d)
         zeta = (2 * pair + gamma * d) / ((1 + gamma) * d)
-        qa, qb, ka, kb = float(q[2 * pair]), float(q[2 * pair + 1]), float(k[2 * pair]), float(k[2 * pair + 1])
+        qa, qb, ka, kb = (
+            float(q[2 * pair]),
+            float(q[2 * pair + 1]),
+            float(k[2 * pair]),
+            float(k[2 * pair + 1]),
+        )
         delta = (m - n) * theta  # ⟨R(nθ)q, R(mθ)k⟩ = ⟨q, R((m-n)θ)k⟩
         rotated = (qa * ka + qb * kb) * math.cos(delta) + (qb * ka - qa * kb) * math.sin(delta)
         total += zeta ** ((n - m) / scale_base) * rotated
@@ -68,7 +81,10 @@ def test_scores_equal_torchscale_centred_version_full_and_incremental():
     q, k = torch.randn(length, d, dtype=torch.float64), torch.randn(length, d, dtype=torch.float64)
     want = _torchscale_forward(q, 0, False) @ _torchscale_forward(k, 0, True).T
     pos = torch.arange(length)
-    got = F.apply_xpos(q[None, None], pos, downscale=False)[0, 0] @ F.apply_xpos(k[None, None], pos, downscale=True)[0, 0].T
+    got = (
+        F.apply_xpos(q[None, None], pos, downscale=False)[0, 0]
+        @ F.apply_xpos(k[None, None], pos, downscale=True)[0, 0].T
+    )
     causal = torch.tril(torch.ones(length, length, dtype=torch.bool))
     torch.testing.assert_close(got[causal], want[causal], rtol=1e-6, atol=1e-6)
     # torchscale's incremental step: the last query alone with offset = src_len - 1.

@@ -18,8 +18,8 @@ from .registry import available, build, get_class, register
 __version__ = "0.1.0"
 
 __all__ = [
-    "Kind",
     "KVCache",
+    "Kind",
     "MultiheadAttention",
     "PositionalEncoding",
     "TransformerLM",

@@ -12,14 +12,13 @@ from dataclasses import dataclass
 from typing import Literal, overload
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .backends import AttentionRequest, select_backend
-from .base import Kind, PositionalEncoding, check_positions
+from .base import Kind, PositionalEncoding
 from .registry import build_for_layer
 
-__all__ = ["MultiheadAttention", "KVCache"]
+__all__ = ["KVCache", "MultiheadAttention"]
 
 
 @dataclass
@@ -135,7 +134,9 @@ class MultiheadAttention(nn.Module):
 
     def _causal_only_message(self) -> str:
         hint = self.encoding.noncausal_options
-        alternative = f" (or build it with {', '.join(f'{k}={v!r}' for k, v in hint.items())})" if hint else ""
+        alternative = (
+            f" (or build it with {', '.join(f'{k}={v!r}' for k, v in hint.items())})" if hint else ""
+        )
         return f"encoding {self.encoding.name!r} is defined for causal attention only{alternative}"
 
     def extra_repr(self) -> str:
@@ -151,14 +152,18 @@ class MultiheadAttention(nn.Module):
             raise ValueError(f"{name} must have shape [B, T, {self.embed_dim}], got {shape}")
         weight_dtype = self.q_proj.weight.dtype
         if x.dtype != weight_dtype:
-            raise ValueError(f"{name} has dtype {x.dtype} but the layer's parameters are {weight_dtype}; cast one of them")
+            raise ValueError(
+                f"{name} has dtype {x.dtype} but the layer's parameters are {weight_dtype}; cast one of them"
+            )
 
     def _positions(self, given: Tensor | None, name: str, batch: int, length: int, default: Tensor) -> Tensor:
         if given is None:
             return default
         positions = self.encoding.check_positions(given, name=name)
         if positions.shape[-1] != length or positions.shape[0] not in (1, batch):
-            raise ValueError(f"{name} must have shape [{length}] or [{batch}, {length}], got {tuple(given.shape)}")
+            raise ValueError(
+                f"{name} must have shape [{length}] or [{batch}, {length}], got {tuple(given.shape)}"
+            )
         return positions.to(default.device)
 
     def _check_padding(self, mask: Tensor, batch: int, length: int, name: str) -> Tensor:
@@ -190,10 +195,14 @@ class MultiheadAttention(nn.Module):
 
     # ------------------------------------------------------------------ forward
     @overload
-    def forward(self, x: Tensor, context: Tensor | None = ..., *, need_weights: Literal[False] = ..., **kw) -> Tensor: ...
+    def forward(
+        self, x: Tensor, context: Tensor | None = ..., *, need_weights: Literal[False] = ..., **kw
+    ) -> Tensor: ...
 
     @overload
-    def forward(self, x: Tensor, context: Tensor | None = ..., *, need_weights: Literal[True], **kw) -> tuple[Tensor, Tensor]: ...
+    def forward(
+        self, x: Tensor, context: Tensor | None = ..., *, need_weights: Literal[True], **kw
+    ) -> tuple[Tensor, Tensor]: ...
 
     def forward(
         self,
@@ -222,14 +231,22 @@ class MultiheadAttention(nn.Module):
 
         # Positions: explicit, from the padding mask (left padding), or continuing the cache.
         if cross:
-            k_new_len = context.shape[1] if entry is None else 0
-            padding = None if key_padding_mask is None else self._check_padding(
-                key_padding_mask, batch, context.shape[1] if entry is None else entry.k.shape[2], "key_padding_mask"
+            padding = (
+                None
+                if key_padding_mask is None
+                else self._check_padding(
+                    key_padding_mask,
+                    batch,
+                    context.shape[1] if entry is None else entry.k.shape[2],
+                    "key_padding_mask",
+                )
             )
             q_default = torch.arange(q_len, device=device)[None]
             q_pos = self._positions(positions, "positions", batch, q_len, q_default)
             k_default = torch.arange(context.shape[1], device=device)[None]
-            k_new_pos = self._positions(context_positions, "context_positions", batch, context.shape[1], k_default)
+            k_new_pos = self._positions(
+                context_positions, "context_positions", batch, context.shape[1], k_default
+            )
             padding_all = padding
         else:
             padding_all = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
@@ -296,7 +313,9 @@ class MultiheadAttention(nn.Module):
         batch, length, _ = x.shape
         return x.view(batch, length, heads, self.head_dim).transpose(1, 2)
 
-    def _padding_with_cache(self, mask: Tensor | None, entry: _CacheEntry | None, batch: int, q_len: int) -> Tensor | None:
+    def _padding_with_cache(
+        self, mask: Tensor | None, entry: _CacheEntry | None, batch: int, q_len: int
+    ) -> Tensor | None:
         """The padding mask over all keys: cached padding plus the new tokens' (or the full mask)."""
         past = 0 if entry is None else entry.k.shape[2]
         if mask is None:
@@ -304,7 +323,9 @@ class MultiheadAttention(nn.Module):
                 return None
             return torch.cat([entry.padding, entry.padding.new_zeros(batch, q_len)], dim=1)
         if mask.dtype != torch.bool:
-            raise ValueError(f"key_padding_mask must be a bool tensor (True = padding), got dtype {mask.dtype}")
+            raise ValueError(
+                f"key_padding_mask must be a bool tensor (True = padding), got dtype {mask.dtype}"
+            )
         if tuple(mask.shape) == (batch, past + q_len):
             return mask
         if tuple(mask.shape) == (batch, q_len) and entry is not None:
@@ -316,7 +337,9 @@ class MultiheadAttention(nn.Module):
         )
 
     @staticmethod
-    def _default_positions(padding: Tensor | None, entry: _CacheEntry | None, q_len: int, past: int, device) -> Tensor:
+    def _default_positions(
+        padding: Tensor | None, entry: _CacheEntry | None, q_len: int, past: int, device
+    ) -> Tensor:
         if padding is None:
             return torch.arange(past, past + q_len, device=device)[None]
         # Left padding: a token's position counts the real tokens before it (BLOOM/HF generate).

@@ -166,7 +166,7 @@ class PositionalEncoding(nn.Module):
     @property
     def num_bias_heads(self) -> int:
         """BIAS: number of heads the bias is defined for."""
-        return int(getattr(self, "num_heads"))
+        return int(self.num_heads)
 
     def bias_for_positions(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """BIAS: the dense bias ``[B, H, Tq, Tk]`` (float32) for positions ``[B, Tq]`` and ``[B, Tk]``."""
@@ -189,7 +189,14 @@ class PositionalEncoding(nn.Module):
 
     # ------------------------------------------------------------------ CONTENT
     def logits(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, scale: float, layer: nn.Module | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        *,
+        scale: float,
+        layer: nn.Module | None = None,
     ) -> Tensor:
         """CONTENT: the full scaled logits ``[B, H, Tq, Tk]`` (content and position terms).
 

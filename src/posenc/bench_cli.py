@@ -19,10 +19,22 @@ from posenc.cli import app, console
 
 #: benchmark name -> (script, default arguments, what it measures)
 BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
-    "bias": ("bench_bias.py", [], "T5/ALiBi bias attention: blocked backend vs SDPA floor, HF T5, x-transformers, seed"),
-    "alibi": ("bench_bias.py", ["--encoding", "alibi"], "ALiBi: blocked backend vs SDPA floor and x-transformers"),
+    "bias": (
+        "bench_bias.py",
+        [],
+        "T5/ALiBi bias attention: blocked backend vs SDPA floor, HF T5, x-transformers, seed",
+    ),
+    "alibi": (
+        "bench_bias.py",
+        ["--encoding", "alibi"],
+        "ALiBi: blocked backend vs SDPA floor and x-transformers",
+    ),
     "shaw": ("bench_shaw.py", [], "Shaw k=16 key+value: posenc vs eager floor and the seed's (L,L,d) einsum"),
-    "rope": ("bench_rope.py", [], "RoPE on q,k (4,32,2048,128): fused kernel vs HF and rotary-embedding-torch"),
+    "rope": (
+        "bench_rope.py",
+        [],
+        "RoPE on q,k (4,32,2048,128): fused kernel vs HF and rotary-embedding-torch",
+    ),
 }
 QUICK_ARGS: dict[str, list[str]] = {
     "bias": ["--sizes", "512,1024", "--repeats", "2", "--no-memory"],
@@ -33,7 +45,9 @@ QUICK_ARGS: dict[str, list[str]] = {
 
 
 def _benchmarks_dir(given: Path | None) -> Path:
-    candidates = [given] if given else [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[2] / "benchmarks"]
+    candidates = (
+        [given] if given else [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[2] / "benchmarks"]
+    )
     for candidate in candidates:
         if candidate is not None and (candidate / "_harness.py").is_file():
             return candidate
@@ -46,9 +60,13 @@ def _benchmarks_dir(given: Path | None) -> Path:
 
 @app.command("bench")
 def bench(
-    names: list[str] = typer.Argument(None, help=f"benchmarks to run: {', '.join(BENCHMARKS)} (default: all)"),
+    names: list[str] = typer.Argument(
+        None, help=f"benchmarks to run: {', '.join(BENCHMARKS)} (default: all)"
+    ),
     quick: bool = typer.Option(False, "--quick", help="small sizes, no memory runs (about a minute)"),
-    output: Path | None = typer.Option(None, "--output", "-o", help="also write the markdown tables to this file"),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="also write the markdown tables to this file"
+    ),
     threads: int | None = typer.Option(None, "--threads", help="torch threads (default: torch's default)"),
     directory: Path | None = typer.Option(None, "--dir", help="the benchmarks/ folder"),
     extra: str = typer.Option("", "--args", help="extra arguments passed to every benchmark script"),
@@ -67,7 +85,9 @@ def bench(
             args += ["--threads", str(threads)]
         console.print(f"[bold]{name}[/bold]: {what}")
         env = dict(os.environ, PYTHONPATH=str(folder) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        done = subprocess.run([sys.executable, str(folder / script), *args], capture_output=True, text=True, env=env)
+        done = subprocess.run(
+            [sys.executable, str(folder / script), *args], capture_output=True, text=True, env=env
+        )
         if done.returncode != 0:
             console.print(f"[red]{name} failed[/red]:\n{done.stderr[-3000:]}")
             raise typer.Exit(1)

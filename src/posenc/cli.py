@@ -42,7 +42,9 @@ def list_encodings() -> None:
 
 
 @app.command("show")
-def show(spec: str = typer.Argument(..., help="encoding name or spec string, e.g. t5 or rope:base=500000")) -> None:
+def show(
+    spec: str = typer.Argument(..., help="encoding name or spec string, e.g. t5 or rope:base=500000"),
+) -> None:
     """Show an encoding's configuration and a small numeric view of what it computes."""
     from posenc.inspect import build_example
 
@@ -77,4 +79,3 @@ def main() -> None:
     os.environ.setdefault("MPLBACKEND", "Agg")
     _load_command_modules()
     app()
-

@@ -41,7 +41,7 @@ from .attention import KVCache, MultiheadAttention
 from .base import Kind, PositionalEncoding
 from .registry import build_for_layer, get_class, options, parse_spec
 
-__all__ = ["TransformerLM", "TransformerEncoder", "TransformerBlock", "LENGTH_OPTIONS"]
+__all__ = ["LENGTH_OPTIONS", "TransformerBlock", "TransformerEncoder", "TransformerLM"]
 
 #: Options the model's ``max_len`` fills when an encoding takes them and its spec leaves them out:
 #: the size of a position table (learned absolute rows; Shaw's table when unclipped). RoPE's
@@ -151,17 +151,27 @@ class _Stack(nn.Module):
         backend: str,
     ) -> None:
         super().__init__()
-        for label, value in (("vocab_size", vocab_size), ("d_model", d_model), ("num_layers", num_layers), ("num_heads", num_heads)):
+        for label, value in (
+            ("vocab_size", vocab_size),
+            ("d_model", d_model),
+            ("num_layers", num_layers),
+            ("num_heads", num_heads),
+        ):
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{label} must be a positive int, got {value!r}")
         if d_model % num_heads:
             raise ValueError(f"d_model={d_model} is not divisible by num_heads={num_heads}")
         if max_len is not None and max_len <= 0:
             raise ValueError(f"max_len must be positive or None, got {max_len}")
-        d_ff = int(round(ffn_mult * d_model)) if d_ff is None else d_ff
+        d_ff = round(ffn_mult * d_model) if d_ff is None else d_ff
         if d_ff <= 0:
             raise ValueError(f"d_ff must be positive, got {d_ff} (ffn_mult={ffn_mult})")
-        self.vocab_size, self.d_model, self.num_layers, self.num_heads = vocab_size, d_model, num_layers, num_heads
+        self.vocab_size, self.d_model, self.num_layers, self.num_heads = (
+            vocab_size,
+            d_model,
+            num_layers,
+            num_heads,
+        )
         self.causal, self.max_len = causal, max_len
         self.head_dim = d_model // num_heads
 
@@ -190,12 +200,20 @@ class _Stack(nn.Module):
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def _per_layer_specs(encoding: EncodingSpec | Sequence[EncodingSpec], num_layers: int) -> list[EncodingSpec]:
+    def _per_layer_specs(
+        encoding: EncodingSpec | Sequence[EncodingSpec], num_layers: int
+    ) -> list[EncodingSpec]:
         if isinstance(encoding, (list, tuple)):
             if len(encoding) != num_layers:
-                raise ValueError(f"encoding list has {len(encoding)} entries but num_layers={num_layers}; give one spec per layer")
+                raise ValueError(
+                    f"encoding list has {len(encoding)} entries but num_layers={num_layers}; give one spec per layer"
+                )
             return list(encoding)
-        if isinstance(encoding, PositionalEncoding) and encoding.kind is not Kind.ABSOLUTE and not encoding.shared_across_layers:
+        if (
+            isinstance(encoding, PositionalEncoding)
+            and encoding.kind is not Kind.ABSOLUTE
+            and not encoding.shared_across_layers
+        ):
             raise ValueError(
                 f"encoding: one built {encoding.name!r} instance cannot serve {num_layers} layers (its class is not "
                 "shared_across_layers); pass a spec string so that each layer builds its own"
@@ -203,8 +221,12 @@ class _Stack(nn.Module):
         return [encoding] * num_layers
 
     def _build(self, spec: EncodingSpec) -> PositionalEncoding:
-        extra = _model_options(spec, max_len=self.max_len, causal=self.causal) if isinstance(spec, str) else {}
-        return build_for_layer(spec, num_heads=self.num_heads, head_dim=self.head_dim, dim=self.d_model, **extra)
+        extra = (
+            _model_options(spec, max_len=self.max_len, causal=self.causal) if isinstance(spec, str) else {}
+        )
+        return build_for_layer(
+            spec, num_heads=self.num_heads, head_dim=self.head_dim, dim=self.d_model, **extra
+        )
 
     def _input_encodings(self, specs: list[EncodingSpec]) -> list[PositionalEncoding]:
         built: dict[object, PositionalEncoding] = {}
@@ -235,14 +257,18 @@ class _Stack(nn.Module):
         return layers
 
     # ------------------------------------------------------------------ forward
-    def _positions(self, tokens: Tensor, positions: Tensor | None, key_padding_mask: Tensor | None, cache: KVCache | None) -> Tensor:
+    def _positions(
+        self, tokens: Tensor, positions: Tensor | None, key_padding_mask: Tensor | None, cache: KVCache | None
+    ) -> Tensor:
         """Positions ``[B or 1, T]`` of the new tokens (explicit, from padding, or after the cache)."""
         batch, length = tokens.shape
         if positions is not None:
             if positions.dim() == 1:
                 positions = positions[None]
             if positions.dim() != 2 or positions.shape[-1] != length or positions.shape[0] not in (1, batch):
-                raise ValueError(f"positions must have shape [{length}] or [{batch}, {length}], got {tuple(positions.shape)}")
+                raise ValueError(
+                    f"positions must have shape [{length}] or [{batch}, {length}], got {tuple(positions.shape)}"
+                )
             return positions.to(tokens.device)
         first = self.blocks[0].attn
         entry = cache.get(first.layer_idx) if cache is not None else None
@@ -333,7 +359,9 @@ class TransformerLM(_Stack):
         key_padding_mask: Tensor | None = None,
     ) -> Tensor:
         """Logits ``[B, T, V]`` for ``tokens [B, T]`` (new tokens only when ``cache`` holds the past)."""
-        hidden = self.hidden_states(tokens, cache=cache, positions=positions, key_padding_mask=key_padding_mask)
+        hidden = self.hidden_states(
+            tokens, cache=cache, positions=positions, key_padding_mask=key_padding_mask
+        )
         return self.head(hidden)
 
     @torch.no_grad()
@@ -412,6 +440,8 @@ class TransformerEncoder(_Stack):
             backend=backend,
         )
 
-    def forward(self, tokens: Tensor, positions: Tensor | None = None, key_padding_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, tokens: Tensor, positions: Tensor | None = None, key_padding_mask: Tensor | None = None
+    ) -> Tensor:
         """Logits ``[B, T, V]``; padded keys (``key_padding_mask`` True) are never attended to."""
         return self.head(self.hidden_states(tokens, positions=positions, key_padding_mask=key_padding_mask))

@@ -19,7 +19,16 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from .base import PositionalEncoding
 
-__all__ = ["register", "build", "available", "get_class", "parse_spec", "format_spec", "build_for_layer", "options"]
+__all__ = [
+    "available",
+    "build",
+    "build_for_layer",
+    "format_spec",
+    "get_class",
+    "options",
+    "parse_spec",
+    "register",
+]
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
 
@@ -34,7 +43,9 @@ def register(name: str):
 
     def decorator(cls: type[PositionalEncoding]) -> type[PositionalEncoding]:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"encoding name {name!r} is already registered by {_REGISTRY[name].__qualname__}")
+            raise ValueError(
+                f"encoding name {name!r} is already registered by {_REGISTRY[name].__qualname__}"
+            )
         if not issubclass(cls, PositionalEncoding):
             raise TypeError(f"@register({name!r}) needs a PositionalEncoding subclass, got {cls!r}")
         cls.name = name
@@ -81,7 +92,9 @@ def get_class(name: str) -> type[PositionalEncoding]:
     """The class registered under ``name``; ``ValueError`` with suggestions otherwise."""
     _load_builtin()
     if name not in _REGISTRY:
-        raise ValueError(f"unknown encoding {name!r}{_suggest(name, _REGISTRY)}; available: {', '.join(sorted(_REGISTRY))}")
+        raise ValueError(
+            f"unknown encoding {name!r}{_suggest(name, _REGISTRY)}; available: {', '.join(sorted(_REGISTRY))}"
+        )
     return _REGISTRY[name]
 
 
@@ -95,7 +108,9 @@ def options(name: str) -> dict[str, inspect.Parameter]:
     cls = get_class(name)
     init = getattr(cls.__init__, "__wrapped__", cls.__init__)
     params = inspect.signature(init).parameters
-    return {k: p for k, p in params.items() if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return {
+        k: p for k, p in params.items() if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
 
 
 def _type_hints(cls: type) -> dict[str, Any]:
@@ -146,9 +161,9 @@ def _coerce(name: str, option: str, value: Any, annotation: Any) -> Any:
     origin = get_origin(annotation)
     if origin in (Union, types.UnionType):
         args = get_args(annotation)
-        if value is None or (isinstance(value, str) and value.lower() in ("none", "null")):
-            if type(None) in args:
-                return None
+        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+        if is_none and type(None) in args:
+            return None
         errors = []
         # Try the non-None members in order, strings last so "1" becomes an int where allowed.
         ordered = sorted((a for a in args if a is not type(None)), key=lambda a: a is str)
@@ -285,7 +300,9 @@ def build_for_layer(
         for key, value in supplied.items():
             have = spec.config().get(key)
             if have is not None and have != value:
-                raise ValueError(f"{spec.name}: encoding was built with {key}={have} but the layer has {key}={value}")
+                raise ValueError(
+                    f"{spec.name}: encoding was built with {key}={have} but the layer has {key}={value}"
+                )
         return spec
     name, raw = parse_spec(spec)
     params = options(name)

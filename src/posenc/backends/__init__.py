@@ -23,15 +23,15 @@ from ..base import Kind, PositionalEncoding
 __all__ = [
     "AttentionRequest",
     "Backend",
-    "register_backend",
+    "NoBackendError",
+    "auto_reasons",
     "available_backends",
+    "backend_reasons",
     "get_backend",
+    "kind_reasons",
+    "register_backend",
     "select_backend",
     "use_backend",
-    "auto_reasons",
-    "kind_reasons",
-    "backend_reasons",
-    "NoBackendError",
 ]
 
 

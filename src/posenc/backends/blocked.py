@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 from ..base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
 
-__all__ = ["blocked_bias_attention", "BlockedBackend", "DEFAULT_BLOCK"]
+__all__ = ["DEFAULT_BLOCK", "BlockedBackend", "blocked_bias_attention"]
 
 #: Queries per block: 128 rows x 4096 keys x 8 heads of float32 bias is 16 MiB.
 DEFAULT_BLOCK = 128
@@ -88,7 +88,6 @@ class _Plan:
     @property
     def has_column_masks(self) -> bool:
         return self.padding is not None or self.bool_mask is not None or self.float_mask is not None
-
 
 
 # ---------------------------------------------------------------------------- bias per block
@@ -167,7 +166,13 @@ def _block_disallowed(plan: _Plan, i0: int, i1: int, k_end: int, device, *, caus
 
 
 def _block_bias(
-    plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int, dtype: torch.dtype, state: dict | None = None
+    plan: _Plan,
+    table: Tensor | None,
+    i0: int,
+    i1: int,
+    k_end: int,
+    dtype: torch.dtype,
+    state: dict | None = None,
 ):
     """The block's additive mask ``[B|1, H, rows, k_end]`` in ``dtype`` (bias and every mask).
 
@@ -217,10 +222,14 @@ class _BlockedBiasAttention(torch.autograd.Function):
     """``softmax(q kᵀ·scale + bias + mask) v`` block by block; inputs ``plan, q, k, v, table, *params``."""
 
     @staticmethod
-    def forward(ctx, plan: _Plan, q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, *params: Tensor) -> Tensor:
+    def forward(
+        ctx, plan: _Plan, q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, *params: Tensor
+    ) -> Tensor:
         batch, heads, q_len, _ = q.shape
         out = torch.empty_like(q)
-        lse = torch.empty(batch, heads, q_len, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device)
+        lse = torch.empty(
+            batch, heads, q_len, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype, device=q.device
+        )
         if plan.mode == "toeplitz":
             plan.strip = _toeplitz_strip(plan, table, q_len, q.dtype)
         for i0, i1, k_end in _blocks(plan, q_len, k.shape[2]):
@@ -228,7 +237,13 @@ class _BlockedBiasAttention(torch.autograd.Function):
             q_blk, k_blk, v_blk = q[:, :, i0:i1], k[:, :, :k_end], v[:, :, :k_end]
             if plan.use_flash:
                 o_blk, l_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                    q_blk, k_blk, v_blk, 0.0, False, attn_mask=bias.expand(batch, -1, -1, -1), scale=plan.scale
+                    q_blk,
+                    k_blk,
+                    v_blk,
+                    0.0,
+                    False,
+                    attn_mask=bias.expand(batch, -1, -1, -1),
+                    scale=plan.scale,
                 )
             else:
                 logits = _explicit_block(q_blk, k_blk, bias, plan.scale).to(lse.dtype)
@@ -260,12 +275,25 @@ class _BlockedBiasAttention(torch.autograd.Function):
         # torch.func.functional_call the module's own attributes are restored before backward).
         state = {**plan.state, **dict(zip(plan.param_names, params))} if plan.mode == "function" else None
         for i0, i1, k_end in _blocks(plan, q.shape[2], k.shape[2]):
-            q_blk, k_blk, v_blk, g_blk = q[:, :, i0:i1], k[:, :, :k_end], v[:, :, :k_end], grad_out[:, :, i0:i1]
+            q_blk, k_blk, v_blk, g_blk = (
+                q[:, :, i0:i1],
+                k[:, :, :k_end],
+                v[:, :, :k_end],
+                grad_out[:, :, i0:i1],
+            )
             bias, disallowed = _block_bias(plan, table, i0, i1, k_end, q.dtype, state)
             if plan.use_flash and not want_bias and not plan.empty_rows:
                 dq_blk, dk_blk, dv_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-                    g_blk, q_blk, k_blk, v_blk, out[:, :, i0:i1], lse[:, :, i0:i1], 0.0, False,
-                    attn_mask=bias.expand(batch, -1, -1, -1), scale=plan.scale,
+                    g_blk,
+                    q_blk,
+                    k_blk,
+                    v_blk,
+                    out[:, :, i0:i1],
+                    lse[:, :, i0:i1],
+                    0.0,
+                    False,
+                    attn_mask=bias.expand(batch, -1, -1, -1),
+                    scale=plan.scale,
                 )
                 dq[:, :, i0:i1] = dq_blk
                 dk[:, :, :k_end] += dk_blk
@@ -310,7 +338,9 @@ def _bias_grad(plan, d_logits, d_table, state, params, d_params, needs_params, i
     if plan.mode == "toeplitz":
         # Entry (r, j) of the block has table index (Tq - 1 - i0) + j - r: sum along diagonals by
         # writing row r shifted right by (rows - 1 - r) into a zero strip and summing the rows.
-        grad = (d_logits[0] if d_logits.shape[0] == 1 else d_logits.sum(0)).to(d_table.dtype)  # [H, rows, k_end]
+        grad = (d_logits[0] if d_logits.shape[0] == 1 else d_logits.sum(0)).to(
+            d_table.dtype
+        )  # [H, rows, k_end]
         width = k_end + rows - 1
         strip = grad.new_empty(heads, rows, width)
         # Only the two triangles outside the copied band need zeros: clear their column bands.
@@ -329,7 +359,9 @@ def _bias_grad(plan, d_logits, d_table, state, params, d_params, needs_params, i
     with torch.enable_grad():
         bias = _block_rows_float32(plan, None, i0, i1, k_end, state)
         wanted = [p for p, need in zip(params, needs_params) if need]
-        grads = torch.autograd.grad(bias, wanted, _sum_to(d_logits.to(bias.dtype), bias.shape), allow_unused=True)
+        grads = torch.autograd.grad(
+            bias, wanted, _sum_to(d_logits.to(bias.dtype), bias.shape), allow_unused=True
+        )
     found = iter(grads)
     for index, need in enumerate(needs_params):
         if need:
@@ -444,7 +476,9 @@ class BlockedBackend:
 
     def declines(self, request: AttentionRequest) -> list[str]:
         if request.q_len * request.k_len < MIN_AUTO_LOGITS:
-            return [f"small attention (Tq*Tk = {request.q_len * request.k_len} < 256*256): the dense bias through sdpa is cheaper"]
+            return [
+                f"small attention (Tq*Tk = {request.q_len * request.k_len} < 256*256): the dense bias through sdpa is cheaper"
+            ]
         return []
 
     def reasons(self, request: AttentionRequest) -> list[str]:
@@ -453,9 +487,13 @@ class BlockedBackend:
             reasons.append("attention dropout is not implemented in the blocked backend")
         mask = request.attn_mask
         if mask is not None and mask.requires_grad and torch.is_grad_enabled():
-            reasons.append("a float attn_mask that requires grad is not differentiated by the blocked backend")
+            reasons.append(
+                "a float attn_mask that requires grad is not differentiated by the blocked backend"
+            )
         if request.q.device.type != "cpu" and _flex_can_serve(request):
-            reasons.append(f"on {request.q.device.type} the flex backend serves BIAS encodings with a fused kernel")
+            reasons.append(
+                f"on {request.q.device.type} the flex backend serves BIAS encodings with a fused kernel"
+            )
         return reasons
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:

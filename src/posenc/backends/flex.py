@@ -36,7 +36,7 @@ from torch import Tensor
 from ..base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
 
-__all__ = ["FlexBackend", "flex_bias_attention", "flex_available"]
+__all__ = ["FlexBackend", "flex_available", "flex_bias_attention"]
 
 _COMPILED: dict[str, Callable] = {}
 _SEEN_SHAPES: set[tuple] = set()
@@ -62,7 +62,7 @@ def _cpu_compiler() -> str | None:
         from torch._inductor.cpp_builder import get_cpp_compiler
 
         return get_cpp_compiler()
-    except Exception:  # noqa: BLE001 - any failure means: cannot compile on CPU
+    except Exception:
         return shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 
 
@@ -190,14 +190,16 @@ class FlexBackend:
 
     def declines(self, request: AttentionRequest) -> list[str]:
         if request.q.device.type == "cpu":
-            return ["on CPU each new shape costs a 10-15 s compile; blocked and sdpa serve without one (force flex to use it)"]
+            return [
+                "on CPU each new shape costs a 10-15 s compile; blocked and sdpa serve without one (force flex to use it)"
+            ]
         return []
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         reasons = kind_reasons(request, Kind.BIAS)
         missing = flex_available()
         if missing:
-            return reasons + [missing]
+            return [*reasons, missing]
         device = request.q.device.type
         if device == "cpu":
             if request.needs_grad:
@@ -206,7 +208,9 @@ class FlexBackend:
                     "the blocked backend trains bias encodings on CPU"
                 )
             if request.q.dtype not in _CPU_DTYPES:
-                reasons.append(f"compiled FlexAttention on CPU supports float32/float16/bfloat16, not {request.q.dtype}")
+                reasons.append(
+                    f"compiled FlexAttention on CPU supports float32/float16/bfloat16, not {request.q.dtype}"
+                )
             if _cpu_compiler() is None:
                 reasons.append("torch.compile needs a C++ compiler on CPU and none was found")
         elif device not in ("cuda", "xpu"):
@@ -218,7 +222,9 @@ class FlexBackend:
         if request.q_len == 0 or request.k_len == 0:
             reasons.append("empty query or key sequence")
         elif _has_fully_masked_row(request):
-            reasons.append("a query row sees no key: FlexAttention returns zeros there, eager averages all values")
+            reasons.append(
+                "a query row sees no key: FlexAttention returns zeros there, eager averages all values"
+            )
         if _shape_key(request) not in _SEEN_SHAPES and len(_SEEN_SHAPES) >= _recompile_limit():
             reasons.append(
                 f"FlexAttention is already compiled for {len(_SEEN_SHAPES)} shapes (dynamo's recompile limit); "

@@ -23,14 +23,16 @@ from ..base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
 from .eager import repeat_kv
 
-__all__ = ["RelativeBackend", "relative_attention", "DENSE_LIMIT", "DEFAULT_BLOCK"]
+__all__ = ["DEFAULT_BLOCK", "DENSE_LIMIT", "RelativeBackend", "relative_attention"]
 
 #: Dense logits up to this many elements (64 MiB of float32) run as a single block.
 DENSE_LIMIT = 1 << 24
 DEFAULT_BLOCK = 256
 
 
-def _block_output(req: AttentionRequest, q_blk: Tensor, k: Tensor, v: Tensor, i0: int, i1: int, k_end: int) -> Tensor:
+def _block_output(
+    req: AttentionRequest, q_blk: Tensor, k: Tensor, v: Tensor, i0: int, i1: int, k_end: int
+) -> Tensor:
     """Attention output of query rows ``i0:i1`` against keys ``:k_end``, as the eager backend does."""
     q_pos = req.q_pos[:, i0:i1]
     k_pos = req.k_pos[:, :k_end]
@@ -68,7 +70,9 @@ def _skips_future(req: AttentionRequest) -> bool:
     return req.causal and not _has_fully_masked_row(req)
 
 
-def relative_attention(req: AttentionRequest, block: int | None = None, use_checkpoint: bool | None = None) -> Tensor:
+def relative_attention(
+    req: AttentionRequest, block: int | None = None, use_checkpoint: bool | None = None
+) -> Tensor:
     """Output ``[B, H, Tq, D]`` of a CONTENT request computed ``block`` queries at a time.
 
     ``block=None`` picks one block for small problems (eager's cost) and :data:`DEFAULT_BLOCK`

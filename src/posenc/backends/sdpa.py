@@ -21,7 +21,9 @@ class SdpaBackend:
     def reasons(self, request: AttentionRequest) -> list[str]:
         reasons = []
         if request.kind is Kind.CONTENT:
-            reasons.append(f"kind {request.kind.value} ({request.encoding.name}) adds q/k-dependent logit terms")
+            reasons.append(
+                f"kind {request.kind.value} ({request.encoding.name}) adds q/k-dependent logit terms"
+            )
         return reasons
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:

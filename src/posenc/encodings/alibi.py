@@ -57,7 +57,7 @@ def alibi_slopes(num_heads: int) -> Tensor:
     """
     if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
         raise ValueError(f"alibi: num_heads must be a positive integer, got num_heads={num_heads!r}")
-    closest = 2 ** int(math.floor(math.log2(num_heads)))
+    closest = 2 ** math.floor(math.log2(num_heads))
     slopes = _power_of_two_slopes(closest)
     # Heads beyond the power of two interleave between the existing slopes: every other slope of 2c.
     slopes += _power_of_two_slopes(2 * closest)[0::2][: num_heads - closest]
@@ -101,7 +101,9 @@ class ALiBi(PositionalEncoding):
         lines = [f"mode={self.mode}; slopes m_h for {self.num_heads} heads:"]
         for h, m in enumerate(slopes):
             lines.append(f"  head {h}: m = {m:.8g} = 2^{math.log2(m):.4g}")
-        row = self.bias(1, 8, q_offset=7)[0, 0] if self.mode == "causal" else self.bias(1, 9, q_offset=4)[0, 0]
+        row = (
+            self.bias(1, 8, q_offset=7)[0, 0] if self.mode == "causal" else self.bias(1, 9, q_offset=4)[0, 0]
+        )
         where = "query 7, keys 0..7" if self.mode == "causal" else "query 4, keys 0..8"
         lines.append(f"  head 0 bias, {where}:")
         lines.append("    " + " ".join(f"{v:+.4f}" for v in row.tolist()))

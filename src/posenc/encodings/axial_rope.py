@@ -35,7 +35,9 @@ __functional__ = ["axial_rope_cos_sin"]
 def axial_rope_cos_sin(rows: Tensor, cols: Tensor, inv_freq: Tensor) -> tuple[Tensor, Tensor]:
     """Float32 ``cos``/``sin`` ``[..., T, 2·len(inv_freq)]`` of the angles ``[row·inv_freq | col·inv_freq]``."""
     inv_freq = inv_freq.to(device=rows.device, dtype=torch.float32)
-    angles = torch.cat([rows.to(torch.float32)[..., None] * inv_freq, cols.to(torch.float32)[..., None] * inv_freq], dim=-1)
+    angles = torch.cat(
+        [rows.to(torch.float32)[..., None] * inv_freq, cols.to(torch.float32)[..., None] * inv_freq], dim=-1
+    )
     return angles.cos(), angles.sin()
 
 
@@ -47,14 +49,20 @@ class AxialRoPE(PositionalEncoding):
     example_options = {"grid_width": 4}
 
     def __init__(
-        self, head_dim: int, grid_width: int, base: float = 10000.0, pairing: Literal["half", "interleaved"] = "half"
+        self,
+        head_dim: int,
+        grid_width: int,
+        base: float = 10000.0,
+        pairing: Literal["half", "interleaved"] = "half",
     ) -> None:
         """Args: ``head_dim`` (filled in by the layer; multiple of 4); ``grid_width`` patches per
         row; ``base``; ``pairing``."""
         super().__init__()
         _check_pairing(pairing)
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 4:
-            raise ValueError(f"axial_rope: head_dim must be a positive multiple of 4, got head_dim={head_dim!r}")
+            raise ValueError(
+                f"axial_rope: head_dim must be a positive multiple of 4, got head_dim={head_dim!r}"
+            )
         if grid_width <= 0:
             raise ValueError(f"axial_rope: grid_width must be positive, got grid_width={grid_width}")
         self.head_dim, self.grid_width, self.base, self.pairing = head_dim, grid_width, float(base), pairing
@@ -72,7 +80,9 @@ class AxialRoPE(PositionalEncoding):
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
-            raise ValueError(f"axial_rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+            raise ValueError(
+                f"axial_rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
         return self._rotate_one(q, q_pos), self._rotate_one(k, k_pos)
 
     def preview(self) -> str:

@@ -65,7 +65,14 @@ class CoPE(PositionalEncoding):
         self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))
 
     def logits(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, scale: float, layer: nn.Module | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        *,
+        scale: float,
+        layer: nn.Module | None = None,
     ) -> Tensor:
         content = (q @ k.transpose(-1, -2)) * scale
         # Future keys by index, exactly as the causal mask: query i sits at key index i + (Tk - Tq).

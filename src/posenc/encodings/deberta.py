@@ -68,7 +68,9 @@ def deberta_log_bucket(relative_position: Tensor, bucket_size: int, max_position
     return torch.where(magnitude <= mid, relative_position, far)
 
 
-def deberta_att_span(position_buckets: int, max_relative_positions: int, max_position_embeddings: int = 512) -> int:
+def deberta_att_span(
+    position_buckets: int, max_relative_positions: int, max_position_embeddings: int = 512
+) -> int:
     """HF's table half-size: ``position_buckets`` if > 0, else ``max_relative_positions``
     (which itself becomes ``max_position_embeddings`` when < 1)."""
     max_relative = max_relative_positions if max_relative_positions >= 1 else max_position_embeddings
@@ -156,7 +158,9 @@ class DebertaDisentangled(PositionalEncoding):
             max_relative_positions if max_relative_positions >= 1 else max_position_embeddings
         )
         if position_buckets > 0:
-            deberta_log_bucket(torch.zeros(1, dtype=torch.long), position_buckets, self.max_relative_positions)
+            deberta_log_bucket(
+                torch.zeros(1, dtype=torch.long), position_buckets, self.max_relative_positions
+            )
         self.att_span = deberta_att_span(position_buckets, max_relative_positions, max_position_embeddings)
         self.terms = tuple(pos_att_type.split("|"))
         self.share_att_key, self.pos_dropout = share_att_key, pos_dropout
@@ -214,7 +218,14 @@ class DebertaDisentangled(PositionalEncoding):
 
     # ------------------------------------------------------------------ CONTENT hooks
     def logits(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, scale: float, layer: nn.Module | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        *,
+        scale: float,
+        layer: nn.Module | None = None,
     ) -> Tensor:
         """``(c2c + c2p + p2c) · scale``: ``[B, H, Tq, Tk]`` from ``q [B, H, Tq, D]``, ``k [B, H, Tk, D]``."""
         batch, heads, q_len, _ = q.shape
@@ -243,9 +254,19 @@ class DebertaDisentangled(PositionalEncoding):
         ]
         lines += ["  " + " ".join(f"{int(v):4d}" for v in row) for row in index]
         if self.position_buckets > 0:
-            distances = [0, 1, self.position_buckets // 2, self.position_buckets // 2 + 1, self.position_buckets,
-                         self.max_relative_positions - 1, self.max_relative_positions, 4 * self.max_relative_positions]
-            buckets = deberta_log_bucket(torch.tensor(distances), self.position_buckets, self.max_relative_positions)
+            distances = [
+                0,
+                1,
+                self.position_buckets // 2,
+                self.position_buckets // 2 + 1,
+                self.position_buckets,
+                self.max_relative_positions - 1,
+                self.max_relative_positions,
+                4 * self.max_relative_positions,
+            ]
+            buckets = deberta_log_bucket(
+                torch.tensor(distances), self.position_buckets, self.max_relative_positions
+            )
             pairs = ", ".join(f"{d}->{int(b)}" for d, b in zip(distances, buckets))
             lines.append(f"log buckets (i - j -> bucket): {pairs}")
         return "\n".join(lines)

@@ -44,7 +44,12 @@ class FIRE(PositionalEncoding):
     causal_only = True
 
     def __init__(
-        self, num_heads: int, hidden_dim: int = 32, c_init: float = 0.1, threshold_init: float = 512.0, eps: float = 1e-6
+        self,
+        num_heads: int,
+        hidden_dim: int = 32,
+        c_init: float = 0.1,
+        threshold_init: float = 512.0,
+        eps: float = 1e-6,
     ) -> None:
         """Args: ``num_heads`` (filled in by the layer); ``hidden_dim`` of ``f_θ``; ``c_init``
         (initial ``c``); ``threshold_init`` (``L_init``, frozen); ``eps``."""
@@ -68,7 +73,9 @@ class FIRE(PositionalEncoding):
         return torch.abs(self.threshold_mult * self.threshold_init)
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        x = fire_input(q_pos, k_pos, self.c, self.threshold, self.eps)  # float32 (float64 for a float64 model)
+        x = fire_input(
+            q_pos, k_pos, self.c, self.threshold, self.eps
+        )  # float32 (float64 for a float64 model)
         dtype = x.dtype
         w_in, b_in = self.mlp_in.weight[:, 0].to(dtype), self.mlp_in.bias.to(dtype)
         w_out, b_out = self.mlp_out.weight.to(dtype), self.mlp_out.bias.to(dtype)

@@ -91,7 +91,9 @@ class Learned(PositionalEncoding):
             ValueError: ``new_max_len`` is not larger than the current ``max_len``.
         """
         if isinstance(new_max_len, bool) or not isinstance(new_max_len, int) or new_max_len <= self.max_len:
-            raise ValueError(f"learned: new_max_len must be an integer > max_len={self.max_len}, got {new_max_len!r}")
+            raise ValueError(
+                f"learned: new_max_len must be an integer > max_len={self.max_len}, got {new_max_len!r}"
+            )
         old = self.table.weight
         grown = resample_positions(old, new_max_len)
         self.table.weight = nn.Parameter(grown, requires_grad=old.requires_grad)
@@ -102,7 +104,9 @@ class Learned(PositionalEncoding):
     def preview(self) -> str:
         weight = self.table.weight.detach().float()
         shown = min(self.dim, 6)
-        lines = [f"table [{self.max_len}, {self.dim}] (init N(0, {INIT_STD}²)); rows 0..2, channels 0..{shown - 1}:"]
+        lines = [
+            f"table [{self.max_len}, {self.dim}] (init N(0, {INIT_STD}²)); rows 0..2, channels 0..{shown - 1}:"
+        ]
         for p in range(min(3, self.max_len)):
             lines.append(f"  p={p}: " + " ".join(f"{v:+.4f}" for v in weight[p, :shown].tolist()))
         norms = weight.norm(dim=-1)

@@ -84,7 +84,9 @@ class MLPBias(PositionalEncoding):
             raise ValueError(f"mlp_bias: hidden_dim must be positive, got hidden_dim={hidden} (dim={dim})")
         self.num_heads, self.hidden_dim, self.depth = num_heads, hidden, depth
         self.log_distance, self.norm = log_distance, norm
-        self.linears = nn.ModuleList([nn.Linear(1, hidden)] + [nn.Linear(hidden, hidden) for _ in range(depth - 1)])
+        self.linears = nn.ModuleList(
+            [nn.Linear(1, hidden)] + [nn.Linear(hidden, hidden) for _ in range(depth - 1)]
+        )
         self.first_norm_gain = nn.Parameter(torch.ones(hidden)) if norm else None
         self.norms = nn.ModuleList([nn.LayerNorm(hidden) for _ in range(depth - 1)]) if norm else None
         self.out = nn.Linear(hidden, num_heads)
@@ -122,7 +124,10 @@ class MLPBias(PositionalEncoding):
         units = [F.silu(v) for v in units]
         for index, linear in enumerate(self.linears[1:]):
             weight, bias = linear.weight.to(dtype), linear.bias.to(dtype)
-            units = [sum((weight[v, u] * units[u] for u in range(self.hidden_dim)), bias[v]) for v in range(self.hidden_dim)]
+            units = [
+                sum((weight[v, u] * units[u] for u in range(self.hidden_dim)), bias[v])
+                for v in range(self.hidden_dim)
+            ]
             if self.norms is not None:
                 norm = self.norms[index]
                 gain, shift = norm.weight.to(dtype), norm.bias.to(dtype)
@@ -136,7 +141,9 @@ class MLPBias(PositionalEncoding):
         relative = (q_pos - k_pos).to(dtype)
         if head.dim() == 0 and relative.dim() == 0:  # one (head, query, key) at a time: flex score_mod
             return self._pointwise(head, relative)
-        per_head = F.linear(self._hidden(relative), self.out.weight.to(dtype), self.out.bias.to(dtype))  # [..., H]
+        per_head = F.linear(
+            self._hidden(relative), self.out.weight.to(dtype), self.out.bias.to(dtype)
+        )  # [..., H]
         return _select_head(per_head, head)
 
     def distance_table(self, low: int, high: int, device: torch.device | None = None) -> Tensor:
@@ -162,7 +169,9 @@ class MLPBias(PositionalEncoding):
     @torch.no_grad()
     def preview(self) -> str:
         bias = self.bias(1, 9, q_offset=8)[:, 0]
-        rows = [f"hidden={self.hidden_dim}, depth={self.depth}, log_distance={self.log_distance}; query 8, keys 0..8:"]
+        rows = [
+            f"hidden={self.hidden_dim}, depth={self.depth}, log_distance={self.log_distance}; query 8, keys 0..8:"
+        ]
         for h in range(min(self.num_heads, 4)):
             rows.append(f"head {h}: " + " ".join(f"{v:7.3f}" for v in bias[h].tolist()))
         return "\n".join(rows)

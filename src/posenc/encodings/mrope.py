@@ -106,7 +106,9 @@ class MRoPE(PositionalEncoding):
         if ids.dim() == 2:
             ids = ids[:, None]
         if ids.dim() != 3 or ids.shape[0] != 3 or ids.dtype.is_floating_point:
-            raise ValueError(f"mrope: position ids must be an integer tensor [3, B, T] or [3, T], got {tuple(ids.shape)}")
+            raise ValueError(
+                f"mrope: position ids must be an integer tensor [3, B, T] or [3, T], got {tuple(ids.shape)}"
+            )
         previous, self._ids = self._ids, ids.long()
         try:
             yield
@@ -125,8 +127,12 @@ class MRoPE(PositionalEncoding):
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
-            raise ValueError(f"mrope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-        q_cos, q_sin = mrope_cos_sin(self._axes(q_pos, q.shape[2], "queries"), self.inv_freq, self.mrope_section)
+            raise ValueError(
+                f"mrope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
+        q_cos, q_sin = mrope_cos_sin(
+            self._axes(q_pos, q.shape[2], "queries"), self.inv_freq, self.mrope_section
+        )
         k_cos, k_sin = mrope_cos_sin(self._axes(k_pos, k.shape[2], "keys"), self.inv_freq, self.mrope_section)
         return _apply_cos_sin(q, q_cos, q_sin, "half"), _apply_cos_sin(k, k_cos, k_sin, "half")
 

@@ -126,22 +126,30 @@ def apply_rope(
     if rotary_dim is None:
         rotary_dim = width
     if rotary_dim % 2 or rotary_dim <= 0:
-        raise ValueError(f"apply_rope: rotary_dim must be a positive even number, got rotary_dim={rotary_dim}")
+        raise ValueError(
+            f"apply_rope: rotary_dim must be a positive even number, got rotary_dim={rotary_dim}"
+        )
     if rotary_dim != width:
-        raise ValueError(f"apply_rope: rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} values (= rotary_dim/2)")
+        raise ValueError(
+            f"apply_rope: rotary_dim={rotary_dim} but inv_freq has {inv_freq.shape[-1]} values (= rotary_dim/2)"
+        )
     if rotary_dim > x.shape[-1]:
         raise ValueError(f"apply_rope: rotary_dim={rotary_dim} exceeds the head dimension {x.shape[-1]}")
     if positions.dim() == 1:
         positions = positions[None]
     if positions.dim() != 2 or positions.shape[-1] != x.shape[2]:
-        raise ValueError(f"apply_rope: positions must have shape [T] or [B, T] with T={x.shape[2]}, got {tuple(positions.shape)}")
+        raise ValueError(
+            f"apply_rope: positions must have shape [T] or [B, T] with T={x.shape[2]}, got {tuple(positions.shape)}"
+        )
     cos, sin = rope_cos_sin(positions, inv_freq, attention_scale)
     return _apply_cos_sin(x, cos, sin, pairing)
 
 
 def _pairing_permutation(rotary_dim: int, head_dim: int) -> Tensor:
     """``P = [0, 2, ..., d_r-2, 1, 3, ..., d_r-1]`` then the pass-through channels: ``half(x[P]) = interleaved(x)[P]``."""
-    return torch.cat((torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2), torch.arange(rotary_dim, head_dim)))
+    return torch.cat(
+        (torch.arange(0, rotary_dim, 2), torch.arange(1, rotary_dim, 2), torch.arange(rotary_dim, head_dim))
+    )
 
 
 def convert_rope_pairing(
@@ -163,7 +171,9 @@ def convert_rope_pairing(
     _check_pairing(dst)
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-        raise ValueError(f"convert_rope_pairing: rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}")
+        raise ValueError(
+            f"convert_rope_pairing: rotary_dim must be even and in (0, head_dim={head_dim}], got {rotary_dim}"
+        )
     if weight.shape[0] != num_heads * head_dim:
         raise ValueError(
             f"convert_rope_pairing: weight has {weight.shape[0]} rows, expected num_heads*head_dim = {num_heads * head_dim}"
@@ -229,14 +239,18 @@ class RoPE(PositionalEncoding):
     ) -> None:
         super().__init__()
         _check_pairing(pairing)
-        if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0):
+        if head_dim is not None and (
+            isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0
+        ):
             raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
         if cache_size <= 0:
             raise ValueError(f"rope: cache_size must be positive, got {cache_size}")
         self.head_dim: int | None = None
         self.pairing = pairing
         self._cache_size = cache_size
-        self._seq_len: int | None = None  # the length the frequencies were computed for (length-dependent types)
+        self._seq_len: int | None = (
+            None  # the length the frequencies were computed for (length-dependent types)
+        )
         self._frequency_options: dict[str, Any] = {
             "base": base,
             "rotary_dim": rotary_dim,
@@ -276,11 +290,17 @@ class RoPE(PositionalEncoding):
         """
         if self.head_dim is not None:
             if head_dim != self.head_dim:
-                raise ValueError(f"rope: built for head_dim={self.head_dim}, the layer has head_dim={head_dim}")
+                raise ValueError(
+                    f"rope: built for head_dim={self.head_dim}, the layer has head_dim={head_dim}"
+                )
             return
         options = dict(self._frequency_options)
         self.scaling_config = self._scaling_config(
-            head_dim, options.pop("base"), options.pop("rotary_dim"), options.pop("scaling"), options.pop("rope_parameters"),
+            head_dim,
+            options.pop("base"),
+            options.pop("rotary_dim"),
+            options.pop("scaling"),
+            options.pop("rope_parameters"),
             **options,
         )
         self.rope_type: str = self.scaling_config.get("rope_type", "default")
@@ -318,16 +338,24 @@ class RoPE(PositionalEncoding):
             config.setdefault("rope_type", config.get("type", "default"))
         else:
             if given and scaling in (None, "default"):
-                raise ValueError(f"rope: option(s) {', '.join(sorted(given))} need a scaling type, e.g. scaling='yarn'")
+                raise ValueError(
+                    f"rope: option(s) {', '.join(sorted(given))} need a scaling type, e.g. scaling='yarn'"
+                )
             config = {"rope_theta": base, "rope_type": scaling or "default", **given}
         if rotary_dim is not None:
             if config.get("partial_rotary_factor") is not None:
-                raise ValueError("rope: give rotary_dim or rope_parameters['partial_rotary_factor'], not both")
+                raise ValueError(
+                    "rope: give rotary_dim or rope_parameters['partial_rotary_factor'], not both"
+                )
             if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
-                raise ValueError(f"rope: rotary_dim must be even and in (0, head_dim={head_dim}], got rotary_dim={rotary_dim}")
+                raise ValueError(
+                    f"rope: rotary_dim must be even and in (0, head_dim={head_dim}], got rotary_dim={rotary_dim}"
+                )
             config["rotary_dim"] = rotary_dim
         elif config.get("partial_rotary_factor") is None and head_dim % 2:
-            raise ValueError(f"rope: head_dim must be even (channels rotate in pairs), got head_dim={head_dim}")
+            raise ValueError(
+                f"rope: head_dim must be even (channels rotate in pairs), got head_dim={head_dim}"
+            )
         config["head_dim"] = head_dim
         return config
 
@@ -387,7 +415,7 @@ class RoPE(PositionalEncoding):
     def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
         # ``module.to(torch.bfloat16)`` casts buffers; the angle tables must stay float32.
         super()._apply(fn, recurse)
-        if self.is_bound and self.inv_freq.dtype != torch.float32 or self.cos_cached.dtype != torch.float32:
+        if (self.is_bound and self.inv_freq.dtype != torch.float32) or self.cos_cached.dtype != torch.float32:
             self.reset_tables(self.inv_freq.device)
         return self
 
@@ -415,7 +443,9 @@ class RoPE(PositionalEncoding):
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         self.bind(q.shape[-1])  # a no-op once bound; an error if q's size differs from head_dim
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
-            raise ValueError(f"rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+            raise ValueError(
+                f"rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
         if self.rope_type in LENGTH_DEPENDENT:
             # One length for the whole call (max position + 1), so q and k see the same frequencies.
             both = torch.cat((q_pos.reshape(-1), k_pos.reshape(-1)))

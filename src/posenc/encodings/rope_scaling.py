@@ -76,7 +76,9 @@ def rope_scaled_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> 
     """
     rope_type = config.get("rope_type", config.get("type", "default")) or "default"
     if rope_type not in _SCALINGS:
-        raise ValueError(f"unknown RoPE scaling (rope_type) {rope_type!r}; available: {', '.join(rope_scaling_types())}")
+        raise ValueError(
+            f"unknown RoPE scaling (rope_type) {rope_type!r}; available: {', '.join(rope_scaling_types())}"
+        )
     return _SCALINGS[rope_type](config, seq_len)
 
 
@@ -136,7 +138,9 @@ def _original_length(config: dict[str, Any], rope_type: str) -> int:
             f"RoPE scaling {rope_type!r} needs 'original_max_position_embeddings' (the pretraining length)"
         )
     if int(length) <= 0:
-        raise ValueError(f"RoPE scaling {rope_type!r}: original_max_position_embeddings must be positive, got {length}")
+        raise ValueError(
+            f"RoPE scaling {rope_type!r}: original_max_position_embeddings must be positive, got {length}"
+        )
     return int(length)
 
 
@@ -146,7 +150,9 @@ def _factor_or_ratio(config: dict[str, Any], rope_type: str, original: int) -> f
         return _factor(config, rope_type)
     longest = config.get("max_position_embeddings")
     if longest is None:
-        raise ValueError(f"RoPE scaling {rope_type!r} needs 'factor' (or 'max_position_embeddings' to derive it)")
+        raise ValueError(
+            f"RoPE scaling {rope_type!r} needs 'factor' (or 'max_position_embeddings' to derive it)"
+        )
     return float(longest) / original
 
 
@@ -193,7 +199,9 @@ def dynamic_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tupl
     width = rotary_width(config)
     trained = config.get("max_position_embeddings") or config.get("original_max_position_embeddings")
     if trained is None:
-        raise ValueError("RoPE scaling 'dynamic' needs 'original_max_position_embeddings' (the pretraining length)")
+        raise ValueError(
+            "RoPE scaling 'dynamic' needs 'original_max_position_embeddings' (the pretraining length)"
+        )
     length = max(int(seq_len), int(trained)) if seq_len is not None else int(trained)
     base = _base(config) * ((factor * length / trained) - (factor - 1)) ** (width / (width - 2))
     return _inv_freq(base, width), 1.0
@@ -254,7 +262,9 @@ def llama3_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple
             raise ValueError(f"RoPE scaling 'llama3' needs {key!r}")
     low_factor, high_factor = float(config["low_freq_factor"]), float(config["high_freq_factor"])
     if not high_factor > low_factor:
-        raise ValueError(f"RoPE scaling 'llama3': high_freq_factor ({high_factor}) must exceed low_freq_factor ({low_factor})")
+        raise ValueError(
+            f"RoPE scaling 'llama3': high_freq_factor ({high_factor}) must exceed low_freq_factor ({low_factor})"
+        )
     inv_freq = _inv_freq(_base(config), rotary_width(config))
     wavelength = 2 * math.pi / inv_freq
     long_wave = wavelength > original / low_factor
@@ -275,7 +285,9 @@ def longrope_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tup
         values = config.get(key)
         if values is None or len(values) != width // 2:
             got = "missing" if values is None else f"length {len(values)}"
-            raise ValueError(f"RoPE scaling 'longrope' needs {key!r} with rotary_dim/2 = {width // 2} values, got {got}")
+            raise ValueError(
+                f"RoPE scaling 'longrope' needs {key!r} with rotary_dim/2 = {width // 2} values, got {got}"
+            )
         lists[key] = values
     factor = _factor_or_ratio(config, "longrope", original)
     attention = config.get("attention_factor")

@@ -141,17 +141,28 @@ class ShawRelative(PositionalEncoding):
         return self.key_table.shape[-2]
 
     def _limit_hint(self) -> str:
-        return f"shaw with k=None has a table for positions below max_len={self.max_len}; raise max_len or set k"
+        return (
+            f"shaw with k=None has a table for positions below max_len={self.max_len}; raise max_len or set k"
+        )
 
     def relative_index(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """Table rows ``[B or 1, Tq, Tk]`` for positions ``[B or 1, Tq]`` and ``[B or 1, Tk]``."""
         if self.k is None:
             self.check_positions(q_pos, "q_pos")
             self.check_positions(k_pos, "k_pos")
-        return shaw_relative_index(q_pos.to(self.key_table.device), k_pos.to(self.key_table.device), self.k, self.max_len)
+        return shaw_relative_index(
+            q_pos.to(self.key_table.device), k_pos.to(self.key_table.device), self.k, self.max_len
+        )
 
     def logits(
-        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, *, scale: float, layer: nn.Module | None = None
+        self,
+        q: Tensor,
+        k: Tensor,
+        q_pos: Tensor,
+        k_pos: Tensor,
+        *,
+        scale: float,
+        layer: nn.Module | None = None,
     ) -> Tensor:
         """``(q·kᵀ + q·a^K) · scale``: ``[B, H, Tq, Tk]`` from ``q [B, H, Tq, D]``, ``k [B, H, Tk, D]``."""
         index = self.relative_index(q_pos, k_pos)

@@ -34,7 +34,9 @@ _LAYOUTS = ("interleaved", "concat")
 
 def _check_options(dim: int, base: float, layout: str) -> None:
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 2:
-        raise ValueError(f"sinusoidal: dim must be a positive even integer (sin and cos pairs), got dim={dim!r}")
+        raise ValueError(
+            f"sinusoidal: dim must be a positive even integer (sin and cos pairs), got dim={dim!r}"
+        )
     if not base > 0:
         raise ValueError(f"sinusoidal: base must be positive, got base={base!r}")
     if layout not in _LAYOUTS:
@@ -93,7 +95,9 @@ class Sinusoidal(PositionalEncoding):
         positions = torch.arange(4)
         table = sinusoidal(positions, self.dim, self.base, self.layout)
         shown = min(self.dim, 6)
-        lines = [f"layout={self.layout}, base={self.base:g}; positions 0..3, channels 0..{shown - 1} of {self.dim}:"]
+        lines = [
+            f"layout={self.layout}, base={self.base:g}; positions 0..3, channels 0..{shown - 1} of {self.dim}:"
+        ]
         for p, row in zip(positions.tolist(), table[:, :shown].tolist()):
             lines.append(f"  p={p}: " + " ".join(f"{v:+.6f}" for v in row))
         return "\n".join(lines)

@@ -44,7 +44,9 @@ def sinusoidal_2d(rows: Tensor, cols: Tensor, dim: int, base: float = 10000.0) -
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 4:
         raise ValueError(f"sinusoidal2d: dim must be a positive multiple of 4, got dim={dim!r}")
     half = dim // 2  # each axis: MAE's 1-D helper on D/2 channels, [sin | cos]
-    return torch.cat([sinusoidal(cols, half, base, layout="concat"), sinusoidal(rows, half, base, layout="concat")], dim=-1)
+    return torch.cat(
+        [sinusoidal(cols, half, base, layout="concat"), sinusoidal(rows, half, base, layout="concat")], dim=-1
+    )
 
 
 @register("sinusoidal2d")
@@ -86,6 +88,8 @@ class Sinusoidal2D(PositionalEncoding):
             f"grid_width={self.grid_width}, cls_token={self.cls_token}; channels {channels} "
             "(sin col, cos col, sin row, cos row, first two frequencies each):"
         ]
-        for p, r, c, row in zip(positions.tolist(), rows.tolist(), cols.tolist(), table[:, channels].tolist()):
+        for p, r, c, row in zip(
+            positions.tolist(), rows.tolist(), cols.tolist(), table[:, channels].tolist()
+        ):
             lines.append(f"  p={p} (row {r}, col {c}): " + " ".join(f"{v:+.4f}" for v in row))
         return "\n".join(lines)

@@ -75,9 +75,10 @@ def t5_bucket(
     max_exact = per_direction // 2
     # Clamp inside the log so small n (whose result is discarded) never evaluates log(0).
     scaled = n.clamp(min=max_exact).float() / max_exact
-    log_bucket = max_exact + (
-        torch.log(scaled) / math.log(max_distance / max_exact) * (per_direction - max_exact)
-    ).long()
+    log_bucket = (
+        max_exact
+        + (torch.log(scaled) / math.log(max_distance / max_exact) * (per_direction - max_exact)).long()
+    )
     log_bucket = log_bucket.clamp(max=per_direction - 1)
     return offset + torch.where(n < max_exact, n, log_bucket)
 
@@ -90,7 +91,9 @@ class T5Bias(PositionalEncoding):
     shift_invariant = True
     shared_across_layers = True
 
-    def __init__(self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True) -> None:
+    def __init__(
+        self, num_heads: int, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True
+    ) -> None:
         """Args: ``num_heads`` (filled in by the layer); ``num_buckets``; ``max_distance``;
         ``bidirectional`` (True for encoders, False for causal decoders)."""
         super().__init__()

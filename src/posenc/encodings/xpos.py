@@ -76,7 +76,9 @@ def apply_xpos(
     if positions.dim() == 1:
         positions = positions[None]
     inv_freq, _ = rope_inv_freq(x.shape[-1], base)
-    cos, sin = _xpos_cos_sin(positions, inv_freq, xpos_zeta(x.shape[-1], gamma), scale_base, scale_center, downscale)
+    cos, sin = _xpos_cos_sin(
+        positions, inv_freq, xpos_zeta(x.shape[-1], gamma), scale_base, scale_center, downscale
+    )
     return _apply_cos_sin(x, cos, sin, pairing)
 
 
@@ -118,7 +120,9 @@ class XPos(PositionalEncoding):
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
-            raise ValueError(f"xpos: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+            raise ValueError(
+                f"xpos: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
         args = (self.inv_freq, self.zeta, self.scale_base, self.scale_center)
         q_cos, q_sin = _xpos_cos_sin(q_pos, *args, downscale=False)
         k_cos, k_sin = _xpos_cos_sin(k_pos, *args, downscale=True)

@@ -40,15 +40,20 @@ def _int_list(text: str, option: str) -> list[int]:
 def extrapolate(
     task: str = typer.Option(_DEFAULT.task, help=f"task: {', '.join(TASKS)}"),
     encodings: str = typer.Option(
-        ",".join(_DEFAULT.encodings), help="comma-separated encoding specs, options included: nope,rope:base=500000,pairing=half,alibi; "
-        "a hybrid gives one spec per layer joined by '/': t5/sinusoidal"
+        ",".join(_DEFAULT.encodings),
+        help="comma-separated encoding specs, options included: nope,rope:base=500000,pairing=half,alibi; "
+        "a hybrid gives one spec per layer joined by '/': t5/sinusoidal",
     ),
-    train_len: int = typer.Option(_DEFAULT.train_len, help="largest training length L (task size; lm: context length)"),
+    train_len: int = typer.Option(
+        _DEFAULT.train_len, help="largest training length L (task size; lm: context length)"
+    ),
     eval_len: int = typer.Option(_DEFAULT.eval_len, help="evaluate every length 1..eval_len"),
     min_train_len: int = typer.Option(_DEFAULT.min_train_len, help="smallest training length"),
     steps: int = typer.Option(_DEFAULT.steps, help="training steps per run"),
     seeds: str = typer.Option(",".join(map(str, _DEFAULT.seeds)), help="comma-separated seeds"),
-    out: Path = typer.Option(Path("runs/extrapolate"), help="results folder (re-run the same command to resume)"),
+    out: Path = typer.Option(
+        Path("runs/extrapolate"), help="results folder (re-run the same command to resume)"
+    ),
     batch_size: int = typer.Option(_DEFAULT.batch_size),
     lr: float = typer.Option(_DEFAULT.lr, help="peak AdamW learning rate (warm-up, then cosine to 10%)"),
     d_model: int = typer.Option(_DEFAULT.d_model),
@@ -59,10 +64,14 @@ def extrapolate(
     num_symbols: int = typer.Option(_DEFAULT.num_symbols, help="alphabet size of the synthetic tasks"),
     distinct: bool = typer.Option(_DEFAULT.distinct, help="copy/reverse/sort: draw distinct symbols"),
     corpus: Path | None = typer.Option(None, help="lm: a text file (default: the stdlib argparse source)"),
-    eval_examples: int = typer.Option(_DEFAULT.eval_examples, help="examples per evaluated length (lm: windows)"),
+    eval_examples: int = typer.Option(
+        _DEFAULT.eval_examples, help="examples per evaluated length (lm: windows)"
+    ),
     checkpoint_every: int = typer.Option(_DEFAULT.checkpoint_every, help="checkpoint every N steps"),
     backend: str = typer.Option(_DEFAULT.backend, help="attention backend (auto picks per call)"),
-    workers: int | None = typer.Option(None, help="parallel processes (default: one per CPU core, at most one per run)"),
+    workers: int | None = typer.Option(
+        None, help="parallel processes (default: one per CPU core, at most one per run)"
+    ),
     threads: int = typer.Option(1, help="torch threads per process"),
     device: str = typer.Option("cpu", help="cpu, cuda or auto"),
     progress: bool = typer.Option(True, help="show progress bars"),
@@ -102,7 +111,15 @@ def extrapolate(
         backend=backend,
     )
     try:
-        run_experiment(config, out, workers=workers, threads=threads, device=device, console=console, show_progress=progress)
+        run_experiment(
+            config,
+            out,
+            workers=workers,
+            threads=threads,
+            device=device,
+            console=console,
+            show_progress=progress,
+        )
     except ExperimentInterrupted as err:
         console.print(f"[yellow]{err}[/yellow]; run the same command again to resume")
         raise typer.Exit(130) from err

@@ -21,16 +21,27 @@ from typing import Any
 
 __all__ = [
     "RECORD_FIELDS",
-    "atomic_write_text",
-    "read_records",
-    "append_records",
-    "write_csv",
-    "summarize",
-    "plot_results",
     "SummaryRow",
+    "append_records",
+    "atomic_write_text",
+    "plot_results",
+    "read_records",
+    "summarize",
+    "write_csv",
 ]
 
-RECORD_FIELDS = ("run", "encoding", "task", "seed", "length", "metric", "value", "train_len", "steps", "examples")
+RECORD_FIELDS = (
+    "run",
+    "encoding",
+    "task",
+    "seed",
+    "length",
+    "metric",
+    "value",
+    "train_len",
+    "steps",
+    "examples",
+)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -87,7 +98,9 @@ class SummaryRow(dict):
     above it), ``at_next`` (at L+1), ``at_double`` (at 2L); None where not measured."""
 
 
-def summarize(records: list[dict[str, Any]], metric: str, train_len: int, encodings: list[str]) -> list[SummaryRow]:
+def summarize(
+    records: list[dict[str, Any]], metric: str, train_len: int, encodings: list[str]
+) -> list[SummaryRow]:
     """One :class:`SummaryRow` per encoding (in ``encodings`` order), averaged over seeds."""
     curves = _curves(records, metric)
     rows = []

@@ -41,7 +41,7 @@ from rich.table import Table
 from . import results as results_io
 from .train import ExperimentConfig, Interrupted, RunSpec, run_id_for, train_and_evaluate
 
-__all__ = ["run_experiment", "ExperimentInterrupted", "Distributed", "summary_table"]
+__all__ = ["Distributed", "ExperimentInterrupted", "run_experiment", "summary_table"]
 
 
 class ExperimentInterrupted(Exception):
@@ -58,7 +58,11 @@ class Distributed:
 
     @classmethod
     def from_env(cls) -> Distributed:
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0)))
+        return cls(
+            int(os.environ.get("RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)),
+            int(os.environ.get("LOCAL_RANK", 0)),
+        )
 
     @property
     def enabled(self) -> bool:
@@ -90,7 +94,9 @@ def _check_config(out: Path, config: ExperimentConfig) -> None:
     different = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
     if different:
         details = ", ".join(f"{k}: {old!r} there vs {new!r} now" for k, (old, new) in different.items())
-        raise ValueError(f"{out} holds an experiment with other settings ({details}); use another --out folder")
+        raise ValueError(
+            f"{out} holds an experiment with other settings ({details}); use another --out folder"
+        )
 
 
 def _write_config(out: Path, config: ExperimentConfig, runtime: dict[str, Any]) -> None:
@@ -167,7 +173,13 @@ def _queue_log(message: str) -> None:
 
 def _worker_job(config: ExperimentConfig, run: RunSpec, checkpoint: str, device: str) -> list[dict[str, Any]]:
     return train_and_evaluate(
-        config, run, Path(checkpoint), _queue_report, device=torch.device(device), log=_queue_log, should_stop=_WORKER_STOP.is_set
+        config,
+        run,
+        Path(checkpoint),
+        _queue_report,
+        device=torch.device(device),
+        log=_queue_log,
+        should_stop=_WORKER_STOP.is_set,
     )
 
 
@@ -225,12 +237,16 @@ def _run_in_workers(
         stop_event.set()  # running jobs checkpoint and stop; queued ones stop before starting
         _collect_finished({f: r for f, r in futures.items() if f not in handled}, on_done)
         _drain(progress_queue, progress)
-        raise ExperimentInterrupted("interrupted; finished runs are saved, unfinished ones resume from their checkpoints") from None
+        raise ExperimentInterrupted(
+            "interrupted; finished runs are saved, unfinished ones resume from their checkpoints"
+        ) from None
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
 
 
-def _collect_finished(futures: dict[Future, RunSpec], on_done: Callable[[RunSpec, list[dict[str, Any]]], None]) -> None:
+def _collect_finished(
+    futures: dict[Future, RunSpec], on_done: Callable[[RunSpec, list[dict[str, Any]]], None]
+) -> None:
     """After a stop request: keep the records of runs that still finished, drop the rest."""
     for future in futures:
         future.cancel()
@@ -291,7 +307,12 @@ def run_experiment(
         _init_process_group(torch_device)
     if is_writer:
         out.mkdir(parents=True, exist_ok=True)
-        runtime = {"workers": workers, "threads": threads, "world_size": dist.world_size, "device": str(torch_device)}
+        runtime = {
+            "workers": workers,
+            "threads": threads,
+            "world_size": dist.world_size,
+            "device": str(torch_device),
+        }
         _write_config(out, config, runtime)
     finished = _finished_runs(out)
     todo = [run for run in runs if run_id_for(config, run) not in finished]
@@ -299,7 +320,11 @@ def run_experiment(
         for run in runs:
             if run not in todo:
                 console.print(f"[dim]done already, kept: {run.label}[/dim]")
-        mode = f"DDP world size {dist.world_size}" if dist.enabled else f"{workers} worker(s) x {threads} thread(s)"
+        mode = (
+            f"DDP world size {dist.world_size}"
+            if dist.enabled
+            else f"{workers} worker(s) x {threads} thread(s)"
+        )
         console.print(f"[bold]{config.task}[/bold]: {len(todo)} run(s) to do on {torch_device} with {mode}")
 
     def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
@@ -331,11 +356,17 @@ def run_experiment(
             # ("terminate called without an active exception"), so every rank waits here first.
             torch.distributed.barrier()
     except (Interrupted, KeyboardInterrupt) as err:
-        raise ExperimentInterrupted("interrupted; finished runs are saved, unfinished ones resume from their checkpoints") from err
+        raise ExperimentInterrupted(
+            "interrupted; finished runs are saved, unfinished ones resume from their checkpoints"
+        ) from err
     finally:
         if dist.enabled and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    records = [r for r in results_io.read_records(out / "results.jsonl") if r["encoding"] in config.encodings and r["seed"] in config.seeds]
+    records = [
+        r
+        for r in results_io.read_records(out / "results.jsonl")
+        if r["encoding"] in config.encodings and r["seed"] in config.seeds
+    ]
     if is_writer:
         _write_outputs(out, config, records)
         console.print(summary_table(config, records, task.metric))
@@ -346,7 +377,9 @@ def run_experiment(
 def _worker_count(workers: int | None, runs: int, dist: Distributed) -> int:
     if dist.enabled:
         if workers not in (None, 1):
-            raise ValueError(f"workers={workers} cannot be combined with torchrun (WORLD_SIZE={dist.world_size}); drop --workers")
+            raise ValueError(
+                f"workers={workers} cannot be combined with torchrun (WORLD_SIZE={dist.world_size}); drop --workers"
+            )
         return 1
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -366,7 +399,9 @@ def _write_outputs(out: Path, config: ExperimentConfig, records: list[dict[str, 
     results_io.write_csv(out / "results.csv", records)
     metric = "perplexity" if config.task == "lm" else "exact_match"
     title = f"{config.task}: trained on lengths <= {config.train_len}, {config.steps} steps"
-    results_io.plot_results(out / "extrapolation.png", records, metric, config.train_len, config.encodings, title)
+    results_io.plot_results(
+        out / "extrapolation.png", records, metric, config.train_len, config.encodings, title
+    )
 
 
 def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metric: str) -> Table:
@@ -374,12 +409,17 @@ def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metri
     rows = results_io.summarize(records, metric, config.train_len, config.encodings)
     L = config.train_len
     name = "ppl" if metric == "perplexity" else "exact match"
-    table = Table(title=f"{config.task}: {name} by length (trained on <= {L}, evaluated to {config.eval_len})")
+    table = Table(
+        title=f"{config.task}: {name} by length (trained on <= {L}, evaluated to {config.eval_len})"
+    )
     table.add_column("encoding")
     table.add_column("seeds", justify="right")
     for header in (f"at L={L}", f"mean {L + 1}..{config.eval_len}", f"at L+1={L + 1}", f"at 2L={2 * L}"):
         table.add_column(header, justify="right")
     for row in rows:
-        cells = [results_io.format_value(row[key], metric) for key in ("at_train", "beyond", "at_next", "at_double")]
+        cells = [
+            results_io.format_value(row[key], metric)
+            for key in ("at_train", "beyond", "at_next", "at_double")
+        ]
         table.add_row(row["encoding"], str(row["seeds"]), *cells)
     return table

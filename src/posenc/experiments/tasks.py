@@ -38,18 +38,18 @@ import torch
 from torch import Tensor
 
 __all__ = [
-    "PAD",
     "BOS",
-    "SEP",
     "EOS",
     "IGNORE",
-    "Batch",
-    "Task",
-    "SequenceTask",
-    "ByteLM",
+    "PAD",
+    "SEP",
     "TASKS",
-    "make_task",
+    "Batch",
+    "ByteLM",
+    "SequenceTask",
+    "Task",
     "default_corpus",
+    "make_task",
 ]
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
@@ -86,7 +86,9 @@ class Task:
         """``batch_size`` examples of size exactly ``length``."""
         raise NotImplementedError
 
-    def train_batch(self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator) -> Batch:
+    def train_batch(
+        self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator
+    ) -> Batch:
         """Examples with sizes uniform in ``[min_length, max_length]``, right-padded (loss ignores padding)."""
         raise NotImplementedError
 
@@ -127,7 +129,9 @@ class SequenceTask(Task):
     def check_length(self, length: int) -> None:
         super().check_length(length)
         if self.distinct and length > self.num_symbols:
-            raise ValueError(f"{self.name}: distinct symbols need num_symbols >= length; got length {length} > {self.num_symbols}")
+            raise ValueError(
+                f"{self.name}: distinct symbols need num_symbols >= length; got length {length} > {self.num_symbols}"
+            )
 
     def sequence_length(self, length: int) -> int:
         # BOS x SEP y EOS has len_x + len_y + 3 tokens; inputs drop the last one.
@@ -142,9 +146,13 @@ class SequenceTask(Task):
         targets[:, : x.shape[1] + 1] = IGNORE  # no loss on x and SEP (predicted from BOS x)
         return Batch(inputs, targets)
 
-    def train_batch(self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator) -> Batch:
+    def train_batch(
+        self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator
+    ) -> Batch:
         if not 1 <= min_length <= max_length:
-            raise ValueError(f"{self.name}: need 1 <= min_length <= max_length, got {min_length}, {max_length}")
+            raise ValueError(
+                f"{self.name}: need 1 <= min_length <= max_length, got {min_length}, {max_length}"
+            )
         lengths = torch.randint(min_length, max_length + 1, (batch_size,), generator=generator)
         total = self.sequence_length(max_length)
         inputs = torch.full((batch_size, total), PAD, dtype=torch.long)
@@ -237,7 +245,9 @@ class Recall(SequenceTask):
     def check_length(self, length: int) -> None:
         Task.check_length(self, length)
         if length > self.num_symbols // 2:
-            raise ValueError(f"recall: {length} pairs need num_symbols >= {2 * length}, got {self.num_symbols}")
+            raise ValueError(
+                f"recall: {length} pairs need num_symbols >= {2 * length}, got {self.num_symbols}"
+            )
 
     def input_length(self, length: int) -> int:
         return 2 * length + 1
@@ -248,7 +258,9 @@ class Recall(SequenceTask):
     def make(self, length, batch, generator):
         half = self.num_symbols // 2
         keys = torch.rand(batch, half, generator=generator).argsort(dim=1)[:, :length] + FIRST_SYMBOL
-        values = torch.randint(FIRST_SYMBOL + half, FIRST_SYMBOL + 2 * half, (batch, length), generator=generator)
+        values = torch.randint(
+            FIRST_SYMBOL + half, FIRST_SYMBOL + 2 * half, (batch, length), generator=generator
+        )
         which = torch.randint(0, length, (batch, 1), generator=generator)
         pairs = torch.stack([keys, values], dim=2).reshape(batch, 2 * length)
         x = torch.cat([pairs, keys.gather(1, which)], dim=1)
@@ -290,15 +302,21 @@ class ByteLM(Task):
     def _windows(self, data: Tensor, length: int, batch_size: int, generator: torch.Generator) -> Batch:
         self.check_length(length)
         if length + 1 > len(data):
-            raise ValueError(f"lm: length {length} needs more than the {len(data)} bytes of this split of {self.corpus!r}")
+            raise ValueError(
+                f"lm: length {length} needs more than the {len(data)} bytes of this split of {self.corpus!r}"
+            )
         starts = torch.randint(0, len(data) - length, (batch_size,), generator=generator)
         windows = data[starts[:, None] + torch.arange(length + 1)]
         return Batch(windows[:, :-1], windows[:, 1:])
 
     def batch(self, length: int, batch_size: int, generator: torch.Generator, split: str = "eval") -> Batch:
-        return self._windows(self.eval_data if split == "eval" else self.train_data, length, batch_size, generator)
+        return self._windows(
+            self.eval_data if split == "eval" else self.train_data, length, batch_size, generator
+        )
 
-    def train_batch(self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator) -> Batch:
+    def train_batch(
+        self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator
+    ) -> Batch:
         return self._windows(self.train_data, max_length, batch_size, generator)
 
 

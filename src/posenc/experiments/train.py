@@ -26,7 +26,7 @@ from torch import nn
 
 from .tasks import IGNORE, Task, make_task
 
-__all__ = ["ExperimentConfig", "RunSpec", "train_and_evaluate", "run_id_for", "Interrupted", "INTERRUPT_ENV"]
+__all__ = ["INTERRUPT_ENV", "ExperimentConfig", "Interrupted", "RunSpec", "run_id_for", "train_and_evaluate"]
 
 #: Test hook: stop (as if interrupted with Ctrl-C) after this many training steps in this process.
 INTERRUPT_ENV = "POSENC_INTERRUPT_AFTER_STEPS"
@@ -47,7 +47,9 @@ class ExperimentConfig:
     """
 
     task: str = "copy"
-    encodings: list[str] = field(default_factory=lambda: ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"])
+    encodings: list[str] = field(
+        default_factory=lambda: ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"]
+    )
     train_len: int = 16
     eval_len: int = 48
     min_train_len: int = 1
@@ -89,7 +91,9 @@ class ExperimentConfig:
         ]
         for name, ok in checks:
             if not ok:
-                raise ValueError(f"invalid {name}={getattr(self, name)!r} (need eval_len >= train_len >= min_train_len >= 1, positive sizes, no duplicates)")
+                raise ValueError(
+                    f"invalid {name}={getattr(self, name)!r} (need eval_len >= train_len >= min_train_len >= 1, positive sizes, no duplicates)"
+                )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -236,7 +240,9 @@ def train_and_evaluate(
     torch.manual_seed(_mix(run.seed, "init"))
     device = device or torch.device("cpu")
     model = build_model(config, task, run.encoding).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay
+    )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
     step = 0
     if checkpoint_path.exists():
@@ -273,7 +279,9 @@ def train_and_evaluate(
         while step < config.steps:
             data_generator.manual_seed(_mix(run.seed, rank, step, "data"))
             torch.manual_seed(_mix(run.seed, rank, step, "dropout"))
-            batch = task.train_batch(config.min_train_len, config.train_len, config.batch_size, data_generator)
+            batch = task.train_batch(
+                config.min_train_len, config.train_len, config.batch_size, data_generator
+            )
             loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -284,7 +292,10 @@ def train_and_evaluate(
             step += 1
             _steps_this_process += 1
             report(run.label, "train", step, config.steps, f"loss {loss.item():.3f}")
-            stop_now = _any_rank(stop.raised or should_stop() or (interrupt_after and _steps_this_process >= interrupt_after), world_size)
+            stop_now = _any_rank(
+                stop.raised or should_stop() or (interrupt_after and _steps_this_process >= interrupt_after),
+                world_size,
+            )
             if step % config.checkpoint_every == 0 or step == config.steps or stop_now:
                 checkpoint()
             if stop_now:
@@ -317,11 +328,20 @@ def _any_rank(flag: bool, world_size: int) -> bool:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, config: ExperimentConfig, task: Task, run: RunSpec, report: Reporter) -> list[dict[str, Any]]:
+def evaluate(
+    model: nn.Module, config: ExperimentConfig, task: Task, run: RunSpec, report: Reporter
+) -> list[dict[str, Any]]:
     """Records for every length ``1..eval_len`` (exact match and token accuracy, or perplexity)."""
     model.eval()
     device = next(model.parameters()).device
-    base = {"run": run_id_for(config, run), "encoding": run.encoding, "task": config.task, "seed": run.seed, "train_len": config.train_len, "steps": config.steps}
+    base = {
+        "run": run_id_for(config, run),
+        "encoding": run.encoding,
+        "task": config.task,
+        "seed": run.seed,
+        "train_len": config.train_len,
+        "steps": config.steps,
+    }
     if task.metric == "perplexity":
         return _evaluate_lm(model, config, task, run, report, base)
     records = []
@@ -340,8 +360,24 @@ def evaluate(model: nn.Module, config: ExperimentConfig, task: Task, run: RunSpe
             counted += float(scored.sum())
             remaining -= size
         examples = config.eval_examples
-        records.append({**base, "length": length, "metric": "exact_match", "value": exact / examples, "examples": examples})
-        records.append({**base, "length": length, "metric": "token_accuracy", "value": correct / counted, "examples": examples})
+        records.append(
+            {
+                **base,
+                "length": length,
+                "metric": "exact_match",
+                "value": exact / examples,
+                "examples": examples,
+            }
+        )
+        records.append(
+            {
+                **base,
+                "length": length,
+                "metric": "token_accuracy",
+                "value": correct / counted,
+                "examples": examples,
+            }
+        )
         report(run.label, "eval", length, config.eval_len, "")
     return records
 
@@ -363,6 +399,12 @@ def _evaluate_lm(model, config, task, run, report, base) -> list[dict[str, Any]]
         report(run.label, "eval", done, config.eval_examples, "")
     mean_nll = total / config.eval_examples
     return [
-        {**base, "length": position + 1, "metric": "perplexity", "value": float(torch.exp(mean_nll[position])), "examples": config.eval_examples}
+        {
+            **base,
+            "length": position + 1,
+            "metric": "perplexity",
+            "value": float(torch.exp(mean_nll[position])),
+            "examples": config.eval_examples,
+        }
         for position in range(config.eval_len)
     ]

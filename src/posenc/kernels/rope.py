@@ -24,7 +24,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-__all__ = ["apply_rotary", "rotary_reference", "RotaryTables"]
+__all__ = ["RotaryTables", "apply_rotary", "rotary_reference"]
 
 Pairing = Literal["half", "interleaved"]
 
@@ -72,7 +72,12 @@ def _check(x: Tensor, cos: Tensor, sin: Tensor, pairing: str) -> tuple[Tensor, T
         raise ValueError(f"x must be [B, H, T, D], got shape {tuple(x.shape)}")
     if cos.dim() == 2:
         cos, sin = cos[None], sin[None]
-    if cos.shape != sin.shape or cos.dim() != 3 or cos.shape[1] != x.shape[2] or cos.shape[0] not in (1, x.shape[0]):
+    if (
+        cos.shape != sin.shape
+        or cos.dim() != 3
+        or cos.shape[1] != x.shape[2]
+        or cos.shape[0] not in (1, x.shape[0])
+    ):
         raise ValueError(
             f"cos/sin must be [T, d_r/2] or [B|1, T, d_r/2] with T={x.shape[2]}, B={x.shape[0]}; "
             f"got {tuple(cos.shape)} and {tuple(sin.shape)}"
@@ -126,7 +131,9 @@ def apply_rotary(
     cos, sin, half = _check(x, cos, sin, pairing)
     if inplace:
         if x.requires_grad and torch.is_grad_enabled():
-            raise ValueError("apply_rotary(inplace=True) needs an x that does not require grad (use inplace=False)")
+            raise ValueError(
+                "apply_rotary(inplace=True) needs an x that does not require grad (use inplace=False)"
+            )
         if out is not None:
             raise ValueError("give either inplace=True or out, not both")
         target = x

@@ -11,7 +11,16 @@ Figures are registered per encoding name, per kind, or for every encoding
 from __future__ import annotations
 
 from . import absolute, attention_maps, bias, content, rotary  # noqa: F401  (importing registers the figures)
-from .registry import ANY, PlotOptions, build_for_plot, figure, figures_for, make_figure, new_figure, save_figure
+from .registry import (
+    ANY,
+    PlotOptions,
+    build_for_plot,
+    figure,
+    figures_for,
+    make_figure,
+    new_figure,
+    save_figure,
+)
 
 __all__ = [
     "ANY",

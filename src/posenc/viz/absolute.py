@@ -37,7 +37,9 @@ def _has_table(enc: PositionalEncoding) -> bool:
 def _draw_dimensions(axes: list[Axes], table: np.ndarray) -> None:
     dims = [d for d in SEED_DIMENSIONS if d < table.shape[1]]
     if not dims:
-        raise ValueError(f"the encoding is {table.shape[1]} wide; the seed figure needs dimension {SEED_DIMENSIONS[0]}")
+        raise ValueError(
+            f"the encoding is {table.shape[1]} wide; the seed figure needs dimension {SEED_DIMENSIONS[0]}"
+        )
     positions = np.arange(table.shape[0])
     for ax, dim in zip(axes, dims):
         ax.plot(positions, table[:, dim], color="tab:blue")

@@ -29,7 +29,9 @@ def layer_sizes(enc: PositionalEncoding) -> tuple[int, int]:
     return heads, head_dim
 
 
-def draw_attention_grid(fig: Figure, weights: np.ndarray, max_heads: int, titles: list[str] | None = None) -> None:
+def draw_attention_grid(
+    fig: Figure, weights: np.ndarray, max_heads: int, titles: list[str] | None = None
+) -> None:
     """One heatmap per head of ``weights [H, Tq, Tk]`` (probabilities), one shared colour bar."""
     heads = min(weights.shape[0], max_heads)
     axes = head_grid(fig, heads)
@@ -38,7 +40,9 @@ def draw_attention_grid(fig: Figure, weights: np.ndarray, max_heads: int, titles
     low, high = float(weights[:heads].min()), float(weights[:heads].max())
     image = None
     for head, ax in enumerate(axes):
-        image = ax.imshow(weights[head], cmap=SEQUENTIAL, vmin=low, vmax=max(high, low + 1e-12), interpolation="nearest")
+        image = ax.imshow(
+            weights[head], cmap=SEQUENTIAL, vmin=low, vmax=max(high, low + 1e-12), interpolation="nearest"
+        )
         ax.set_title(titles[head] if titles else f"head {head}", fontsize=10)
         label_grid(ax, "query", "key")
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention probability")
@@ -69,5 +73,7 @@ def positional_attention(enc: PositionalEncoding, options: PlotOptions) -> Figur
     fig = new_figure(*grid_size(min(heads, options.max_heads)))
     draw_attention_grid(fig, weights[0].double().numpy(), options.max_heads)
     mask = "causal" if causal else "no mask"
-    set_title(fig, f"{describe(enc)}: attention of a random layer, same token at all {length} positions ({mask})")
+    set_title(
+        fig, f"{describe(enc)}: attention of a random layer, same token at all {length} positions ({mask})"
+    )
     return fig

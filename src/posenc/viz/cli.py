@@ -31,14 +31,22 @@ def _list_figures(spec: str, heads: int, head_dim: int) -> None:
 def plot(
     spec: str | None = typer.Argument(None, help="encoding name or spec string, e.g. t5 or rope:base=500000"),
     out: Path | None = typer.Option(None, "--out", "-o", help="output image, .png or .svg"),
-    figure_name: str | None = typer.Option(None, "--figure", "-f", help="which figure (default: the encoding's first; see --list)"),
-    run: Path | None = typer.Option(None, "--run", help="experiment directory: plot a trained model's attention maps"),
-    length: int | None = typer.Option(None, "--length", "-n", help="positions / grid size / original context (figure-specific)"),
+    figure_name: str | None = typer.Option(
+        None, "--figure", "-f", help="which figure (default: the encoding's first; see --list)"
+    ),
+    run: Path | None = typer.Option(
+        None, "--run", help="experiment directory: plot a trained model's attention maps"
+    ),
+    length: int | None = typer.Option(
+        None, "--length", "-n", help="positions / grid size / original context (figure-specific)"
+    ),
     heads: int = typer.Option(8, "--heads", help="number of heads the encoding is built for"),
     head_dim: int = typer.Option(16, "--head-dim", help="per-head size the encoding is built for"),
     max_heads: int = typer.Option(8, "--max-heads", help="draw at most this many heads"),
     causal: bool | None = typer.Option(
-        None, "--causal/--no-causal", help="mask future keys (default: attention causal, bias as the encoding defines it)"
+        None,
+        "--causal/--no-causal",
+        help="mask future keys (default: attention causal, bias as the encoding defines it)",
     ),
     dpi: int = typer.Option(100, "--dpi", help="resolution of PNG output"),
     list_figures: bool = typer.Option(False, "--list", help="list the figures available for SPEC and exit"),

@@ -119,7 +119,9 @@ def figures_for(enc: PositionalEncoding) -> dict[str, tuple[FigureFn, str]]:
     return merged
 
 
-def make_figure(enc: PositionalEncoding, name: str | None = None, options: PlotOptions | None = None) -> Figure:
+def make_figure(
+    enc: PositionalEncoding, name: str | None = None, options: PlotOptions | None = None
+) -> Figure:
     """Draw figure ``name`` of ``enc`` (its default figure when ``name`` is None)."""
     available = figures_for(enc)
     if not available:
@@ -152,7 +154,9 @@ def build_for_plot(spec: str, num_heads: int = 8, head_dim: int = 16) -> Positio
     if heads < 1 or head_dim < 1 or dim < 1:
         raise ValueError(f"num_heads, head_dim and dim must be positive, got {heads}, {head_dim}, {dim}")
     rest = ",".join(f"{k}={v}" for k, v in raw.items())
-    return build_for_layer(name + (":" + rest if rest else ""), num_heads=heads, head_dim=head_dim, dim=dim, **extra)
+    return build_for_layer(
+        name + (":" + rest if rest else ""), num_heads=heads, head_dim=head_dim, dim=dim, **extra
+    )
 
 
 def _int_option(name: str, raw: dict[str, str], key: str, default: int) -> int:
@@ -167,7 +171,9 @@ def _int_option(name: str, raw: dict[str, str], key: str, default: int) -> int:
 
 
 def _example_options(name: str, given: dict[str, str]) -> dict[str, Any]:
-    examples = {k: v for k, v in get_class(name).example_options.items() if k not in ("num_heads", "head_dim", "dim")}
+    examples = {
+        k: v for k, v in get_class(name).example_options.items() if k not in ("num_heads", "head_dim", "dim")
+    }
     if not given:
         return examples
     required = {k for k, p in encoding_options(name).items() if p.default is inspect.Parameter.empty}

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 
 from .registry import PlotOptions, build_for_plot, describe, figures_for, make_figure, new_figure, set_title
 
-__all__ = ["Record", "load_results", "load_config", "render_report", "write_report"]
+__all__ = ["Record", "load_config", "load_results", "render_report", "write_report"]
 
 REQUIRED_FIELDS = ("encoding", "length", "metric", "value")
 
@@ -151,7 +151,8 @@ def _config_html(config: dict[str, Any]) -> str:
         else:
             flat[key] = value
     rows = "".join(
-        f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(json.dumps(v))}</code></td></tr>" for k, v in flat.items()
+        f"<tr><th>{html.escape(str(k))}</th><td><code>{html.escape(json.dumps(v))}</code></td></tr>"
+        for k, v in flat.items()
     )
     return f'<table id="config">{rows}</table>'
 
@@ -173,9 +174,9 @@ def _results_html(records: list[Record], encodings: list[str]) -> str:
             )
     seeds = len({r.seed for r in records})
     return (
-        f'<p>{len(records)} records, {seeds} seed(s); cells are the mean over seeds (± standard deviation).</p>'
+        f"<p>{len(records)} records, {seeds} seed(s); cells are the mean over seeds (± standard deviation).</p>"
         f'<div class="scroll"><table id="results"><thead><tr><th>task</th><th>metric</th><th>encoding</th>{head}</tr>'
-        f"<tr><th></th><th></th><th></th><th colspan=\"{len(lengths)}\">evaluation length</th></tr></thead>"
+        f'<tr><th></th><th></th><th></th><th colspan="{len(lengths)}">evaluation length</th></tr></thead>'
         f"<tbody>{''.join(body)}</tbody></table></div>"
     )
 
@@ -194,7 +195,9 @@ def curve_figure(records: list[Record], task: str, metric: str, encodings: list[
         color = f"C{index % 10}"
         ax.plot(lengths, [v.mean() for v in values], marker="o", color=color, label=enc)
         if any(len(v) > 1 for v in values):
-            ax.fill_between(lengths, [v.min() for v in values], [v.max() for v in values], color=color, alpha=0.15)
+            ax.fill_between(
+                lengths, [v.min() for v in values], [v.max() for v in values], color=color, alpha=0.15
+            )
     trained = {r.train_length for r in records if r.task == task and r.train_length is not None}
     for length in sorted(trained):
         ax.axvline(length, color="gray", linestyle="--", linewidth=0.8)
@@ -220,7 +223,9 @@ def _curves_html(records: list[Record], encodings: list[str]) -> str:
 def _encoding_figures_html(encodings: list[str], config: dict[str, Any]) -> str:
     settings = experiment_settings(config)
     heads = int(settings.get("num_heads") or 8)
-    head_dim = int(settings.get("head_dim") or (int(settings["d_model"]) // heads if settings.get("d_model") else 16))
+    head_dim = int(
+        settings.get("head_dim") or (int(settings["d_model"]) // heads if settings.get("d_model") else 16)
+    )
     parts = []
     for spec in encodings:
         try:
@@ -229,7 +234,9 @@ def _encoding_figures_html(encodings: list[str], config: dict[str, Any]) -> str:
             fig = make_figure(enc, name, PlotOptions())
         except (ValueError, StopIteration) as err:
             # Shown on the page, not hidden: the reader sees which figure is missing and why.
-            parts.append(f'<p class="note">No figure for <code>{html.escape(spec)}</code>: {html.escape(str(err))}</p>')
+            parts.append(
+                f'<p class="note">No figure for <code>{html.escape(spec)}</code>: {html.escape(str(err))}</p>'
+            )
             continue
         parts.append(_image(fig, f"{describe(enc)}: {name}"))
     return "".join(parts)
@@ -246,7 +253,9 @@ def _attention_html(directory: Path) -> str:
         try:
             fig = run_attention_figure(directory, encoding=encoding, options=PlotOptions(max_heads=4))
         except (ValueError, FileNotFoundError) as err:
-            parts.append(f'<p class="note">No attention maps for <code>{html.escape(encoding)}</code>: {html.escape(str(err))}</p>')
+            parts.append(
+                f'<p class="note">No attention maps for <code>{html.escape(encoding)}</code>: {html.escape(str(err))}</p>'
+            )
             continue
         parts.append(_image(fig, f"attention maps of the trained model: {encoding}"))
     return "".join(parts)
@@ -282,7 +291,10 @@ def render_report(directory: str | Path) -> str:
         ("encodings", "The encodings", _encoding_figures_html(encodings, config)),
         ("attention", "Attention maps of the trained models", _attention_html(directory)),
     ]
-    body = "".join(f'<section id="{sid}"><h2>{html.escape(heading)}</h2>{content}</section>' for sid, heading, content in sections)
+    body = "".join(
+        f'<section id="{sid}"><h2>{html.escape(heading)}</h2>{content}</section>'
+        for sid, heading, content in sections
+    )
     return (
         "<!DOCTYPE html>\n"
         f'<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'

@@ -9,6 +9,7 @@ at ``a²`` (1 without scaling) at distance 0.
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Any
 
@@ -33,7 +34,7 @@ def log_bins(values: np.ndarray, count: int = 60) -> tuple[np.ndarray, np.ndarra
     """
     edges = np.unique(np.round(np.geomspace(1, len(values), count + 1)).astype(np.int64))
     centres = np.sqrt(edges[:-1] * np.maximum(edges[1:] - 1, edges[:-1]))
-    means = np.array([values[lo:hi].mean() for lo, hi in zip(edges[:-1], edges[1:])])
+    means = np.array([values[lo:hi].mean() for lo, hi in itertools.pairwise(edges)])
     return centres, means
 
 
@@ -57,7 +58,9 @@ def rotary_expected_dot(enc: PositionalEncoding, longest: int) -> np.ndarray:
     return total.numpy() / head_dim
 
 
-def rope_expected_dot(inv_freq: torch.Tensor, attention_scale: float, head_dim: int, longest: int) -> np.ndarray:
+def rope_expected_dot(
+    inv_freq: torch.Tensor, attention_scale: float, head_dim: int, longest: int
+) -> np.ndarray:
     """The closed form ``(a²·Σ_k 2 cos(d·θ_k) + D − d_r) / D`` for ``d = 0..longest``, float64."""
     theta = inv_freq.double().numpy()
     rotary = 2 * len(theta)
@@ -108,7 +111,10 @@ def scaling_examples(original: int, rotary: int) -> dict[str, tuple[dict[str, An
         "dynamic": ({"rope_type": "dynamic", **common}, extended),
         "yarn": ({"rope_type": "yarn", **common}, None),
         "llama3": ({"rope_type": "llama3", **common, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, None),
-        "longrope": ({"rope_type": "longrope", **common, "short_factor": [1.0] * pairs, "long_factor": ramp}, extended),
+        "longrope": (
+            {"rope_type": "longrope", **common, "short_factor": [1.0] * pairs, "long_factor": ramp},
+            extended,
+        ),
     }
 
 
@@ -145,7 +151,9 @@ def rope_scaling(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     top, bottom = fig.subfigures(2, 1, height_ratios=(1.4, rows * 1.0))
     wave_ax = top.subplots()
     for label, (inv_freq, _) in curves.items():
-        wave_ax.plot(np.arange(len(inv_freq)), 2 * math.pi / inv_freq.double().numpy(), marker=".", label=label)
+        wave_ax.plot(
+            np.arange(len(inv_freq)), 2 * math.pi / inv_freq.double().numpy(), marker=".", label=label
+        )
     wave_ax.axhline(original, color="gray", linestyle="--", linewidth=0.8)
     wave_ax.text(0, original, f" original length {original}", color="gray", fontsize=8, va="bottom")
     wave_ax.set_yscale("log")

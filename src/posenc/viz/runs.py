@@ -25,7 +25,7 @@ from ..attention import MultiheadAttention
 from ._style import SEQUENTIAL, label_grid
 from .registry import PlotOptions, new_figure, set_title
 
-__all__ = ["find_checkpoints", "load_trained_model", "attention_weights", "run_attention_figure"]
+__all__ = ["attention_weights", "find_checkpoints", "load_trained_model", "run_attention_figure"]
 
 
 def _experiment(directory: Path) -> dict[str, Any]:
@@ -110,14 +110,20 @@ def _pick(directory: Path, encoding: str | None) -> tuple[str, Path]:
         raise FileNotFoundError(f"no model checkpoints found in {directory / 'checkpoints'}")
     if encoding is None:
         if len(checkpoints) > 1:
-            raise ValueError(f"{directory} has models for {', '.join(checkpoints)}: name one, e.g. posenc plot {next(iter(checkpoints))} --run {directory}")
+            raise ValueError(
+                f"{directory} has models for {', '.join(checkpoints)}: name one, e.g. posenc plot {next(iter(checkpoints))} --run {directory}"
+            )
         encoding = next(iter(checkpoints))
     if encoding not in checkpoints:
-        raise ValueError(f"no checkpoint for encoding {encoding!r} in {directory}; it has: {', '.join(checkpoints)}")
+        raise ValueError(
+            f"no checkpoint for encoding {encoding!r} in {directory}; it has: {', '.join(checkpoints)}"
+        )
     return encoding, checkpoints[encoding]
 
 
-def run_attention_figure(directory: str | Path, encoding: str | None = None, options: PlotOptions | None = None) -> Figure:
+def run_attention_figure(
+    directory: str | Path, encoding: str | None = None, options: PlotOptions | None = None
+) -> Figure:
     """Attention maps (layers × heads) of the model trained with ``encoding`` in ``directory``.
 
     ``options.length`` is the task size of the example (default: twice the training length, to
