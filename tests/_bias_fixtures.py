@@ -2,7 +2,7 @@
 
 The reference is the textbook formula written here in float64 with autograd:
 ``softmax(q kᵀ · scale + bias + mask) v``, masked logits set to ``finfo.min`` (as the eager
-reference and HF do), so tests of the blocked and flex backends do not depend on posenc's eager code.
+reference and HF do) and rows that see no key set to zero, so tests of the blocked and flex backends do not depend on posenc's eager code.
 """
 
 from __future__ import annotations
@@ -72,6 +72,9 @@ def reference_attention(q, k, v, bias, scale, *, causal=False, offset=0, padding
     if attn_mask is not None and attn_mask.dtype == torch.bool:
         allowed = allowed & attn_mask
     elif attn_mask is not None:
-        logits = logits + attn_mask.to(q.dtype)
+        allowed = allowed & ~torch.isneginf(attn_mask)  # -inf hides a key, as False does
+        logits = logits + attn_mask.to(q.dtype).masked_fill(torch.isneginf(attn_mask), 0.0)
     logits = logits.masked_fill(~allowed, torch.finfo(q.dtype).min)
-    return torch.softmax(logits, dim=-1) @ v
+    # A query row that sees no key outputs zeros (posenc's rule for every backend).
+    probs = torch.softmax(logits, dim=-1).masked_fill(~allowed.any(dim=-1, keepdim=True), 0.0)
+    return probs @ v

@@ -82,6 +82,10 @@ SETUPS = {
     "cross_padding": {"causal": False, "q_len": 11, "k_len": 30, "padding": "pad"},
     "bool_and_float_masks": {"causal": False, "mask": "bool"},
     "float_mask": {"causal": False, "mask": "float", "explicit": True},
+    # Left padding under a causal mask: query 0 of the second sequence sees no key (zero output).
+    "rows_without_keys": {"padding": "left"},
+    "bool_mask_rows_without_keys": {"causal": False, "mask": "bool_empty_rows"},
+    "float_mask_minus_inf_rows": {"mask": "float_minus_inf"},
 }
 
 
@@ -92,12 +96,26 @@ def _build(enc, setup):
         padding = torch.zeros(batch, k_len, dtype=torch.bool)
         padding[0, -5:] = True
         options["padding"] = padding
+    elif options.get("padding") == "left":
+        padding = torch.zeros(batch, k_len, dtype=torch.bool)
+        padding[1, :3] = True
+        options["padding"] = padding
     if options.get("mask") == "bool":
         mask = torch.rand(batch, H, q_len, k_len) > 0.5
-        mask[..., 0] = True  # every query keeps a key: flex returns zeros for empty rows
+        mask[..., 0] = True  # every query keeps a key
+        options["mask"] = mask
+    elif options.get("mask") == "bool_empty_rows":
+        mask = torch.rand(batch, H, q_len, k_len) > 0.5
+        mask[0, 1, 3] = False
+        mask[1, :, 7] = False
         options["mask"] = mask
     elif options.get("mask") == "float":
         options["mask"] = torch.randn(1, H, q_len, k_len)
+    elif options.get("mask") == "float_minus_inf":
+        mask = torch.randn(1, H, q_len, k_len)
+        mask[0, 0, 5] = float("-inf")  # a whole row hidden by -inf
+        mask[0, 1, 9, :4] = float("-inf")
+        options["mask"] = mask
     return _request(enc, **options)
 
 
@@ -120,9 +138,6 @@ def test_cpu_reasons_are_stated():
     assert any("float64" in r for r in flex.reasons(_request(enc, dtype=torch.float64)))
     assert any("weights" in r for r in flex.reasons(_request(enc, need_weights=True)))
     assert any("dropout" in r for r in flex.reasons(_request(enc, dropout_p=0.1)))
-    padding = torch.zeros(2, 21, dtype=torch.bool)
-    padding[1, :3] = True  # query 0 of the second sequence sees no key under the causal mask
-    assert any("sees no key" in r for r in flex.reasons(_request(enc, padding=padding)))
     nope = _request(posenc.build("nope"))
     assert any("BIAS" in r for r in flex.reasons(nope))
     # A trainable captured table needs a backward pass too; without grad the request is served.

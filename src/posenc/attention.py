@@ -15,10 +15,11 @@ import torch
 from torch import Tensor, nn
 
 from .backends import AttentionRequest, select_backend
+from .backends.eager import attention_probs
 from .base import Kind, PositionalEncoding
 from .registry import build_for_layer
 
-__all__ = ["KVCache", "MultiheadAttention"]
+__all__ = ["KVCache", "MultiheadAttention", "default_positions", "embed_positions"]
 
 
 @dataclass
@@ -158,7 +159,7 @@ class MultiheadAttention(nn.Module):
 
     def _positions(self, given: Tensor | None, name: str, batch: int, length: int, default: Tensor) -> Tensor:
         if given is None:
-            return default
+            return self.encoding.check_positions(default, name=name)
         positions = self.encoding.check_positions(given, name=name)
         if positions.shape[-1] != length or positions.shape[0] not in (1, batch):
             raise ValueError(
@@ -218,69 +219,20 @@ class MultiheadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         self._check_input(x, "x")
         batch, q_len, _ = x.shape
-        cross = context is not None
-        if cross:
-            self._check_input(context, "context")
-            if context.shape[0] != batch:
-                raise ValueError(f"context batch {context.shape[0]} differs from x batch {batch}")
-            if self.encoding.causal_only:
-                raise ValueError(f"{self._causal_only_message()}; cross-attention is never causal")
-        entry = cache.get(self.layer_idx) if cache is not None else None
-        past = 0 if entry is None or cross else entry.k.shape[2]
-        device = x.device
-
-        # Positions: explicit, from the padding mask (left padding), or continuing the cache.
-        if cross:
-            padding = (
-                None
-                if key_padding_mask is None
-                else self._check_padding(
-                    key_padding_mask,
-                    batch,
-                    context.shape[1] if entry is None else entry.k.shape[2],
-                    "key_padding_mask",
-                )
+        if context is not None:
+            self._check_context(context, batch)
+            q, k, v, q_pos, k_pos, padding = self._cross_inputs(
+                x, context, positions, context_positions, key_padding_mask, cache
             )
-            q_default = torch.arange(q_len, device=device)[None]
-            q_pos = self._positions(positions, "positions", batch, q_len, q_default)
-            k_default = torch.arange(context.shape[1], device=device)[None]
-            k_new_pos = self._positions(
-                context_positions, "context_positions", batch, context.shape[1], k_default
+            past = 0
+        else:
+            entry = cache.get(self.layer_idx) if cache is not None else None
+            past = 0 if entry is None else entry.k.shape[2]
+            padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
+            q_pos = self._positions(
+                positions, "positions", batch, q_len, default_positions(q_len, past, padding, x.device)
             )
-            padding_all = padding
-        else:
-            padding_all = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
-            q_default = self._default_positions(padding_all, entry, q_len, past, device)
-            q_pos = self._positions(positions, "positions", batch, q_len, q_default)
-            k_new_pos = q_pos
-        if not cross and positions is None:
-            self.encoding.check_positions(q_pos, name="positions")
-
-        # ABSOLUTE encodings act on the layer input (inside a TransformerLM: once, at the embedding).
-        x_q = x
-        kv_input = context if cross else x
-        if self.encoding.kind is Kind.ABSOLUTE:
-            x_q = self.encoding.embed(x, q_pos.expand(batch, -1))
-            kv_input = x_q if not cross else self.encoding.embed(context, k_new_pos.expand(batch, -1))
-
-        q = self._heads(self.q_proj(x_q), self.num_heads)
-        if cross and entry is not None:
-            k, v, k_pos = entry.k, entry.v, entry.k_pos
-            if self.encoding.kind is Kind.ROTARY:
-                q, _ = self.encoding.rotate(q, k[:, :, :0], q_pos, k_pos[:, :0])
-        else:
-            k = self._heads(self.k_proj(kv_input), self.num_kv_heads)
-            v = self._heads(self.v_proj(kv_input), self.num_kv_heads)
-            if self.encoding.kind is Kind.ROTARY:
-                q, k = self.encoding.rotate(q, k, q_pos, k_new_pos)
-            k_pos = k_new_pos
-            if entry is not None:
-                k = torch.cat([entry.k, k], dim=2)
-                v = torch.cat([entry.v, v], dim=2)
-                k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
-            if cache is not None:
-                cache.update(self.layer_idx, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding_all))
-
+            q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding)
         if attn_mask is not None:
             attn_mask = self._check_attn_mask(attn_mask, batch, q_len, k.shape[2])
         request = AttentionRequest(
@@ -291,23 +243,111 @@ class MultiheadAttention(nn.Module):
             q_pos=q_pos,
             k_pos=k_pos,
             scale=self.scale,
-            causal=self.causal and not cross,
+            causal=self.causal and context is None,
             causal_offset=past,
-            key_padding_mask=padding_all,
+            key_padding_mask=padding,
             attn_mask=attn_mask,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
             layer=self,
         )
+        out, weights = self._run(request)
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
+        return (out, weights) if need_weights else out
+
+    def default_positions(
+        self, batch: int, q_len: int, key_padding_mask: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        """Positions ``[B or 1, q_len]`` this layer gives new tokens when none are passed.
+
+        ``arange`` continuing after the tokens in ``cache``, or, with a ``key_padding_mask`` (left
+        padding), the number of real tokens before each one. A model computes them once and hands
+        them to every layer.
+        """
+        entry = cache.get(self.layer_idx) if cache is not None else None
+        past = 0 if entry is None else entry.k.shape[2]
+        padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
+        return default_positions(q_len, past, padding, self.q_proj.weight.device)
+
+    def _check_context(self, context: Tensor, batch: int) -> None:
+        self._check_input(context, "context")
+        if context.shape[0] != batch:
+            raise ValueError(f"context batch {context.shape[0]} differs from x batch {batch}")
+        if self.encoding.causal_only:
+            raise ValueError(f"{self._causal_only_message()}; cross-attention is never causal")
+
+    def _self_inputs(
+        self,
+        x: Tensor,
+        q_pos: Tensor,
+        entry: _CacheEntry | None,
+        cache: KVCache | None,
+        padding: Tensor | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``q, k, v, k_pos`` of self-attention: the new tokens' keys after the cached ones."""
+        batch = x.shape[0]
+        if self.encoding.kind is Kind.ABSOLUTE:
+            x = embed_positions(self.encoding, x, q_pos)
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if self.encoding.kind is Kind.ROTARY:
+            q, k = self.encoding.rotate(q, k, q_pos, q_pos)
+        k_pos = q_pos
+        if entry is not None:
+            k = torch.cat([entry.k, k], dim=2)
+            v = torch.cat([entry.v, v], dim=2)
+            k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
+        if cache is not None:
+            cache.update(self.layer_idx, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding))
+        return q, k, v, k_pos
+
+    def _cross_inputs(
+        self,
+        x: Tensor,
+        context: Tensor,
+        positions: Tensor | None,
+        context_positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        cache: KVCache | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """``q, k, v, q_pos, k_pos, padding`` of cross-attention (keys from the cache when it has them)."""
+        batch, q_len, _ = x.shape
+        entry = cache.get(self.layer_idx) if cache is not None else None
+        k_len = context.shape[1] if entry is None else entry.k.shape[2]
+        padding = None
+        if key_padding_mask is not None:
+            padding = self._check_padding(key_padding_mask, batch, k_len, "key_padding_mask")
+        q_pos = self._positions(
+            positions, "positions", batch, q_len, torch.arange(q_len, device=x.device)[None]
+        )
+        if self.encoding.kind is Kind.ABSOLUTE:
+            x = embed_positions(self.encoding, x, q_pos)
+        q = self._heads(self.q_proj(x), self.num_heads)
+        if entry is not None:
+            k, v, k_pos = entry.k, entry.v, entry.k_pos
+            if self.encoding.kind is Kind.ROTARY:
+                q, _ = self.encoding.rotate(q, k[:, :, :0], q_pos, k_pos[:, :0])
+            return q, k, v, q_pos, k_pos, padding
+        k_default = torch.arange(context.shape[1], device=x.device)[None]
+        k_pos = self._positions(context_positions, "context_positions", batch, context.shape[1], k_default)
+        if self.encoding.kind is Kind.ABSOLUTE:
+            context = embed_positions(self.encoding, context, k_pos)
+        k = self._heads(self.k_proj(context), self.num_kv_heads)
+        v = self._heads(self.v_proj(context), self.num_kv_heads)
+        if self.encoding.kind is Kind.ROTARY:
+            q, k = self.encoding.rotate(q, k, q_pos, k_pos)
+        if cache is not None:
+            cache.update(self.layer_idx, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding))
+        return q, k, v, q_pos, k_pos, padding
+
+    def _run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
         backend = select_backend(request, self.backend)
         self.last_backend = backend.name
         out, weights = backend.run(request)
-        if need_weights and weights is None:
-            from .backends.eager import attention_probs
-
+        if request.need_weights and weights is None:
             weights = attention_probs(request)
-        out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
-        return (out, weights) if need_weights else out
+        return out, weights
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         batch, length, _ = x.shape
@@ -336,13 +376,27 @@ class MultiheadAttention(nn.Module):
             f"for the new tokens of a cached step), got {tuple(mask.shape)}"
         )
 
-    @staticmethod
-    def _default_positions(
-        padding: Tensor | None, entry: _CacheEntry | None, q_len: int, past: int, device
-    ) -> Tensor:
-        if padding is None:
-            return torch.arange(past, past + q_len, device=device)[None]
-        # Left padding: a token's position counts the real tokens before it (BLOOM/HF generate).
-        real = (~padding).long()
-        positions = (real.cumsum(dim=1) - 1).clamp(min=0)
-        return positions[:, -q_len:]
+
+def default_positions(q_len: int, past: int, padding: Tensor | None, device: torch.device) -> Tensor:
+    """Positions ``[B or 1, q_len]`` of ``q_len`` new tokens after ``past`` cached ones.
+
+    Without padding, ``past + arange(q_len)``. With ``padding [B, past + q_len]`` (True = padding,
+    left padding as HF ``generate`` and BLOOM use it), a token's position counts the real tokens
+    before it, so every sequence starts at 0 whatever its padding.
+    """
+    if padding is None:
+        return torch.arange(past, past + q_len, device=device)[None]
+    real = (~padding).long()
+    positions = (real.cumsum(dim=1) - 1).clamp(min=0)
+    return positions[:, positions.shape[1] - q_len :]
+
+
+def embed_positions(encoding: PositionalEncoding, x: Tensor, positions: Tensor) -> Tensor:
+    """ABSOLUTE encodings act here and nowhere else: ``x [B, T, E]`` plus the encoding of ``positions``.
+
+    ``positions`` is ``[T]``, ``[1, T]`` or ``[B, T]``; it is checked against the encoding's range.
+    A :class:`MultiheadAttention` with an ABSOLUTE encoding calls it on its input; a model calls it
+    once on the token embeddings.
+    """
+    positions = encoding.check_positions(positions)
+    return encoding.embed(x, positions.expand(x.shape[0], -1))

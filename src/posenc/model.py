@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiheadAttention
+from .attention import KVCache, MultiheadAttention, embed_positions
 from .base import Kind, PositionalEncoding
 from .registry import build_for_layer, get_class, options, parse_spec
 
@@ -270,11 +270,7 @@ class _Stack(nn.Module):
                     f"positions must have shape [{length}] or [{batch}, {length}], got {tuple(positions.shape)}"
                 )
             return positions.to(tokens.device)
-        first = self.blocks[0].attn
-        entry = cache.get(first.layer_idx) if cache is not None else None
-        past = 0 if entry is None else entry.k.shape[2]
-        padding = first._padding_with_cache(key_padding_mask, entry, batch, length)
-        return first._default_positions(padding, entry, length, past, tokens.device)
+        return self.blocks[0].attn.default_positions(batch, length, key_padding_mask, cache)
 
     def hidden_states(
         self,
@@ -290,9 +286,8 @@ class _Stack(nn.Module):
             raise ValueError(f"tokens must be an integer tensor [B, T], got {shape}")
         pos = self._positions(tokens, positions, key_padding_mask, cache)
         x = self.token_embedding(tokens)
-        batch_pos = pos.expand(tokens.shape[0], -1)
         for enc in self.input_encodings:
-            x = enc.embed(x, enc.check_positions(batch_pos))
+            x = embed_positions(enc, x, pos)
         x = self.input_dropout(x)
         for block in self.blocks:
             x = block(x, positions=pos, key_padding_mask=key_padding_mask, cache=cache)

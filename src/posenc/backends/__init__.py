@@ -1,10 +1,15 @@
-"""Attention backends and the dispatcher that picks one by stated reasons.
+"""Attention backends, the request they serve, and the dispatcher that picks one.
 
-Each backend implements ``reasons(request) -> list[str]`` (why it cannot serve the request; empty
-when it can) and ``run(request) -> (out, weights_or_None)``. ``auto`` takes the first backend, in
-priority order, with no reasons; when none can serve a request the error lists every backend's
-reasons. Tests and users force a backend per layer (``backend="sdpa"``) or for a block of code
-(``with posenc.backends.use_backend("eager"): ...``).
+A backend implements ``reasons(request) -> list[str]``: the hard limits that stop it from serving
+``request`` (empty when it can), optionally ``declines(request) -> list[str]``: costs that ``auto``
+weighs but forcing ignores (a compile per shape, overhead on small problems), and
+``run(request) -> (out, weights_or_None)``. The order in which ``auto`` tries them is one list per
+device type in :mod:`posenc.backends.dispatch`. When none can serve a request, the error names the
+request and every backend's reasons. Tests and users force a backend per layer (``backend="sdpa"``)
+or for a block of code (``with posenc.backends.use_backend("eager"): ...``).
+
+Masks are not a backend's business: ``request.mask`` (:class:`posenc.masks.AttentionMask`) says
+which keys each query sees and materialises itself in the form each kernel takes.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import Kind, PositionalEncoding
+from ..masks import AttentionMask
 
 __all__ = [
     "AttentionRequest",
@@ -40,10 +46,13 @@ class AttentionRequest:
     """Everything a backend needs for one attention call.
 
     Shapes: ``q [B, H, Tq, D]``; ``k``, ``v`` ``[B, Hkv, Tk, D]`` (``H`` a multiple of ``Hkv``);
-    ``q_pos [B or 1, Tq]`` and ``k_pos [B or 1, Tk]`` int64 positions; ``key_padding_mask [B, Tk]``
-    bool, True = padding; ``attn_mask`` bool (True = may attend) or float (added to the logits),
-    broadcastable to ``[B, H, Tq, Tk]`` and already 4-D. ``causal_offset`` is the key index of the
-    first query (the cache length) when ``causal`` is True: query ``i`` sees keys ``j <= i + offset``.
+    ``q_pos [B or 1, Tq]`` and ``k_pos [B or 1, Tk]`` int64 positions.
+
+    The mask is :attr:`mask` (:class:`~posenc.masks.AttentionMask`). Give it directly, or describe it
+    with the keyword fields, from which it is built: ``causal`` and ``causal_offset`` (the key index of
+    the first query, i.e. the cache length: query ``i`` sees keys ``j <= i + offset``),
+    ``key_padding_mask [B, Tk]`` (bool, True = padding) and ``attn_mask`` (bool, True = may attend,
+    or float added to the logits; 4-D, broadcastable to ``[B, H, Tq, Tk]``).
     """
 
     q: Tensor
@@ -60,7 +69,21 @@ class AttentionRequest:
     dropout_p: float = 0.0
     need_weights: bool = False
     layer: nn.Module | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
+    mask: AttentionMask = field(default=None, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.mask is None:
+            self.mask = AttentionMask.build(
+                q_len=self.q_len,
+                k_len=self.k_len,
+                batch=self.q.shape[0],
+                heads=self.num_heads,
+                device=self.q.device,
+                causal=self.causal,
+                causal_offset=self.causal_offset,
+                key_padding_mask=self.key_padding_mask,
+                attn_mask=self.attn_mask,
+            )
 
     @property
     def kind(self) -> Kind:
@@ -83,44 +106,20 @@ class AttentionRequest:
         tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
         return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
-    def has_mask(self) -> bool:
-        return self.causal or self.key_padding_mask is not None or self.attn_mask is not None
+    def kv_per_query_head(self) -> tuple[Tensor, Tensor]:
+        """``k`` and ``v`` repeated along heads to ``[B, H, Tk, D]`` (grouped-query attention)."""
+        groups = self.num_heads // self.k.shape[1]
+        if groups == 1:
+            return self.k, self.v
+        return self.k.repeat_interleave(groups, dim=1), self.v.repeat_interleave(groups, dim=1)
 
-    def allowed(self) -> Tensor | None:
-        """Boolean ``[B or 1, 1 or H, Tq, Tk]``, True where attention is allowed; None if all allowed."""
-        if "allowed" in self._cache:
-            return self._cache["allowed"]
-        device = self.q.device
-        allowed: Tensor | None = None
-        if self.causal:
-            qi = torch.arange(self.q_len, device=device)[:, None] + self.causal_offset
-            kj = torch.arange(self.k_len, device=device)[None, :]
-            allowed = (kj <= qi)[None, None]
-        if self.key_padding_mask is not None:
-            keep = ~self.key_padding_mask[:, None, None, :]
-            allowed = keep if allowed is None else allowed & keep
-        if self.attn_mask is not None and self.attn_mask.dtype == torch.bool:
-            allowed = self.attn_mask if allowed is None else allowed & self.attn_mask
-        self._cache["allowed"] = allowed
-        return allowed
-
-    def float_mask(self) -> Tensor | None:
-        """The user's float mask (added to the logits), or None."""
-        if self.attn_mask is not None and self.attn_mask.dtype != torch.bool:
-            return self.attn_mask
-        return None
-
-    def additive_mask(self, dtype: torch.dtype) -> Tensor | None:
-        """All masks as one additive float tensor: ``finfo(dtype).min`` where not allowed."""
-        allowed, extra = self.allowed(), self.float_mask()
-        if allowed is None and extra is None:
-            return None
-        mask = torch.zeros((), dtype=dtype, device=self.q.device)
-        if extra is not None:
-            mask = mask + extra.to(dtype)
-        if allowed is not None:
-            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
-        return mask
+    def describe(self) -> str:
+        """One line naming what a backend has to serve: encoding, shapes, dtype, device, masks."""
+        return (
+            f"{self.encoding.name} ({self.kind.value}); q {list(self.q.shape)}, k/v {list(self.k.shape)}, "
+            f"{self.q.dtype}, {self.q.device}; mask: {self.mask.describe()}; "
+            f"grad: {self.needs_grad}, dropout: {self.dropout_p}, need_weights: {self.need_weights}"
+        )
 
 
 class Backend(Protocol):
@@ -129,7 +128,14 @@ class Backend(Protocol):
     name: str
 
     def reasons(self, request: AttentionRequest) -> list[str]:
-        """Why this backend cannot serve ``request``; empty when it can."""
+        """Hard limits: why this backend cannot serve ``request``; empty when it can."""
+        ...
+
+    def declines(self, request: AttentionRequest) -> list[str]:
+        """Costs: why ``auto`` should pass this backend over although it could serve ``request``.
+
+        Forcing a backend ignores them. Backends without costs return an empty list.
+        """
         ...
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
@@ -145,40 +151,40 @@ def kind_reasons(request: AttentionRequest, kind: Kind) -> list[str]:
 
 
 def auto_reasons(backend: Backend, request: AttentionRequest) -> list[str]:
-    """Why ``auto`` passes over ``backend``: its ``reasons`` plus its optional ``declines``.
-
-    ``declines(request)`` states costs rather than limits (a compile per shape, overhead on
-    small problems): ``auto`` respects them, forcing a backend ignores them.
-    """
-    declines = getattr(backend, "declines", None)
-    return backend.reasons(request) + (list(declines(request)) if declines is not None else [])
+    """Why ``auto`` passes over ``backend``: its ``reasons`` plus its ``declines``."""
+    return backend.reasons(request) + list(backend.declines(request))
 
 
 class NoBackendError(RuntimeError):
-    """No backend can serve a request; the message lists every backend's reasons."""
+    """No backend can serve a request; the message names the request and every backend's reasons."""
 
 
-_BACKENDS: dict[str, tuple[int, Backend]] = {}
+_BACKENDS: dict[str, Backend] = {}
 _forced = threading.local()
 
 
-def register_backend(backend: Backend, priority: int) -> Backend:
-    """Add a backend; ``auto`` tries backends by ascending ``priority``."""
-    _BACKENDS[backend.name] = (priority, backend)
+def register_backend(backend: Backend) -> Backend:
+    """Add a backend by its ``name``; :mod:`~posenc.backends.dispatch` says where ``auto`` tries it."""
+    missing = [m for m in ("reasons", "declines", "run") if not callable(getattr(backend, m, None))]
+    if missing:
+        raise TypeError(f"backend {backend!r} lacks {', '.join(missing)} (see posenc.backends.Backend)")
+    _BACKENDS[backend.name] = backend
     return backend
 
 
-def available_backends() -> list[str]:
-    """Backend names in the order ``auto`` tries them."""
+def available_backends(device: torch.device | str = "cpu") -> list[str]:
+    """Backend names in the order ``auto`` tries them on ``device``."""
     _load_builtin()
-    return [name for name, _ in sorted(_BACKENDS.items(), key=lambda item: item[1][0])]
+    from .dispatch import priority_list
+
+    return priority_list(device, _BACKENDS)
 
 
 def get_backend(name: str) -> Backend:
     _load_builtin()
     if name not in _BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; available: {', '.join(available_backends())} or 'auto'")
-    return _BACKENDS[name][1]
+        raise ValueError(f"unknown backend {name!r}; available: {', '.join(sorted(_BACKENDS))} or 'auto'")
+    return _BACKENDS[name]
 
 
 @contextlib.contextmanager
@@ -195,12 +201,14 @@ def use_backend(name: str) -> Iterator[None]:
 
 
 def backend_reasons(request: AttentionRequest, *, auto: bool = False) -> dict[str, list[str]]:
-    """Every backend's reasons for ``request`` (empty list = can serve it).
+    """Every backend's reasons for ``request`` (empty list = can serve it), in ``auto``'s order.
 
     With ``auto=True`` the lists also hold what ``auto`` weighs (:func:`auto_reasons`).
     """
-    explain = auto_reasons if auto else (lambda backend, req: backend.reasons(req))
-    return {name: explain(get_backend(name), request) for name in available_backends()}
+    order = available_backends(request.q.device)
+    if auto:
+        return {name: auto_reasons(get_backend(name), request) for name in order}
+    return {name: get_backend(name).reasons(request) for name in order}
 
 
 def select_backend(request: AttentionRequest, requested: str = "auto") -> Backend:
@@ -211,16 +219,20 @@ def select_backend(request: AttentionRequest, requested: str = "auto") -> Backen
         backend = get_backend(name)
         reasons = backend.reasons(request)
         if reasons:
-            raise NoBackendError(f"backend {name!r} cannot run this request: " + "; ".join(reasons))
+            raise NoBackendError(
+                f"backend {name!r} cannot run this request: "
+                + "; ".join(reasons)
+                + f"\n  request: {request.describe()}"
+            )
         return backend
     report = []
-    for candidate in available_backends():
-        backend = get_backend(candidate)
-        reasons = auto_reasons(backend, request)
+    for candidate, reasons in backend_reasons(request, auto=True).items():
         if not reasons:
-            return backend
+            return get_backend(candidate)
         report.append(f"{candidate}: " + "; ".join(reasons))
-    raise NoBackendError("no attention backend can run this request:\n  " + "\n  ".join(report))
+    raise NoBackendError(
+        f"no attention backend can run this request ({request.describe()}):\n  " + "\n  ".join(report)
+    )
 
 
 def _load_builtin() -> None:
@@ -229,5 +241,5 @@ def _load_builtin() -> None:
     import pkgutil
 
     for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_"):
+        if not info.name.startswith("_") and info.name != "dispatch":
             importlib.import_module(f"{__name__}.{info.name}")

@@ -25,8 +25,9 @@ The bias comes from the encoding's single definition, ``bias_at(head, q_pos, k_p
   evaluated on each block; in the backward pass it is re-evaluated under autograd and
   ``torch.autograd.grad`` carries the block's logit gradients into the encoding's parameters.
 
-Masks follow the eager reference: masked logits are ``finfo(dtype).min`` (a row whose keys are all
-masked gets uniform weights, like eager) and get no gradient.
+Masks come from the request's :class:`~posenc.masks.AttentionMask`: ``key_range`` tells a block
+which keys it can skip, ``rows`` gives its boolean rows (hidden logits become ``finfo(dtype).min``
+and so get probability 0 and no gradient), and rows that see no key are zeroed after the kernel.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..base import Kind
+from ..masks import AttentionMask, CausalMask
 from . import AttentionRequest, kind_reasons, register_backend
 
 __all__ = ["DEFAULT_BLOCK", "BlockedBackend", "blocked_bias_attention"]
@@ -66,28 +68,20 @@ class _Plan:
     scale: float
     q_pos: Tensor  # [Bp, Tq] int64
     k_pos: Tensor  # [Bk, Tk] int64
-    causal: bool
-    causal_offset: int
-    padding: Tensor | None  # [B, Tk] bool, True = padding
-    bool_mask: Tensor | None  # broadcastable [B|1, H|1, Tq, Tk], True = may attend
-    float_mask: Tensor | None  # broadcastable [B|1, H|1, Tq, Tk]
+    mask: AttentionMask
     block: int
     mode: str  # "toeplitz" | "gather" | "function"
     d_min: int  # smallest distance k_pos - q_pos (table modes)
-    empty_rows: bool  # some query row may have every key masked (its weights are then uniform)
     use_flash: bool
     q_len: int
     strip: Tensor | None = field(default=None, repr=False)  # toeplitz: [H, block, Tq + Tk - 1]
     param_names: list[str] = field(default_factory=list)  # function mode: "encoding.<name>" of params
     state: dict[str, Tensor] = field(default_factory=dict, repr=False)  # every tensor of the encoding
 
-    def key_end(self, i1: int, k_len: int) -> int:
-        """Keys visible to query rows below ``i1``: causal attention skips the later ones."""
-        return min(k_len, i1 + self.causal_offset) if self.causal and not self.empty_rows else k_len
-
     @property
-    def has_column_masks(self) -> bool:
-        return self.padding is not None or self.bool_mask is not None or self.float_mask is not None
+    def strip_mask(self) -> AttentionMask:
+        """What the bias rows still need on top of the Toeplitz strip (which holds the causal mask)."""
+        return self.mask.without(CausalMask)
 
 
 # ---------------------------------------------------------------------------- bias per block
@@ -119,10 +113,11 @@ def _toeplitz_strip(plan: _Plan, table: Tensor, q_len: int, dtype: torch.dtype) 
     heads, width = table.shape
     rows = min(plan.block, q_len)
     values = table.to(dtype)
-    if plan.causal:
+    offset = plan.mask.causal_offset
+    if offset is not None:
         # Index c - r = (j - i) + (Tq - 1): key j is in the future of query i when j - i > offset.
         values = values.clone()
-        values[:, plan.causal_offset + q_len :] = torch.finfo(dtype).min
+        values[:, max(0, offset + q_len) :] = torch.finfo(dtype).min
     # padded[h, e] = values[h, e - (rows - 1)]; strip row r, column c reads padded[c - r + rows - 1],
     # i.e. in reversed row order r' = rows - 1 - r it reads padded[c + r']: positive strides.
     padded = torch.cat((values.new_zeros(heads, rows - 1), values), dim=1)
@@ -148,23 +143,6 @@ def _block_rows_float32(
     return _at_least_float32(torch.func.functional_call(_BiasAt(plan.encoding), state, args))
 
 
-def _block_disallowed(plan: _Plan, i0: int, i1: int, k_end: int, device, *, causal: bool) -> Tensor | None:
-    """Bool ``[B|1, H|1, rows, k_end]``, True where attention is NOT allowed; None if nothing is."""
-    masked: Tensor | None = None
-    if causal and plan.causal:
-        rows = torch.arange(i0, i1, device=device)[:, None] + plan.causal_offset
-        future = torch.arange(k_end, device=device)[None, :] > rows
-        if bool(future[-1, -1]) or bool(future.any()):
-            masked = future[None, None]
-    if plan.padding is not None:
-        pad = plan.padding[:, None, None, :k_end]
-        masked = pad if masked is None else masked | pad
-    if plan.bool_mask is not None:
-        block = ~plan.bool_mask[..., i0:i1, :k_end]
-        masked = block if masked is None else masked | block
-    return masked
-
-
 def _block_bias(
     plan: _Plan,
     table: Tensor | None,
@@ -173,35 +151,31 @@ def _block_bias(
     k_end: int,
     dtype: torch.dtype,
     state: dict | None = None,
-):
-    """The block's additive mask ``[B|1, H, rows, k_end]`` in ``dtype`` (bias and every mask).
-
-    Returns ``(bias, disallowed)``; ``disallowed`` is the bool mask of masked entries, or None
-    when no row of the block can be fully masked (masked entries then get probability 0 anyway).
-    """
-    toeplitz = plan.mode == "toeplitz"
-    if toeplitz:
+) -> Tensor:
+    """The block's additive mask ``[B|1, H, rows, k_end]`` in ``dtype``: the bias, hidden keys at
+    ``finfo(dtype).min`` and the user's float mask."""
+    if plan.mode == "toeplitz":
         start = plan.q_len - 1 - i0
         bias = plan.strip[None, :, : i1 - i0, start : start + k_end]
-        if not plan.has_column_masks:
-            return bias, None
-        bias = bias.clone()
+        mask = plan.strip_mask
+        if mask.is_trivial:
+            return bias
     else:
         bias = _block_rows_float32(plan, table, i0, i1, k_end, state).to(dtype)
-    if plan.float_mask is not None:
-        bias = bias + plan.float_mask[..., i0:i1, :k_end].to(dtype)
-    # The Toeplitz strip already holds the causal mask, but rows that may be fully masked need
-    # the complete mask to zero their gradient.
-    disallowed = _block_disallowed(plan, i0, i1, k_end, bias.device, causal=not toeplitz or plan.empty_rows)
-    if disallowed is not None:
-        bias = bias.masked_fill(disallowed, torch.finfo(dtype).min)
-    return bias, (disallowed if plan.empty_rows else None)
+        mask = plan.mask
+    additive = mask.additive_rows(i0, i1, 0, k_end)
+    if additive is not None:
+        bias = bias + additive.to(dtype)
+    allowed = mask.rows(i0, i1, 0, k_end)
+    if allowed is not None:
+        bias = bias.masked_fill(~allowed, torch.finfo(dtype).min)
+    return bias
 
 
 def _blocks(plan: _Plan, q_len: int, k_len: int):
     for i0 in range(0, q_len, plan.block):
         i1 = min(q_len, i0 + plan.block)
-        yield i0, i1, plan.key_end(i1, k_len)
+        yield i0, i1, plan.mask.key_range(i0, i1)[1]
 
 
 # ---------------------------------------------------------------------------- autograd
@@ -233,7 +207,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
         if plan.mode == "toeplitz":
             plan.strip = _toeplitz_strip(plan, table, q_len, q.dtype)
         for i0, i1, k_end in _blocks(plan, q_len, k.shape[2]):
-            bias, _ = _block_bias(plan, table, i0, i1, k_end, q.dtype)
+            bias = _block_bias(plan, table, i0, i1, k_end, q.dtype)
             q_blk, k_blk, v_blk = q[:, :, i0:i1], k[:, :, :k_end], v[:, :, :k_end]
             if plan.use_flash:
                 o_blk, l_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
@@ -281,8 +255,8 @@ class _BlockedBiasAttention(torch.autograd.Function):
                 v[:, :, :k_end],
                 grad_out[:, :, i0:i1],
             )
-            bias, disallowed = _block_bias(plan, table, i0, i1, k_end, q.dtype, state)
-            if plan.use_flash and not want_bias and not plan.empty_rows:
+            bias = _block_bias(plan, table, i0, i1, k_end, q.dtype, state)
+            if plan.use_flash and not want_bias:
                 dq_blk, dk_blk, dv_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                     g_blk,
                     q_blk,
@@ -308,20 +282,17 @@ class _BlockedBiasAttention(torch.autograd.Function):
             g3 = g_blk.reshape(batch * heads, rows, -1)
             bias3 = bias.expand(batch, -1, -1, -1).reshape(batch * heads, rows, k_end)
             logits = torch.baddbmm(bias3, q3, k3.transpose(1, 2))
-            if disallowed is None:
-                l_blk = lse[:, :, i0:i1].reshape(batch * heads, rows, 1).to(logits.dtype)
-                probs = logits.sub_(l_blk).exp_()
-            else:  # a fully masked row has lse == finfo.min + log(Tk) == finfo.min: renormalise
-                probs = torch.softmax(logits, dim=-1)
+            # Rows that see no key get a zero output gradient (their output is zeroed after this
+            # function), so whatever finite values their probabilities take here cancel.
+            l_blk = lse[:, :, i0:i1].reshape(batch * heads, rows, 1).to(logits.dtype)
+            probs = logits.sub_(l_blk).exp_()
             del logits
             dv_blk = torch.bmm(probs.transpose(1, 2), g3)
             d_logits = torch.baddbmm(
                 -delta[:, :, i0:i1].reshape(batch * heads, rows, 1).to(q.dtype), g3, v3.transpose(1, 2)
             ).mul_(probs)  # gradient of the biased, masked logits: P ∘ (dP - delta)
             del probs
-            d_logits4 = d_logits.view(batch, heads, rows, k_end)
-            if disallowed is not None:
-                d_logits4.masked_fill_(disallowed, 0.0)  # masked_fill blocks the gradient, as in eager
+            d_logits4 = d_logits.view(batch, heads, rows, k_end)  # zero where hidden: P is 0 there
             if want_bias:
                 _bias_grad(plan, d_logits4, d_table, state, params, d_params, needs[5:], i0, i1, q.shape[2])
             dq[:, :, i0:i1] = torch.bmm(d_logits, k3).mul_(plan.scale).view(batch, heads, rows, -1)
@@ -392,21 +363,6 @@ def _consecutive(pos: Tensor) -> bool:
     return bool((pos == expected).all())
 
 
-def _has_fully_masked_row(req: AttentionRequest) -> bool:
-    """True if some query row may see no key at all (eager then spreads it over every key).
-
-    Such rows need every key (no causal skipping) and an exact softmax in the backward pass (their
-    log-sum-exp, ``finfo.min + log(Tk)``, rounds to ``finfo.min``).
-    """
-    if req.attn_mask is not None and req.attn_mask.dtype == torch.bool:
-        return True  # cannot tell cheaply; take the exact path
-    if req.key_padding_mask is None:
-        return False
-    # Under a causal mask row 0 sees keys 0..causal_offset and has the fewest keys.
-    visible = min(req.k_len, req.causal_offset + 1) if req.causal else req.k_len
-    return bool(req.key_padding_mask[:, :visible].all(dim=1).any())
-
-
 def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]:
     enc = req.encoding
     q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
@@ -426,15 +382,10 @@ def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]
         scale=req.scale,
         q_pos=q_pos,
         k_pos=k_pos,
-        causal=req.causal,
-        causal_offset=req.causal_offset,
-        padding=req.key_padding_mask,
-        bool_mask=req.attn_mask if req.attn_mask is not None and req.attn_mask.dtype == torch.bool else None,
-        float_mask=req.float_mask(),
+        mask=req.mask,
         block=block,
         mode=mode,
         d_min=d_min,
-        empty_rows=_has_fully_masked_row(req),
         use_flash=req.q.device.type == "cpu" and req.q.dtype in _FLASH_DTYPES and _cpu_flash_available(),
         q_len=req.q_len,
     )
@@ -449,8 +400,6 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
     """
     if block <= 0:
         raise ValueError(f"block must be positive, got {block}")
-    from .eager import repeat_kv
-
     if req.k_len == 0 or req.q_len == 0:
         return req.q * 0  # no keys (or no queries): zeros, like eager's empty softmax, still in the graph
     plan, table = _make_plan(req, block)
@@ -461,9 +410,9 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
         plan.state = {f"encoding.{name}": t for name, t in req.encoding.named_parameters()}
         plan.state.update({f"encoding.{name}": t for name, t in req.encoding.named_buffers()})
         params = [p for _, p in named]
-    k = repeat_kv(req.k, req.num_heads)
-    v = repeat_kv(req.v, req.num_heads)
-    return _BlockedBiasAttention.apply(plan, req.q, k, v, table, *params)
+    k, v = req.kv_per_query_head()
+    out = _BlockedBiasAttention.apply(plan, req.q, k, v, table, *params)
+    return req.mask.zero_empty_rows(out)
 
 
 #: Below this many logits per head, ``auto`` lets sdpa take bias encodings: measured on 2 CPU
@@ -485,14 +434,10 @@ class BlockedBackend:
         reasons = kind_reasons(request, Kind.BIAS)
         if request.dropout_p > 0:
             reasons.append("attention dropout is not implemented in the blocked backend")
-        mask = request.attn_mask
-        if mask is not None and mask.requires_grad and torch.is_grad_enabled():
+        additive = request.mask.additive
+        if additive is not None and additive.requires_grad and torch.is_grad_enabled():
             reasons.append(
                 "a float attn_mask that requires grad is not differentiated by the blocked backend"
-            )
-        if request.q.device.type != "cpu" and _flex_can_serve(request):
-            reasons.append(
-                f"on {request.q.device.type} the flex backend serves BIAS encodings with a fused kernel"
             )
         return reasons
 
@@ -500,13 +445,4 @@ class BlockedBackend:
         return blocked_bias_attention(request), None
 
 
-def _flex_can_serve(request: AttentionRequest) -> bool:
-    from . import get_backend
-
-    try:
-        return not get_backend("flex").reasons(request)
-    except ValueError:
-        return False
-
-
-register_backend(BlockedBackend(), priority=20)
+register_backend(BlockedBackend())

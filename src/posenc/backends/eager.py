@@ -14,33 +14,28 @@ from ..base import Kind
 from . import AttentionRequest, register_backend
 
 
-def repeat_kv(x: Tensor, num_heads: int) -> Tensor:
-    """Repeat ``x [B, Hkv, T, D]`` along heads to ``[B, num_heads, T, D]`` (grouped-query attention)."""
-    groups = num_heads // x.shape[1]
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
-
-
 def attention_logits(req: AttentionRequest) -> Tensor:
-    """Scaled, masked logits ``[B, H, Tq, Tk]`` in the query dtype (masked entries are ``finfo.min``)."""
-    q, k = req.q, repeat_kv(req.k, req.num_heads)
+    """Scaled, masked logits ``[B, H, Tq, Tk]`` in the query dtype (hidden entries are ``finfo.min``)."""
+    q = req.q
+    k, _ = req.kv_per_query_head()
     if req.kind is Kind.CONTENT:
         logits = req.encoding.logits(q, k, req.q_pos, req.k_pos, scale=req.scale, layer=req.layer)
     else:
         logits = (q @ k.transpose(-1, -2)) * req.scale
     if req.kind is Kind.BIAS:
         logits = logits + req.encoding.bias_for_positions(req.q_pos, req.k_pos).to(logits.dtype)
-    extra = req.float_mask()
-    if extra is not None:
-        logits = logits + extra.to(logits.dtype)
-    allowed = req.allowed()
+    additive = req.mask.additive
+    if additive is not None:
+        logits = logits + additive.to(logits.dtype)
+    allowed = req.mask.dense()
     if allowed is not None:
         logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
     return logits
 
 
 def attention_probs(req: AttentionRequest) -> Tensor:
-    """Softmax of :func:`attention_logits` (no dropout): the attention weights ``[B, H, Tq, Tk]``."""
-    return torch.softmax(attention_logits(req), dim=-1)
+    """The attention weights ``[B, H, Tq, Tk]`` (no dropout); rows that see no key are zero."""
+    return req.mask.zero_empty_rows(torch.softmax(attention_logits(req), dim=-1))
 
 
 class EagerBackend:
@@ -49,10 +44,13 @@ class EagerBackend:
     def reasons(self, request: AttentionRequest) -> list[str]:
         return []
 
+    def declines(self, request: AttentionRequest) -> list[str]:
+        return []
+
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
         probs = attention_probs(request)
         dropped = F.dropout(probs, request.dropout_p, training=request.dropout_p > 0)
-        v = repeat_kv(request.v, request.num_heads)
+        _, v = request.kv_per_query_head()
         if request.kind is Kind.CONTENT:
             out = request.encoding.attend(dropped, v, request.q_pos, request.k_pos)
         else:
@@ -60,4 +58,4 @@ class EagerBackend:
         return out, probs if request.need_weights else None
 
 
-register_backend(EagerBackend(), priority=100)
+register_backend(EagerBackend())

@@ -19,35 +19,20 @@ class SdpaBackend:
     name = "sdpa"
 
     def reasons(self, request: AttentionRequest) -> list[str]:
-        reasons = []
         if request.kind is Kind.CONTENT:
-            reasons.append(
-                f"kind {request.kind.value} ({request.encoding.name}) adds q/k-dependent logit terms"
-            )
-        return reasons
+            return [f"kind {request.kind.value} ({request.encoding.name}) adds q/k-dependent logit terms"]
+        return []
+
+    def declines(self, request: AttentionRequest) -> list[str]:
+        return []
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
         q, k, v = request.q, request.k, request.v
-        plain_causal = (
-            request.causal
-            and request.causal_offset == 0
-            and request.q_len == request.k_len
-            and request.key_padding_mask is None
-            and request.attn_mask is None
-            and request.kind is not Kind.BIAS
-        )
-        mask = None if plain_causal else request.additive_mask(q.dtype)
+        plain_causal = request.mask.is_plain_causal and request.kind is not Kind.BIAS
+        mask = None if plain_causal else request.mask.dense_additive(q.dtype)
         if request.kind is Kind.BIAS:
             bias = request.encoding.bias_for_positions(request.q_pos, request.k_pos).to(q.dtype)
             mask = bias if mask is None else mask + bias
-        allowed = None if plain_causal else request.allowed()
-        if allowed is not None:
-            empty = ~allowed.any(dim=-1, keepdim=True)  # [B or 1, 1 or H, Tq, 1]: rows that see no key
-            if bool(empty.any()):
-                # Eager gives such rows the uniform average of v, with no gradient into q, k or the
-                # bias (their logits are constants). Zeroing their query and mask does the same here.
-                q = q.masked_fill(empty, 0.0)
-                mask = mask.masked_fill(empty, 0.0)
         out = F.scaled_dot_product_attention(
             q,
             k,
@@ -58,7 +43,7 @@ class SdpaBackend:
             scale=request.scale,
             enable_gqa=q.shape[1] != k.shape[1],
         )
-        return out, None
+        return request.mask.zero_empty_rows(out), None
 
 
-register_backend(SdpaBackend(), priority=50)
+register_backend(SdpaBackend())

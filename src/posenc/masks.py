@@ -1,0 +1,399 @@
+"""Attention masks: one object per request, small mask functions, a materialiser per consumer.
+
+Which keys a query may see is decided here and nowhere else. A request's mask is the AND of small
+*components* (causal with a cache offset, key padding, a user bool mask; document, window and chunk
+masks fit the same mould). Each component answers three questions, one per kind of consumer:
+
+* ``mod(b, h, q_idx, kv_idx) -> bool``: the FlexAttention ``mask_mod`` form (index tensors that
+  broadcast against each other), as in HF ``masking_utils``; combine with :func:`and_masks` and
+  :func:`or_masks`;
+* ``block(i0, i1, k0, k1) -> bool [B|1, H|1, i1-i0, k1-k0]``: the rows ``i0:i1`` against keys
+  ``k0:k1``, broadcastable, for the dense (eager, sdpa) and query-blocked (blocked, relative)
+  backends;
+* ``key_range(i0, i1) -> (lo, hi)``: the keys that any of the rows ``i0:i1`` can see lie in
+  ``lo:hi``; a blocked backend skips the rest.
+
+A user float mask (added to the logits) rides along as :attr:`AttentionMask.additive`; its ``-inf``
+entries are moved into the boolean part, so every kernel sees finite numbers and one rule covers
+"this key is hidden" whichever way the user said it.
+
+**Rows that see no key.** A query row whose every key is hidden (left padding under a causal mask,
+an all-False row of a user mask, an all ``-inf`` float row) has no softmax. Every backend gives such a
+row an output of zeros, attention weights of zeros, and no gradient (the FlexAttention and
+FlashAttention convention, and PyTorch's "safe softmax"). Backends compute whatever is cheapest for
+those rows and then call :meth:`AttentionMask.zero_empty_rows`. The alternative some libraries use
+(a uniform average over every key) would let a padded query read future keys in a causal layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "AttentionMask",
+    "CausalMask",
+    "KeyPaddingMask",
+    "MaskComponent",
+    "MaskFn",
+    "UserBoolMask",
+    "and_masks",
+    "or_masks",
+]
+
+#: ``(b, h, q_idx, kv_idx) -> bool tensor`` (True = may attend), FlexAttention's ``mask_mod``.
+MaskFn = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def and_masks(*fns: MaskFn) -> MaskFn:
+    """A mask function that allows a pair only when every ``fns`` allows it."""
+    if not fns:
+        raise ValueError("and_masks needs at least one mask function")
+
+    def combined(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        keep = fns[0](b, h, q_idx, kv_idx)
+        for fn in fns[1:]:
+            keep = keep & fn(b, h, q_idx, kv_idx)
+        return keep
+
+    return combined
+
+
+def or_masks(*fns: MaskFn) -> MaskFn:
+    """A mask function that allows a pair when any of ``fns`` allows it."""
+    if not fns:
+        raise ValueError("or_masks needs at least one mask function")
+
+    def combined(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        keep = fns[0](b, h, q_idx, kv_idx)
+        for fn in fns[1:]:
+            keep = keep | fn(b, h, q_idx, kv_idx)
+        return keep
+
+    return combined
+
+
+class MaskComponent:
+    """One condition on (query, key) pairs. Subclasses implement :meth:`mod` and :meth:`block`.
+
+    Attributes:
+        data_dependent: the component reads a tensor (padding, a user mask), so a FlexAttention block
+            mask built from it cannot be reused for another call of the same shape.
+        keeps_diagonal: query ``i`` always sees key ``i + offset`` in self-attention, so this component
+            alone never hides a whole row.
+    """
+
+    data_dependent: bool = False
+    keeps_diagonal: bool = False
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        raise NotImplementedError
+
+    def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
+        """Keys ``lo:hi`` outside which rows ``i0:i1`` see nothing (default: all keys)."""
+        return 0, k_len
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+@dataclass(frozen=True)
+class CausalMask(MaskComponent):
+    """Query ``i`` sees keys ``j <= i + offset`` (``offset`` = cached keys before the first query)."""
+
+    offset: int = 0
+    keeps_diagonal = True
+
+    @cached_property
+    def _offset_tensor(self) -> Tensor:
+        # A tensor, not an int, inside mask_mod: dynamo would specialise a compiled FlexAttention on
+        # an int and recompile at every cache length.
+        return torch.tensor(self.offset)
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx <= q_idx + self._offset_tensor.to(q_idx.device)
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        rows = torch.arange(i0, i1, device=device)[:, None] + self.offset
+        return (torch.arange(k0, k1, device=device)[None, :] <= rows)[None, None]
+
+    def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
+        return 0, max(0, min(k_len, i1 + self.offset))
+
+    def describe(self) -> str:
+        return f"causal(offset={self.offset})"
+
+
+@dataclass(frozen=True, eq=False)
+class KeyPaddingMask(MaskComponent):
+    """Keys where ``padding [B, Tk]`` is True are hidden from every query."""
+
+    padding: Tensor
+    data_dependent = True
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return ~self.padding[b, kv_idx]
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        return ~self.padding[:, None, None, k0:k1]
+
+    def describe(self) -> str:
+        return f"key_padding{list(self.padding.shape)}"
+
+
+@dataclass(frozen=True, eq=False)
+class UserBoolMask(MaskComponent):
+    """A user's boolean mask ``[B|1, H|1, Tq, Tk]``, True = may attend."""
+
+    allowed: Tensor
+    data_dependent = True
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        batch = b if self.allowed.shape[0] > 1 else torch.zeros_like(b)
+        head = h if self.allowed.shape[1] > 1 else torch.zeros_like(h)
+        return self.allowed[batch, head, q_idx, kv_idx]
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        return self.allowed[..., i0:i1, k0:k1]
+
+    def describe(self) -> str:
+        return f"attn_mask(bool){list(self.allowed.shape)}"
+
+
+def _to_device(block: Tensor, device: torch.device) -> Tensor:
+    return block if block.device == device else block.to(device)
+
+
+@dataclass(eq=False)
+class AttentionMask:
+    """Every mask of one attention call: the AND of :attr:`components`, plus a float :attr:`additive`.
+
+    Build it with :meth:`build`. Shapes: ``q_len`` queries, ``k_len`` keys, batch ``batch``,
+    ``heads`` query heads. All materialisers return tensors on :attr:`device`.
+    """
+
+    q_len: int
+    k_len: int
+    batch: int
+    heads: int
+    device: torch.device
+    components: tuple[MaskComponent, ...] = ()
+    #: Finite float values added to the logits ``[B|1, H|1, Tq, Tk]`` (a user float mask), or None.
+    additive: Tensor | None = None
+    _memo: dict = field(default_factory=dict, repr=False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(
+        cls,
+        *,
+        q_len: int,
+        k_len: int,
+        batch: int,
+        heads: int,
+        device: torch.device | str = "cpu",
+        causal: bool = False,
+        causal_offset: int = 0,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+    ) -> AttentionMask:
+        """The mask of a request.
+
+        Args:
+            causal, causal_offset: query ``i`` sees keys ``j <= i + causal_offset``.
+            key_padding_mask: bool ``[B, Tk]``, True = padding (hidden from every query).
+            attn_mask: bool (True = may attend) or float (added to the logits; ``-inf`` hides the
+                key), 4-D and broadcastable to ``[B, H, Tq, Tk]``.
+        """
+        components: list[MaskComponent] = []
+        if causal:
+            components.append(CausalMask(int(causal_offset)))
+        if key_padding_mask is not None:
+            components.append(KeyPaddingMask(key_padding_mask))
+        additive = None
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            components.append(UserBoolMask(attn_mask))
+        elif attn_mask is not None:
+            hidden = torch.isneginf(attn_mask)
+            if bool(hidden.any()):
+                components.append(UserBoolMask(~hidden))
+                attn_mask = attn_mask.masked_fill(hidden, 0.0)
+            additive = attn_mask
+        return cls(q_len, k_len, batch, heads, torch.device(device), tuple(components), additive)
+
+    # ------------------------------------------------------------------ questions
+    @property
+    def causal_offset(self) -> int | None:
+        """The causal component's offset, or None when the mask is not causal."""
+        for component in self.components:
+            if isinstance(component, CausalMask):
+                return component.offset
+        return None
+
+    @property
+    def is_trivial(self) -> bool:
+        """True when every query sees every key and nothing is added to the logits."""
+        return not self.components and self.additive is None
+
+    @property
+    def is_plain_causal(self) -> bool:
+        """Exactly ``is_causal`` of SDPA: causal with no offset, square, nothing else."""
+        return (
+            self.additive is None
+            and len(self.components) == 1
+            and self.causal_offset == 0
+            and self.q_len == self.k_len
+        )
+
+    @property
+    def data_dependent(self) -> bool:
+        return any(c.data_dependent for c in self.components)
+
+    def without(self, kind: type[MaskComponent]) -> AttentionMask:
+        """This mask less its components of type ``kind`` (for a kernel that applies them itself)."""
+        kept = tuple(c for c in self.components if not isinstance(c, kind))
+        return AttentionMask(self.q_len, self.k_len, self.batch, self.heads, self.device, kept, self.additive)
+
+    def key_range(self, i0: int, i1: int) -> tuple[int, int]:
+        """Keys ``lo:hi`` outside which none of the query rows ``i0:i1`` sees anything."""
+        lo, hi = 0, self.k_len
+        for component in self.components:
+            c_lo, c_hi = component.key_range(i0, i1, self.k_len)
+            lo, hi = max(lo, c_lo), min(hi, c_hi)
+        return lo, max(lo, hi)
+
+    def describe(self) -> str:
+        parts = [c.describe() for c in self.components]
+        if self.additive is not None:
+            parts.append(f"attn_mask(float){list(self.additive.shape)}")
+        return " & ".join(parts) or "none"
+
+    # ------------------------------------------------------------------ materialisers
+    def rows(self, i0: int, i1: int, k0: int = 0, k1: int | None = None) -> Tensor | None:
+        """Bool ``[B|1, H|1, i1-i0, k1-k0]``, True = may attend, or None when every pair may attend."""
+        k1 = self.k_len if k1 is None else k1
+        allowed: Tensor | None = None
+        for component in self.components:
+            block = _to_device(component.block(i0, i1, k0, k1, self.device), self.device)
+            allowed = block if allowed is None else allowed & block
+        return allowed
+
+    def dense(self) -> Tensor | None:
+        """Bool ``[B|1, H|1, Tq, Tk]``, True = may attend, or None when every pair may attend."""
+        if "dense" not in self._memo:
+            self._memo["dense"] = self.rows(0, self.q_len)
+        return self._memo["dense"]
+
+    def additive_rows(self, i0: int, i1: int, k0: int = 0, k1: int | None = None) -> Tensor | None:
+        """The user's float mask for rows ``i0:i1`` and keys ``k0:k1``, or None."""
+        if self.additive is None:
+            return None
+        return self.additive[..., i0:i1, k0 : self.k_len if k1 is None else k1]
+
+    def dense_additive(self, dtype: torch.dtype) -> Tensor | None:
+        """Everything as one float tensor: the user's float mask, ``finfo(dtype).min`` where hidden."""
+        allowed = self.dense()
+        if allowed is None and self.additive is None:
+            return None
+        mask = torch.zeros((), dtype=dtype, device=self.device)
+        if self.additive is not None:
+            mask = mask + self.additive.to(dtype)
+        if allowed is not None:
+            mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)
+        return mask
+
+    def mask_mod(self) -> MaskFn | None:
+        """The FlexAttention ``mask_mod`` of the boolean part, or None when nothing is hidden."""
+        if not self.components:
+            return None
+        return and_masks(*(c.mod for c in self.components))
+
+    def block_mask(self):
+        """A FlexAttention ``BlockMask`` of the boolean part (None when nothing is hidden).
+
+        Masks that read no tensor (causal alone) are cached by shape and offset.
+        """
+        mod = self.mask_mod()
+        if mod is None:
+            return None
+        if self.data_dependent:
+            return _create_block_mask(
+                mod, self.batch, self._mask_heads(), self.q_len, self.k_len, self.device
+            )
+        key = (tuple(c.describe() for c in self.components), self.q_len, self.k_len, str(self.device))
+        return _cached_block_mask(key, mod, self.q_len, self.k_len, self.device)
+
+    def _mask_heads(self) -> int | None:
+        per_head = any(isinstance(c, UserBoolMask) and c.allowed.shape[1] > 1 for c in self.components)
+        return self.heads if per_head else None
+
+    # ------------------------------------------------------------------ rows that see no key
+    def empty_rows(self) -> Tensor | None:
+        """Bool ``[B|1, H|1, Tq, 1]``, True for query rows that see no key; None when there are none."""
+        if "empty" not in self._memo:
+            self._memo["empty"] = self._find_empty_rows()
+        return self._memo["empty"]
+
+    def _find_empty_rows(self) -> Tensor | None:
+        if self.q_len == 0:
+            return None
+        if self.k_len == 0:
+            return torch.ones(1, 1, self.q_len, 1, dtype=torch.bool, device=self.device)
+        if all(c.keeps_diagonal for c in self.components) and (
+            self.causal_offset is None or self.causal_offset >= 0
+        ):
+            return None
+        empty = self._empty_rows_cheaply()
+        if empty is None:
+            allowed = self.dense()
+            empty = None if allowed is None else ~allowed.any(dim=-1, keepdim=True)
+        if empty is None or not bool(empty.any()):
+            return None
+        return empty
+
+    def _empty_rows_cheaply(self) -> Tensor | None:
+        """Causal and key padding only: row ``i`` is empty when keys ``0..i+offset`` are all padding."""
+        kinds = {type(c) for c in self.components}
+        if not kinds <= {CausalMask, KeyPaddingMask} or KeyPaddingMask not in kinds:
+            return None
+        padding = next(c.padding for c in self.components if isinstance(c, KeyPaddingMask))
+        real_keys = (~padding).long().cumsum(dim=1)  # [B, Tk]: real keys among 0..j
+        offset = self.causal_offset
+        if offset is None:
+            last = torch.full((self.q_len,), self.k_len - 1, device=self.device)
+        else:
+            last = (torch.arange(self.q_len, device=self.device) + offset).clamp(max=self.k_len - 1)
+        seen = real_keys[:, last.clamp(min=0)]  # [B, Tq]
+        if offset is not None and offset < 0:
+            seen = seen.masked_fill(last < 0, 0)
+        return (seen == 0)[:, None, :, None]
+
+    def zero_empty_rows(self, out: Tensor) -> Tensor:
+        """``out [B, H, Tq, *]`` with the rows that see no key set to zero (no gradient flows there)."""
+        empty = self.empty_rows()
+        return out if empty is None else out.masked_fill(empty, 0.0)
+
+
+_BLOCK_MASK_CACHE: dict[tuple, object] = {}
+_MAX_CACHED_BLOCK_MASKS = 16
+
+
+def _create_block_mask(mod: MaskFn, batch: int | None, heads: int | None, q_len: int, k_len: int, device):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(mod, batch, heads, q_len, k_len, device=device)
+
+
+def _cached_block_mask(key: tuple, mod: MaskFn, q_len: int, k_len: int, device):
+    if key not in _BLOCK_MASK_CACHE:
+        if len(_BLOCK_MASK_CACHE) >= _MAX_CACHED_BLOCK_MASKS:
+            _BLOCK_MASK_CACHE.pop(next(iter(_BLOCK_MASK_CACHE)))
+        _BLOCK_MASK_CACHE[key] = _create_block_mask(mod, None, None, q_len, k_len, device)
+    return _BLOCK_MASK_CACHE[key]
