@@ -1,12 +1,17 @@
-"""Every (registered encoding, backend) pair that can run agrees with the ``eager`` reference.
+"""Every backend serves the kinds it promises, and agrees with the ``eager`` reference there.
 
-Generated from the registry and the backend list, so new encodings and backends are covered
-without editing this file. For each pair and each scenario (one token, 37 causal tokens with
-grouped-query heads, 37 tokens with key padding, 113 x 203 cross-attention) the backend's output
-and the gradients of q, k, v and of every parameter (encoding tables, per-layer projections)
-must equal eager's, in float64. A pair whose backend states reasons is skipped with those reasons;
-a backend that can only run without gradients (flex on CPU) is checked forward-only. Compiled
-flex pairs are slow (one compilation each) and marked ``slow``.
+Generated from the registry: :data:`EXPECTED_KINDS` is the hand-written promise of each backend
+(the kinds of encoding it must serve). For every registered encoding of such a kind and every
+scenario (one token, 37 causal tokens with grouped-query heads, 37 tokens with key padding, 113 x
+203 cross-attention, a user mask with rows that see no key) the backend must state **no** reason
+for the request, and its output and the gradients of q, k, v and of every parameter (encoding
+tables, per-layer projections) must equal eager's, in float64. Pairs that cannot exist (a causal-only
+encoding in cross-attention, a table shorter than the scenario) are left out at collection, so a
+backend that starts refusing what it promised fails instead of skipping.
+
+FlexAttention on CPU has no backward pass and no float64 (:data:`CPU_LIMITS`): there it is checked
+forward-only in float32, through FlexAttention's uncompiled reference (cheap, and it still calls
+the encoding's ``bias_at`` pointwise, as the compiled kernel does); the compiled kernel is ``slow``.
 """
 
 from __future__ import annotations
@@ -16,31 +21,58 @@ import torch
 
 import posenc
 from posenc.backends import AttentionRequest, available_backends, get_backend
+from posenc.backends.flex import flex_bias_attention
+from posenc.base import Kind
 from posenc.inspect import build_example
 
 HEADS, HEAD_DIM = 2, 8
-SCENARIOS = {
-    # name: (batch, q_len, k_len, causal, kv_heads, padded); causal-only encodings run the
-    # self-attention scenarios causally (padded37 then has fully masked query rows).
-    "single": (2, 1, 1, True, HEADS, False),
-    "causal37_gqa": (2, 37, 37, True, 1, False),
-    "padded37": (2, 37, 37, False, HEADS, True),
-    "cross113x203": (2, 113, 203, False, HEADS, False),
+
+#: The kinds each backend promises to serve (eager serves every kind: it is the reference).
+EXPECTED_KINDS: dict[str, set[Kind]] = {
+    "eager": set(Kind),
+    "sdpa": {Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS},
+    "blocked": {Kind.BIAS},
+    "relative": {Kind.CONTENT},
+    "flex": {Kind.BIAS},
 }
-SLOW_BACKENDS = {"flex"}  # each case compiles
+#: Backends that on CPU serve only float32 without gradients (stated as reasons otherwise).
+CPU_LIMITS = {"flex"}
+
+SCENARIOS = {
+    # name: (batch, q_len, k_len, causal, kv_heads, padded, mask); causal-only encodings run the
+    # self-attention scenarios causally (padded37 then has query rows that see no key).
+    "single": (2, 1, 1, True, HEADS, False, None),
+    "causal37_gqa": (2, 37, 37, True, 1, False, None),
+    "padded37": (2, 37, 37, False, HEADS, True, None),
+    "cross113x203": (2, 113, 203, False, HEADS, False, None),
+    "masked29": (2, 29, 29, True, HEADS, False, "bool_and_minus_inf"),
+}
+
+
+def _example(name: str, causal: bool):
+    """The example encoding for a layer of the test's size, or None where the layer refuses it."""
+    enc = build_example(name, num_heads=HEADS, head_dim=HEAD_DIM)
+    return None if enc.causal_only and not causal else enc
+
+
+def _scenario_fits(name: str, scenario: str) -> bool:
+    _, q_len, k_len, causal, *_ = SCENARIOS[scenario]
+    enc = _example(name, causal) or (_example(name, True) if q_len == k_len else None)
+    return enc is not None and (enc.max_positions is None or max(q_len, k_len) <= enc.max_positions)
 
 
 def _cases():
     for name in posenc.available():
-        for backend in available_backends():
-            if backend == "eager":
+        kind = posenc.get_class(name).kind
+        for backend, kinds in EXPECTED_KINDS.items():
+            if backend == "eager" or kind not in kinds:
                 continue
-            marks = [pytest.mark.slow] if backend in SLOW_BACKENDS else []
             for scenario in SCENARIOS:
-                yield pytest.param(name, backend, scenario, marks=marks, id=f"{name}-{backend}-{scenario}")
+                if _scenario_fits(name, scenario):
+                    yield pytest.param(name, backend, scenario, id=f"{name}-{backend}-{scenario}")
 
 
-def _layer(name: str, causal: bool, kv_heads: int) -> posenc.MultiheadAttention:
+def _layer(name: str, causal: bool, kv_heads: int, dtype: torch.dtype) -> posenc.MultiheadAttention:
     enc = build_example(name, num_heads=HEADS, head_dim=HEAD_DIM)
     layer = posenc.MultiheadAttention(
         HEADS * HEAD_DIM, HEADS, encoding=enc, causal=causal, num_kv_heads=kv_heads
@@ -49,19 +81,23 @@ def _layer(name: str, causal: bool, kv_heads: int) -> posenc.MultiheadAttention:
         for param in layer.encoding.parameters():
             if param.numel() and bool((param == 0).all()):
                 param.normal_(0.0, 0.5)
-    return layer.double()
+    return layer.to(dtype)
 
 
-def _request(layer, scenario: str, causal: bool, dtype: torch.dtype = torch.float64) -> AttentionRequest:
-    batch, q_len, k_len, _, kv_heads, padded = SCENARIOS[scenario]
-    enc = layer.encoding
-    if causal and q_len != k_len:
-        pytest.skip("causal cross-attention is not a scenario")
-    if enc.max_positions is not None and max(q_len, k_len) > enc.max_positions:
-        pytest.skip(f"{enc.name} has max_positions={enc.max_positions}")
-    q = torch.randn(batch, HEADS, q_len, HEAD_DIM, dtype=dtype, requires_grad=True)
-    k = torch.randn(batch, kv_heads, k_len, HEAD_DIM, dtype=dtype, requires_grad=True)
-    v = torch.randn(batch, kv_heads, k_len, HEAD_DIM, dtype=dtype, requires_grad=True)
+def _user_mask(batch: int, q_len: int, k_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """A float mask with random values, keys hidden by -inf, and rows that see no key."""
+    mask = torch.randn(batch, HEADS, q_len, k_len, dtype=dtype)
+    mask[torch.rand(batch, HEADS, q_len, k_len) > 0.7] = float("-inf")
+    mask[0, 1, 4] = float("-inf")  # a whole row hidden
+    mask[1, :, 11] = float("-inf")
+    return mask
+
+
+def _request(layer, scenario: str, causal: bool, dtype: torch.dtype, grad: bool) -> AttentionRequest:
+    batch, q_len, k_len, _, kv_heads, padded, mask = SCENARIOS[scenario]
+    q = torch.randn(batch, HEADS, q_len, HEAD_DIM, dtype=dtype, requires_grad=grad)
+    k = torch.randn(batch, kv_heads, k_len, HEAD_DIM, dtype=dtype, requires_grad=grad)
+    v = torch.randn(batch, kv_heads, k_len, HEAD_DIM, dtype=dtype, requires_grad=grad)
     padding = None
     if padded:
         padding = torch.zeros(batch, k_len, dtype=torch.bool)
@@ -70,12 +106,13 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype = torch.floa
         q=q,
         k=k,
         v=v,
-        encoding=enc,
+        encoding=layer.encoding,
         q_pos=torch.arange(q_len)[None],
         k_pos=torch.arange(k_len)[None],
         scale=layer.scale,
         causal=causal,
         key_padding_mask=padding,
+        attn_mask=None if mask is None else _user_mask(batch, q_len, k_len, dtype),
         layer=layer,
     )
 
@@ -83,27 +120,11 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype = torch.floa
 TOLERANCE = {torch.float64: {"rtol": 1e-6, "atol": 1e-8}, torch.float32: {"rtol": 1e-4, "atol": 1e-5}}
 
 
-def _runnable_request(runner, layer, scenario: str, causal: bool):
-    """The request in float64 if the backend allows it, else float32; with gradients if allowed.
-
-    Skips (with the backend's reasons) when it can run neither.
-    """
-    first_reasons = None
-    for dtype in (torch.float64, torch.float32):
-        layer.to(dtype)
-        req = _request(layer, scenario, causal, dtype)
-        reasons = runner.reasons(req)
-        if not reasons:
-            return req, True, TOLERANCE[dtype]
-        with torch.no_grad():
-            if not runner.reasons(req):
-                return req, False, TOLERANCE[dtype]  # e.g. flex on CPU: forward only
-        first_reasons = first_reasons or reasons
-    pytest.skip(f"{runner.name} cannot run {layer.encoding.name}: " + "; ".join(first_reasons))
-
-
-def _run(backend: str, req: AttentionRequest, layer, grads: bool):
-    out, _ = get_backend(backend).run(req)
+def _run(backend: str, req: AttentionRequest, layer, grads: bool, compiled: bool = True):
+    if backend == "flex" and not compiled:
+        out = flex_bias_attention(req, compiled=False)
+    else:
+        out, _ = get_backend(backend).run(req)
     if not grads:
         return out.detach(), []
     inputs = [req.q, req.k, req.v] + [p for p in layer.parameters() if p.requires_grad]
@@ -112,21 +133,22 @@ def _run(backend: str, req: AttentionRequest, layer, grads: bool):
     return out.detach(), [torch.zeros_like(i) if g is None else g for i, g in zip(inputs, found)]
 
 
-@pytest.mark.parametrize("name,backend,scenario", list(_cases()))
-def test_backend_matches_eager(name, backend, scenario):
-    _batch, q_len, k_len, causal, kv_heads, _padded = SCENARIOS[scenario]
-    try:
-        layer = _layer(name, causal, kv_heads)
-    except ValueError as err:  # causal-only encodings (alibi mode='causal', kerple, ...)
-        if q_len != k_len:
-            pytest.skip(f"{name} refuses this layer: {err}")
-        causal = True
-        layer = _layer(name, causal, kv_heads)
-    req, grads, tolerance = _runnable_request(get_backend(backend), layer, scenario, causal)
+def _check(name: str, backend: str, scenario: str, monkeypatch, compiled: bool = False) -> None:
+    causal, kv_heads = SCENARIOS[scenario][3:5]
+    # The compiled-shape budget is process-wide state: start from an empty one.
+    monkeypatch.setattr("posenc.backends.flex._SEEN_SHAPES", set())
+    if _example(name, causal) is None:
+        causal = True  # causal-only encodings run the self-attention scenarios causally
+    cpu_limited = backend in CPU_LIMITS
+    dtype, grads = (torch.float32, False) if cpu_limited else (torch.float64, True)
+    layer = _layer(name, causal, kv_heads, dtype)
+    req = _request(layer, scenario, causal, dtype, grads)
     context = torch.enable_grad() if grads else torch.no_grad()
     with context:
-        out, got = _run(backend, req, layer, grads)
+        assert get_backend(backend).reasons(req) == [], f"{backend} promised to serve {name}"
+        out, got = _run(backend, req, layer, grads, compiled)
         ref, want = _run("eager", req, layer, grads)
+    tolerance = TOLERANCE[dtype]
     torch.testing.assert_close(out, ref, **tolerance)
     names = ["q", "k", "v"] + [n for n, p in layer.named_parameters() if p.requires_grad]
     for label, g, w in zip(names, got, want):
@@ -135,7 +157,32 @@ def test_backend_matches_eager(name, backend, scenario):
         torch.testing.assert_close(g, w, **grad_tolerance, msg=lambda m, label=label: f"grad of {label}: {m}")
 
 
-def test_every_backend_is_exercised():
-    """The generator sees every backend; a new one without cases would be a silent gap."""
-    seen = {param.values[1] for param in _cases()}
-    assert seen == set(available_backends()) - {"eager"}
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("name,backend,scenario", list(_cases()))
+def test_backend_serves_its_kinds_and_matches_eager(name, backend, scenario, monkeypatch):
+    _check(name, backend, scenario, monkeypatch)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [n for n in posenc.available() if posenc.get_class(n).kind is Kind.BIAS])
+def test_compiled_flex_matches_eager(name, monkeypatch):
+    _check(name, "flex", "causal37_gqa", monkeypatch, compiled=True)
+
+
+def test_every_backend_states_its_promise():
+    """A registered backend missing from EXPECTED_KINDS would go untested: name its kinds above."""
+    assert set(available_backends()) == set(EXPECTED_KINDS)
+    for device in ("cpu", "cuda"):
+        assert set(available_backends(device)) == set(EXPECTED_KINDS)
+
+
+def test_rows_without_keys_are_zero_on_every_backend():
+    """One rule: a query row that sees no key outputs zeros (never a uniform average over future keys)."""
+    layer = _layer("alibi", True, HEADS, torch.float64)
+    req = _request(layer, "masked29", True, torch.float64, grad=False)
+    empty = req.mask.empty_rows()
+    assert empty is not None and bool(empty[0, 1, 4, 0]) and bool(empty[1, :, 11].all())
+    for backend in ("eager", "sdpa", "blocked"):
+        out, _ = get_backend(backend).run(req)
+        assert (out[0, 1, 4] == 0).all() and (out[1, :, 11] == 0).all(), backend
+        assert bool(out.abs().sum(-1)[~empty[..., 0].expand(2, HEADS, 29)].gt(0).all()), backend
