@@ -17,9 +17,10 @@ from torch import Tensor, nn
 from .backends import AttentionRequest, select_backend
 from .backends.eager import attention_probs
 from .base import Kind, PositionalEncoding
+from .masks import AttentionMask
 from .registry import build_for_layer
 
-__all__ = ["KVCache", "MultiheadAttention", "default_positions", "embed_positions"]
+__all__ = ["KVCache", "MultiheadAttention", "default_positions", "document_positions", "embed_positions"]
 
 
 @dataclass
@@ -28,6 +29,7 @@ class _CacheEntry:
     v: Tensor  # [B, Hkv, T, D]
     k_pos: Tensor  # [B or 1, T] int64
     padding: Tensor | None  # [B, T] bool, True = padding
+    document_ids: Tensor | None = None  # [B, T] int64, the keys' documents
 
 
 class KVCache:
@@ -71,6 +73,10 @@ class MultiheadAttention(nn.Module):
         encoding: a spec string (``"rope:base=500000"``), a built encoding, or None (NoPE).
             The layer fills in ``num_heads``, ``head_dim`` and ``dim`` options the spec leaves out.
         causal: mask future keys in self-attention (cross-attention is never causal).
+        window: sliding window ``W`` (causal layers): query ``i`` sees keys ``i - W < j <= i``
+            (the HF / Mistral convention: its own key and the ``W - 1`` before it).
+        chunk: chunked attention ``C`` (causal layers, Llama 4): query ``i`` sees keys ``j <= i``
+            with ``j // C == i // C``.
         backend: ``"auto"`` (first backend with no reasons), or a backend name to force.
         num_kv_heads: key/value heads for grouped-query attention (divides ``num_heads``).
         dropout: attention-probability dropout during training.
@@ -81,7 +87,10 @@ class MultiheadAttention(nn.Module):
 
     Call: ``attn(x [B, Tq, E], context=None [B, Tk, E], *, positions, context_positions,
     key_padding_mask [B, Tk] (True = padding), attn_mask (bool, True = may attend, or float added
-    to the logits; [Tq, Tk], [B, Tq, Tk] or [B, H, Tq, Tk]), cache, need_weights)`` returns
+    to the logits; [Tq, Tk], [B, Tq, Tk] or [B, H, Tq, Tk]), document_ids [B, Tq] (packed
+    documents: a token sees its own document only, and its default position counts from the
+    document's start), prefix_len (int or [B]: bidirectional over the first tokens of a causal
+    layer, a prefix LM), cache, need_weights)`` returns
     ``out [B, Tq, E]``, or ``(out, weights [B, H, Tq, Tk])`` with ``need_weights=True``. The weights
     are the attention probabilities before dropout, from any backend (recomputed on the eager
     reference path when the backend does not produce them).
@@ -94,6 +103,8 @@ class MultiheadAttention(nn.Module):
         encoding: str | PositionalEncoding | None = None,
         *,
         causal: bool = False,
+        window: int | None = None,
+        chunk: int | None = None,
         backend: str = "auto",
         num_kv_heads: int | None = None,
         dropout: float = 0.0,
@@ -120,6 +131,8 @@ class MultiheadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.causal, self.backend, self.dropout, self.layer_idx = causal, backend, dropout, layer_idx
+        self.window = _check_span("window", window, causal)
+        self.chunk = _check_span("chunk", chunk, causal)
         factory = {"device": device, "dtype": dtype}
         kv_dim = num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
@@ -144,6 +157,8 @@ class MultiheadAttention(nn.Module):
         return (
             f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
             f"causal={self.causal}, backend={self.backend!r}, scale={self.scale:.4g}"
+            + (f", window={self.window}" if self.window is not None else "")
+            + (f", chunk={self.chunk}" if self.chunk is not None else "")
         )
 
     # ------------------------------------------------------------------ input checks
@@ -214,13 +229,16 @@ class MultiheadAttention(nn.Module):
         context_positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+        prefix_len: int | Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         self._check_input(x, "x")
         batch, q_len, _ = x.shape
+        docs = None
         if context is not None:
-            self._check_context(context, batch)
+            self._check_context(context, batch, document_ids, prefix_len)
             q, k, v, q_pos, k_pos, padding = self._cross_inputs(
                 x, context, positions, context_positions, key_padding_mask, cache
             )
@@ -229,12 +247,32 @@ class MultiheadAttention(nn.Module):
             entry = cache.get(self.layer_idx) if cache is not None else None
             past = 0 if entry is None else entry.k.shape[2]
             padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
-            q_pos = self._positions(
-                positions, "positions", batch, q_len, default_positions(q_len, past, padding, x.device)
-            )
-            q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding)
+            docs = self._documents_with_cache(document_ids, entry, batch, q_len)
+            if docs is None:
+                default = default_positions(q_len, past, padding, x.device)
+            else:
+                default = document_positions(docs)[:, past:]
+            q_pos = self._positions(positions, "positions", batch, q_len, default)
+            q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs)
         if attn_mask is not None:
             attn_mask = self._check_attn_mask(attn_mask, batch, q_len, k.shape[2])
+        self_attention = context is None
+        mask = AttentionMask.build(
+            q_len=q_len,
+            k_len=k.shape[2],
+            batch=batch,
+            heads=self.num_heads,
+            device=x.device,
+            causal=self.causal and self_attention,
+            causal_offset=past,
+            key_padding_mask=padding,
+            attn_mask=attn_mask,
+            window=self.window if self_attention else None,
+            chunk=self.chunk if self_attention else None,
+            q_document_ids=None if docs is None else docs[:, past:],
+            k_document_ids=docs,
+            prefix_len=self._prefix_lengths(prefix_len, batch, k.shape[2], x.device),
+        )
         request = AttentionRequest(
             q=q,
             k=k,
@@ -243,13 +281,10 @@ class MultiheadAttention(nn.Module):
             q_pos=q_pos,
             k_pos=k_pos,
             scale=self.scale,
-            causal=self.causal and context is None,
-            causal_offset=past,
-            key_padding_mask=padding,
-            attn_mask=attn_mask,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
             layer=self,
+            mask=mask,
         )
         out, weights = self._run(request)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
@@ -269,10 +304,15 @@ class MultiheadAttention(nn.Module):
         padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
         return default_positions(q_len, past, padding, self.q_proj.weight.device)
 
-    def _check_context(self, context: Tensor, batch: int) -> None:
+    def _check_context(
+        self, context: Tensor, batch: int, document_ids: Tensor | None, prefix_len: int | Tensor | None
+    ) -> None:
         self._check_input(context, "context")
         if context.shape[0] != batch:
             raise ValueError(f"context batch {context.shape[0]} differs from x batch {batch}")
+        if document_ids is not None or prefix_len is not None:
+            name = "document_ids" if document_ids is not None else "prefix_len"
+            raise ValueError(f"{name} applies to self-attention only; cross-attention got it with a context")
         if self.encoding.causal_only:
             raise ValueError(f"{self._causal_only_message()}; cross-attention is never causal")
 
@@ -283,6 +323,7 @@ class MultiheadAttention(nn.Module):
         entry: _CacheEntry | None,
         cache: KVCache | None,
         padding: Tensor | None,
+        docs: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``q, k, v, k_pos`` of self-attention: the new tokens' keys after the cached ones."""
         batch = x.shape[0]
@@ -299,8 +340,74 @@ class MultiheadAttention(nn.Module):
             v = torch.cat([entry.v, v], dim=2)
             k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
         if cache is not None:
-            cache.update(self.layer_idx, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding))
+            cache.update(
+                self.layer_idx, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, document_ids=docs)
+            )
         return q, k, v, k_pos
+
+    def _documents_with_cache(
+        self, document_ids: Tensor | None, entry: _CacheEntry | None, batch: int, q_len: int
+    ) -> Tensor | None:
+        """Document ids of every key ``[B, past + q_len]`` (cached ones first), checked; or None."""
+        cached = None if entry is None else entry.document_ids
+        if document_ids is None:
+            if cached is not None:
+                raise ValueError(
+                    "document_ids: the cache was written with document ids; pass the new tokens' ids too"
+                )
+            return None
+        if (
+            not isinstance(document_ids, Tensor)
+            or document_ids.dtype.is_floating_point
+            or document_ids.dtype
+            in (
+                torch.bool,
+                torch.complex64,
+                torch.complex128,
+            )
+        ):
+            raise ValueError("document_ids must be an integer tensor [B, T] (one document id per token)")
+        if tuple(document_ids.shape) != (batch, q_len):
+            raise ValueError(
+                f"document_ids must have shape [B, T] = [{batch}, {q_len}], got {tuple(document_ids.shape)}"
+            )
+        if entry is not None and cached is None:
+            raise ValueError(
+                "document_ids: the cache was written without document ids; pass them from the first step"
+            )
+        docs = document_ids.long().to(self.q_proj.weight.device)
+        if cached is not None:
+            docs = torch.cat([cached, docs], dim=1)
+        if docs.shape[1] > 1 and bool((docs[:, 1:] < docs[:, :-1]).any()):
+            raise ValueError(
+                "document_ids must be non-decreasing along each row (packed documents are contiguous "
+                "runs of one id), so that positions can restart at each document's first token"
+            )
+        return docs
+
+    def _prefix_lengths(
+        self, prefix_len: int | Tensor | None, batch: int, k_len: int, device
+    ) -> Tensor | None:
+        """``prefix_len`` as ``[B]`` int64, checked against the keys; None when not given."""
+        if prefix_len is None:
+            return None
+        if not self.causal:
+            raise ValueError("prefix_len needs a causal layer (a non-causal layer already sees every key)")
+        if self.encoding.causal_only:
+            raise ValueError(
+                f"prefix_len: {self._causal_only_message()}, and a prefix LM attends to future keys of the prefix"
+            )
+        lengths = torch.as_tensor(prefix_len, device=device)
+        if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.dim() > 1:
+            raise ValueError(f"prefix_len must be an int or an integer tensor [B], got {prefix_len!r}")
+        lengths = lengths.long().expand(batch) if lengths.dim() == 0 else lengths.long()
+        if lengths.shape != (batch,):
+            raise ValueError(f"prefix_len must have shape [B] = [{batch}], got {tuple(lengths.shape)}")
+        if bool((lengths < 0).any()) or bool((lengths > k_len).any()):
+            raise ValueError(
+                f"prefix_len must be in [0, {k_len}] (the number of keys), got {lengths.tolist()}"
+            )
+        return lengths
 
     def _cross_inputs(
         self,
@@ -389,6 +496,30 @@ def default_positions(q_len: int, past: int, padding: Tensor | None, device: tor
     real = (~padding).long()
     positions = (real.cumsum(dim=1) - 1).clamp(min=0)
     return positions[:, positions.shape[1] - q_len :]
+
+
+def document_positions(document_ids: Tensor) -> Tensor:
+    """Positions ``[B, T]`` that restart at 0 at each document's first token.
+
+    ``document_ids [B, T]`` holds non-decreasing integer ids per row (packed documents).
+    """
+    length = document_ids.shape[1]
+    index = torch.arange(length, device=document_ids.device).expand_as(document_ids)
+    starts = torch.ones_like(document_ids, dtype=torch.bool)
+    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
+    return index - first
+
+
+def _check_span(name: str, value: int | None, causal: bool) -> int | None:
+    """A window or chunk size: None, or a positive int on a causal layer."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int (a number of tokens) or None, got {value!r}")
+    if not causal:
+        raise ValueError(f"{name}={value} needs causal=True: the {name} is defined over past keys only")
+    return value
 
 
 def embed_positions(encoding: PositionalEncoding, x: Tensor, positions: Tensor) -> Tensor:

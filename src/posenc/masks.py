@@ -37,9 +37,13 @@ from torch import Tensor
 __all__ = [
     "AttentionMask",
     "CausalMask",
+    "ChunkMask",
+    "DocumentMask",
     "KeyPaddingMask",
     "MaskComponent",
     "MaskFn",
+    "PrefixLMMask",
+    "SlidingWindowMask",
     "UserBoolMask",
     "and_masks",
     "or_masks",
@@ -148,6 +152,122 @@ class KeyPaddingMask(MaskComponent):
         return f"key_padding{list(self.padding.shape)}"
 
 
+@dataclass(frozen=True)
+class SlidingWindowMask(MaskComponent):
+    """Query ``i`` sees keys ``j > i + offset - window`` (with a causal mask: the last ``window`` keys
+    up to and including its own, the HF / Mistral convention)."""
+
+    window: int
+    offset: int = 0
+    keeps_diagonal = True
+
+    @cached_property
+    def _start_tensor(self) -> Tensor:
+        return torch.tensor(self.offset - self.window)
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx > q_idx + self._start_tensor.to(q_idx.device)
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        rows = torch.arange(i0, i1, device=device)[:, None] + self.offset - self.window
+        return (torch.arange(k0, k1, device=device)[None, :] > rows)[None, None]
+
+    def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
+        return max(0, min(k_len, i0 + self.offset - self.window + 1)), k_len
+
+    def describe(self) -> str:
+        return f"window({self.window}, offset={self.offset})"
+
+
+@dataclass(frozen=True)
+class ChunkMask(MaskComponent):
+    """Query ``i`` sees keys in its own chunk: ``j // chunk == (i + offset) // chunk`` (Llama 4)."""
+
+    chunk: int
+    offset: int = 0
+    keeps_diagonal = True
+
+    @cached_property
+    def _offset_tensor(self) -> Tensor:
+        return torch.tensor(self.offset)
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx // self.chunk == (q_idx + self._offset_tensor.to(q_idx.device)) // self.chunk
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        rows = (torch.arange(i0, i1, device=device)[:, None] + self.offset) // self.chunk
+        return (torch.arange(k0, k1, device=device)[None, :] // self.chunk == rows)[None, None]
+
+    def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
+        lo = (i0 + self.offset) // self.chunk * self.chunk
+        hi = ((i1 - 1 + self.offset) // self.chunk + 1) * self.chunk
+        return max(0, min(k_len, lo)), max(0, min(k_len, hi))
+
+    def describe(self) -> str:
+        return f"chunk({self.chunk}, offset={self.offset})"
+
+
+@dataclass(frozen=True, eq=False)
+class DocumentMask(MaskComponent):
+    """Tokens see keys of their own document only: ``q_docs[b, i] == k_docs[b, j]``.
+
+    ``q_docs [B, Tq]`` and ``k_docs [B, Tk]`` are integer document ids, non-decreasing along each row
+    (packed documents are contiguous), which is what lets :meth:`key_range` skip other documents.
+    """
+
+    q_docs: Tensor
+    k_docs: Tensor
+    data_dependent = True
+    keeps_diagonal = True
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return self.q_docs[b, q_idx] == self.k_docs[b, kv_idx]
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        return self.q_docs[:, None, i0:i1, None] == self.k_docs[:, None, None, k0:k1]
+
+    def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
+        if i1 <= i0:
+            return 0, 0
+        keys = self.k_docs.contiguous()
+        first = torch.searchsorted(keys, self.q_docs[:, i0 : i0 + 1].contiguous(), right=False)
+        last = torch.searchsorted(keys, self.q_docs[:, i1 - 1 : i1].contiguous(), right=True)
+        return int(first.min()), int(last.max())
+
+    def describe(self) -> str:
+        return f"documents{list(self.k_docs.shape)}"
+
+
+@dataclass(frozen=True, eq=False)
+class PrefixLMMask(MaskComponent):
+    """Causal after a bidirectional prefix: query ``i`` sees ``j <= i + offset`` or ``j < prefix_len[b]``."""
+
+    prefix_len: Tensor  # [B] int64
+    offset: int = 0
+    data_dependent = True
+    keeps_diagonal = True
+
+    @cached_property
+    def _offset_tensor(self) -> Tensor:
+        return torch.tensor(self.offset)
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        causal = kv_idx <= q_idx + self._offset_tensor.to(q_idx.device)
+        return causal | (kv_idx < self.prefix_len[b])
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        rows = torch.arange(i0, i1, device=device)[:, None] + self.offset
+        keys = torch.arange(k0, k1, device=device)[None, :]
+        return (keys <= rows)[None, None] | (keys < self.prefix_len[:, None, None, None])
+
+    def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
+        longest = int(self.prefix_len.max()) if self.prefix_len.numel() else 0
+        return 0, max(0, min(k_len, max(i1 + self.offset, longest)))
+
+    def describe(self) -> str:
+        return f"prefix_lm(offset={self.offset})"
+
+
 @dataclass(frozen=True, eq=False)
 class UserBoolMask(MaskComponent):
     """A user's boolean mask ``[B|1, H|1, Tq, Tk]``, True = may attend."""
@@ -203,6 +323,11 @@ class AttentionMask:
         causal_offset: int = 0,
         key_padding_mask: Tensor | None = None,
         attn_mask: Tensor | None = None,
+        window: int | None = None,
+        chunk: int | None = None,
+        q_document_ids: Tensor | None = None,
+        k_document_ids: Tensor | None = None,
+        prefix_len: Tensor | None = None,
     ) -> AttentionMask:
         """The mask of a request.
 
@@ -211,10 +336,27 @@ class AttentionMask:
             key_padding_mask: bool ``[B, Tk]``, True = padding (hidden from every query).
             attn_mask: bool (True = may attend) or float (added to the logits; ``-inf`` hides the
                 key), 4-D and broadcastable to ``[B, H, Tq, Tk]``.
+            window: query ``i`` sees keys ``j > i + causal_offset - window`` (sliding window).
+            chunk: query ``i`` sees keys of its own chunk, ``j // chunk == (i + causal_offset) // chunk``.
+            q_document_ids, k_document_ids: ``[B, Tq]`` and ``[B, Tk]`` integer ids; a query sees keys
+                of its own document only.
+            prefix_len: ``[B]`` int; with ``causal``, keys ``j < prefix_len[b]`` are visible to every
+                query (prefix LM: bidirectional prefix, causal after it).
+
+        The caller validates the options (the attention layer names the parameter at fault).
         """
         components: list[MaskComponent] = []
-        if causal:
-            components.append(CausalMask(int(causal_offset)))
+        offset = int(causal_offset)
+        if causal and prefix_len is not None:
+            components.append(PrefixLMMask(prefix_len.to(device=device, dtype=torch.long), offset))
+        elif causal:
+            components.append(CausalMask(offset))
+        if window is not None:
+            components.append(SlidingWindowMask(int(window), offset))
+        if chunk is not None:
+            components.append(ChunkMask(int(chunk), offset))
+        if q_document_ids is not None and k_document_ids is not None:
+            components.append(DocumentMask(q_document_ids, k_document_ids))
         if key_padding_mask is not None:
             components.append(KeyPaddingMask(key_padding_mask))
         additive = None

@@ -107,7 +107,8 @@ def _at_least_float32(bias: Tensor) -> Tensor:
 def _toeplitz_strip(plan: _Plan, table: Tensor, q_len: int, dtype: torch.dtype) -> Tensor:
     """``strip[h, r, c] = table[h, c - r]`` (``[H, block, Tq + Tk - 1]``), causal mask folded in.
 
-    With consecutive positions, block ``i0``'s bias rows are ``strip[:, :rows, s : s + k_end]`` with
+    With consecutive positions, block ``i0``'s bias rows for keys ``k0:k1`` are
+    ``strip[:, :rows, s + k0 : s + k1]`` with
     ``s = Tq - 1 - i0``: a view with positive strides, so blocks need no copy of their own.
     """
     heads, width = table.shape
@@ -126,18 +127,24 @@ def _toeplitz_strip(plan: _Plan, table: Tensor, q_len: int, dtype: torch.dtype) 
 
 
 def _block_rows_float32(
-    plan: _Plan, table: Tensor | None, i0: int, i1: int, k_end: int, state: dict[str, Tensor] | None = None
+    plan: _Plan,
+    table: Tensor | None,
+    i0: int,
+    i1: int,
+    k0: int,
+    k1: int,
+    state: dict[str, Tensor] | None = None,
 ) -> Tensor:
-    """Bias rows ``[Bp, H, rows, k_end]`` (float32 or float64) for the gather and function modes.
+    """Bias rows ``[Bp, H, rows, k1 - k0]`` (float32 or float64) for the gather and function modes.
 
     ``state`` (function mode, backward pass): the encoding's tensors to evaluate ``bias_at`` with.
     """
     if plan.mode == "gather":
-        dist = plan.k_pos[:, None, :k_end] - plan.q_pos[:, i0:i1, None] - plan.d_min  # [Bp, rows, k_end]
+        dist = plan.k_pos[:, None, k0:k1] - plan.q_pos[:, i0:i1, None] - plan.d_min  # [Bp, rows, keys]
         return table[:, dist].transpose(0, 1)
     device = plan.q_pos.device
     head = torch.arange(plan.heads, device=device)[None, :, None, None]
-    args = (head, plan.q_pos[:, None, i0:i1, None], plan.k_pos[:, None, None, :k_end])
+    args = (head, plan.q_pos[:, None, i0:i1, None], plan.k_pos[:, None, None, k0:k1])
     if state is None:
         return _at_least_float32(plan.encoding.bias_at(*args))
     return _at_least_float32(torch.func.functional_call(_BiasAt(plan.encoding), state, args))
@@ -148,34 +155,36 @@ def _block_bias(
     table: Tensor | None,
     i0: int,
     i1: int,
-    k_end: int,
+    k0: int,
+    k1: int,
     dtype: torch.dtype,
     state: dict | None = None,
 ) -> Tensor:
-    """The block's additive mask ``[B|1, H, rows, k_end]`` in ``dtype``: the bias, hidden keys at
+    """The block's additive mask ``[B|1, H, rows, k1 - k0]`` in ``dtype``: the bias, hidden keys at
     ``finfo(dtype).min`` and the user's float mask."""
     if plan.mode == "toeplitz":
         start = plan.q_len - 1 - i0
-        bias = plan.strip[None, :, : i1 - i0, start : start + k_end]
+        bias = plan.strip[None, :, : i1 - i0, start + k0 : start + k1]
         mask = plan.strip_mask
         if mask.is_trivial:
             return bias
     else:
-        bias = _block_rows_float32(plan, table, i0, i1, k_end, state).to(dtype)
+        bias = _block_rows_float32(plan, table, i0, i1, k0, k1, state).to(dtype)
         mask = plan.mask
-    additive = mask.additive_rows(i0, i1, 0, k_end)
+    additive = mask.additive_rows(i0, i1, k0, k1)
     if additive is not None:
         bias = bias + additive.to(dtype)
-    allowed = mask.rows(i0, i1, 0, k_end)
+    allowed = mask.rows(i0, i1, k0, k1)
     if allowed is not None:
         bias = bias.masked_fill(~allowed, torch.finfo(dtype).min)
     return bias
 
 
-def _blocks(plan: _Plan, q_len: int, k_len: int):
+def _blocks(plan: _Plan, q_len: int):
+    """``(i0, i1, k0, k1)``: each block of query rows and the keys its rows can see."""
     for i0 in range(0, q_len, plan.block):
         i1 = min(q_len, i0 + plan.block)
-        yield i0, i1, plan.mask.key_range(i0, i1)[1]
+        yield i0, i1, *plan.mask.key_range(i0, i1)
 
 
 # ---------------------------------------------------------------------------- autograd
@@ -188,7 +197,7 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
 
 
 def _explicit_block(q_blk: Tensor, k_blk: Tensor, bias: Tensor, scale: float) -> Tensor:
-    """Scaled logits plus bias ``[B, H, rows, k_end]``."""
+    """Scaled logits plus bias ``[B, H, rows, keys]``."""
     return torch.matmul(q_blk, k_blk.transpose(-1, -2)).mul_(scale).add_(bias)
 
 
@@ -206,9 +215,9 @@ class _BlockedBiasAttention(torch.autograd.Function):
         )
         if plan.mode == "toeplitz":
             plan.strip = _toeplitz_strip(plan, table, q_len, q.dtype)
-        for i0, i1, k_end in _blocks(plan, q_len, k.shape[2]):
-            bias = _block_bias(plan, table, i0, i1, k_end, q.dtype)
-            q_blk, k_blk, v_blk = q[:, :, i0:i1], k[:, :, :k_end], v[:, :, :k_end]
+        for i0, i1, k0, k1 in _blocks(plan, q_len):
+            bias = _block_bias(plan, table, i0, i1, k0, k1, q.dtype)
+            q_blk, k_blk, v_blk = q[:, :, i0:i1], k[:, :, k0:k1], v[:, :, k0:k1]
             if plan.use_flash:
                 o_blk, l_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                     q_blk,
@@ -248,14 +257,14 @@ class _BlockedBiasAttention(torch.autograd.Function):
         # Function mode: evaluate bias_at with the tensors of the forward pass (under
         # torch.func.functional_call the module's own attributes are restored before backward).
         state = {**plan.state, **dict(zip(plan.param_names, params))} if plan.mode == "function" else None
-        for i0, i1, k_end in _blocks(plan, q.shape[2], k.shape[2]):
+        for i0, i1, k0, k1 in _blocks(plan, q.shape[2]):
             q_blk, k_blk, v_blk, g_blk = (
                 q[:, :, i0:i1],
-                k[:, :, :k_end],
-                v[:, :, :k_end],
+                k[:, :, k0:k1],
+                v[:, :, k0:k1],
                 grad_out[:, :, i0:i1],
             )
-            bias = _block_bias(plan, table, i0, i1, k_end, q.dtype, state)
+            bias = _block_bias(plan, table, i0, i1, k0, k1, q.dtype, state)
             if plan.use_flash and not want_bias:
                 dq_blk, dk_blk, dv_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
                     g_blk,
@@ -270,17 +279,18 @@ class _BlockedBiasAttention(torch.autograd.Function):
                     scale=plan.scale,
                 )
                 dq[:, :, i0:i1] = dq_blk
-                dk[:, :, :k_end] += dk_blk
-                dv[:, :, :k_end] += dv_blk
+                dk[:, :, k0:k1] += dk_blk
+                dv[:, :, k0:k1] += dv_blk
                 continue
             # Explicit FlashAttention-2 backward on [B*H, rows, keys] matrices; baddbmm folds the
             # bias, -delta and the accumulations into the matrix products.
             heads = q.shape[1]
             rows = i1 - i0
             q3 = (q_blk * plan.scale).reshape(batch * heads, rows, -1)
-            k3, v3 = k_blk.reshape(batch * heads, k_end, -1), v_blk.reshape(batch * heads, k_end, -1)
+            keys = k1 - k0
+            k3, v3 = k_blk.reshape(batch * heads, keys, -1), v_blk.reshape(batch * heads, keys, -1)
             g3 = g_blk.reshape(batch * heads, rows, -1)
-            bias3 = bias.expand(batch, -1, -1, -1).reshape(batch * heads, rows, k_end)
+            bias3 = bias.expand(batch, -1, -1, -1).reshape(batch * heads, rows, keys)
             logits = torch.baddbmm(bias3, q3, k3.transpose(1, 2))
             # Rows that see no key get a zero output gradient (their output is zeroed after this
             # function), so whatever finite values their probabilities take here cancel.
@@ -292,43 +302,44 @@ class _BlockedBiasAttention(torch.autograd.Function):
                 -delta[:, :, i0:i1].reshape(batch * heads, rows, 1).to(q.dtype), g3, v3.transpose(1, 2)
             ).mul_(probs)  # gradient of the biased, masked logits: P ∘ (dP - delta)
             del probs
-            d_logits4 = d_logits.view(batch, heads, rows, k_end)  # zero where hidden: P is 0 there
+            d_logits4 = d_logits.view(batch, heads, rows, keys)  # zero where hidden: P is 0 there
             if want_bias:
-                _bias_grad(plan, d_logits4, d_table, state, params, d_params, needs[5:], i0, i1, q.shape[2])
+                _bias_grad(plan, d_logits4, d_table, state, params, d_params, needs[5:], i0, i1, k0)
             dq[:, :, i0:i1] = torch.bmm(d_logits, k3).mul_(plan.scale).view(batch, heads, rows, -1)
-            dk[:, :, :k_end] += torch.bmm(d_logits.transpose(1, 2), q3).view(batch, heads, k_end, -1)
-            dv[:, :, :k_end] += dv_blk.view(batch, heads, k_end, -1)
+            dk[:, :, k0:k1] += torch.bmm(d_logits.transpose(1, 2), q3).view(batch, heads, keys, -1)
+            dv[:, :, k0:k1] += dv_blk.view(batch, heads, keys, -1)
         d_table = None if d_table is None else d_table.to(table.dtype)
         return (None, dq, dk, dv, d_table, *d_params)
 
 
-def _bias_grad(plan, d_logits, d_table, state, params, d_params, needs_params, i0, i1, q_len) -> None:
-    """Add one block's logit gradient to the distance table's or the encoding parameters' gradient."""
-    rows, k_end = i1 - i0, d_logits.shape[-1]
+def _bias_grad(plan, d_logits, d_table, state, params, d_params, needs_params, i0, i1, k0) -> None:
+    """Add one block's logit gradient (rows ``i0:i1``, keys from ``k0``) to the distance table's or
+    the encoding parameters' gradient."""
+    rows, keys = i1 - i0, d_logits.shape[-1]
     heads = d_logits.shape[1]
     if plan.mode == "toeplitz":
-        # Entry (r, j) of the block has table index (Tq - 1 - i0) + j - r: sum along diagonals by
-        # writing row r shifted right by (rows - 1 - r) into a zero strip and summing the rows.
-        grad = (d_logits[0] if d_logits.shape[0] == 1 else d_logits.sum(0)).to(
-            d_table.dtype
-        )  # [H, rows, k_end]
-        width = k_end + rows - 1
+        # Entry (r, j) of the block has table index (Tq - 1 - i0) + (k0 + j) - r: sum along diagonals
+        # by writing row r shifted right by (rows - 1 - r) into a zero strip and summing the rows.
+        grad = d_logits[0] if d_logits.shape[0] == 1 else d_logits.sum(0)
+        grad = grad.to(d_table.dtype)  # [H, rows, keys]
+        width = keys + rows - 1
         strip = grad.new_empty(heads, rows, width)
         # Only the two triangles outside the copied band need zeros: clear their column bands.
         strip[:, :, : rows - 1] = 0
-        strip[:, :, k_end:] = 0
-        strip.as_strided((heads, rows, k_end), (rows * width, width - 1, 1), rows - 1).copy_(grad)
-        first = q_len - 1 - i0 - (rows - 1)
+        strip[:, :, keys:] = 0
+        strip.as_strided((heads, rows, keys), (rows * width, width - 1, 1), rows - 1).copy_(grad)
+        first = plan.q_len - 1 - i0 + k0 - (rows - 1)
         d_table[:, first : first + width] += strip.sum(1)
         return
+    k1 = k0 + keys
     if plan.mode == "gather":
-        dist = plan.k_pos[:, None, :k_end] - plan.q_pos[:, i0:i1, None] - plan.d_min  # [Bp, rows, k_end]
-        grad = _sum_to(d_logits.to(d_table.dtype), (dist.shape[0], heads, rows, k_end))
+        dist = plan.k_pos[:, None, k0:k1] - plan.q_pos[:, i0:i1, None] - plan.d_min  # [Bp, rows, keys]
+        grad = _sum_to(d_logits.to(d_table.dtype), (dist.shape[0], heads, rows, keys))
         dist = dist.expand(grad.shape[0], -1, -1)
         d_table.index_add_(1, dist.reshape(-1), grad.transpose(0, 1).reshape(heads, -1))
         return
     with torch.enable_grad():
-        bias = _block_rows_float32(plan, None, i0, i1, k_end, state)
+        bias = _block_rows_float32(plan, None, i0, i1, k0, k1, state)
         wanted = [p for p, need in zip(params, needs_params) if need]
         grads = torch.autograd.grad(
             bias, wanted, _sum_to(d_logits.to(bias.dtype), bias.shape), allow_unused=True
