@@ -1,4 +1,4 @@
-"""Axial 2-D RoPE for image patches (HF Qwen2-VL vision tower's ``axial`` rope type; REFERENCE.md §9.2).
+"""Axial 2-D RoPE for image patches (HF Qwen2-VL vision tower's ``axial`` rope type; docs/conventions.md §9.1).
 
 Half of the rotary pairs turn with the patch's row, the other half with its column, using the same
 frequencies on both axes: ``inv_freq_k = base^(-2k/(d/2))`` for ``k < d/4`` and, per pair,

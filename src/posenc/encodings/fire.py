@@ -1,7 +1,7 @@
 """FIRE: functional interpolation for relative positions (Li et al. 2023, ICLR 2024).
 
 A small MLP maps a normalised, log-transformed relative distance to one bias per head
-(REFERENCE.md §10.1, from the paper's pseudo-code):
+(docs/conventions.md §10.2, from the paper's pseudo-code):
 
 ``b_h(i, j) = f_θ( ψ(i - j) / (ψ(max(i, L)) + eps) )_h``, ``ψ(x) = ln(|c·x| + 1)``
 

@@ -1,4 +1,4 @@
-"""Learned absolute positional embeddings (BERT, GPT-2; REFERENCE.md §2).
+"""Learned absolute positional embeddings (BERT, GPT-2; docs/conventions.md §2.2).
 
 A trainable table ``P ∈ R^{max_len × D}`` (``nn.Embedding``, initialised ``N(0, 0.02²)`` like BERT's
 ``initializer_range``); token ``t`` at position ``p`` becomes ``x_t + P[p]``. Positions at or past

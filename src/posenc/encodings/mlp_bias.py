@@ -1,6 +1,6 @@
 """Dynamic MLP position bias: an MLP of the (log-)distance gives one bias per head.
 
-The semantics of x-transformers' ``DynamicPositionBias`` (REFERENCE.md §10.4; used by
+The semantics of x-transformers' ``DynamicPositionBias`` (docs/conventions.md §10.3; used by
 ``AttentionLayers(rel_pos_bias=False, dynamic_pos_bias=True)``):
 
 * input ``r = i - j`` (query ``i``, key ``j``), or ``sign(r)·ln(|r| + 1)`` with ``log_distance``;

@@ -1,4 +1,4 @@
-"""M-RoPE: Qwen2-VL's multimodal rotary embedding (Wang et al. 2024; HF ``qwen2_vl``; REFERENCE.md §9.3).
+"""M-RoPE: Qwen2-VL's multimodal rotary embedding (Wang et al. 2024; HF ``qwen2_vl``; docs/conventions.md §9.2).
 
 Each token has three position ids ``(t, h, w)`` (temporal, row, column). The standard RoPE
 frequencies ``θ_k = base^(-2k/d)`` (``d/2`` of them) are split into contiguous bands of sizes

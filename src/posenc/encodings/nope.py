@@ -1,7 +1,7 @@
 """NoPE: no positional information (Haviv et al. 2022; Kazemnejad et al. 2023).
 
 Plain dot-product attention; order can only come from a causal mask. Without a mask, attention is
-permutation-equivariant (REFERENCE.md §11). Kind ABSOLUTE with a zero embedding, so every backend
+permutation-equivariant (docs/conventions.md §2.4). Kind ABSOLUTE with a zero embedding, so every backend
 runs it (SDPA first).
 """
 

@@ -1,4 +1,4 @@
-"""2-D sin-cos absolute encoding for image patches (MAE / ViT, He et al. 2021; REFERENCE.md §9.1).
+"""2-D sin-cos absolute encoding for image patches (MAE / ViT, He et al. 2021; docs/conventions.md §2.3).
 
 A patch at grid row ``r`` and column ``c`` gets, for width ``D`` (divisible by 4) and
 ``ω_k = base^(-k/(D/4))``, ``k < D/4``, MAE's channel order:
