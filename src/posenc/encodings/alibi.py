@@ -23,7 +23,7 @@ Modes (``i`` query position, ``j`` key position):
 
 Both depend on ``i − j`` only (shift invariant). No learnable parameters: the slopes are a
 non-persistent buffer. Kind BIAS: ``bias_at`` is the single definition, used by the dense bias, the
-eager and SDPA backends and the flex ``score_mod``.
+eager, sdpa and blocked backends and the flex ``score_mod``.
 """
 
 from __future__ import annotations

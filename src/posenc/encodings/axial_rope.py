@@ -14,7 +14,7 @@ Positions: integer ``[B, T]`` patch indices of a row-major grid ``grid_width`` p
 ``row = p // grid_width``, ``col = p % grid_width`` (see :func:`grid_row_col`). Angles are float32
 whatever the model dtype. ``head_dim`` must be divisible by 4.
 
-Backends: every backend (q and k are rotated before the kernel).
+Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
 
 from __future__ import annotations

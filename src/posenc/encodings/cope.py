@@ -21,7 +21,8 @@ Conventions and limits:
 * The gates see only the causal mask: a key padding mask or ``attn_mask`` still removes keys from
   the softmax but not from the position count (x-transformers gates the fully masked logits). With
   right padding under a causal mask this changes nothing; with left padding the pads are counted.
-* CONTENT kind: runs on the eager backend (logits are materialised).
+* Kind CONTENT: runs on the eager backend and on the relative backend (query blocks; a block
+  of queries sees its keys at the same indices as in the full pass, so the gates are the same).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ p2c uses the **same row** ``idx(i, j)`` as c2p: that is what the original code a
 Computation: c2p is ``q @ K_rᵀ`` on the ``2·att_span`` rows (``[B, H, Tq, 2·span]``) gathered
 by ``idx``; p2c is ``k @ Q_rᵀ`` gathered by ``idxᵀ`` and transposed; never an ``(L, L, D)``
 tensor. Positions are explicit, so ``Tq ≠ Tk`` (cached decoding, cross-attention) works; HF v2
-raises for ``Tq ≠ Tk`` (docs/conventions.md §5.5). Backend: eager (CONTENT).
+raises for ``Tq ≠ Tk`` (docs/conventions.md §5.5). Kind CONTENT: runs on the eager backend and on
+the relative backend (query blocks, checkpointed under autograd).
 """
 
 from __future__ import annotations

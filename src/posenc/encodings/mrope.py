@@ -20,7 +20,7 @@ How the three axes reach the layer:
 Default ``mrope_section`` when not given: ``[d/8, rest//2, rest - rest//2]`` with
 ``rest = d/2 - d/8`` (``[16, 24, 24]`` for ``d = 128``, ``[2, 3, 3]`` for ``d = 16``).
 
-Backends: every backend (q and k are rotated before the kernel).
+Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
 
 from __future__ import annotations

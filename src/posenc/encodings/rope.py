@@ -22,7 +22,7 @@ Conventions:
   call drops below the original length), so the two agree whenever lengths do not shrink above the
   original length. Keys already in a KV cache keep the rotation they were given.
 
-Backends: every backend (q and k are rotated before the kernel).
+Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
 
 from __future__ import annotations

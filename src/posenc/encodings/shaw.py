@@ -17,7 +17,8 @@ an error. The seed indexes by ``i − j``, so its table is the row-reversal of o
 Computation (paper §3.3, never an ``(L, L, D)`` tensor): the key term is ``q @ wKᵀ`` on the
 ``R`` rows (``[B, H, Tq, R]``) gathered by the relative index; the value term sums the attention
 probabilities per relative index (``scatter_add`` into ``[B, H, Tq, R]``) and multiplies by ``wV``.
-Positions are explicit, so cached decoding and cross-attention work. Backend: eager (CONTENT).
+Positions are explicit, so cached decoding and cross-attention work. Kind CONTENT: runs on the eager
+backend and on the relative backend (query blocks, checkpointed under autograd).
 """
 
 from __future__ import annotations

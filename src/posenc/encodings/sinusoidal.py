@@ -13,7 +13,7 @@ table is returned in float32 whatever the model dtype, so a bf16 model keeps dis
 beyond 256. There is no table and no maximum position. The module adds the encoding to its input
 (``embed``); the paper's ``√D`` scaling of token embeddings belongs to the model, not to this file.
 
-Kind ABSOLUTE: every backend runs it.
+Kind ABSOLUTE: added to the input, so attention itself is plain (sdpa or eager).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ patches row-major). With ``cls_token=True`` position 0 is the class token (an al
 as MAE's table has) and patch ``p - 1`` sits at position ``p``. Rows are unbounded, so taller
 images need no new table. Angles are computed in float64 and the table is float32 (then cast).
 
-Kind ABSOLUTE: every backend runs it.
+Kind ABSOLUTE: added to the input, so attention itself is plain (sdpa or eager).
 """
 
 from __future__ import annotations

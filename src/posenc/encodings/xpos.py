@@ -19,7 +19,7 @@ Conventions:
 * Angles and scales are computed in float32 and cast to the activations' dtype.
 * Only meaningful for causal attention (keys in the future are amplified), so ``causal_only``.
 
-Backends: every backend (q and k are transformed before the kernel).
+Backends: sdpa and eager (q and k are transformed before the kernel, which then sees plain attention).
 """
 
 from __future__ import annotations
