@@ -1,4 +1,4 @@
-"""ALiBi: slopes against REFERENCE.md §6.1's worked lists, HF BLOOM and x-transformers; symmetric bias
+"""ALiBi: slopes against docs/conventions.md §6.1's worked lists, HF BLOOM and x-transformers; symmetric bias
 against x-transformers ``AlibiPositionalBias``; causal form against BLOOM's ``m·j`` form under a causal
 mask (formulas written here)."""
 
@@ -26,7 +26,7 @@ def test_worked_lists_for_8_12_and_6_heads() -> None:
         got = F.alibi_slopes(heads)
         assert got.dtype == torch.float32 and got.shape == (heads,)
         torch.testing.assert_close(got, torch.tensor(slopes, dtype=torch.float32), rtol=0, atol=0)
-    # REFERENCE.md's printed decimals for the 12-head tail.
+    # docs/conventions.md §6.1's printed decimals for the 12-head tail.
     tail = torch.tensor([0.7071067812, 0.3535533906, 0.1767766953, 0.08838834765])
     torch.testing.assert_close(F.alibi_slopes(12)[8:], tail, rtol=0, atol=1e-8)
 
@@ -47,7 +47,7 @@ def test_slopes_equal_hf_bloom(heads: int) -> None:
     from transformers.models.bloom.modeling_bloom import _get_alibi_slopes
 
     hf = _get_alibi_slopes(heads, torch.device("cpu"))
-    # BLOOM computes the powers in float32: at most a few 1e-8 from the float64 list (REFERENCE §6.1).
+    # BLOOM computes the powers in float32: at most a few 1e-8 from the float64 list (docs/conventions.md §6.1).
     torch.testing.assert_close(F.alibi_slopes(heads), hf, rtol=0, atol=1e-7)
 
 
@@ -79,7 +79,7 @@ def test_symmetric_bias_equals_x_transformers(heads: int, q_len: int, k_len: int
 
 
 def test_symmetric_3x3_rows_from_reference() -> None:
-    # REFERENCE §6.2: 3×3, the head with m = 1/16 has rows [0, −.0625, −.125], ...
+    # docs/conventions.md §6.2: 3×3, the head with m = 1/16 has rows [0, −.0625, −.125], ...
     bias = ALiBi(num_heads=2, mode="symmetric").bias(3, 3)[0]  # 2 heads: [1/16, 1/256]
     expected = torch.tensor([[0, -0.0625, -0.125], [-0.0625, 0, -0.0625], [-0.125, -0.0625, 0]])
     torch.testing.assert_close(bias, expected, rtol=0, atol=0)

@@ -26,7 +26,7 @@ def test_show_t5_prints_config_and_the_bucket_row():
     result = runner.invoke(app, ["show", "t5"], terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "num_buckets" in result.output and "max_distance" in result.output
-    # The canonical bidirectional bucket of distance +1 is 17 (REFERENCE.md §4.3).
+    # The canonical bidirectional bucket of distance +1 is 17 (docs/conventions.md §4.2).
     assert "17" in result.output
 
 

@@ -1,4 +1,4 @@
-"""CoPE against x-transformers ``CoPE`` (Appendix B of arXiv 2405.18719) and REFERENCE.md §10.3."""
+"""CoPE against x-transformers ``CoPE`` (Appendix B of arXiv 2405.18719) and docs/conventions.md §10.4."""
 
 from __future__ import annotations
 

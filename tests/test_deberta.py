@@ -1,8 +1,8 @@
-"""DeBERTa-v2 disentangled attention against HF transformers and REFERENCE.md §5.
+"""DeBERTa-v2 disentangled attention against HF transformers and docs/conventions.md §5.
 
 The key reference is HF ``DebertaV2Encoder`` / ``DisentangledSelfAttention`` built from tiny random
 configs in code (no downloads), with its weights copied into ``posenc.MultiheadAttention``.
-Bucket numbers come from HF ``make_log_bucket_position`` and the hand-checked lists in REFERENCE.md.
+Bucket numbers come from HF ``make_log_bucket_position`` and the hand-checked lists in docs/conventions.md §5.4.
 """
 
 from __future__ import annotations
@@ -269,7 +269,7 @@ def test_cached_decoding_equals_own_full_forward(spec):
 
 
 def test_queries_at_last_positions_equal_rows_of_full_forward():
-    """Tq < Tk (HF v2 raises here, REFERENCE §5.3): query rows are the last positions."""
+    """Tq < Tk (HF v2 raises here, docs/conventions.md §5.5): query rows are the last positions."""
     layer = make_layer(
         "deberta:position_buckets=8,max_relative_positions=32,share_att_key=false", causal=False
     )

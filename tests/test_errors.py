@@ -114,8 +114,8 @@ def test_missing_layer_option_in_a_standalone_build_is_named():
         posenc.build("t5")
 
 
-def test_design_md_rope_spec_builds_and_binds_to_the_layer():
-    enc = posenc.build("rope:base=500000,scaling=yarn,factor=4")  # the exact line of DESIGN.md
+def test_documented_rope_spec_builds_and_binds_to_the_layer():
+    enc = posenc.build("rope:base=500000,scaling=yarn,factor=4")  # the exact line of docs/architecture.md §2
     assert enc.config()["factor"] == 4.0 and enc.config()["scaling"] == "yarn"
     # YaRN's frequencies depend on the pretraining length: binding without it is a named error.
     with pytest.raises(ValueError, match="original_max_position_embeddings"):

@@ -1,4 +1,4 @@
-"""Kerple, FIRE and the dynamic MLP bias against their formulas (float64, written here), REFERENCE.md §10 and x-transformers."""
+"""Kerple, FIRE and the dynamic MLP bias against their formulas (float64, written here), docs/conventions.md §10 and x-transformers."""
 
 from __future__ import annotations
 

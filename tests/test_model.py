@@ -165,7 +165,7 @@ def test_encoder_padding_is_never_attended():
 
 
 def test_encoder_gets_the_noncausal_form_of_alibi():
-    # ALiBi's causal form would favour distant future keys without a causal mask (REFERENCE §6.2).
+    # ALiBi's causal form would favour distant future keys without a causal mask (docs/conventions.md §6.2).
     model = posenc.TransformerEncoder(10, 16, 1, 2, encoding="alibi")
     enc = next(m for m in model.modules() if isinstance(m, posenc.PositionalEncoding))
     assert enc.mode == "symmetric" and not enc.causal_only

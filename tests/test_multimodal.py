@@ -1,4 +1,4 @@
-"""2-D sinusoidal (MAE), axial 2-D RoPE and Qwen2-VL M-RoPE against HF, rotary-embedding-torch and REFERENCE.md §9."""
+"""2-D sinusoidal (MAE), axial 2-D RoPE and Qwen2-VL M-RoPE against HF, rotary-embedding-torch and docs/conventions.md §2.3, §9.1 and §9.2."""
 
 from __future__ import annotations
 

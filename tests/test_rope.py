@@ -1,4 +1,4 @@
-"""RoPE (pairings, partial rotary, dtype, weight conversion) against HF Llama, GPT-J, GPT-NeoX and REFERENCE.md §7.1."""
+"""RoPE (pairings, partial rotary, dtype, weight conversion) against HF Llama, GPT-J, GPT-NeoX and docs/conventions.md §7.2."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def test_partial_rotary_matches_gpt_neox_rotary_pct():
 
     config = GPTNeoXConfig(hidden_size=64, num_attention_heads=4, rotary_pct=0.25)  # head 16, rotary 4
     hf_rope = GPTNeoXRotaryEmbedding(config)
-    torch.testing.assert_close(hf_rope.inv_freq, torch.tensor([1.0, 0.01]))  # REFERENCE §7.1 [run]
+    torch.testing.assert_close(hf_rope.inv_freq, torch.tensor([1.0, 0.01]))  # docs/conventions.md §7.4
     q, k = torch.randn(1, 4, 6, 16), torch.randn(1, 4, 6, 16)
     pos = torch.arange(6)[None] + 40
     cos, sin = hf_rope(q, pos)
@@ -95,7 +95,7 @@ def test_partial_rotary_matches_gpt_neox_rotary_pct():
     torch.testing.assert_close(via_dict.rotate(q, k, pos, pos)[0], want_q, rtol=1e-6, atol=1e-6)
 
 
-# ---------------------------------------------------------------------------- REFERENCE.md worked example
+# ---------------------------------------------------------------------------- worked example (docs/conventions.md §7.2)
 
 
 @pytest.mark.parametrize(

@@ -200,7 +200,7 @@ def test_default_matches_hf_llama_default():
 
 
 def test_reference_numbers():
-    """Hand-checked values of REFERENCE.md §7.2."""
+    """Hand-checked values of docs/conventions.md §7.5."""
     _, scale = F.rope_inv_freq(
         128, scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}
     )
@@ -435,7 +435,7 @@ def test_spec_of_rope_parameters_dict_rebuilds_the_same_frequencies():
 
 @pytest.mark.parametrize(("seq_len", "new_base"), [(4096, 30527.737), (8192, 72195.860)])
 def test_dynamic_reference_bases(seq_len, new_base):
-    """REFERENCE §7.2: factor 2, max_pos 2048, d = 128: the rescaled base at 4096 and 8192 tokens."""
+    """docs/conventions.md §7.5.3: factor 2, max_pos 2048, d = 128: the rescaled base at 4096 and 8192 tokens."""
     scaling = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2048}
     freq, _ = F.rope_inv_freq(128, scaling=scaling, seq_len=seq_len)
     assert float(freq[1]) == pytest.approx(new_base ** (-2 / 128), rel=1e-6)

@@ -2,7 +2,7 @@
 
 The reference here is written independently of ``posenc.encodings.shaw``: Python loops build the
 index, the ``(Tq, Tk, D)`` tensors ``a^K`` and ``a^V`` are materialised, and einsums evaluate
-``e_ij = q_i·(k_j + a^K_ij)/sqrt(D)`` and ``z_i = Σ_j α_ij (v_j + a^V_ij)`` (REFERENCE.md §3.1).
+``e_ij = q_i·(k_j + a^K_ij)/sqrt(D)`` and ``z_i = Σ_j α_ij (v_j + a^V_ij)`` (docs/conventions.md §3.1).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_cache_mode_row_is_last_query():
 def test_unclipped_index_is_shaw_sign_offset_by_max_len():
     positions = torch.arange(5)[None]
     index = F.shaw_relative_index(positions, positions, None, max_len=5)
-    # REFERENCE.md §3.3: Shaw with k = L_max - 1 gives (j - i) + 4, first rows [4..8], [3..7].
+    # docs/conventions.md §3.2: Shaw with k = L_max - 1 gives (j - i) + 4, first rows [4..8], [3..7].
     assert index[0, 0].tolist() == [4, 5, 6, 7, 8]
     assert index[0, 1].tolist() == [3, 4, 5, 6, 7]
     assert index.tolist() == [reference_index(range(5), range(5), None, 5)]

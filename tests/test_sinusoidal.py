@@ -1,4 +1,4 @@
-"""Sinusoidal absolute encoding: hand numbers (REFERENCE.md §1.5), HF DistilBERT (interleaved) and
+"""Sinusoidal absolute encoding: hand numbers (docs/conventions.md §2.1), HF DistilBERT (interleaved) and
 HF Marian (concat) tables, and the paper's formula written here in float64."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_position_2_dim_4_interleaved_is_sin2_cos2_sin002_cos002() -> None:
     expected = torch.tensor([[math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)]], dtype=torch.float32)
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-7)
-    # The rounded numbers printed in REFERENCE.md §1.5.
+    # The rounded numbers printed in docs/conventions.md §2.1.
     torch.testing.assert_close(
         got[0], torch.tensor([0.909297, -0.416147, 0.019999, 0.999800]), rtol=0, atol=1e-6
     )

@@ -1,5 +1,5 @@
 """T5 relative position bias: buckets against HF ``T5Attention._relative_position_bucket`` and the hand
-table of REFERENCE.md §4.3; the dense bias against HF ``compute_bias`` (with a cache offset); a full
+tables of docs/conventions.md §4.2 and §4.3; the dense bias against HF ``compute_bias`` (with a cache offset); a full
 attention layer against HF ``T5Attention`` with copied weights (encoder, decoder, cached decoding)."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _expand(ranges: list[tuple[int, int, int]]) -> dict[int, int]:
     return {r: bucket for low, high, bucket in ranges for r in range(low, high + 1)}
 
 
-# REFERENCE.md §4.3, r = key − query, num_buckets = 32, max_distance = 128 (hand-checked table).
+# docs/conventions.md §4.2 and §4.3, r = key − query, num_buckets = 32, max_distance = 128 (hand-checked table).
 BIDIRECTIONAL = _expand(
     [
         (-200, -91, 15),
@@ -178,7 +178,7 @@ def test_bias_equals_hf_compute_bias(is_decoder: bool, q_len: int, k_len: int, p
 
 
 def test_incremental_row_is_the_row_of_the_full_bias() -> None:
-    # REFERENCE §4.2: one query at absolute position 6 equals row 6 of the full 7×7 bias.
+    # docs/conventions.md §1.3 and §4.4: one query at absolute position 6 equals row 6 of the full 7×7 bias.
     enc = T5Bias(num_heads=3, bidirectional=False)
     torch.testing.assert_close(enc.bias(1, 7, q_offset=6), enc.bias(7, 7)[:, 6:7], rtol=0, atol=0)
     buckets = enc.buckets(torch.arange(7) - 6)

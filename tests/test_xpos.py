@@ -1,4 +1,4 @@
-"""xPos against the paper's score formula and a restatement of torchscale's centred forward (REFERENCE.md §8)."""
+"""xPos against the paper's score formula and a restatement of torchscale's centred forward (docs/conventions.md §8)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_scores_match_paper_formula():
 
 
 def _torchscale_forward(x: torch.Tensor, offset: int, downscale: bool, scale_base=512.0) -> torch.Tensor:
-    """REFERENCE §8.2's description of torchscale ``XPOS.forward`` on ``x [L, d]`` (float64)."""
+    """docs/conventions.md §8's description of torchscale ``XPOS.forward`` on ``x [L, d]`` (float64)."""
     length, d = x.shape
     zeta = (torch.arange(0, d, 2, dtype=torch.float64) + 0.4 * d) / (1.4 * d)
     min_pos = -(length + offset) // 2

@@ -1,6 +1,6 @@
 """The four kinds of positional encoding and the base class every encoding derives from.
 
-Every encoding acts on attention in exactly one place (DESIGN.md, "The four kinds"):
+Every encoding acts on attention in exactly one place (docs/architecture.md §1):
 
 ========  ==============================================================  =====================
 kind      hook                                                            examples

@@ -164,14 +164,13 @@ def _coerce(name: str, option: str, value: Any, annotation: Any) -> Any:
         is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
         if is_none and type(None) in args:
             return None
-        errors = []
         # Try the non-None members in order, strings last so "1" becomes an int where allowed.
         ordered = sorted((a for a in args if a is not type(None)), key=lambda a: a is str)
         for arg in ordered:
             try:
                 return _coerce(name, option, value, arg)
-            except ValueError as err:
-                errors.append(str(err))
+            except ValueError:
+                continue
         raise ValueError(f"{name}: option {option!r} got {value!r}, expected {_type_name(annotation)}")
     if origin is Literal:
         choices = get_args(annotation)

@@ -2,7 +2,7 @@
 
 Each head ``h`` adds ``−m_h·distance`` to its scaled logits ``q·k/√d``; there is no input embedding.
 
-Slopes (REFERENCE.md §6.1, the paper's ``get_slopes``): for a power of two ``n``,
+Slopes (docs/conventions.md §6.1, the paper's ``get_slopes``): for a power of two ``n``,
 ``m_h = 2^(−8h/n)``, ``h = 1…n``. For other ``n``, with ``c = 2^floor(log2 n)``: the ``c`` slopes of
 ``c`` followed by the first ``n − c`` of the slopes of ``2c`` at even list indices (exponents
 ``−8·(2t+1)/(2c)``). 8 heads: ``1/2 … 1/256``; 12 heads: ``2^−1 … 2^−8, 2^−0.5, 2^−1.5, 2^−2.5,
@@ -23,7 +23,7 @@ Modes (``i`` query position, ``j`` key position):
 
 Both depend on ``i − j`` only (shift invariant). No learnable parameters: the slopes are a
 non-persistent buffer. Kind BIAS: ``bias_at`` is the single definition, used by the dense bias, the
-eager and SDPA backends and the flex ``score_mod``.
+eager, sdpa and blocked backends and the flex ``score_mod``.
 """
 
 from __future__ import annotations

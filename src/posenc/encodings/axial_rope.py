@@ -1,4 +1,4 @@
-"""Axial 2-D RoPE for image patches (HF Qwen2-VL vision tower's ``axial`` rope type; REFERENCE.md §9.2).
+"""Axial 2-D RoPE for image patches (HF Qwen2-VL vision tower's ``axial`` rope type; docs/conventions.md §9.1).
 
 Half of the rotary pairs turn with the patch's row, the other half with its column, using the same
 frequencies on both axes: ``inv_freq_k = base^(-2k/(d/2))`` for ``k < d/4`` and, per pair,
@@ -14,7 +14,7 @@ Positions: integer ``[B, T]`` patch indices of a row-major grid ``grid_width`` p
 ``row = p // grid_width``, ``col = p % grid_width`` (see :func:`grid_row_col`). Angles are float32
 whatever the model dtype. ``head_dim`` must be divisible by 4.
 
-Backends: every backend (q and k are rotated before the kernel).
+Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ keys from ``j`` up to ``i``:
 
 ``p_ij = Σ_{t=j..i} g_it`` (a reverse cumulative sum along keys), clamped to ``npos_max - 1``.
 
-Note ``p_ii = g_ii``: with every gate 1, ``p_ij = i - j + 1``, not ``i - j`` (REFERENCE.md §10.3);
+Note ``p_ii = g_ii``: with every gate 1, ``p_ij = i - j + 1``, not ``i - j`` (docs/conventions.md §10.4);
 this is the canonical definition and is kept. Future keys (``j > i``) have gate 0. The position
 embedding ``e[p]`` (``[npos_max, head_dim]``, shared across heads, initialised to zeros) is
 interpolated linearly between ``e[⌊p⌋]`` and ``e[⌈p⌉]``, computed cheaply as ``q·e[k]`` for every
@@ -21,7 +21,8 @@ Conventions and limits:
 * The gates see only the causal mask: a key padding mask or ``attn_mask`` still removes keys from
   the softmax but not from the position count (x-transformers gates the fully masked logits). With
   right padding under a causal mask this changes nothing; with left padding the pads are counted.
-* CONTENT kind: runs on the eager backend (logits are materialised).
+* Kind CONTENT: runs on the eager backend and on the relative backend (query blocks; a block
+  of queries sees its keys at the same indices as in the full pass, so the gates are the same).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ with Disentangled Attention"; microsoft/DeBERTa ``disentangled_attention.py``; H
 
 One relative embedding table ``P`` of ``2·att_span`` rows and width ``dim`` (the model width),
 optionally LayerNorm-ed, is shared by every layer; each layer projects it with its own
-projections. For query position ``i`` and key position ``j`` (REFERENCE.md §5)::
+projections. For query position ``i`` and key position ``j`` (docs/conventions.md §5)::
 
     r        = i - j                                  (query minus key)
     idx(i,j) = clamp(log_bucket(r) + att_span, 0, 2·att_span - 1)
@@ -12,7 +12,7 @@ projections. For query position ``i`` and key position ``j`` (REFERENCE.md §5):
     logit    = (Q_i·K_j + Q_i·K_r[idx] + K_j·Q_r[idx]) / sqrt(D·s),   s = 1 + #{c2p, p2c}
 
 p2c uses the **same row** ``idx(i, j)`` as c2p: that is what the original code and HF compute
-(the paper's text writes ``δ(j, i)``; pretrained weights expect the code's convention, §5.2).
+(the paper's text writes ``δ(j, i)``; pretrained weights expect the code's convention, docs/conventions.md §5.3).
 
 ``att_span = position_buckets`` when ``position_buckets > 0`` (log buckets), else
 ``max_relative_positions`` (no buckets); ``max_relative_positions < 1`` means
@@ -21,7 +21,8 @@ p2c uses the **same row** ``idx(i, j)`` as c2p: that is what the original code a
 Computation: c2p is ``q @ K_rᵀ`` on the ``2·att_span`` rows (``[B, H, Tq, 2·span]``) gathered
 by ``idx``; p2c is ``k @ Q_rᵀ`` gathered by ``idxᵀ`` and transposed; never an ``(L, L, D)``
 tensor. Positions are explicit, so ``Tq ≠ Tk`` (cached decoding, cross-attention) works; HF v2
-raises for ``Tq ≠ Tk`` (§5.3). Backend: eager (CONTENT).
+raises for ``Tq ≠ Tk`` (docs/conventions.md §5.5). Kind CONTENT: runs on the eager backend and on
+the relative backend (query blocks, checkpointed under autograd).
 """
 
 from __future__ import annotations

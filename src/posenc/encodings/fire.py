@@ -1,7 +1,7 @@
 """FIRE: functional interpolation for relative positions (Li et al. 2023, ICLR 2024).
 
 A small MLP maps a normalised, log-transformed relative distance to one bias per head
-(REFERENCE.md §10.1, from the paper's pseudo-code):
+(docs/conventions.md §10.2, from the paper's pseudo-code):
 
 ``b_h(i, j) = f_θ( ψ(i - j) / (ψ(max(i, L)) + eps) )_h``, ``ψ(x) = ln(|c·x| + 1)``
 
@@ -12,8 +12,8 @@ A small MLP maps a normalised, log-transformed relative distance to one bias per
 
 The bias is added to the scaled logits. Normalising by ``ψ(max(i, L))`` makes it depend on the
 absolute query position beyond ``L``, so FIRE is not shift invariant. ``bias_at`` evaluates the MLP
-elementwise, unrolled over its hidden units (pointwise ops only), so eager, SDPA and a compiled flex
-``score_mod`` all run the same definition.
+elementwise, unrolled over its hidden units (pointwise ops only), so the eager, sdpa and blocked
+backends and a compiled flex ``score_mod`` all run the same definition.
 """
 
 from __future__ import annotations

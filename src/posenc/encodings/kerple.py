@@ -2,7 +2,7 @@
 
 A learnable conditionally positive definite kernel of the causal distance
 ``D(i, j) = max(i - j, 0)`` (query ``i``, key ``j``; 0 on and above the diagonal, where the causal
-mask removes it anyway), one pair of parameters per head (REFERENCE.md §10.2, chijames/KERPLE
+mask removes it anyway), one pair of parameters per head (docs/conventions.md §10.1, chijames/KERPLE
 ``megatron/mpu/layers.py``):
 
 * ``variant="log"``:   ``b_h(i, j) = -p_h · ln(1 + a_h · D)``

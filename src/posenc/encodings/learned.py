@@ -1,4 +1,4 @@
-"""Learned absolute positional embeddings (BERT, GPT-2; REFERENCE.md §2).
+"""Learned absolute positional embeddings (BERT, GPT-2; docs/conventions.md §2.2).
 
 A trainable table ``P ∈ R^{max_len × D}`` (``nn.Embedding``, initialised ``N(0, 0.02²)`` like BERT's
 ``initializer_range``); token ``t`` at position ``p`` becomes ``x_t + P[p]``. Positions at or past
@@ -12,7 +12,7 @@ every old row ``i`` is kept exactly (at new row ``i·(new_max_len − 1)/(max_le
 ``max_len − 1`` divides ``new_max_len − 1``. Positions are therefore squeezed, not appended: a
 model must be fine-tuned after extending.
 
-Kind ABSOLUTE: every backend runs it.
+Kind ABSOLUTE: added to the input, so attention itself is plain (sdpa or eager).
 """
 
 from __future__ import annotations

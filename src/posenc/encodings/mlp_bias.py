@@ -1,6 +1,6 @@
 """Dynamic MLP position bias: an MLP of the (log-)distance gives one bias per head.
 
-The semantics of x-transformers' ``DynamicPositionBias`` (REFERENCE.md §10.4; used by
+The semantics of x-transformers' ``DynamicPositionBias`` (docs/conventions.md §10.3; used by
 ``AttentionLayers(rel_pos_bias=False, dynamic_pos_bias=True)``):
 
 * input ``r = i - j`` (query ``i``, key ``j``), or ``sign(r)·ln(|r| + 1)`` with ``log_distance``;
@@ -14,9 +14,11 @@ The semantics of x-transformers' ``DynamicPositionBias`` (REFERENCE.md §10.4; u
 :meth:`bias_at` is the single, elementwise definition. Called with 0-d indices (flex
 ``score_mod``) it evaluates the MLP unrolled over hidden units, with pointwise ops only, so the
 compiled kernel can inline it. That compiles in seconds for the default ``depth=2`` without norm;
-the inlined expression grows like ``hidden_dim^depth`` (minutes for ``depth=3`` or ``norm=True``),
-so kernels should read :meth:`distance_table` for those. Otherwise it runs the same MLP vectorised. The dense path evaluates it once per distinct distance and gathers, which gives
-the same numbers because the bias depends on ``i - j`` only (shift invariant).
+the inlined expression grows like ``hidden_dim^depth`` (minutes for ``depth=3`` or ``norm=True``), so
+for those prefer the blocked backend, which evaluates ``bias_at`` once per distance. Called with
+tensors it runs the same MLP vectorised. The dense path (:meth:`distance_table`, gathered) also
+evaluates it once per distinct distance, which gives the same numbers because the bias depends on
+``i - j`` only (shift invariant).
 """
 
 from __future__ import annotations

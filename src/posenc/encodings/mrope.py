@@ -1,4 +1,4 @@
-"""M-RoPE: Qwen2-VL's multimodal rotary embedding (Wang et al. 2024; HF ``qwen2_vl``; REFERENCE.md §9.3).
+"""M-RoPE: Qwen2-VL's multimodal rotary embedding (Wang et al. 2024; HF ``qwen2_vl``; docs/conventions.md §9.2).
 
 Each token has three position ids ``(t, h, w)`` (temporal, row, column). The standard RoPE
 frequencies ``θ_k = base^(-2k/d)`` (``d/2`` of them) are split into contiguous bands of sizes
@@ -20,7 +20,7 @@ How the three axes reach the layer:
 Default ``mrope_section`` when not given: ``[d/8, rest//2, rest - rest//2]`` with
 ``rest = d/2 - d/8`` (``[16, 24, 24]`` for ``d = 128``, ``[2, 3, 3]`` for ``d = 16``).
 
-Backends: every backend (q and k are rotated before the kernel).
+Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """NoPE: no positional information (Haviv et al. 2022; Kazemnejad et al. 2023).
 
 Plain dot-product attention; order can only come from a causal mask. Without a mask, attention is
-permutation-equivariant (REFERENCE.md §11). Kind ABSOLUTE with a zero embedding, so every backend
-runs it (SDPA first).
+permutation-equivariant (docs/conventions.md §2.4). Kind ABSOLUTE with a zero embedding, so attention
+is plain dot-product attention, run by the sdpa backend (or eager).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """RoPE: rotary position embedding (Su et al. 2021, "RoFormer"), with every HF scaling type.
 
 Each 2-D pair of query/key channels is rotated by ``position · θ_k``, ``θ_k = base^(-2k/d_r)``,
-so ``⟨R_m q, R_n k⟩`` depends only on ``n - m`` (REFERENCE.md §7.1).
+so ``⟨R_m q, R_n k⟩`` depends only on ``n - m`` (docs/conventions.md §7.1).
 
 Conventions:
 
@@ -22,7 +22,7 @@ Conventions:
   call drops below the original length), so the two agree whenever lengths do not shrink above the
   original length. Keys already in a KV cache keep the rotation they were given.
 
-Backends: every backend (q and k are rotated before the kernel).
+Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
 
 from __future__ import annotations
@@ -163,7 +163,7 @@ def convert_rope_pairing(
     """Permute the rows of a q or k projection weight ``[num_heads*head_dim, in]`` (or bias ``[num_heads*head_dim]``).
 
     A model whose q/k projections are converted this way gives the same attention scores with
-    ``pairing=dst`` as the original with ``pairing=src`` (REFERENCE.md §7.1, "Equivalence"). Use
+    ``pairing=dst`` as the original with ``pairing=src`` (docs/conventions.md §7.3). Use
     ``num_heads = num_kv_heads`` for the key projection of grouped-query attention. Values and the
     output projection are unchanged.
     """
@@ -201,7 +201,7 @@ class RoPE(PositionalEncoding):
         rotary_dim: rotate only the first ``rotary_dim`` channels (default: all).
         cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand.
         scaling: ``None``/``"default"``, ``"linear"``, ``"ntk"``, ``"dynamic"``, ``"yarn"``,
-            ``"llama3"`` or ``"longrope"`` (REFERENCE.md §7.2).
+            ``"llama3"`` or ``"longrope"`` (docs/conventions.md §7.5).
         factor, original_max_position_embeddings, max_position_embeddings, beta_fast, beta_slow,
         mscale, mscale_all_dim, attention_factor, truncate, low_freq_factor, high_freq_factor,
         short_factor, long_factor: the scaling's parameters (HF ``rope_parameters`` names).

@@ -22,7 +22,7 @@ It returns ``inv_freq`` ``[d_r // 2]`` float32 (angles are ``position * inv_freq
 square, as in HF). ``seq_len`` is the current sequence length (``max(position) + 1``); only
 ``dynamic`` and ``longrope`` read it.
 
-Types (REFERENCE.md §7.2):
+Types (docs/conventions.md §7.5):
 
 * ``default``: ``θ_k = b^(-2k/d_r)``.
 * ``linear``: position interpolation, ``θ_k / s``.

@@ -2,7 +2,7 @@
 Relative Position Representations"; tensor2tensor ``_relative_attention_inner``).
 
 Two learned tables of ``R = 2k+1`` rows and depth ``D`` (the per-head size), one for keys and one
-for values. For query position ``i`` and key position ``j`` (REFERENCE.md §3.1)::
+for values. For query position ``i`` and key position ``j`` (docs/conventions.md §3.1)::
 
     a^K_ij = wK[clip(j - i, -k, k) + k]        a^V_ij = wV[clip(j - i, -k, k) + k]
     e_ij   = q_i · (k_j + a^K_ij) · scale      (scale = 1/sqrt(D): t2t scales q before both terms)
@@ -10,14 +10,15 @@ for values. For query position ``i`` and key position ``j`` (REFERENCE.md §3.1)
 
 Conventions: the distance is **key − query** (t2t, the paper). The tables are shared over heads
 (``per_head=True`` gives each head its own) and each attention layer has its own tables.
-``k=None`` is the seed-000 "blog" variant (REFERENCE.md §3.3): an unclipped table of
+``k=None`` is the seed-000 "blog" variant (docs/conventions.md §3.2): an unclipped table of
 ``2·max_len − 1`` rows indexed by ``(j − i) + max_len − 1``; positions at or past ``max_len`` are
 an error. The seed indexes by ``i − j``, so its table is the row-reversal of ours.
 
 Computation (paper §3.3, never an ``(L, L, D)`` tensor): the key term is ``q @ wKᵀ`` on the
 ``R`` rows (``[B, H, Tq, R]``) gathered by the relative index; the value term sums the attention
 probabilities per relative index (``scatter_add`` into ``[B, H, Tq, R]``) and multiplies by ``wV``.
-Positions are explicit, so cached decoding and cross-attention work. Backend: eager (CONTENT).
+Positions are explicit, so cached decoding and cross-attention work. Kind CONTENT: runs on the eager
+backend and on the relative backend (query blocks, checkpointed under autograd).
 """
 
 from __future__ import annotations

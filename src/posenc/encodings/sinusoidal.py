@@ -8,12 +8,12 @@ For position ``p`` and width ``D`` (even), with frequencies ``ω_k = base^(−2k
   cos(p·ω_0) … cos(p·ω_{D/2−1})]``, the same numbers in another channel order.
 
 Position 2 with ``D = 4`` gives ``(sin 2, cos 2, sin 0.02, cos 0.02)`` interleaved
-(REFERENCE.md §1.5). Angles are computed in float64 (float32 on MPS, which has no float64) and the
+(docs/conventions.md §2.1). Angles are computed in float64 (float32 on MPS, which has no float64) and the
 table is returned in float32 whatever the model dtype, so a bf16 model keeps distinct positions far
 beyond 256. There is no table and no maximum position. The module adds the encoding to its input
 (``embed``); the paper's ``√D`` scaling of token embeddings belongs to the model, not to this file.
 
-Kind ABSOLUTE: every backend runs it.
+Kind ABSOLUTE: added to the input, so attention itself is plain (sdpa or eager).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""2-D sin-cos absolute encoding for image patches (MAE / ViT, He et al. 2021; REFERENCE.md §9.1).
+"""2-D sin-cos absolute encoding for image patches (MAE / ViT, He et al. 2021; docs/conventions.md §2.3).
 
 A patch at grid row ``r`` and column ``c`` gets, for width ``D`` (divisible by 4) and
 ``ω_k = base^(-k/(D/4))``, ``k < D/4``, MAE's channel order:
@@ -13,7 +13,7 @@ patches row-major). With ``cls_token=True`` position 0 is the class token (an al
 as MAE's table has) and patch ``p - 1`` sits at position ``p``. Rows are unbounded, so taller
 images need no new table. Angles are computed in float64 and the table is float32 (then cast).
 
-Kind ABSOLUTE: every backend runs it.
+Kind ABSOLUTE: added to the input, so attention itself is plain (sdpa or eager).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Each pair (query ``i``, key ``j``) gets a learned per-head scalar ``table[bucket
 added to the logits. T5 has no ``1/√d`` logit scaling: to reproduce HF T5 build the layer with
 ``scale=1.0``.
 
-Bucket function (REFERENCE.md §4.1; equal to mesh-tf and HF ``T5Attention._relative_position_bucket``
+Bucket function (docs/conventions.md §4.1; equal to mesh-tf and HF ``T5Attention._relative_position_bucket``
 for every ``num_buckets``, ``max_distance`` and direction), on ``r = key − query``:
 
 * ``bidirectional=True`` (encoder): half the buckets per direction; future keys (``r > 0``) use the

@@ -2,7 +2,7 @@
 
 Queries at position ``n`` are rotated by RoPE and scaled by ``ζ^(n/B)``; keys at position ``m`` are
 rotated and scaled by ``ζ^(-m/B)``, with ``ζ_k = (2k + γd) / ((1 + γ)d)`` per pair ``k`` (both
-members of a pair share it), ``γ = 0.4`` and ``B = scale_base = 512`` (REFERENCE.md §8, torchscale
+members of a pair share it), ``γ = 0.4`` and ``B = scale_base = 512`` (docs/conventions.md §8, torchscale
 ``xpos_relative_position.py``). The score is ``Σ_k ζ_k^((n-m)/B) · [pair-k RoPE term]``: it depends
 only on ``n - m`` and decays with distance because ``ζ_k < 1``.
 
@@ -19,7 +19,7 @@ Conventions:
 * Angles and scales are computed in float32 and cast to the activations' dtype.
 * Only meaningful for causal attention (keys in the future are amplified), so ``causal_only``.
 
-Backends: every backend (q and k are transformed before the kernel).
+Backends: sdpa and eager (q and k are transformed before the kernel, which then sees plain attention).
 """
 
 from __future__ import annotations

@@ -1,0 +1,108 @@
+"""The repository explains itself: code and tests point into docs/, and every pointer resolves.
+
+A pointer is ``docs/<file>.md §N`` (in code and tests) or ``<file>.md §N`` (between the documents),
+optionally followed by more sections (``docs/conventions.md §4.2 and §4.3``). It must name a file
+that exists and a numbered heading (``## 4.``, ``### 4.2``) that exists in it. Notes that live
+outside the repository must not be named at all.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("docs/architecture.md", "docs/conventions.md", "CONTRIBUTING.md")
+# Spelled in two pieces so that this file does not name them itself.
+OUTSIDE_NOTES = re.compile(r"\b(?:REFERENCE|DESIGN)\.md\b", re.IGNORECASE)
+SECTION = r"§\d+(?:\.\d+)*"
+POINTER = re.compile(rf"((?:docs/)?[\w-]+\.md)\s+({SECTION}(?:(?:,\s*|\s+and\s+){SECTION})*)")
+HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
+SKIP_DIRS = {"__pycache__", ".pytest_cache"}
+
+
+def _text_files(folder: str) -> list[Path]:
+    files = []
+    for path in sorted((ROOT / folder).rglob("*")):
+        parts = set(path.relative_to(ROOT).parts)
+        if path.is_file() and not parts & SKIP_DIRS and not any(p.endswith(".egg-info") for p in parts):
+            files.append(path)
+    return files
+
+
+def _read(path: Path) -> str:
+    return path.read_bytes().decode("utf-8", errors="ignore")
+
+
+def sections_of(markdown: str) -> set[str]:
+    """The numbers of the numbered headings of a markdown text (``## 4.`` gives ``"4"``)."""
+    return set(HEADING.findall(markdown))
+
+
+def broken_pointers(text: str, source: Path) -> list[str]:
+    """Every pointer in ``text`` whose file or section does not exist, as readable messages.
+
+    ``docs/x.md`` is relative to the repository root; a bare ``x.md`` to the folder of ``source``.
+    """
+    problems = []
+    for match in POINTER.finditer(text):
+        name, sections = match.group(1), re.findall(r"§(\d+(?:\.\d+)*)", match.group(2))
+        target = ROOT / name if name.startswith("docs/") else source.parent / name
+        if not target.is_file():
+            problems.append(f"{source.relative_to(ROOT)}: {name} does not exist")
+            continue
+        known = sections_of(_read(target))
+        problems += [
+            f"{source.relative_to(ROOT)}: {name} has no section §{s}" for s in sections if s not in known
+        ]
+    return problems
+
+
+def test_the_documents_exist_and_the_readme_links_them():
+    readme = _read(ROOT / "README.md")
+    for doc in DOCS:
+        assert (ROOT / doc).is_file(), f"{doc} is missing"
+        assert f"({doc})" in readme, f"README.md does not link {doc}"
+
+
+@pytest.mark.parametrize("folder", ["src", "tests"])
+def test_no_file_names_notes_outside_the_repository(folder):
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line_no}"
+        for path in _text_files(folder)
+        for line_no, line in enumerate(_read(path).splitlines(), start=1)
+        if OUTSIDE_NOTES.search(line)
+    ]
+    assert not offenders, "point at docs/ instead: " + ", ".join(offenders)
+
+
+@pytest.mark.parametrize("folder", ["src", "tests"])
+def test_every_docs_pointer_in_code_and_tests_resolves(folder):
+    found, problems = 0, []
+    for path in _text_files(folder):
+        text = _read(path)
+        found += len(POINTER.findall(text))
+        problems += broken_pointers(text, path)
+    assert found > 0, f"no docs/<file>.md §N pointer found under {folder}/: is the pattern still right?"
+    assert not problems, "\n".join(problems)
+
+
+def test_pointers_between_the_documents_resolve():
+    problems = []
+    for doc in (*DOCS, "README.md"):
+        problems += broken_pointers(_read(ROOT / doc), ROOT / doc)
+    assert not problems, "\n".join(problems)
+
+
+def test_the_checker_reports_a_missing_section_and_a_missing_file():
+    source = ROOT / "tests" / "example.py"
+    s = "\N{SECTION SIGN}"  # spelled out so that the pointers below are not this file's own
+    text = f"see docs/conventions.md {s}4.2 and {s}99.1; docs/nowhere.md {s}1; docs/conventions.md {s}4.3."
+    assert broken_pointers(text, source) == [
+        "tests/example.py: docs/conventions.md has no section §99.1",
+        "tests/example.py: docs/nowhere.md does not exist",
+    ]
+    assert {"1", "4", "4.2", "7.5.3"} <= sections_of(_read(ROOT / "docs" / "conventions.md"))
+    assert OUTSIDE_NOTES.search("see " + "REFERENCE" + ".md §4") and not OUTSIDE_NOTES.search("the reference")
