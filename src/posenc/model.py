@@ -159,7 +159,7 @@ class _Stack(nn.Module):
 
         given = self._per_layer_specs(encoding, num_layers)
         self.encoding_specs = [s if isinstance(s, str) or s is None else s.spec() for s in given]
-        parsed: dict[str, Spec] = {s: resolve(s) for s in given if isinstance(s, str)}  # once per string
+        parsed = {s: resolve(s) for s in dict.fromkeys(given) if isinstance(s, str)}  # once per string
         specs = [parsed[s] if isinstance(s, str) else s for s in given]
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.input_encodings = nn.ModuleList(self._input_encodings(specs))
