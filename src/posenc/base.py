@@ -20,6 +20,7 @@ float32 or integer arithmetic whatever the model dtype.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -272,7 +273,7 @@ class PositionalEncoding(nn.Module):
                 continue
         return torch.get_default_device()
 
-    def _apply(self, fn, recurse: bool = True):  # type: ignore[no-untyped-def]
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> PositionalEncoding:
         # ``.to(bf16)`` would round derived tables and ``to_empty()`` (meta-device construction)
         # leaves them uninitialised: let nn.Module move everything, then recompute them in place.
         super()._apply(fn, recurse)
