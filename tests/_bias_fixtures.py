@@ -10,13 +10,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc.base import Kind, PositionalEncoding
+from posenc.base import BiasEncoding
 
 
-class ClippedTableBias(PositionalEncoding):
+class ClippedTableBias(BiasEncoding):
     """Learned per-head bias of the clipped distance ``clip(k - q, -D, D)`` (shift invariant)."""
 
-    kind = Kind.BIAS
     shift_invariant = True
     name = "test_clipped_table_bias"
 
@@ -37,10 +36,9 @@ class ClippedTableBias(PositionalEncoding):
         return self.table.t()[dist + self.max_distance].squeeze(1).permute(0, 3, 1, 2)
 
 
-class QueryNormalisedBias(PositionalEncoding):
+class QueryNormalisedBias(BiasEncoding):
     """``-slope_h · log1p(|q - k|) / log(2 + q)``: depends on the query position (not shift invariant)."""
 
-    kind = Kind.BIAS
     name = "test_query_normalised_bias"
 
     def __init__(self, num_heads: int = 2) -> None:

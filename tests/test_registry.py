@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import posenc
-from posenc.base import Kind, PositionalEncoding
+from posenc.base import BiasEncoding, Kind, PositionalEncoding
 from posenc.registry import format_spec, parse_spec, register
 
 
@@ -54,10 +54,8 @@ def test_register_rejects_bad_names_and_duplicates():
 
 def test_a_new_family_is_one_class_and_one_decorator():
     @register("test-zero-bias")
-    class ZeroBias(PositionalEncoding):
+    class ZeroBias(BiasEncoding):
         """A test-only bias that is zero everywhere."""
-
-        kind = Kind.BIAS
 
         def __init__(self, num_heads: int, mode: Literal["a", "b"] = "a") -> None:
             super().__init__()

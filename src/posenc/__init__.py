@@ -12,16 +12,29 @@ from typing import Any
 from . import functional
 from .attention import KVCache, MultiheadAttention
 from .backends import use_backend
-from .base import Kind, PositionalEncoding
+from .base import (
+    AbsoluteEncoding,
+    BiasEncoding,
+    ContentEncoding,
+    Kind,
+    LayerContext,
+    PositionalEncoding,
+    RotaryEncoding,
+)
 from .registry import available, build, get_class, register
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AbsoluteEncoding",
+    "BiasEncoding",
+    "ContentEncoding",
     "KVCache",
     "Kind",
+    "LayerContext",
     "MultiheadAttention",
     "PositionalEncoding",
+    "RotaryEncoding",
     "TransformerLM",
     "available",
     "build",

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .backends import AttentionRequest, select_backend
 from .backends.eager import attention_probs
-from .base import Kind, PositionalEncoding
+from .base import Kind, LayerContext, PositionalEncoding
 from .masks import AttentionMask
 from .registry import build_for_layer
 
@@ -71,7 +71,8 @@ class MultiheadAttention(nn.Module):
         embed_dim: model width ``E``.
         num_heads: query heads ``H``; ``E`` must be divisible by ``H`` (head size ``D = E / H``).
         encoding: a spec string (``"rope:base=500000"``), a built encoding, or None (NoPE).
-            The layer fills in ``num_heads``, ``head_dim`` and ``dim`` options the spec leaves out.
+            The layer hands the encoding a :class:`~posenc.base.LayerContext` (its sizes,
+            ``causal``, device and dtype); the encoding takes the options it declares from it.
         causal: mask future keys in self-attention (cross-attention is never causal).
         window: sliding window ``W`` (causal layers): query ``i`` sees keys ``i - W < j <= i``
             (the HF / Mistral convention: its own key and the ``W - 1`` before it).
@@ -139,7 +140,8 @@ class MultiheadAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         self.v_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
-        self.encoding = build_for_layer(encoding, num_heads=num_heads, head_dim=self.head_dim, dim=embed_dim)
+        context = LayerContext(num_heads, self.head_dim, embed_dim, causal=causal, device=device, dtype=dtype)
+        self.encoding = build_for_layer(encoding, context)
         if self.encoding.causal_only and not causal:
             raise ValueError(f"{self._causal_only_message()}: pass causal=True")
         self.encoding.init_layer(self)

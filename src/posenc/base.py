@@ -20,12 +20,25 @@ float32 or integer arithmetic whatever the model dtype.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["Kind", "PositionalEncoding", "check_positions"]
+from .spec import format_spec
+
+__all__ = [
+    "AbsoluteEncoding",
+    "BiasEncoding",
+    "ContentEncoding",
+    "Kind",
+    "LayerContext",
+    "PositionalEncoding",
+    "RotaryEncoding",
+    "check_positions",
+]
 
 
 class Kind(str, enum.Enum):
@@ -57,16 +70,47 @@ def check_positions(positions: Tensor, *, name: str = "positions", allow_negativ
     return positions.long()
 
 
-class PositionalEncoding(nn.Module):
-    """Base class of every registered encoding.
+@dataclass(frozen=True)
+class LayerContext:
+    """What an attention layer (or a model) tells the encoding it builds.
 
-    Subclasses set :attr:`kind` and implement the hook of that kind. The registry sets
-    :attr:`name`, :attr:`description` and records the options the instance was built with
-    (:meth:`config`).
+    The encoding reads the fields it needs through its own declarations (:attr:`PositionalEncoding.layer_sizes`
+    and :meth:`PositionalEncoding.layer_defaults`); nothing is filled in by parameter name.
+
+    Attributes:
+        num_heads: query heads ``H`` of the layer.
+        head_dim: per-head size ``D``.
+        dim: model width ``E = H·D``.
+        causal: whether the layer masks future keys.
+        max_len: the model's maximum length (size of position tables), or None when unknown
+            (a single attention layer does not know it).
+        device, dtype: where the layer's parameters live; the encoding's parameters follow them
+            (derived tables stay float32 or integer).
+    """
+
+    num_heads: int
+    head_dim: int
+    dim: int
+    causal: bool = False
+    max_len: int | None = None
+    device: torch.device | str | None = None
+    dtype: torch.dtype | None = None
+
+    #: The fields that are the layer's sizes (what :attr:`PositionalEncoding.layer_sizes` may name).
+    SIZES: ClassVar[tuple[str, ...]] = ("num_heads", "head_dim", "dim")
+
+
+class PositionalEncoding(nn.Module):
+    """The common root of every encoding; an encoding derives from one of the four kind bases.
+
+    :class:`AbsoluteEncoding`, :class:`RotaryEncoding`, :class:`BiasEncoding` and
+    :class:`ContentEncoding` each set :attr:`kind` and declare the one hook of that kind;
+    ``@register`` refuses a class that does not derive from one of them or leaves its hook out.
+    The registry sets :attr:`name`, :attr:`description` and records the options the instance was
+    built with (:meth:`config`).
 
     Class attributes a subclass may set:
 
-    * ``kind``: the :class:`Kind`.
     * ``shift_invariant``: True when adding a constant to every position leaves attention unchanged
       (relative encodings). The contract tests check it.
     * ``shared_across_layers``: True when one instance serves every layer of a stack (T5 shares its
@@ -76,10 +120,16 @@ class PositionalEncoding(nn.Module):
       causal, so the layer refuses such encodings there.
     * ``noncausal_options``: options that lift ``causal_only`` (ALiBi: ``mode="symmetric"``).
     * ``example_options``: options for the contract tests' small layer (head size 16).
+    * ``layer_sizes`` / :meth:`layer_defaults`: the options a layer supplies (:class:`LayerContext`).
+    * ``derived_buffers`` / :meth:`reset_buffers`: tables computed from the options (float32 or
+      integer whatever the model dtype), rebuilt after ``.to()``, ``to_empty()`` and meta-device
+      construction. Names may reach into a submodule (``"tables.cos"`` of a :class:`~posenc.kernels.rope.RotaryTables`).
     * ``max_positions``: an instance attribute, the largest supported position + 1, or None.
     """
 
     kind: ClassVar[Kind]
+    #: The method a subclass of this kind must implement (set by the four kind bases).
+    hook: ClassVar[str] = ""
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
     shift_invariant: ClassVar[bool] = False
@@ -92,6 +142,13 @@ class PositionalEncoding(nn.Module):
     #: Options that make a causal-only encoding correct without a causal mask (ALiBi's symmetric
     #: mode); models apply them to bidirectional layers when the spec leaves them unset.
     noncausal_options: ClassVar[dict[str, Any]] = {}
+    #: ``__init__`` options that are the layer's own sizes (names of :attr:`LayerContext.SIZES`):
+    #: taken from the :class:`LayerContext` when the spec leaves them out; a spec value that
+    #: disagrees with the layer is an error.
+    layer_sizes: ClassVar[tuple[str, ...]] = ()
+    #: Non-persistent buffers computed from the options (never trained, never saved): kept float32
+    #: or integer and recomputed by :meth:`reset_buffers` whenever the module is moved or cast.
+    derived_buffers: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -105,8 +162,6 @@ class PositionalEncoding(nn.Module):
 
     def spec(self) -> str:
         """A spec string that rebuilds this encoding, e.g. ``"rope:base=500000.0"``."""
-        from .registry import format_spec
-
         return format_spec(self.name, self._config)
 
     def extra_repr(self) -> str:
@@ -131,6 +186,45 @@ class PositionalEncoding(nn.Module):
         """A small text view of the encoding's numbers, shown by ``posenc show``."""
         return ""
 
+    # ------------------------------------------------------------------ the layer
+    @classmethod
+    def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:
+        """Options the layer suggests when the spec leaves them out (a spec value wins).
+
+        E.g. a learned table takes its size from ``ctx.max_len``, T5 its bucket layout from
+        ``ctx.causal``. The default suggests nothing.
+        """
+        return {}
+
+    @classmethod
+    def options_for_layer(cls, ctx: LayerContext, given: dict[str, Any]) -> dict[str, Any]:
+        """``given`` completed for the layer ``ctx``: :attr:`layer_sizes` and :meth:`layer_defaults`.
+
+        Raises:
+            ValueError: ``given`` sets a layer size to another value than the layer's.
+        """
+        options = {k: v for k, v in cls.layer_defaults(ctx).items() if k not in given}
+        for key in cls.layer_sizes:
+            have = getattr(ctx, key)
+            if key in given and given[key] != have:
+                raise ValueError(f"{cls.name}: spec sets {key}={given[key]} but the layer has {key}={have}")
+            options[key] = have
+        return {**options, **given}
+
+    def check_layer(self, ctx: LayerContext) -> None:
+        """Check that this (already built) encoding fits the layer ``ctx``: its layer sizes agree.
+
+        Raises:
+            ValueError: naming the size that differs.
+        """
+        config = self.config()
+        for key in self.layer_sizes:
+            have = config.get(key)
+            if have is not None and have != getattr(ctx, key):
+                raise ValueError(
+                    f"{self.name}: encoding was built with {key}={have} but the layer has {key}={getattr(ctx, key)}"
+                )
+
     def init_layer(self, layer: nn.Module) -> None:
         """Called once by every attention layer that uses this encoding.
 
@@ -138,43 +232,120 @@ class PositionalEncoding(nn.Module):
         them on ``layer`` here, so that a shared encoding still gets one set per layer.
         """
 
-    # ------------------------------------------------------------------ ABSOLUTE
+    def logit_scale(self, head_dim: int) -> float:
+        """The default logit scale for this encoding (1/sqrt(head_dim); DeBERTa overrides it)."""
+        return head_dim**-0.5
+
+    # ------------------------------------------------------------------ derived buffers
+    def reset_buffers(self) -> None:
+        """Recompute every buffer of :attr:`derived_buffers` from the options, in float32 (or integer).
+
+        Encodings that declare derived buffers implement it with :meth:`set_derived`; it runs
+        at construction and after every ``.to()``, ``to_empty()`` or other move of the module.
+        """
+        if self.derived_buffers:
+            raise NotImplementedError(
+                f"{type(self).__name__} declares derived_buffers: implement reset_buffers()"
+            )
+
+    def set_derived(self, name: str, value: Tensor) -> None:
+        """Store derived buffer ``name`` (non-persistent) on :attr:`buffer_device`.
+
+        Raises:
+            TypeError: ``name`` is not declared in :attr:`derived_buffers`, or ``value`` is a
+                floating tensor other than float32.
+        """
+        if name not in self.derived_buffers:
+            raise TypeError(f"{type(self).__name__}: {name!r} is not listed in derived_buffers")
+        if value.is_floating_point() and value.dtype != torch.float32:
+            raise TypeError(
+                f"{type(self).__name__}: derived buffer {name!r} must be float32, got {value.dtype}"
+            )
+        self.register_buffer(name, value.to(self.buffer_device), persistent=False)
+
+    @property
+    def buffer_device(self) -> torch.device:
+        """Where derived buffers live: the device of the first one already set, else the default device."""
+        for name in self.derived_buffers:
+            try:
+                return self.get_buffer(name).device
+            except AttributeError:  # not set yet (during __init__)
+                continue
+        return torch.get_default_device()
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> PositionalEncoding:
+        # ``.to(bf16)`` would round derived tables and ``to_empty()`` (meta-device construction)
+        # leaves them uninitialised: let nn.Module move everything, then recompute them in place.
+        super()._apply(fn, recurse)
+        if self.derived_buffers:
+            with torch.device(self.buffer_device):  # tables are computed where they will live
+                self.reset_buffers()
+            self._check_derived()
+        return self
+
+    def _check_derived(self) -> None:
+        for name in self.derived_buffers:
+            buffer = self.get_buffer(name)
+            if buffer.is_floating_point() and buffer.dtype != torch.float32:
+                raise TypeError(
+                    f"{type(self).__name__}.reset_buffers() left derived buffer {name!r} in {buffer.dtype}, not float32"
+                )
+
+
+class AbsoluteEncoding(PositionalEncoding):
+    """ABSOLUTE: position vectors added to the layer input; implement :meth:`encode`."""
+
+    kind = Kind.ABSOLUTE
+    hook = "encode"
+
     def encode(self, positions: Tensor, dtype: torch.dtype | None = None) -> Tensor:
-        """ABSOLUTE: the position vectors ``[B, T, dim]`` for integer ``positions [B, T]``."""
-        raise NotImplementedError(f"{type(self).__name__} is {self.kind.value}, not absolute")
+        """The position vectors ``[B, T, dim]`` for integer ``positions [B, T]``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement encode()")
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
-        """ABSOLUTE: ``x [B, T, dim]`` plus the position vectors of ``positions [B, T]``."""
+        """``x [B, T, dim]`` plus the position vectors of ``positions [B, T]``."""
         return x + self.encode(positions, dtype=x.dtype)
 
-    # ------------------------------------------------------------------ ROTARY
-    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
-        """ROTARY: rotate ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]`` by their positions ``[B, T]``."""
-        raise NotImplementedError(f"{type(self).__name__} is {self.kind.value}, not rotary")
 
-    # ------------------------------------------------------------------ BIAS
+class RotaryEncoding(PositionalEncoding):
+    """ROTARY: rotates queries and keys before the kernel; implement :meth:`rotate`."""
+
+    kind = Kind.ROTARY
+    hook = "rotate"
+
+    def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """Rotate ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]`` by their positions ``[B, T]``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement rotate()")
+
+
+class BiasEncoding(PositionalEncoding):
+    """BIAS: a scalar added to each logit; implement :meth:`bias_at` (every backend serves it)."""
+
+    kind = Kind.BIAS
+    hook = "bias_at"
+
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """BIAS: the additive logit bias for broadcastable integer tensors ``head, q_pos, k_pos``.
+        """The additive logit bias for broadcastable integer tensors ``head, q_pos, k_pos``.
 
         This is the single definition of the bias: the dense :meth:`bias`, the eager backend and
         the flex backend's ``score_mod`` all evaluate it. It must be elementwise in its arguments.
         Returns float32, or the parameters' dtype when that is wider (a float64 model keeps
         float64 biases, so gradcheck sees exact gradients); never bfloat16/float16.
         """
-        raise NotImplementedError(f"{type(self).__name__} is {self.kind.value}, not bias")
+        raise NotImplementedError(f"{type(self).__name__} must implement bias_at()")
 
     @property
     def num_bias_heads(self) -> int:
-        """BIAS: number of heads the bias is defined for."""
+        """Number of heads the bias is defined for."""
         return int(self.num_heads)
 
     def bias_for_positions(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """BIAS: the dense bias ``[B, H, Tq, Tk]`` (float32) for positions ``[B, Tq]`` and ``[B, Tk]``."""
+        """The dense bias ``[B, H, Tq, Tk]`` (float32) for positions ``[B, Tq]`` and ``[B, Tk]``."""
         heads = torch.arange(self.num_bias_heads, device=q_pos.device)
         return self.bias_at(heads[None, :, None, None], q_pos[:, None, :, None], k_pos[:, None, None, :])
 
     def bias(self, q_len: int, k_len: int, q_offset: int = 0) -> Tensor:
-        """BIAS: the dense bias ``[H, q_len, k_len]`` with queries at ``q_offset + arange(q_len)``.
+        """The dense bias ``[H, q_len, k_len]`` with queries at ``q_offset + arange(q_len)``.
 
         For plots and tests; attention backends never build the dense bias on their fast paths.
         """
@@ -184,10 +355,16 @@ class PositionalEncoding(nn.Module):
         return self.bias_for_positions(q_pos, k_pos)[0]
 
     def score_mod(self, score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        """BIAS: FlexAttention ``score_mod`` for queries and keys whose positions equal their indices."""
+        """FlexAttention ``score_mod`` for queries and keys whose positions equal their indices."""
         return score + self.bias_at(h, q_idx, kv_idx).to(score.dtype)
 
-    # ------------------------------------------------------------------ CONTENT
+
+class ContentEncoding(PositionalEncoding):
+    """CONTENT: computes the logits itself (and optionally a value term); implement :meth:`logits`."""
+
+    kind = Kind.CONTENT
+    hook = "logits"
+
     def logits(
         self,
         q: Tensor,
@@ -198,20 +375,25 @@ class PositionalEncoding(nn.Module):
         scale: float,
         layer: nn.Module | None = None,
     ) -> Tensor:
-        """CONTENT: the full scaled logits ``[B, H, Tq, Tk]`` (content and position terms).
+        """The full scaled logits ``[B, H, Tq, Tk]`` (content and position terms).
 
         ``q [B, H, Tq, D]`` and ``k [B, H, Tk, D]`` (key heads already repeated for grouped-query
         attention); ``scale`` is the layer's logit scale (1/sqrt(D) unless overridden).
         """
-        raise NotImplementedError(f"{type(self).__name__} is {self.kind.value}, not content")
+        raise NotImplementedError(f"{type(self).__name__} must implement logits()")
 
     def attend(self, probs: Tensor, v: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """CONTENT: the attention output ``[B, H, Tq, D]`` from ``probs [B, H, Tq, Tk]`` and ``v``."""
+        """The attention output ``[B, H, Tq, D]`` from ``probs [B, H, Tq, Tk]`` and ``v`` (optional hook)."""
         return probs @ v
 
-    def logit_scale(self, head_dim: int) -> float:
-        """The default logit scale for this encoding (1/sqrt(head_dim); DeBERTa overrides it)."""
-        return head_dim**-0.5
+
+#: The base class of each kind.
+KIND_BASES: dict[Kind, type[PositionalEncoding]] = {
+    Kind.ABSOLUTE: AbsoluteEncoding,
+    Kind.ROTARY: RotaryEncoding,
+    Kind.BIAS: BiasEncoding,
+    Kind.CONTENT: ContentEncoding,
+}
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -20,10 +20,11 @@ with one spec per layer (a *hybrid*). How each entry acts follows its kind:
   once per distinct spec and shared by all layers listing that spec; any other encoding gets one
   instance per layer.
 
-Options the model knows are filled in when the spec leaves them out and the encoding takes them:
-``num_heads``, ``head_dim``, ``dim`` (from the layer), the table size ``max_len`` (learned
-absolute rows, unclipped Shaw; see :data:`LENGTH_OPTIONS`) and ``bidirectional = not causal``
-(T5 buckets).
+Each spec string is parsed once (:func:`posenc.registry.resolve`). The model hands every encoding
+a :class:`~posenc.base.LayerContext` (the layer sizes, ``causal`` and ``max_len``); each class
+declares the options it takes from it (learned and unclipped Shaw size their table by ``max_len``,
+T5 sets ``bidirectional = not causal``). Without a causal mask, options the spec leaves out get the
+class's ``noncausal_options`` (ALiBi's symmetric form).
 
 Positions default to ``arange(T)`` (continuing from the cache length when decoding, or counted from
 the padding mask for left padding) and are computed once per forward and passed to every layer.
@@ -38,15 +39,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiheadAttention, embed_positions
-from .base import Kind, PositionalEncoding
-from .registry import build_for_layer, get_class, options, parse_spec
+from .base import Kind, LayerContext, PositionalEncoding
+from .registry import build_for_layer, resolve
+from .spec import Spec
 
-__all__ = ["LENGTH_OPTIONS", "TransformerBlock", "TransformerEncoder", "TransformerLM"]
-
-#: Options the model's ``max_len`` fills when an encoding takes them and its spec leaves them out:
-#: the size of a position table (learned absolute rows; Shaw's table when unclipped). RoPE's
-#: ``max_position_embeddings`` is deliberately not among them: it changes scaled variants' maths.
-LENGTH_OPTIONS = ("max_len",)
+__all__ = ["TransformerBlock", "TransformerEncoder", "TransformerLM"]
 
 EncodingSpec = str | PositionalEncoding | None
 
@@ -105,30 +102,15 @@ class TransformerBlock(nn.Module):
         return x + self.ffn(self.norm_ffn(x))
 
 
-def _kind_of(spec: EncodingSpec) -> Kind:
+ParsedSpec = Spec | PositionalEncoding | None
+
+
+def _kind_of(spec: ParsedSpec) -> Kind:
     if spec is None:
         return Kind.ABSOLUTE
     if isinstance(spec, PositionalEncoding):
         return spec.kind
-    return get_class(parse_spec(spec)[0]).kind
-
-
-def _model_options(spec: str, *, max_len: int | None, causal: bool) -> dict[str, object]:
-    """Options the model supplies for ``spec``: those the encoding takes and the spec leaves out."""
-    name, raw = parse_spec(spec)
-    accepted = options(name)
-    filled: dict[str, object] = {}
-    if max_len is not None:
-        for option in LENGTH_OPTIONS:
-            if option in accepted:
-                if option not in raw:
-                    filled[option] = max_len
-                break
-    if "bidirectional" in accepted and "bidirectional" not in raw:
-        filled["bidirectional"] = not causal
-    if not causal:  # e.g. ALiBi's symmetric form for an encoder
-        filled.update({k: v for k, v in get_class(name).noncausal_options.items() if k not in raw})
-    return filled
+    return spec.cls.kind
 
 
 class _Stack(nn.Module):
@@ -175,8 +157,10 @@ class _Stack(nn.Module):
         self.causal, self.max_len = causal, max_len
         self.head_dim = d_model // num_heads
 
-        specs = self._per_layer_specs(encoding, num_layers)
-        self.encoding_specs = [s if isinstance(s, str) or s is None else s.spec() for s in specs]
+        given = self._per_layer_specs(encoding, num_layers)
+        self.encoding_specs = [s if isinstance(s, str) or s is None else s.spec() for s in given]
+        parsed = {s: resolve(s) for s in dict.fromkeys(given) if isinstance(s, str)}  # once per string
+        specs = [parsed[s] if isinstance(s, str) else s for s in given]
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.input_encodings = nn.ModuleList(self._input_encodings(specs))
         layer_encodings = self._layer_encodings(specs)
@@ -220,25 +204,26 @@ class _Stack(nn.Module):
             )
         return [encoding] * num_layers
 
-    def _build(self, spec: EncodingSpec) -> PositionalEncoding:
-        extra = (
-            _model_options(spec, max_len=self.max_len, causal=self.causal) if isinstance(spec, str) else {}
+    def _build(self, spec: Spec | PositionalEncoding) -> PositionalEncoding:
+        context = LayerContext(
+            self.num_heads, self.head_dim, self.d_model, causal=self.causal, max_len=self.max_len
         )
-        return build_for_layer(
-            spec, num_heads=self.num_heads, head_dim=self.head_dim, dim=self.d_model, **extra
-        )
+        extra = {}
+        if isinstance(spec, Spec) and not self.causal:  # e.g. ALiBi's symmetric form for an encoder
+            extra = {k: v for k, v in spec.cls.noncausal_options.items() if k not in spec.options}
+        return build_for_layer(spec, context, **extra)
 
-    def _input_encodings(self, specs: list[EncodingSpec]) -> list[PositionalEncoding]:
+    def _input_encodings(self, specs: list[ParsedSpec]) -> list[PositionalEncoding]:
         built: dict[object, PositionalEncoding] = {}
         for spec in specs:
             if spec is None or _kind_of(spec) is not Kind.ABSOLUTE:
                 continue
-            key = spec if isinstance(spec, str) else id(spec)
+            key = str(spec) if isinstance(spec, Spec) else id(spec)
             if key not in built:
                 built[key] = self._build(spec)
         return list(built.values())
 
-    def _layer_encodings(self, specs: list[EncodingSpec]) -> list[PositionalEncoding | None]:
+    def _layer_encodings(self, specs: list[ParsedSpec]) -> list[PositionalEncoding | None]:
         shared: dict[object, PositionalEncoding] = {}
         layers: list[PositionalEncoding | None] = []
         for spec in specs:
@@ -248,10 +233,11 @@ class _Stack(nn.Module):
             if isinstance(spec, PositionalEncoding):
                 layers.append(spec)
                 continue
-            if get_class(parse_spec(spec)[0]).shared_across_layers:
-                if spec not in shared:
-                    shared[spec] = self._build(spec)
-                layers.append(shared[spec])
+            if spec.cls.shared_across_layers:
+                key = str(spec)
+                if key not in shared:
+                    shared[key] = self._build(spec)
+                layers.append(shared[key])
             else:
                 layers.append(self._build(spec))
         return layers

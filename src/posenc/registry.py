@@ -5,8 +5,10 @@
 class's typed ``__init__`` signature and builds the module. Unknown names and unknown or badly
 typed options raise ``ValueError`` naming the option and suggesting the closest valid names.
 
-Layer-supplied options: ``num_heads``, ``head_dim`` and ``dim`` are filled in by the attention
-layer or model (:func:`build_for_layer`) when the class takes them and the user did not give them.
+A spec string is parsed once into a :class:`~posenc.spec.Spec` (the class and its coerced
+options, :func:`resolve`). An attention layer or model builds its encoding with
+:func:`build_for_layer` and a :class:`~posenc.base.LayerContext`; the class declares which of its
+options the layer supplies (``layer_sizes``, ``layer_defaults``), so nothing is filled in by name.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ import difflib
 import inspect
 import types
 import typing
+from contextlib import nullcontext
 from typing import Any, Literal, Union, get_args, get_origin
 
-from .base import PositionalEncoding
+import torch
+
+from .base import KIND_BASES, LayerContext, PositionalEncoding
+from .spec import Spec, format_spec, parse_spec
 
 __all__ = [
     "available",
@@ -28,16 +34,19 @@ __all__ = [
     "options",
     "parse_spec",
     "register",
+    "resolve",
 ]
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
 
-#: Options that the attention layer or model supplies when building an encoding.
-LAYER_OPTIONS = ("num_heads", "head_dim", "dim")
-
 
 def register(name: str):
-    """Class decorator: register an encoding under ``name`` (lower-case, no ``:`` or ``,``)."""
+    """Class decorator: register an encoding under ``name`` (lower-case, no ``:`` or ``,``).
+
+    The class must derive from one of the four kind bases (:class:`~posenc.base.AbsoluteEncoding`,
+    ``RotaryEncoding``, ``BiasEncoding``, ``ContentEncoding``) and implement that kind's hook;
+    ``TypeError`` otherwise.
+    """
     if not name or any(c in name for c in ":,= ") or name != name.lower():
         raise ValueError(f"invalid encoding name {name!r}: use lower-case letters, digits, '_' or '-'")
 
@@ -48,6 +57,7 @@ def register(name: str):
             )
         if not issubclass(cls, PositionalEncoding):
             raise TypeError(f"@register({name!r}) needs a PositionalEncoding subclass, got {cls!r}")
+        _check_contract(name, cls)
         cls.name = name
         if not cls.description:
             cls.description = (inspect.getdoc(cls) or "").split("\n")[0]
@@ -56,6 +66,32 @@ def register(name: str):
         return cls
 
     return decorator
+
+
+def _check_contract(name: str, cls: type[PositionalEncoding]) -> None:
+    """The class derives from exactly one kind base, keeps its kind and implements its hook."""
+    where = f"@register({name!r}): {cls.__qualname__}"
+    bases = [base for base in KIND_BASES.values() if issubclass(cls, base)]
+    if len(bases) != 1:
+        choices = ", ".join(base.__name__ for base in KIND_BASES.values())
+        got = "none of them" if not bases else " and ".join(base.__name__ for base in bases)
+        raise TypeError(f"{where} must derive from exactly one of {choices} (posenc.base), got {got}")
+    base = bases[0]
+    if cls.kind is not base.kind:
+        raise TypeError(f"{where} derives from {base.__name__} but sets kind={cls.kind!r}")
+    if getattr(cls, base.hook) is getattr(base, base.hook):
+        raise TypeError(f"{where} is a {base.__name__} but does not implement {base.hook}()")
+    init = getattr(cls.__init__, "__wrapped__", cls.__init__)
+    params = inspect.signature(init).parameters
+    for option in cls.layer_sizes:
+        if option not in LayerContext.SIZES or option not in params:
+            raise TypeError(
+                f"{where}: layer_sizes entry {option!r} must be one of {LayerContext.SIZES} and an __init__ option"
+            )
+    if cls.derived_buffers and cls.reset_buffers is PositionalEncoding.reset_buffers:
+        raise TypeError(
+            f"{where} declares derived_buffers {cls.derived_buffers} but does not implement reset_buffers()"
+        )
 
 
 def _wrap_init(cls: type[PositionalEncoding]) -> None:
@@ -117,41 +153,6 @@ def _type_hints(cls: type) -> dict[str, Any]:
     init = getattr(cls.__init__, "__wrapped__", cls.__init__)
     module = inspect.getmodule(init)
     return typing.get_type_hints(init, globalns=vars(module) if module else None)
-
-
-# ---------------------------------------------------------------------------- spec strings
-
-
-def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """Split ``"name:key=value,key=value"`` into the name and the raw (string) options.
-
-    List values use ``|`` as separator (``mrope_section=16|24|24``).
-    """
-    if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"encoding spec must be a non-empty string, got {spec!r}")
-    name, _, rest = spec.strip().partition(":")
-    raw: dict[str, str] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"bad option {item!r} in spec {spec!r}: expected key=value")
-        key = key.strip()
-        if key in raw:
-            raise ValueError(f"option {key!r} given twice in spec {spec!r}")
-        raw[key] = value.strip()
-    return name.strip(), raw
-
-
-def format_spec(name: str, config: dict[str, Any]) -> str:
-    """Inverse of :func:`parse_spec` for options with scalar, list or None values."""
-    parts = []
-    for key, value in config.items():
-        if isinstance(value, dict):
-            continue  # dict options (rope_parameters) have no spec-string form
-        if isinstance(value, (list, tuple)):
-            value = "|".join(str(v) for v in value)
-        parts.append(f"{key}={value}")
-    return name + (":" + ",".join(parts) if parts else "")
 
 
 def _coerce(name: str, option: str, value: Any, annotation: Any) -> Any:
@@ -232,12 +233,8 @@ def _type_name(annotation: Any) -> str:
     return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
 
 
-def resolve_options(name: str, given: dict[str, Any], *, layer_fills: bool = False) -> dict[str, Any]:
-    """Check ``given`` against encoding ``name``'s signature and coerce every value to its type.
-
-    ``layer_fills``: the caller (an attention layer) supplies ``num_heads``/``head_dim``/``dim``,
-    so they may be missing here.
-    """
+def _resolve(name: str, given: dict[str, Any]) -> Spec:
+    """Check ``given`` against encoding ``name``'s signature and coerce every value to its type."""
     cls = get_class(name)
     params = options(name)
     hints = _type_hints(cls)
@@ -249,21 +246,49 @@ def resolve_options(name: str, given: dict[str, Any], *, layer_fills: bool = Fal
                 f"{name}: unknown option {option!r}{_suggest(option, valid)}; valid options: {', '.join(valid) or 'none'}"
             )
         resolved[option] = _coerce(name, option, value, hints.get(option, params[option].annotation))
-    missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in resolved]
-    if layer_fills:
-        missing = [k for k in missing if k not in LAYER_OPTIONS]
+    return Spec(cls, resolved)
+
+
+def _check_required(spec: Spec, options_: dict[str, Any]) -> None:
+    """``ValueError`` naming every required option missing from ``options_``."""
+    params = options(spec.name)
+    missing = [k for k, p in params.items() if p.default is inspect.Parameter.empty and k not in options_]
     if missing:
-        from_layer = [m for m in missing if m in LAYER_OPTIONS]
+        from_layer = [m for m in missing if m in spec.cls.layer_sizes]
         hint = (
             f" ({', '.join(from_layer)} is filled in by an attention layer; give it to build the encoding on its own)"
             if from_layer
             else ""
         )
-        raise ValueError(f"{name}: missing required option(s) {', '.join(repr(m) for m in missing)}{hint}")
-    return resolved
+        raise ValueError(
+            f"{spec.name}: missing required option(s) {', '.join(repr(m) for m in missing)}{hint}"
+        )
 
 
-def build(spec: str | PositionalEncoding, /, **options_: Any) -> PositionalEncoding:
+def resolve(spec: str | Spec, /, **options_: Any) -> Spec:
+    """Parse a spec string once and check and coerce its options (plus keyword ``options_``).
+
+    Required options may be missing here (a layer may supply them); :func:`build` checks them.
+
+    Raises:
+        ValueError: unknown name or option, a badly typed value, an option both in the spec
+            string and in ``options_``.
+    """
+    name, given = _split(spec)
+    overlap = set(given) & set(options_)
+    if overlap:
+        raise ValueError(f"{name}: option(s) {sorted(overlap)} given both in the spec string and as keywords")
+    return _resolve(name, {**given, **options_})
+
+
+def _split(spec: str | Spec) -> tuple[str, dict[str, Any]]:
+    """The name and the options of a spec string (raw strings) or a :class:`Spec` (coerced values)."""
+    if isinstance(spec, Spec):
+        return spec.name, dict(spec.options)
+    return parse_spec(spec)
+
+
+def build(spec: str | Spec | PositionalEncoding, /, **options_: Any) -> PositionalEncoding:
     """Build an encoding from a name or spec string plus keyword options.
 
     >>> enc = build("t5", num_heads=8, num_buckets=32, max_distance=128, bidirectional=True)
@@ -276,40 +301,51 @@ def build(spec: str | PositionalEncoding, /, **options_: Any) -> PositionalEncod
         if options_:
             raise ValueError(f"options {sorted(options_)} given with an already built encoding {spec.name!r}")
         return spec
-    name, raw = parse_spec(spec)
-    overlap = set(raw) & set(options_)
-    if overlap:
-        raise ValueError(f"{name}: option(s) {sorted(overlap)} given both in the spec string and as keywords")
-    resolved = resolve_options(name, {**raw, **options_})
-    return get_class(name)(**resolved)
+    parsed = resolve(spec, **options_)
+    _check_required(parsed, parsed.options)
+    return parsed.cls(**parsed.options)
 
 
 def build_for_layer(
-    spec: str | PositionalEncoding | None, *, num_heads: int, head_dim: int, dim: int, **extra: Any
+    spec: str | Spec | PositionalEncoding | None,
+    context: LayerContext | None = None,
+    *,
+    num_heads: int | None = None,
+    head_dim: int | None = None,
+    dim: int | None = None,
+    **extra: Any,
 ) -> PositionalEncoding:
-    """Build an encoding for an attention layer, filling in ``num_heads``/``head_dim``/``dim``.
+    """Build an encoding for the attention layer described by ``context``.
 
-    A layer option given in the spec must agree with the layer (``ValueError`` naming it otherwise).
-    ``None`` means ``"nope"``.
+    The class takes the options it declares from the layer (``layer_sizes``: the layer's own
+    sizes, which a spec may only repeat; ``layer_defaults``: suggestions such as a table size,
+    which a spec overrides), then the encoding is moved to ``context.device``/``context.dtype``.
+    ``extra`` options override those of the spec. ``None`` means ``"nope"``. A built encoding is
+    checked against the layer and returned (moved as well).
+
+    ``num_heads``/``head_dim``/``dim`` build the context when none is given (the older form).
+
+    Raises:
+        ValueError: a layer size given in the spec or encoding differs from the layer's, or any
+            error of :func:`resolve`.
     """
+    if context is None:
+        if num_heads is None or head_dim is None or dim is None:
+            raise ValueError("build_for_layer needs a LayerContext (or num_heads, head_dim and dim)")
+        context = LayerContext(num_heads=num_heads, head_dim=head_dim, dim=dim)
     if spec is None:
         spec = "nope"
-    supplied = {"num_heads": num_heads, "head_dim": head_dim, "dim": dim}
     if isinstance(spec, PositionalEncoding):
-        for key, value in supplied.items():
-            have = spec.config().get(key)
-            if have is not None and have != value:
-                raise ValueError(
-                    f"{spec.name}: encoding was built with {key}={have} but the layer has {key}={value}"
-                )
-        return spec
-    name, raw = parse_spec(spec)
-    params = options(name)
-    resolved = resolve_options(name, {**raw, **extra}, layer_fills=True)
-    for key, value in supplied.items():
-        if key not in params:
-            continue
-        if key in resolved and resolved[key] != value:
-            raise ValueError(f"{name}: spec sets {key}={resolved[key]} but the layer has {key}={value}")
-        resolved[key] = value
-    return get_class(name)(**resolved)
+        spec.check_layer(context)
+        encoding = spec
+    else:
+        name, given = _split(spec)
+        parsed = _resolve(name, {**given, **extra})  # extra options override the spec's
+        filled = parsed.cls.options_for_layer(context, parsed.options)
+        _check_required(parsed, filled)
+        with torch.device(context.device) if context.device is not None else nullcontext():
+            encoding = parsed.cls(**filled)
+    if context.device is not None or context.dtype is not None:
+        move = {k: v for k, v in (("device", context.device), ("dtype", context.dtype)) if v is not None}
+        encoding.to(**move)
+    return encoding

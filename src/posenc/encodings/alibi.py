@@ -29,13 +29,12 @@ eager, sdpa and blocked backends and the flex ``score_mod``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor
 
-from ..base import Kind, PositionalEncoding
+from ..base import BiasEncoding
 from ..registry import register
 
 __functional__ = ["alibi_slopes"]
@@ -65,10 +64,11 @@ def alibi_slopes(num_heads: int) -> Tensor:
 
 
 @register("alibi")
-class ALiBi(PositionalEncoding):
+class ALiBi(BiasEncoding):
     """Linear distance penalty per head, no position embedding (Press et al. 2022)."""
 
-    kind = Kind.BIAS
+    layer_sizes = ("num_heads",)
+    derived_buffers = ("slopes",)
     shift_invariant = True
     noncausal_options = {"mode": "symmetric"}
 
@@ -82,13 +82,11 @@ class ALiBi(PositionalEncoding):
         # layer refuses it in non-causal and cross-attention (use mode="symmetric" there).
         self.causal_only = mode == "causal"
         self.slopes: Tensor
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        self.reset_buffers()
 
-    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> ALiBi:
-        # ``.to(bf16)``/``.half()`` would round the slopes; rebuild them in float32 on the new device.
-        super()._apply(fn, recurse)
-        self.slopes = alibi_slopes(self.num_heads).to(self.slopes.device)
-        return self
+    def reset_buffers(self) -> None:
+        """The slopes ``[H]`` in float32 (``.to(bf16)`` would round them)."""
+        self.set_derived("slopes", alibi_slopes(self.num_heads))
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``−m_head·(q_pos − k_pos)`` (causal) or ``−m_head·|q_pos − k_pos|`` (symmetric), float32."""

@@ -24,7 +24,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..base import Kind, PositionalEncoding
+from ..base import RotaryEncoding
+from ..kernels.rope import RotaryTables
 from ..registry import register
 from .rope import _apply_cos_sin, _check_pairing, rope_inv_freq
 from .sinusoidal2d import grid_row_col
@@ -42,10 +43,11 @@ def axial_rope_cos_sin(rows: Tensor, cols: Tensor, inv_freq: Tensor) -> tuple[Te
 
 
 @register("axial_rope")
-class AxialRoPE(PositionalEncoding):
+class AxialRoPE(RotaryEncoding):
     """Axial 2-D RoPE for image patches (Qwen2-VL vision): half the pairs rotate with the row, half with the column."""
 
-    kind = Kind.ROTARY
+    layer_sizes = ("head_dim",)
+    derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     example_options = {"grid_width": 4}
 
     def __init__(
@@ -66,16 +68,22 @@ class AxialRoPE(PositionalEncoding):
         if grid_width <= 0:
             raise ValueError(f"axial_rope: grid_width must be positive, got grid_width={grid_width}")
         self.head_dim, self.grid_width, self.base, self.pairing = head_dim, grid_width, float(base), pairing
-        self.register_buffer("inv_freq", rope_inv_freq(head_dim // 2, base)[0], persistent=False)
+        self.tables = RotaryTables()
+        self.reset_buffers()
 
-    def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
-        super()._apply(fn, recurse)  # keep the frequencies float32 after a dtype cast
-        self.inv_freq = rope_inv_freq(self.head_dim // 2, self.base)[0].to(self.inv_freq.device)
-        return self
+    def reset_buffers(self) -> None:
+        """The per-axis frequencies ``[D/4]`` and their ``cos``/``sin`` tables, in float32."""
+        self.tables.reset(rope_inv_freq(self.head_dim // 2, self.base)[0].to(self.buffer_device))
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """The per-axis frequencies ``[D/4]`` (float32)."""
+        return self.tables.inv_freq
 
     def _rotate_one(self, x: Tensor, positions: Tensor) -> Tensor:
         rows, cols = grid_row_col(positions, self.grid_width)
-        cos, sin = axial_rope_cos_sin(rows, cols, self.inv_freq)
+        (row_cos, row_sin), (col_cos, col_sin) = self.tables.tables(rows), self.tables.tables(cols)
+        cos, sin = torch.cat((row_cos, col_cos), dim=-1), torch.cat((row_sin, col_sin), dim=-1)
         return _apply_cos_sin(x, cos, sin, self.pairing)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import ContentEncoding
 from ..registry import register
 
 __functional__ = ["cope_positions", "cope_interpolate"]
@@ -49,10 +49,10 @@ def cope_interpolate(position_logits: Tensor, positions: Tensor) -> Tensor:
 
 
 @register("cope")
-class CoPE(PositionalEncoding):
+class CoPE(ContentEncoding):
     """CoPE (Golovneva et al. 2024): positions counted by sigmoid gates of the logits; causal only."""
 
-    kind = Kind.CONTENT
+    layer_sizes = ("head_dim",)
     shift_invariant = True
     causal_only = True
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import ContentEncoding
 from ..registry import register
 
 __functional__ = ["deberta_log_bucket", "deberta_att_span", "deberta_relative_index"]
@@ -103,10 +103,10 @@ def deberta_relative_index(
 
 
 @register("deberta")
-class DebertaDisentangled(PositionalEncoding):
+class DebertaDisentangled(ContentEncoding):
     """DeBERTa-v2 disentangled attention: content-to-position and position-to-content terms on log buckets."""
 
-    kind = Kind.CONTENT
+    layer_sizes = ("dim", "num_heads", "head_dim")
     shift_invariant = True
     shared_across_layers = True
     #: A small table (16 rows) so the contract tests' float64 gradcheck stays quick; log buckets

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import BiasEncoding
 from ..registry import register
 
 __functional__ = ["fire_input"]
@@ -37,10 +37,10 @@ def fire_input(q_pos: Tensor, k_pos: Tensor, c: Tensor, threshold: Tensor, eps: 
 
 
 @register("fire")
-class FIRE(PositionalEncoding):
+class FIRE(BiasEncoding):
     """FIRE (Li et al. 2023): an MLP of the log-normalised distance gives each head's bias; causal only."""
 
-    kind = Kind.BIAS
+    layer_sizes = ("num_heads",)
     causal_only = True
 
     def __init__(

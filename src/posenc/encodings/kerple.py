@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import BiasEncoding
 from ..registry import register
 
 __functional__ = ["kerple_bias"]
@@ -53,10 +53,10 @@ def kerple_bias(distance: Tensor, p: Tensor, a: Tensor, variant: Variant = "log"
 
 
 @register("kerple")
-class Kerple(PositionalEncoding):
+class Kerple(BiasEncoding):
     """Kerple (Chi et al. 2022): learnable log or power kernel of the causal distance, per head."""
 
-    kind = Kind.BIAS
+    layer_sizes = ("num_heads",)
     shift_invariant = True
     causal_only = True
 

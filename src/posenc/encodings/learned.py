@@ -17,11 +17,13 @@ Kind ABSOLUTE: added to the input, so attention itself is plain (sdpa or eager).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import AbsoluteEncoding, LayerContext
 from ..registry import register
 
 __functional__ = ["resample_positions"]
@@ -51,10 +53,15 @@ def resample_positions(table: Tensor, new_len: int) -> Tensor:
 
 
 @register("learned")
-class Learned(PositionalEncoding):
+class Learned(AbsoluteEncoding):
     """Trainable absolute position table added to the layer input (BERT, GPT-2)."""
 
-    kind = Kind.ABSOLUTE
+    layer_sizes = ("dim",)
+
+    @classmethod
+    def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:
+        """The table size ``max_len`` is the model's (when it has one)."""
+        return {} if ctx.max_len is None else {"max_len": ctx.max_len}
 
     def __init__(self, dim: int, max_len: int = 512) -> None:
         """Args: ``dim`` the model width (filled in by the layer); ``max_len`` rows of the table."""

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import BiasEncoding
 from ..registry import register
 
 __functional__ = ["log_distance"]
@@ -59,10 +59,10 @@ def _select_head(per_head: Tensor, head: Tensor) -> Tensor:
 
 
 @register("mlp_bias")
-class MLPBias(PositionalEncoding):
+class MLPBias(BiasEncoding):
     """Dynamic position bias (x-transformers DynamicPositionBias): an MLP of i - j gives each head's bias."""
 
-    kind = Kind.BIAS
+    layer_sizes = ("num_heads", "dim")
     shift_invariant = True
 
     def __init__(

@@ -31,7 +31,8 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ..base import Kind, PositionalEncoding
+from ..base import RotaryEncoding
+from ..kernels.rope import RotaryTables
 from ..registry import register
 from .rope import _apply_cos_sin, rope_inv_freq
 
@@ -59,9 +60,14 @@ def mrope_cos_sin(position_ids: Tensor, inv_freq: Tensor, mrope_section: list[in
         raise ValueError(f"mrope: position_ids must have shape [3, B, T], got {tuple(position_ids.shape)}")
     inv_freq = inv_freq.to(device=position_ids.device, dtype=torch.float32)
     angles = position_ids.to(torch.float32)[..., None] * inv_freq  # [3, B, T, d/2]
-    bands = angles.split(list(mrope_section), dim=-1)
-    mixed = torch.cat([band[index % 3] for index, band in enumerate(bands)], dim=-1)
+    mixed = _mix_bands(angles, mrope_section)
     return mixed.cos(), mixed.sin()
+
+
+def _mix_bands(per_axis: Tensor, mrope_section: list[int]) -> Tensor:
+    """``[3, B, T, d/2] -> [B, T, d/2]``: band ``s`` of the last axis taken from axis ``s mod 3``."""
+    bands = per_axis.split(list(mrope_section), dim=-1)
+    return torch.cat([band[index % 3] for index, band in enumerate(bands)], dim=-1)
 
 
 def mrope_grid_ids(start: int, grid_t: int, grid_h: int, grid_w: int, temporal_interval: int = 1) -> Tensor:
@@ -77,10 +83,11 @@ def mrope_grid_ids(start: int, grid_t: int, grid_h: int, grid_w: int, temporal_i
 
 
 @register("mrope")
-class MRoPE(PositionalEncoding):
+class MRoPE(RotaryEncoding):
     """Qwen2-VL M-RoPE: RoPE frequency bands driven by (t, h, w) position ids; text tokens get 1-D RoPE."""
 
-    kind = Kind.ROTARY
+    layer_sizes = ("head_dim",)
+    derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
 
     def __init__(self, head_dim: int, base: float = 10000.0, mrope_section: list[int] | None = None) -> None:
@@ -93,12 +100,22 @@ class MRoPE(PositionalEncoding):
         _check_section(section, head_dim)
         self.head_dim, self.base, self.mrope_section = head_dim, float(base), section
         self._ids: Tensor | None = None
-        self.register_buffer("inv_freq", rope_inv_freq(head_dim, base)[0], persistent=False)
+        self.tables = RotaryTables()
+        self.reset_buffers()
 
-    def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
-        super()._apply(fn, recurse)  # keep the frequencies float32 after a dtype cast
-        self.inv_freq = rope_inv_freq(self.head_dim, self.base)[0].to(self.inv_freq.device)
-        return self
+    def reset_buffers(self) -> None:
+        """The frequencies ``[D/2]`` and their ``cos``/``sin`` tables, in float32."""
+        self.tables.reset(rope_inv_freq(self.head_dim, self.base)[0].to(self.buffer_device))
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """The frequencies ``[D/2]`` (float32)."""
+        return self.tables.inv_freq
+
+    def _cos_sin(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
+        """``cos``/``sin`` ``[B, T, D/2]`` of 3-axis ids ``[3, B, T]`` from the cached tables."""
+        cos, sin = self.tables.tables(position_ids)  # [3, B, T, D/2]
+        return _mix_bands(cos, self.mrope_section), _mix_bands(sin, self.mrope_section)
 
     @contextlib.contextmanager
     def position_ids(self, ids: Tensor) -> Iterator[None]:
@@ -130,10 +147,8 @@ class MRoPE(PositionalEncoding):
             raise ValueError(
                 f"mrope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-        q_cos, q_sin = mrope_cos_sin(
-            self._axes(q_pos, q.shape[2], "queries"), self.inv_freq, self.mrope_section
-        )
-        k_cos, k_sin = mrope_cos_sin(self._axes(k_pos, k.shape[2], "keys"), self.inv_freq, self.mrope_section)
+        q_cos, q_sin = self._cos_sin(self._axes(q_pos, q.shape[2], "queries"))
+        k_cos, k_sin = self._cos_sin(self._axes(k_pos, k.shape[2], "keys"))
         return _apply_cos_sin(q, q_cos, q_sin, "half"), _apply_cos_sin(k, k_cos, k_sin, "half")
 
     def preview(self) -> str:

@@ -10,17 +10,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import Kind, PositionalEncoding
+from ..base import AbsoluteEncoding
 from ..registry import register
 
 __functional__: list[str] = []
 
 
 @register("nope")
-class NoPE(PositionalEncoding):
+class NoPE(AbsoluteEncoding):
     """No positional encoding: attention sees order only through the causal mask."""
 
-    kind = Kind.ABSOLUTE
     shift_invariant = True
 
     def __init__(self) -> None:

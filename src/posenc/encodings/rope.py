@@ -32,10 +32,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..base import Kind, PositionalEncoding
-from ..kernels.rope import apply_rotary
+from ..base import RotaryEncoding
+from ..kernels.rope import RotaryTables, apply_rotary, rotary_cos_sin
 from ..registry import register
-from .rope_scaling import LENGTH_DEPENDENT, rope_scaled_inv_freq
+from ..spec import format_spec
+from .rope_scaling import RopeScaling, rope_scaled_inv_freq
 
 __functional__ = ["rope_inv_freq", "apply_rope", "convert_rope_pairing", "rope_cos_sin"]
 
@@ -77,12 +78,7 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_scale: float = 1
 
     Computed in float32, or float64 when ``inv_freq`` is float64; never in a lower precision.
     """
-    dtype = torch.promote_types(inv_freq.dtype, torch.float32)
-    angles = positions.to(dtype)[..., None] * inv_freq.to(device=positions.device, dtype=dtype)
-    cos, sin = angles.cos(), angles.sin()
-    if attention_scale != 1.0:
-        cos, sin = cos * attention_scale, sin * attention_scale
-    return cos, sin
+    return rotary_cos_sin(positions, inv_freq, attention_scale)
 
 
 def _check_pairing(pairing: str) -> None:
@@ -191,7 +187,7 @@ def convert_rope_pairing(
 
 
 @register("rope")
-class RoPE(PositionalEncoding):
+class RoPE(RotaryEncoding):
     """Rotary position embedding (RoFormer): rotates q and k; half or interleaved pairing, partial, scaled.
 
     Args:
@@ -199,19 +195,26 @@ class RoPE(PositionalEncoding):
         base: ``θ`` base ("rope_theta").
         pairing: ``"half"`` (GPT-NeoX/Llama) or ``"interleaved"`` (paper/GPT-J).
         rotary_dim: rotate only the first ``rotary_dim`` channels (default: all).
-        cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand.
+        cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand
+            (up to a bound, past which positions are computed directly: :class:`RotaryTables`).
         scaling: ``None``/``"default"``, ``"linear"``, ``"ntk"``, ``"dynamic"``, ``"yarn"``,
             ``"llama3"`` or ``"longrope"`` (docs/conventions.md §7.5).
         factor, original_max_position_embeddings, max_position_embeddings, beta_fast, beta_slow,
         mscale, mscale_all_dim, attention_factor, truncate, low_freq_factor, high_freq_factor,
-        short_factor, long_factor: the scaling's parameters (HF ``rope_parameters`` names).
+        short_factor, long_factor: the scaling's parameters (HF ``rope_parameters`` names), gathered
+            into one :class:`RopeScaling` (:attr:`scaling`).
         rope_parameters: an HF ``rope_parameters`` dict used as it is (its ``rope_theta`` and
             ``partial_rotary_factor`` set the base and rotary width); exclusive with ``scaling`` and
             its options, except ``max_position_embeddings`` (HF's model-level length, read by
             ``dynamic`` and by yarn/longrope/llama3 when ``original_max_position_embeddings`` is absent).
+
+    The scaling options stay flat keyword options (not one ``RopeScaling`` argument) because the
+    registry's schema is this typed signature: spec strings such as
+    ``rope:scaling=yarn,factor=4,original_max_position_embeddings=4096`` name them directly.
     """
 
-    kind = Kind.ROTARY
+    layer_sizes = ("head_dim",)
+    derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
 
     def __init__(
@@ -245,34 +248,18 @@ class RoPE(PositionalEncoding):
             raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
         if cache_size <= 0:
             raise ValueError(f"rope: cache_size must be positive, got {cache_size}")
+        given = locals()  # the scaling options, by their RopeScaling names
+        self.scaling, self._base, self._partial = _scaling_of(
+            base, scaling, rope_parameters, {k: given[k] for k in RopeScaling.OPTIONS}
+        )
+        self._rotary_dim_option = rotary_dim
+        if rotary_dim is not None and self._partial is not None:
+            raise ValueError("rope: give rotary_dim or rope_parameters['partial_rotary_factor'], not both")
         self.head_dim: int | None = None
         self.pairing = pairing
-        self._cache_size = cache_size
-        self._seq_len: int | None = (
-            None  # the length the frequencies were computed for (length-dependent types)
-        )
-        self._frequency_options: dict[str, Any] = {
-            "base": base,
-            "rotary_dim": rotary_dim,
-            "scaling": scaling,
-            "rope_parameters": rope_parameters,
-            "factor": factor,
-            "original_max_position_embeddings": original_max_position_embeddings,
-            "max_position_embeddings": max_position_embeddings,
-            "beta_fast": beta_fast,
-            "beta_slow": beta_slow,
-            "mscale": mscale,
-            "mscale_all_dim": mscale_all_dim,
-            "attention_factor": attention_factor,
-            "truncate": truncate,
-            "low_freq_factor": low_freq_factor,
-            "high_freq_factor": high_freq_factor,
-            "short_factor": short_factor,
-            "long_factor": long_factor,
-        }
-        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
-        self.register_buffer("cos_cached", torch.empty(0), persistent=False)
-        self.register_buffer("sin_cached", torch.empty(0), persistent=False)
+        self.attention_scale = 1.0
+        self._seq_len: int | None = None  # the length the frequencies were computed for (dynamic, longrope)
+        self.tables = RotaryTables(cache_size=cache_size)
         if head_dim is not None:
             self.bind(head_dim)
 
@@ -280,6 +267,26 @@ class RoPE(PositionalEncoding):
     def is_bound(self) -> bool:
         """Whether ``head_dim`` is known (given, or taken from the first layer or call)."""
         return self.head_dim is not None
+
+    @property
+    def rope_type(self) -> str:
+        """The scaling type (``"default"`` without scaling)."""
+        return self.scaling.type
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """The frequencies ``[rotary_dim/2]`` (float32) of the current length."""
+        return self.tables.inv_freq
+
+    @property
+    def cos_cached(self) -> Tensor:
+        """The cached ``cos`` table ``[rows, rotary_dim/2]`` (float32)."""
+        return self.tables.cos
+
+    @property
+    def sin_cached(self) -> Tensor:
+        """The cached ``sin`` table ``[rows, rotary_dim/2]`` (float32)."""
+        return self.tables.sin
 
     def bind(self, head_dim: int) -> None:
         """Fix ``head_dim``, check every option against it and build the float32 tables.
@@ -294,65 +301,30 @@ class RoPE(PositionalEncoding):
                     f"rope: built for head_dim={self.head_dim}, the layer has head_dim={head_dim}"
                 )
             return
-        options = dict(self._frequency_options)
-        self.scaling_config = self._scaling_config(
-            head_dim,
-            options.pop("base"),
-            options.pop("rotary_dim"),
-            options.pop("scaling"),
-            options.pop("rope_parameters"),
-            **options,
-        )
-        self.rope_type: str = self.scaling_config.get("rope_type", "default")
-        inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config, None)
-        rotary_dim = 2 * inv_freq.shape[0]
-        if rotary_dim > head_dim:
-            raise ValueError(f"rope: rotary_dim={rotary_dim} exceeds head_dim={head_dim}")
-        self.head_dim, self.rotary_dim = head_dim, rotary_dim
-        self.inv_freq = inv_freq.to(self.inv_freq.device)
-        self.build_cache(self._cache_size)
+        self.scaling_config = self._config_for(head_dim)
+        inv_freq, _ = rope_scaled_inv_freq(self.scaling_config, None)  # validates every option
+        self.rotary_dim = 2 * inv_freq.shape[0]
+        if self.rotary_dim > head_dim:
+            raise ValueError(f"rope: rotary_dim={self.rotary_dim} exceeds head_dim={head_dim}")
+        self.head_dim = head_dim
+        self.reset_buffers()
 
     def init_layer(self, layer) -> None:
         self.bind(layer.head_dim)
 
-    @staticmethod
-    def _scaling_config(
-        head_dim: int,
-        base: float,
-        rotary_dim: int | None,
-        scaling: str | None,
-        rope_parameters: dict | None,
-        **params: Any,
-    ) -> dict[str, Any]:
-        """The HF-style config dict read by :mod:`rope_scaling` (one source for both ways of configuring)."""
-        given = {k: v for k, v in params.items() if v is not None}
-        if rope_parameters is not None:
-            # HF keeps max_position_embeddings on the model config, outside rope_parameters.
-            model_level = {k: given.pop(k) for k in ("max_position_embeddings",) if k in given}
-            if scaling is not None or given:
-                raise ValueError(
-                    f"rope: give either rope_parameters or scaling options, not both (got rope_parameters and "
-                    f"{', '.join(['scaling'] * (scaling is not None) + sorted(given))})"
-                )
-            config = {"rope_theta": base, **model_level, **rope_parameters}
-            config.setdefault("rope_type", config.get("type", "default"))
-        else:
-            if given and scaling in (None, "default"):
-                raise ValueError(
-                    f"rope: option(s) {', '.join(sorted(given))} need a scaling type, e.g. scaling='yarn'"
-                )
-            config = {"rope_theta": base, "rope_type": scaling or "default", **given}
+    def _config_for(self, head_dim: int) -> dict[str, Any]:
+        """The HF-style config dict read by :mod:`rope_scaling` for this ``head_dim``."""
+        config: dict[str, Any] = {"rope_theta": self._base, **self.scaling.config()}
+        if self._partial is not None:
+            config["partial_rotary_factor"] = self._partial
+        rotary_dim = self._rotary_dim_option
         if rotary_dim is not None:
-            if config.get("partial_rotary_factor") is not None:
-                raise ValueError(
-                    "rope: give rotary_dim or rope_parameters['partial_rotary_factor'], not both"
-                )
             if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
                 raise ValueError(
                     f"rope: rotary_dim must be even and in (0, head_dim={head_dim}], got rotary_dim={rotary_dim}"
                 )
             config["rotary_dim"] = rotary_dim
-        elif config.get("partial_rotary_factor") is None and head_dim % 2:
+        elif self._partial is None and head_dim % 2:
             raise ValueError(
                 f"rope: head_dim must be even (channels rotate in pairs), got head_dim={head_dim}"
             )
@@ -360,84 +332,41 @@ class RoPE(PositionalEncoding):
         return config
 
     # ------------------------------------------------------------------ config
-    _TYPED_SCALING_KEYS = (
-        "factor",
-        "original_max_position_embeddings",
-        "max_position_embeddings",
-        "beta_fast",
-        "beta_slow",
-        "mscale",
-        "mscale_all_dim",
-        "attention_factor",
-        "truncate",
-        "low_freq_factor",
-        "high_freq_factor",
-        "short_factor",
-        "long_factor",
-    )
-
     def config(self) -> dict[str, Any]:
         """The options this instance was built with, leaving out those left at None."""
         return {k: v for k, v in self._config.items() if v is not None}
 
     def spec(self) -> str:
         """A spec string that rebuilds this encoding; an HF ``rope_parameters`` dict becomes typed options."""
-        from ..registry import format_spec
-
         config = self.config()
         if "rope_parameters" in config:
             del config["rope_parameters"]
-            sc = self.scaling_config
-            config["base"] = float(sc.get("rope_theta") or 10000.0)
-            if self.rotary_dim != self.head_dim:
+            config["base"] = self._base
+            if self.is_bound and self.rotary_dim != self.head_dim:
                 config["rotary_dim"] = self.rotary_dim
             if self.rope_type != "default":
                 config["scaling"] = self.rope_type
-            config.update({k: sc[k] for k in self._TYPED_SCALING_KEYS if sc.get(k) is not None})
+            config.update(self.scaling.options())
         return format_spec(self.name, config)
 
     # ------------------------------------------------------------------ tables
-    def build_cache(self, length: int, device: torch.device | None = None) -> None:
-        """(Re)build the float32 ``cos``/``sin`` tables ``[length, rotary_dim/2]`` from ``inv_freq``."""
-        device = device or self.inv_freq.device
-        self.inv_freq = self.inv_freq.to(device=device, dtype=torch.float32)
-        positions = torch.arange(length, device=device)
-        cos, sin = rope_cos_sin(positions, self.inv_freq, self.attention_scale)
-        self.cos_cached, self.sin_cached = cos, sin
-
-    def reset_tables(self, device: torch.device | None = None) -> None:
-        """Recompute ``inv_freq`` and the ``cos``/``sin`` tables in float32 (after a dtype cast of the module)."""
-        device = device or self.inv_freq.device
-        inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config, self._seq_len)
-        self.inv_freq = inv_freq.to(device)
-        self.build_cache(max(self._cache_size, self.cos_cached.shape[0]), device)
-
-    def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
-        # ``module.to(torch.bfloat16)`` casts buffers; the angle tables must stay float32.
-        super()._apply(fn, recurse)
-        if (self.is_bound and self.inv_freq.dtype != torch.float32) or self.cos_cached.dtype != torch.float32:
-            self.reset_tables(self.inv_freq.device)
-        return self
-
-    def _refresh_frequencies(self, seq_len: int, device: torch.device) -> None:
-        """Length-dependent types (dynamic, longrope): recompute from the current length, as HF does per forward."""
-        if self.rope_type not in LENGTH_DEPENDENT or seq_len == self._seq_len:
+    def reset_buffers(self) -> None:
+        """Recompute the frequencies and the ``cos``/``sin`` tables in float32 (empty while unbound)."""
+        if not self.is_bound:
+            self.tables.reset(None)
             return
-        inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config, seq_len)
-        self.inv_freq = inv_freq.to(device)
-        self._seq_len = seq_len
-        self.build_cache(max(self._cache_size, seq_len), device)
+        inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config, self._seq_len)
+        self.tables.reset(inv_freq.to(self.buffer_device), self.attention_scale)
+
+    def _refresh_frequencies(self, seq_len: int) -> None:
+        """Length-dependent types (dynamic, longrope): recompute from the current length, as HF does per forward."""
+        if seq_len != self._seq_len:
+            self._seq_len = seq_len
+            self.reset_buffers()
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Float32 ``cos``/``sin`` ``[B, T, rotary_dim/2]`` for integer ``positions [B, T]`` (tables grow on demand)."""
-        top = int(positions.max()) + 1 if positions.numel() else 1
-        stale = self.cos_cached.dtype != torch.float32 or self.cos_cached.device != positions.device
-        if stale or top > self.cos_cached.shape[0]:
-            size = self.cos_cached.shape[0]
-            while size < top:
-                size *= 2
-            self.build_cache(max(size, self._cache_size, top), positions.device)
-        return self.cos_cached[positions], self.sin_cached[positions]
+        """Float32 ``cos``/``sin`` ``[B, T, rotary_dim/2]`` for integer ``positions [B, T]``."""
+        return self.tables.tables(positions)
 
     # ------------------------------------------------------------------ hook
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
@@ -446,10 +375,10 @@ class RoPE(PositionalEncoding):
             raise ValueError(
                 f"rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-        if self.rope_type in LENGTH_DEPENDENT:
+        if self.scaling.length_dependent:
             # One length for the whole call (max position + 1), so q and k see the same frequencies.
             both = torch.cat((q_pos.reshape(-1), k_pos.reshape(-1)))
-            self._refresh_frequencies(int(both.max()) + 1 if both.numel() else 1, both.device)
+            self._refresh_frequencies(int(both.max()) + 1 if both.numel() else 1)
         q_cos, q_sin = self.cos_sin(q_pos)
         k_cos, k_sin = self.cos_sin(k_pos)
         return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
@@ -465,3 +394,26 @@ class RoPE(PositionalEncoding):
             f"wavelengths 2π/θ: shortest {2 * torch.pi / float(self.inv_freq.max()):.4g}, "
             f"longest {2 * torch.pi / float(self.inv_freq.min().clamp_min(1e-30)):.4g} positions"
         )
+
+
+def _scaling_of(
+    base: float, scaling: str | None, rope_parameters: dict | None, options: dict[str, Any]
+) -> tuple[RopeScaling, float, float | None]:
+    """``(RopeScaling, base, partial_rotary_factor)`` from RoPE's typed options or an HF dict."""
+    if rope_parameters is None:
+        return RopeScaling.from_options(scaling, **options), float(base), None
+    given = {k: v for k, v in options.items() if v is not None}
+    # HF keeps max_position_embeddings on the model config, outside rope_parameters.
+    model_level = {k: given.pop(k) for k in ("max_position_embeddings",) if k in given}
+    if scaling is not None or given:
+        raise ValueError(
+            f"rope: give either rope_parameters or scaling options, not both (got rope_parameters and "
+            f"{', '.join(['scaling'] * (scaling is not None) + sorted(given))})"
+        )
+    config = {"rope_theta": base, **model_level, **rope_parameters}
+    theta = config.get("rope_theta")
+    return (
+        RopeScaling.from_config(config),
+        float(10000.0 if theta is None else theta),
+        config.get("partial_rotary_factor"),
+    )

@@ -34,13 +34,18 @@ Types (docs/conventions.md §7.5):
   (or the DeepSeek ``mscale`` ratio).
 * ``llama3``: Llama 3.1 wavelength bands (keep / smooth / divide by ``s``).
 * ``longrope``: per-frequency ``short_factor`` / ``long_factor`` lists chosen by ``seq_len``.
+
+:class:`RopeScaling` carries a type and its options for the RoPE encoding. Each type registers,
+next to its function, an example configuration (:func:`rope_scaling_example`) that the figures
+draw, so a new type appears in them without any other change.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any
+from dataclasses import asdict, dataclass, fields
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -48,19 +53,106 @@ from torch import Tensor
 __functional__ = ["rope_scaling_types", "rope_scaled_inv_freq"]
 
 ScalingFunction = Callable[[dict[str, Any], "int | None"], tuple[Tensor, float]]
+#: ``example(original, pairs, factor) -> (options, seq_len)``: a configuration of the type for a
+#: model pretrained at ``original`` positions with ``pairs`` rotary pairs, extended by ``factor``,
+#: and the sequence length to evaluate it at (None: any; length-dependent types need one).
+ScalingExample = Callable[[int, int, float], "tuple[dict[str, Any], int | None]"]
 
 _SCALINGS: dict[str, ScalingFunction] = {}
+_EXAMPLES: dict[str, ScalingExample] = {}
 
 #: Types that change their frequencies with the current sequence length.
 LENGTH_DEPENDENT = frozenset({"dynamic", "longrope"})
 
 
-def _scaling(name: str) -> Callable[[ScalingFunction], ScalingFunction]:
+def _scaling(name: str, *, example: ScalingExample) -> Callable[[ScalingFunction], ScalingFunction]:
+    """Register scaling function ``name`` with its ``example`` configuration (for the figures)."""
+    if not callable(example):
+        raise TypeError(f"RoPE scaling {name!r}: example must be a function (original, pairs, factor)")
+
     def decorator(fn: ScalingFunction) -> ScalingFunction:
         _SCALINGS[name] = fn
+        _EXAMPLES[name] = example
         return fn
 
     return decorator
+
+
+def rope_scaling_example(
+    rope_type: str, original: int, rotary_dim: int, factor: float
+) -> tuple[dict[str, Any], int | None]:
+    """The example configuration of ``rope_type`` (an HF ``rope_parameters`` dict) and its sequence length.
+
+    Raises:
+        ValueError: unknown type.
+    """
+    if rope_type not in _EXAMPLES:
+        raise ValueError(f"unknown RoPE scaling {rope_type!r}; available: {', '.join(rope_scaling_types())}")
+    options, seq_len = _EXAMPLES[rope_type](original, rotary_dim // 2, factor)
+    return {"rope_type": rope_type, **options}, seq_len
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A RoPE scaling type and its options, named as HF ``rope_parameters`` (None: not given).
+
+    ``type`` is one of :func:`rope_scaling_types`; which options a type reads is documented on its
+    function (``yarn_inv_freq``, ...). :meth:`config` gives the dict the scaling functions read.
+    """
+
+    type: str = "default"
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    max_position_embeddings: int | None = None
+    beta_fast: float | None = None
+    beta_slow: float | None = None
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    attention_factor: float | None = None
+    truncate: bool | None = None
+    low_freq_factor: float | None = None
+    high_freq_factor: float | None = None
+    short_factor: list[float] | None = None
+    long_factor: list[float] | None = None
+
+    #: The option names (every field but ``type``).
+    OPTIONS: ClassVar[tuple[str, ...]]
+
+    @classmethod
+    def from_options(cls, scaling: str | None, **options: Any) -> RopeScaling:
+        """From RoPE's typed options; options left at None are not given.
+
+        Raises:
+            ValueError: options given without a scaling type.
+        """
+        given = {k: v for k, v in options.items() if v is not None}
+        if given and scaling in (None, "default"):
+            raise ValueError(
+                f"rope: option(s) {', '.join(sorted(given))} need a scaling type, e.g. scaling='yarn'"
+            )
+        return cls(type=scaling or "default", **given)
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> RopeScaling:
+        """From an HF-style dict (``rope_type`` or the legacy ``type``; other keys are ignored)."""
+        rope_type = config.get("rope_type", config.get("type", "default")) or "default"
+        return cls(type=rope_type, **{k: config[k] for k in cls.OPTIONS if config.get(k) is not None})
+
+    def options(self) -> dict[str, Any]:
+        """The options that are given (not None), without the type."""
+        return {k: v for k, v in asdict(self).items() if k != "type" and v is not None}
+
+    def config(self) -> dict[str, Any]:
+        """The HF-style dict read by :func:`rope_scaled_inv_freq` (without ``head_dim`` and base)."""
+        return {"rope_type": self.type, **self.options()}
+
+    @property
+    def length_dependent(self) -> bool:
+        """Whether the frequencies change with the current sequence length (dynamic, longrope)."""
+        return self.type in LENGTH_DEPENDENT
+
+
+RopeScaling.OPTIONS = tuple(f.name for f in fields(RopeScaling) if f.name != "type")
 
 
 def rope_scaling_types() -> list[str]:
@@ -159,13 +251,25 @@ def _factor_or_ratio(config: dict[str, Any], rope_type: str, original: int) -> f
 # ---------------------------------------------------------------------------- the types
 
 
-@_scaling("default")
+def _common(original: int, factor: float) -> dict[str, Any]:
+    return {"factor": factor, "original_max_position_embeddings": original}
+
+
+def _longrope_example(original: int, pairs: int, factor: float) -> tuple[dict[str, Any], int | None]:
+    # LongRoPE's per-pair factors are searched per model; a ramp from 1 to factor stands in for them,
+    # shown at the extended length (where long_factor applies).
+    ramp = [1.0 + (factor - 1.0) * k / max(pairs - 1, 1) for k in range(pairs)]
+    options = {**_common(original, factor), "short_factor": [1.0] * pairs, "long_factor": ramp}
+    return options, int(factor * original)
+
+
+@_scaling("default", example=lambda original, pairs, factor: ({}, None))
 def default_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
     """The paper's frequencies ``θ_k = b^(-2k/d_r)``; attention scale 1."""
     return _inv_freq(_base(config), rotary_width(config)), 1.0
 
 
-@_scaling("linear")
+@_scaling("linear", example=lambda original, pairs, factor: ({"factor": factor}, None))
 def linear_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
     """Position interpolation (Chen et al. 2023): ``θ_k / factor``, i.e. positions divided by ``factor``."""
     factor = _factor(config, "linear")
@@ -173,7 +277,7 @@ def linear_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple
     return inv_freq / factor, 1.0
 
 
-@_scaling("ntk")
+@_scaling("ntk", example=lambda original, pairs, factor: ({"factor": factor}, None))
 def ntk_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
     """Static NTK-aware scaling: base ``b · factor^(d_r/(d_r-2))`` (rotary-embedding-torch ``theta_rescale_factor``).
 
@@ -188,7 +292,9 @@ def ntk_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Te
     return _inv_freq(base, width), 1.0
 
 
-@_scaling("dynamic")
+@_scaling(
+    "dynamic", example=lambda original, pairs, factor: (_common(original, factor), int(factor * original))
+)
 def dynamic_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
     """Dynamic NTK: ``b' = b · (s·L'/L - (s-1))^(d_r/(d_r-2))``, ``L' = max(seq_len, L)``.
 
@@ -216,7 +322,7 @@ def _yarn_correction_dim(rotations: float, width: int, base: float, original: in
     return (width * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
-@_scaling("yarn")
+@_scaling("yarn", example=lambda original, pairs, factor: (_common(original, factor), None))
 def yarn_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
     """YaRN (Peng et al. 2023): ramp from ``θ`` (fast pairs) to ``θ/s`` (slow pairs), scale ``0.1 ln s + 1``.
 
@@ -252,7 +358,13 @@ def yarn_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[T
     return interpolated * (1 - keep) + extrapolated * keep, float(attention)
 
 
-@_scaling("llama3")
+@_scaling(
+    "llama3",
+    example=lambda original, pairs, factor: (
+        {**_common(original, factor), "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+        None,
+    ),
+)
 def llama3_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
     """Llama 3.1: keep wavelengths below ``L_orig/high_freq_factor``, divide those above ``L_orig/low_freq_factor`` by ``factor``, blend between."""
     factor = _factor(config, "llama3")
@@ -275,7 +387,7 @@ def llama3_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple
     return torch.where(~short_wave & ~long_wave, blended, scaled), 1.0
 
 
-@_scaling("longrope")
+@_scaling("longrope", example=_longrope_example)
 def longrope_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
     """LongRoPE (Phi-3): ``θ_k = 1 / (ext_k · b^(2k/d_r))``; ``ext = long_factor`` if ``seq_len > L_orig`` else ``short_factor``."""
     width = rotary_width(config)

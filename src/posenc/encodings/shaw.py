@@ -23,10 +23,12 @@ backend and on the relative backend (query blocks, checkpointed under autograd).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import ContentEncoding, LayerContext
 from ..registry import register
 
 __functional__ = ["shaw_relative_index", "shaw_relative_logits", "shaw_relative_values"]
@@ -86,10 +88,16 @@ def shaw_relative_values(probs: Tensor, table: Tensor, index: Tensor) -> Tensor:
 
 
 @register("shaw")
-class ShawRelative(PositionalEncoding):
+class ShawRelative(ContentEncoding):
     """Shaw et al. 2018 relative position representations: learned key and value terms, clipped at k."""
 
-    kind = Kind.CONTENT
+    layer_sizes = ("head_dim", "num_heads")
+
+    @classmethod
+    def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:
+        """Unclipped (``k=None``), the table covers the model's ``max_len`` (when it has one)."""
+        return {} if ctx.max_len is None else {"max_len": ctx.max_len}
+
     shift_invariant = True
     #: Clipping well inside the contract tests' lengths, so clipped rows are exercised.
     example_options = {"k": 4}

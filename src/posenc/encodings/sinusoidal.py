@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..base import Kind, PositionalEncoding
+from ..base import AbsoluteEncoding
 from ..registry import register
 
 __functional__ = ["sinusoidal"]
@@ -75,10 +75,10 @@ def sinusoidal(positions: Tensor, dim: int, base: float = 10000.0, layout: Layou
 
 
 @register("sinusoidal")
-class Sinusoidal(PositionalEncoding):
+class Sinusoidal(AbsoluteEncoding):
     """Fixed sin/cos absolute encoding added to the layer input (Vaswani et al. 2017)."""
 
-    kind = Kind.ABSOLUTE
+    layer_sizes = ("dim",)
 
     def __init__(self, dim: int, base: float = 10000.0, layout: Layout = "interleaved") -> None:
         """Args: ``dim`` the model width (filled in by the layer); ``base``; ``layout``."""

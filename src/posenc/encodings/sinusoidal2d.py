@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import Kind, PositionalEncoding
+from ..base import AbsoluteEncoding
 from ..registry import register
 from .sinusoidal import sinusoidal
 
@@ -50,10 +50,10 @@ def sinusoidal_2d(rows: Tensor, cols: Tensor, dim: int, base: float = 10000.0) -
 
 
 @register("sinusoidal2d")
-class Sinusoidal2D(PositionalEncoding):
+class Sinusoidal2D(AbsoluteEncoding):
     """2-D sin-cos patch encoding in MAE channel order (column sin, cos, then row sin, cos), added to the input."""
 
-    kind = Kind.ABSOLUTE
+    layer_sizes = ("dim",)
     example_options = {"grid_width": 4}
 
     def __init__(self, dim: int, grid_width: int, base: float = 10000.0, cls_token: bool = False) -> None:

@@ -25,11 +25,12 @@ Queries under a KV cache are at ``past_len + arange(Tq)`` (HF ``past_seen_tokens
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import BiasEncoding, LayerContext
 from ..registry import register
 
 __functional__ = ["t5_bucket"]
@@ -84,10 +85,16 @@ def t5_bucket(
 
 
 @register("t5")
-class T5Bias(PositionalEncoding):
+class T5Bias(BiasEncoding):
     """Learned per-head scalar bias on log-spaced relative-distance buckets (T5)."""
 
-    kind = Kind.BIAS
+    layer_sizes = ("num_heads",)
+
+    @classmethod
+    def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:
+        """Bidirectional buckets for a layer without a causal mask, causal buckets for a causal one."""
+        return {"bidirectional": not ctx.causal}
+
     shift_invariant = True
     shared_across_layers = True
 

@@ -29,7 +29,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..base import Kind, PositionalEncoding
+from ..base import RotaryEncoding
+from ..kernels.rope import RotaryTables
 from ..registry import register
 from .rope import _apply_cos_sin, _check_pairing, rope_cos_sin, rope_inv_freq
 
@@ -50,11 +51,18 @@ def _xpos_cos_sin(
 ) -> tuple[Tensor, Tensor]:
     """Float32 ``cos·s`` and ``sin·s`` with ``s = ζ^(±(p - centre)/B)`` (minus for keys), shape ``[B, T, d/2]``."""
     cos, sin = rope_cos_sin(positions, inv_freq)
+    scale = _xpos_scale(positions, zeta, scale_base, scale_center, downscale)
+    return cos * scale, sin * scale
+
+
+def _xpos_scale(
+    positions: Tensor, zeta: Tensor, scale_base: float, scale_center: int, downscale: bool
+) -> Tensor:
+    """Float32 ``ζ^(±(p - centre)/B)`` ``[B, T, d/2]`` (minus for keys)."""
     power = (positions.to(torch.float32) - scale_center) / scale_base
     if downscale:
         power = -power
-    scale = zeta.to(device=positions.device, dtype=torch.float32) ** power[..., None]
-    return cos * scale, sin * scale
+    return zeta.to(device=positions.device, dtype=torch.float32) ** power[..., None]
 
 
 def apply_xpos(
@@ -83,10 +91,11 @@ def apply_xpos(
 
 
 @register("xpos")
-class XPos(PositionalEncoding):
+class XPos(RotaryEncoding):
     """xPos (Sun et al. 2022): RoPE times a per-pair decay ζ^((n-m)/B); causal attention only."""
 
-    kind = Kind.ROTARY
+    layer_sizes = ("head_dim",)
+    derived_buffers = ("zeta", "tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
     causal_only = True
 
@@ -107,25 +116,31 @@ class XPos(PositionalEncoding):
             raise ValueError(f"xpos: scale_base must be positive, got scale_base={scale_base}")
         self.head_dim, self.base, self.scale_base = head_dim, base, scale_base
         self.gamma, self.scale_center, self.pairing = gamma, scale_center, pairing
-        self.register_buffer("zeta", xpos_zeta(head_dim, gamma), persistent=False)
-        self.register_buffer("inv_freq", rope_inv_freq(head_dim, base)[0], persistent=False)
+        self.tables = RotaryTables()
+        self.reset_buffers()
 
-    def _apply(self, fn, recurse: bool = True):  # type: ignore[override]
-        # Keep ζ and θ in float32 when the model is cast to a lower precision.
-        super()._apply(fn, recurse)
-        device = self.zeta.device
-        self.zeta = xpos_zeta(self.head_dim, self.gamma).to(device)
-        self.inv_freq = rope_inv_freq(self.head_dim, self.base)[0].to(device)
-        return self
+    def reset_buffers(self) -> None:
+        """ζ ``[D/2]``, θ ``[D/2]`` and the RoPE ``cos``/``sin`` tables, in float32."""
+        self.set_derived("zeta", xpos_zeta(self.head_dim, self.gamma))
+        self.tables.reset(rope_inv_freq(self.head_dim, self.base)[0].to(self.buffer_device))
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """The RoPE frequencies θ ``[D/2]`` (float32)."""
+        return self.tables.inv_freq
+
+    def _cos_sin(self, positions: Tensor, downscale: bool) -> tuple[Tensor, Tensor]:
+        cos, sin = self.tables.tables(positions)
+        scale = _xpos_scale(positions, self.zeta, self.scale_base, self.scale_center, downscale)
+        return cos * scale, sin * scale
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(
                 f"xpos: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-        args = (self.inv_freq, self.zeta, self.scale_base, self.scale_center)
-        q_cos, q_sin = _xpos_cos_sin(q_pos, *args, downscale=False)
-        k_cos, k_sin = _xpos_cos_sin(k_pos, *args, downscale=True)
+        q_cos, q_sin = self._cos_sin(q_pos, downscale=False)
+        k_cos, k_sin = self._cos_sin(k_pos, downscale=True)
         return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
 
     def preview(self) -> str:

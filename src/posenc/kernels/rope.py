@@ -3,8 +3,8 @@
 The textbook form (HF ``apply_rotary_pos_emb``: ``q * cos + rotate_half(q) * sin``) makes four
 full-size temporaries per tensor; on CPU each fresh large tensor also pays page faults. Here:
 
-* ``cos``/``sin`` are the float32 tables ``[B|1, T, d_r/2]`` (half width, as the rope encoding
-  caches them per device), cast once to ``x``'s dtype;
+* ``cos``/``sin`` are the float32 tables ``[B|1, T, d_r/2]`` (half width, as :class:`RotaryTables`,
+  the cache every rotary encoding keeps, returns them), cast once to ``x``'s dtype;
 * the rotation is written with ``mul``/``addcmul`` into the output's two halves, a few heads at a
   time, so every intermediate stays in cache and ``x`` is read and written about once;
 * ``inplace=True`` rotates ``x`` itself (inference, or tensors that do not require grad): no
@@ -22,9 +22,9 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["RotaryTables", "apply_rotary", "rotary_reference"]
+__all__ = ["MAX_CACHED_ROWS", "RotaryTables", "apply_rotary", "rotary_cos_sin", "rotary_reference"]
 
 Pairing = Literal["half", "interleaved"]
 
@@ -32,37 +32,85 @@ Pairing = Literal["half", "interleaved"]
 CHUNK_BYTES = 1 << 20
 
 
-class RotaryTables:
-    """float32 ``cos``/``sin`` ``[length, d_r/2]`` for positions ``0..length-1``, cached per device.
+#: Rows a :class:`RotaryTables` keeps at most (unless its ``cache_size`` is larger): positions past
+#: them are computed directly, so one far position (say 10**7) never allocates a huge table.
+MAX_CACHED_ROWS = 1 << 15
 
-    ``tables(positions)`` returns ``[B|1, T, d_r/2]`` float32 for integer ``positions [B|1, T]``;
-    tables grow (doubling) when a larger position arrives.
+
+def rotary_cos_sin(
+    positions: Tensor, inv_freq: Tensor, attention_scale: float = 1.0
+) -> tuple[Tensor, Tensor]:
+    """``cos`` and ``sin`` of the angles ``positions * inv_freq``, shape ``[*positions.shape, d_r/2]``.
+
+    Computed in float32, or float64 when ``inv_freq`` is float64; never in a lower precision.
+    ``attention_scale`` multiplies both (HF's ``attention_factor``).
+    """
+    dtype = torch.promote_types(inv_freq.dtype, torch.float32)
+    angles = positions.to(dtype)[..., None] * inv_freq.to(device=positions.device, dtype=dtype)
+    cos, sin = angles.cos(), angles.sin()
+    if attention_scale != 1.0:
+        cos, sin = cos * attention_scale, sin * attention_scale
+    return cos, sin
+
+
+class RotaryTables(nn.Module):
+    """The cos/sin cache of every rotary encoding: float32 ``[rows, d_r/2]`` for positions ``0..rows-1``.
+
+    ``tables(positions)`` returns ``cos``/``sin`` ``[*positions.shape, d_r/2]`` (float32) for integer
+    positions of any shape. The table starts at ``cache_size`` rows and doubles on demand up to
+    ``max(cache_size, MAX_CACHED_ROWS)`` rows; calls with positions past that are computed directly
+    from ``inv_freq`` with the same float32 arithmetic. The buffers are non-persistent; the
+    encoding that owns the tables recomputes them (:meth:`reset`) after a move or cast.
     """
 
-    def __init__(self, inv_freq: Tensor, attention_scale: float = 1.0) -> None:
+    def __init__(self, inv_freq: Tensor | None = None, attention_scale: float = 1.0, cache_size: int = 2048):
+        super().__init__()
+        if cache_size <= 0:
+            raise ValueError(f"cache_size must be positive, got {cache_size}")
+        self.cache_size = cache_size
+        self.max_rows = max(cache_size, MAX_CACHED_ROWS)
+        self.attention_scale = 1.0
+        self.inv_freq: Tensor
+        self.cos: Tensor
+        self.sin: Tensor
+        self.register_buffer("inv_freq", torch.empty(0), persistent=False)
+        self.register_buffer("cos", torch.empty(0, 0), persistent=False)
+        self.register_buffer("sin", torch.empty(0, 0), persistent=False)
+        if inv_freq is not None:
+            self.reset(inv_freq, attention_scale)
+
+    def reset(self, inv_freq: Tensor | None, attention_scale: float = 1.0) -> None:
+        """Recompute the tables for ``inv_freq [d_r/2]`` (float32, on its device); None empties them."""
+        if inv_freq is None:
+            device = self.inv_freq.device
+            self.inv_freq = torch.empty(0, device=device)
+            self.cos = self.sin = torch.empty(0, 0, device=device)
+            return
         if inv_freq.dim() != 1:
             raise ValueError(f"inv_freq must be 1-D [d_r/2], got shape {tuple(inv_freq.shape)}")
-        self.inv_freq = inv_freq.detach().float().cpu()
+        self.inv_freq = inv_freq.detach().float()
         self.attention_scale = float(attention_scale)
-        self._cache: dict[torch.device, tuple[Tensor, Tensor]] = {}
+        rows = min(self.max_rows, max(self.cache_size, self.cos.shape[0]))
+        self._build(rows, self.inv_freq.device)
 
-    def _build(self, length: int, device: torch.device) -> tuple[Tensor, Tensor]:
-        positions = torch.arange(length, device=device, dtype=torch.float32)
-        angles = positions[:, None] * self.inv_freq.to(device)[None, :]
-        cos, sin = angles.cos(), angles.sin()
-        if self.attention_scale != 1.0:
-            cos, sin = cos * self.attention_scale, sin * self.attention_scale
-        return cos, sin
+    def _build(self, rows: int, device: torch.device) -> None:
+        self.inv_freq = self.inv_freq.to(device=device, dtype=torch.float32)
+        positions = torch.arange(rows, device=device)
+        self.cos, self.sin = rotary_cos_sin(positions, self.inv_freq, self.attention_scale)
 
     def tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        device = positions.device
-        needed = int(positions.max()) + 1 if positions.numel() else 1
-        cached = self._cache.get(device)
-        if cached is None or cached[0].shape[0] < needed:
-            size = max(needed, 2 * (cached[0].shape[0] if cached is not None else 0))
-            cached = self._cache[device] = self._build(size, device)
-        cos, sin = cached
-        return cos[positions], sin[positions]
+        """float32 ``cos``/``sin`` ``[*positions.shape, d_r/2]`` for integer (non-negative) ``positions``."""
+        if self.inv_freq.numel() == 0:
+            raise RuntimeError("RotaryTables: no frequencies yet; call reset(inv_freq) first")
+        rows = self.cos.shape[0]
+        if self.cos.device != positions.device or self.cos.dtype != torch.float32:
+            self._build(rows, positions.device)
+        top = int(positions.max()) + 1 if positions.numel() else 1
+        if rows < top <= self.max_rows:
+            self._build(min(self.max_rows, max(top, 2 * rows)), positions.device)
+        if top <= self.cos.shape[0]:
+            return self.cos[positions], self.sin[positions]
+        return rotary_cos_sin(positions, self.inv_freq, self.attention_scale)
 
 
 def _check(x: Tensor, cos: Tensor, sin: Tensor, pairing: str) -> tuple[Tensor, Tensor, int]:
@@ -116,7 +164,7 @@ def apply_rotary(
 
     Args:
         x: queries or keys.
-        cos, sin: tables for each position of ``x`` (from :class:`RotaryTables` or the rope encoding).
+        cos, sin: tables for each position of ``x`` (from :class:`RotaryTables`).
         pairing: ``"half"`` (NeoX/Llama ``rotate_half``) or ``"interleaved"`` (GPT-J, the paper).
         inplace: rotate ``x`` itself and return it (``x`` must not require grad).
         out: optional preallocated output (same shape and dtype as ``x``).

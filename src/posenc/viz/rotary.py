@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 
 from .. import functional as F
 from ..base import Kind, PositionalEncoding
+from ..encodings.rope_scaling import rope_scaling_example
 from .registry import PlotOptions, describe, figure, new_figure, set_title
 
 #: The pre-training length the scaling examples extend (``--length`` overrides it).
@@ -97,24 +98,12 @@ def rotary_decay(enc: PositionalEncoding, options: PlotOptions) -> Figure:
 
 
 def scaling_examples(original: int, rotary: int) -> dict[str, tuple[dict[str, Any], int | None]]:
-    """One HF-style ``rope_parameters`` example per scaling type, with the sequence length it is
-    evaluated at (length-dependent types are shown at ``FACTOR × original``)."""
-    extended = int(FACTOR * original)
-    pairs = rotary // 2
-    # LongRoPE's per-pair factors are searched per model; a ramp from 1 to FACTOR stands in for them.
-    ramp = [1.0 + (FACTOR - 1.0) * k / max(pairs - 1, 1) for k in range(pairs)]
-    common = {"factor": FACTOR, "original_max_position_embeddings": original}
+    """The example of every registered scaling type (an HF-style ``rope_parameters`` dict) with the
+    sequence length it is evaluated at, read from the scaling registry
+    (:func:`~posenc.encodings.rope_scaling.rope_scaling_example`)."""
     return {
-        "default": ({"rope_type": "default"}, None),
-        "linear": ({"rope_type": "linear", "factor": FACTOR}, None),
-        "ntk": ({"rope_type": "ntk", "factor": FACTOR}, None),
-        "dynamic": ({"rope_type": "dynamic", **common}, extended),
-        "yarn": ({"rope_type": "yarn", **common}, None),
-        "llama3": ({"rope_type": "llama3", **common, "low_freq_factor": 1.0, "high_freq_factor": 4.0}, None),
-        "longrope": (
-            {"rope_type": "longrope", **common, "short_factor": [1.0] * pairs, "long_factor": ramp},
-            extended,
-        ),
+        rope_type: rope_scaling_example(rope_type, original, rotary, FACTOR)
+        for rope_type in F.rope_scaling_types()
     }
 
 
@@ -130,9 +119,7 @@ def _scaling_curves(enc: PositionalEncoding, original: int) -> dict[str, tuple[t
     if own_type != "default":
         curves[f"this encoding ({own_type})"] = (enc.inv_freq.float().cpu(), float(enc.attention_scale))  # type: ignore[attr-defined]
     # "default" first, then the scaled types in alphabetical order.
-    for rope_type in sorted(F.rope_scaling_types(), key=lambda name: (name != "default", name)):
-        if rope_type not in examples:
-            continue  # a new type needs an example configuration here before it can be drawn
+    for rope_type in sorted(examples, key=lambda name: (name != "default", name)):
         scaling, seq_len = examples[rope_type]
         curves[rope_type] = F.rope_inv_freq(head_dim, base, scaling={**scaling, **partial}, seq_len=seq_len)
     return curves
