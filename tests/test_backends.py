@@ -37,6 +37,13 @@ EXPECTED_KINDS: dict[str, set[Kind]] = {
 }
 #: Backends that on CPU serve only float32 without gradients (stated as reasons otherwise).
 CPU_LIMITS = {"flex"}
+#: The kinds each backend promises to serve with attention sinks (sdpa runs them through the CPU
+#: flash kernel, which gives a bias no gradient; flex does not take sinks).
+SINK_KINDS: dict[str, set[Kind]] = {
+    "sdpa": {Kind.ABSOLUTE, Kind.ROTARY},
+    "blocked": {Kind.BIAS},
+    "relative": {Kind.CONTENT},
+}
 
 SCENARIOS = {
     # name: (batch, q_len, k_len, causal, kv_heads, padded, mask); causal-only encodings run the
@@ -46,6 +53,7 @@ SCENARIOS = {
     "padded37": (2, 37, 37, False, HEADS, True, None),
     "cross113x203": (2, 113, 203, False, HEADS, False, None),
     "masked29": (2, 29, 29, True, HEADS, False, "bool_and_minus_inf"),
+    "sinks_gqa29": (2, 29, 29, True, 1, True, "sinks"),
 }
 
 
@@ -68,6 +76,8 @@ def _cases():
             if backend == "eager" or kind not in kinds:
                 continue
             for scenario in SCENARIOS:
+                if SCENARIOS[scenario][6] == "sinks" and kind not in SINK_KINDS.get(backend, set()):
+                    continue
                 if _scenario_fits(name, scenario):
                     yield pytest.param(name, backend, scenario, id=f"{name}-{backend}-{scenario}")
 
@@ -112,8 +122,9 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype, grad: bool)
         scale=layer.scale,
         causal=causal,
         key_padding_mask=padding,
-        attn_mask=None if mask is None else _user_mask(batch, q_len, k_len, dtype),
+        attn_mask=_user_mask(batch, q_len, k_len, dtype) if mask == "bool_and_minus_inf" else None,
         layer=layer,
+        sinks=torch.randn(HEADS, dtype=dtype, requires_grad=grad) if mask == "sinks" else None,
     )
 
 
@@ -128,6 +139,8 @@ def _run(backend: str, req: AttentionRequest, layer, grads: bool, compiled: bool
     if not grads:
         return out.detach(), []
     inputs = [req.q, req.k, req.v] + [p for p in layer.parameters() if p.requires_grad]
+    if req.sinks is not None:
+        inputs.append(req.sinks)
     weight = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)
     found = torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True)
     return out.detach(), [torch.zeros_like(i) if g is None else g for i, g in zip(inputs, found)]
@@ -150,7 +163,7 @@ def _check(name: str, backend: str, scenario: str, monkeypatch, compiled: bool =
         ref, want = _run("eager", req, layer, grads)
     tolerance = TOLERANCE[dtype]
     torch.testing.assert_close(out, ref, **tolerance)
-    names = ["q", "k", "v"] + [n for n, p in layer.named_parameters() if p.requires_grad]
+    names = ["q", "k", "v"] + [n for n, p in layer.named_parameters() if p.requires_grad] + ["sinks"]
     for label, g, w in zip(names, got, want):
         # Biases are float32 by contract, so their parameters' gradients carry float32 rounding.
         grad_tolerance = {"rtol": max(1e-5, tolerance["rtol"]), "atol": max(1e-6, tolerance["atol"])}

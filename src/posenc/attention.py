@@ -78,6 +78,8 @@ class MultiheadAttention(nn.Module):
             (the HF / Mistral convention: its own key and the ``W - 1`` before it).
         chunk: chunked attention ``C`` (causal layers, Llama 4): query ``i`` sees keys ``j <= i``
             with ``j // C == i // C``.
+        sinks: learned attention sinks (gpt-oss): one logit per head, :attr:`sinks` ``[H]``
+            (initialised to 0), joins every row's softmax denominator and carries no value.
         backend: ``"auto"`` (first backend with no reasons), or a backend name to force.
         num_kv_heads: key/value heads for grouped-query attention (divides ``num_heads``).
         dropout: attention-probability dropout during training.
@@ -106,6 +108,7 @@ class MultiheadAttention(nn.Module):
         causal: bool = False,
         window: int | None = None,
         chunk: int | None = None,
+        sinks: bool = False,
         backend: str = "auto",
         num_kv_heads: int | None = None,
         dropout: float = 0.0,
@@ -140,6 +143,9 @@ class MultiheadAttention(nn.Module):
         self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         self.v_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        if not isinstance(sinks, bool):
+            raise ValueError(f"sinks must be True or False, got {sinks!r}")
+        self.sinks = nn.Parameter(torch.zeros(num_heads, **factory)) if sinks else None
         context = LayerContext(num_heads, self.head_dim, embed_dim, causal=causal, device=device, dtype=dtype)
         self.encoding = build_for_layer(encoding, context)
         if self.encoding.causal_only and not causal:
@@ -161,6 +167,7 @@ class MultiheadAttention(nn.Module):
             f"causal={self.causal}, backend={self.backend!r}, scale={self.scale:.4g}"
             + (f", window={self.window}" if self.window is not None else "")
             + (f", chunk={self.chunk}" if self.chunk is not None else "")
+            + (", sinks=True" if self.sinks is not None else "")
         )
 
     # ------------------------------------------------------------------ input checks
@@ -287,6 +294,7 @@ class MultiheadAttention(nn.Module):
             need_weights=need_weights,
             layer=self,
             mask=mask,
+            sinks=self.sinks,
         )
         out, weights = self._run(request)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))

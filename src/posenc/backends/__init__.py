@@ -70,6 +70,8 @@ class AttentionRequest:
     need_weights: bool = False
     layer: nn.Module | None = None
     mask: AttentionMask = field(default=None, repr=False)  # type: ignore[assignment]
+    #: Attention sinks: one logit per query head ``[H]`` in every row's softmax denominator, or None.
+    sinks: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.mask is None:
@@ -104,6 +106,8 @@ class AttentionRequest:
     @property
     def needs_grad(self) -> bool:
         tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
+        if self.sinks is not None:
+            tensors.append(self.sinks)
         return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
     def kv_per_query_head(self) -> tuple[Tensor, Tensor]:
@@ -117,7 +121,7 @@ class AttentionRequest:
         """One line naming what a backend has to serve: encoding, shapes, dtype, device, masks."""
         return (
             f"{self.encoding.name} ({self.kind.value}); q {list(self.q.shape)}, k/v {list(self.k.shape)}, "
-            f"{self.q.dtype}, {self.q.device}; mask: {self.mask.describe()}; "
+            f"{self.q.dtype}, {self.q.device}; mask: {self.mask.describe()}; sinks: {self.sinks is not None}; "
             f"grad: {self.needs_grad}, dropout: {self.dropout_p}, need_weights: {self.need_weights}"
         )
 

@@ -41,6 +41,7 @@ from torch.autograd.function import once_differentiable
 from ..base import Kind
 from ..masks import AttentionMask, CausalMask
 from . import AttentionRequest, kind_reasons, register_backend
+from ._sinks import merge_sinks, sink_grad
 
 __all__ = ["DEFAULT_BLOCK", "BlockedBackend", "blocked_bias_attention"]
 
@@ -202,11 +203,19 @@ def _explicit_block(q_blk: Tensor, k_blk: Tensor, bias: Tensor, scale: float) ->
 
 
 class _BlockedBiasAttention(torch.autograd.Function):
-    """``softmax(q kᵀ·scale + bias + mask) v`` block by block; inputs ``plan, q, k, v, table, *params``."""
+    """``softmax(q kᵀ·scale + bias + mask) v`` block by block (with optional sink logits ``[H]``);
+    inputs ``plan, q, k, v, table, sinks, *params``."""
 
     @staticmethod
     def forward(
-        ctx, plan: _Plan, q: Tensor, k: Tensor, v: Tensor, table: Tensor | None, *params: Tensor
+        ctx,
+        plan: _Plan,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        table: Tensor | None,
+        sinks: Tensor | None,
+        *params: Tensor,
     ) -> Tensor:
         batch, heads, q_len, _ = q.shape
         out = torch.empty_like(q)
@@ -235,18 +244,20 @@ class _BlockedBiasAttention(torch.autograd.Function):
                 o_blk = torch.matmul(torch.softmax(logits, dim=-1).to(q.dtype), v_blk)
             out[:, :, i0:i1] = o_blk
             lse[:, :, i0:i1] = l_blk
+        if sinks is not None:
+            out, lse = merge_sinks(out, lse, sinks)
         ctx.plan = plan
-        ctx.save_for_backward(q, k, v, out, lse, table, *params)
+        ctx.save_for_backward(q, k, v, out, lse, table, sinks, *params)
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         plan: _Plan = ctx.plan
-        q, k, v, out, lse, table, *params = ctx.saved_tensors
-        needs = ctx.needs_input_grad  # (plan, q, k, v, table, *params)
+        q, k, v, out, lse, table, sinks, *params = ctx.saved_tensors
+        needs = ctx.needs_input_grad  # (plan, q, k, v, table, sinks, *params)
         want_table = table is not None and needs[4]
-        want_bias = want_table or any(needs[5:])
+        want_bias = want_table or any(needs[6:])
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -304,12 +315,13 @@ class _BlockedBiasAttention(torch.autograd.Function):
             del probs
             d_logits4 = d_logits.view(batch, heads, rows, keys)  # zero where hidden: P is 0 there
             if want_bias:
-                _bias_grad(plan, d_logits4, d_table, state, params, d_params, needs[5:], i0, i1, k0)
+                _bias_grad(plan, d_logits4, d_table, state, params, d_params, needs[6:], i0, i1, k0)
             dq[:, :, i0:i1] = torch.bmm(d_logits, k3).mul_(plan.scale).view(batch, heads, rows, -1)
             dk[:, :, k0:k1] += torch.bmm(d_logits.transpose(1, 2), q3).view(batch, heads, keys, -1)
             dv[:, :, k0:k1] += dv_blk.view(batch, heads, keys, -1)
         d_table = None if d_table is None else d_table.to(table.dtype)
-        return (None, dq, dk, dv, d_table, *d_params)
+        d_sinks = sink_grad(grad_out, out, lse, sinks) if sinks is not None and needs[5] else None
+        return (None, dq, dk, dv, d_table, d_sinks, *d_params)
 
 
 def _bias_grad(plan, d_logits, d_table, state, params, d_params, needs_params, i0, i1, k0) -> None:
@@ -422,7 +434,7 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
         plan.state.update({f"encoding.{name}": t for name, t in req.encoding.named_buffers()})
         params = [p for _, p in named]
     k, v = req.kv_per_query_head()
-    out = _BlockedBiasAttention.apply(plan, req.q, k, v, table, *params)
+    out = _BlockedBiasAttention.apply(plan, req.q, k, v, table, req.sinks, *params)
     return req.mask.zero_empty_rows(out)
 
 

@@ -12,6 +12,7 @@ from torch import Tensor
 
 from ..base import Kind
 from . import AttentionRequest, register_backend
+from ._sinks import softmax_with_sinks
 
 
 def attention_logits(req: AttentionRequest) -> Tensor:
@@ -34,8 +35,11 @@ def attention_logits(req: AttentionRequest) -> Tensor:
 
 
 def attention_probs(req: AttentionRequest) -> Tensor:
-    """The attention weights ``[B, H, Tq, Tk]`` (no dropout); rows that see no key are zero."""
-    return req.mask.zero_empty_rows(torch.softmax(attention_logits(req), dim=-1))
+    """The attention weights ``[B, H, Tq, Tk]`` (no dropout); rows that see no key are zero.
+
+    With sinks, each row's denominator also holds ``exp(sink_h)`` (the weights sum to less than 1).
+    """
+    return req.mask.zero_empty_rows(softmax_with_sinks(attention_logits(req), req.sinks))
 
 
 class EagerBackend:

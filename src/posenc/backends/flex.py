@@ -172,6 +172,10 @@ class FlexBackend:
             reasons.append("FlexAttention returns no attention weights")
         if request.dropout_p > 0:
             reasons.append("FlexAttention has no attention dropout")
+        if request.sinks is not None:
+            reasons.append(
+                "attention sinks are not wired into the flex backend (blocked and eager serve them)"
+            )
         if request.q_len == 0 or request.k_len == 0:
             reasons.append("empty query or key sequence")
         if _shape_key(request) not in _SEEN_SHAPES and len(_SEEN_SHAPES) >= _recompile_limit():

@@ -21,6 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
+from ._sinks import softmax_with_sinks
 
 __all__ = ["DEFAULT_BLOCK", "DENSE_LIMIT", "RelativeBackend", "relative_attention"]
 
@@ -42,7 +43,7 @@ def _block_output(
     allowed = req.mask.rows(i0, i1, 0, k_end)
     if allowed is not None:
         logits = logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
-    probs = torch.softmax(logits, dim=-1)
+    probs = softmax_with_sinks(logits, req.sinks)
     return req.encoding.attend(probs, v, q_pos, k_pos)
 
 

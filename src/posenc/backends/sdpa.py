@@ -4,15 +4,56 @@ Serves ABSOLUTE and ROTARY encodings (and NoPE), whose logits are plain ``q·k``
 encodings by passing the dense bias as a float mask (correct everywhere; on CPU under autograd
 PyTorch then uses its math kernel, so the blocked and flex backends come first for BIAS kinds).
 A pure causal mask with ``Tq == Tk`` and no cache offset is passed as ``is_causal`` (no mask tensor).
+
+Attention sinks need the kernel's log-sum-exp (:mod:`posenc.backends._sinks`), which only the CPU
+flash kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``) returns: on CPU the layer runs
+that kernel and its backward directly; elsewhere a request with sinks goes to another backend.
 """
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from ..base import Kind
 from . import AttentionRequest, register_backend
+from ._sinks import merge_sinks, sink_grad
+
+_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+def _cpu_flash_available() -> bool:
+    ops = torch.ops.aten
+    return hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
+        ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
+    )
+
+
+class _FlashWithSinks(torch.autograd.Function):
+    """The CPU flash kernel with sink logits merged through its log-sum-exp (exact forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sinks, mask, is_causal: bool, scale: float):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
+        )
+        out, lse = merge_sinks(out, lse, sinks)
+        ctx.is_causal, ctx.scale = is_causal, scale
+        ctx.save_for_backward(q, k, v, sinks, mask, out, lse)
+        return out
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out):
+        q, k, v, sinks, mask, out, lse = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, q, k, v, out, lse, 0.0, ctx.is_causal, attn_mask=mask, scale=ctx.scale
+        )
+        d_sinks = sink_grad(grad_out, out, lse, sinks) if ctx.needs_input_grad[3] else None
+        return dq, dk, dv, d_sinks, None, None, None
 
 
 class SdpaBackend:
@@ -21,7 +62,23 @@ class SdpaBackend:
     def reasons(self, request: AttentionRequest) -> list[str]:
         if request.kind is Kind.CONTENT:
             return [f"kind {request.kind.value} ({request.encoding.name}) adds q/k-dependent logit terms"]
-        return []
+        if request.sinks is None:
+            return []
+        reasons = []
+        if (
+            request.q.device.type != "cpu"
+            or not _cpu_flash_available()
+            or request.q.dtype not in _FLASH_DTYPES
+        ):
+            reasons.append("attention sinks need the CPU flash kernel's log-sum-exp (CPU tensors only)")
+        if request.dropout_p > 0:
+            reasons.append("attention sinks with dropout are not implemented in the sdpa backend")
+        if request.kind is Kind.BIAS and request.needs_grad:
+            reasons.append("with sinks the bias goes through the flash kernel, which gives it no gradient")
+        additive = request.mask.additive
+        if additive is not None and additive.requires_grad and torch.is_grad_enabled():
+            reasons.append("with sinks a float attn_mask that requires grad gets no gradient")
+        return reasons
 
     def declines(self, request: AttentionRequest) -> list[str]:
         return []
@@ -33,6 +90,12 @@ class SdpaBackend:
         if request.kind is Kind.BIAS:
             bias = request.encoding.bias_for_positions(request.q_pos, request.k_pos).to(q.dtype)
             mask = bias if mask is None else mask + bias
+        if request.sinks is not None:
+            k, v = request.kv_per_query_head()
+            if mask is not None:
+                mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
+            out = _FlashWithSinks.apply(q, k, v, request.sinks, mask, plain_causal, request.scale)
+            return request.mask.zero_empty_rows(out), None
         out = F.scaled_dot_product_attention(
             q,
             k,
