@@ -16,7 +16,7 @@ import torch
 
 import posenc
 from posenc.backends import AttentionRequest, available_backends, get_backend
-from posenc.inspect import build_example
+from posenc.examples import build_example
 
 HEADS, HEAD_DIM = 2, 8
 SCENARIOS = {

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from .registry import PlotOptions, build_for_plot, describe, figures_for, make_figure, new_figure, set_title
+from ..examples import build_example
+from .registry import PlotOptions, describe, figures_for, make_figure, new_figure, set_title
 
 __all__ = ["Record", "load_config", "load_results", "render_report", "write_report"]
 
@@ -229,7 +230,7 @@ def _encoding_figures_html(encodings: list[str], config: dict[str, Any]) -> str:
     parts = []
     for spec in encodings:
         try:
-            enc = build_for_plot(spec, heads, head_dim)
+            enc = build_example(spec, heads, head_dim)
             name = next(iter(figures_for(enc)))
             fig = make_figure(enc, name, PlotOptions())
         except (ValueError, StopIteration) as err:
