@@ -111,6 +111,33 @@ def test_causal_option_masks_future_keys() -> None:
     assert np.ma.getmaskarray(alibi)[upper].all() or np.isnan(np.asarray(alibi)[upper]).all()
 
 
+def _attention_weights(spec: str, causal: bool | None) -> np.ndarray:
+    fig = make_figure(build_example(spec), "attention", PlotOptions(length=8, max_heads=2, causal=causal))
+    return np.asarray(fig.axes[0].images[0].get_array())
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_no_causal_attention_figure_for_every_encoding(name: str) -> None:
+    """``posenc plot NAME --figure attention --no-causal``: every encoding renders; one that is not
+    causal_only shows future keys, a causal_only one is drawn causal (as documented)."""
+    upper = np.triu_indices(8, 1)
+    weights = _attention_weights(name, causal=False)
+    if build_example(name).causal_only:
+        assert weights[upper].max() == 0.0, f"{name} is causal_only: future keys must stay masked"
+    else:
+        assert weights[upper].min() > 0.0, f"{name}: --no-causal must show future keys"
+    assert _attention_weights(name, causal=None)[upper].max() == 0.0, f"{name}: the default is causal"
+
+
+def test_cli_no_causal_attention_figure(tmp_path) -> None:
+    out = tmp_path / "rope.png"
+    result = CliRunner().invoke(
+        app, ["plot", "rope", "--figure", "attention", "--no-causal", "-o", str(out), "--dpi", str(DPI)]
+    )
+    assert result.exit_code == 0, result.output
+    assert_not_constant(imread(out)[..., :3])
+
+
 def test_data_pixels_catches_an_empty_plot() -> None:
     # The check itself must be able to fail: an axes with no data but a title is "constant".
     from posenc.viz import new_figure
