@@ -33,6 +33,7 @@ __all__ = [
     "append_records",
     "atomic_write_text",
     "experiment_settings",
+    "group_records",
     "load_config",
     "load_results",
     "plot_results",
@@ -168,13 +169,12 @@ def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
     atomic_write_text(path, buffer.getvalue())
 
 
-def _curves(records: list[dict[str, Any]], metric: str) -> dict[str, dict[int, list[float]]]:
-    """``encoding -> length -> values over seeds`` for one metric."""
-    curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for record in records:
-        if record["metric"] == metric:
-            curves[record["encoding"]][int(record["length"])].append(float(record["value"]))
-    return curves
+def group_records(records: list[Record]) -> dict[tuple[str, str, str], dict[int, list[float]]]:
+    """``{(task, metric, encoding): {length: [value per seed]}}``."""
+    grouped: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        grouped[(r.task, r.metric, r.encoding)][r.length].append(r.value)
+    return grouped
 
 
 class SummaryRow(dict):
@@ -186,7 +186,8 @@ def summarize(
     records: list[dict[str, Any]], metric: str, train_len: int, encodings: list[str]
 ) -> list[SummaryRow]:
     """One :class:`SummaryRow` per encoding (in ``encodings`` order), averaged over seeds."""
-    curves = _curves(records, metric)
+    rows_of_metric = [Record.from_dict(record) for record in records if record["metric"] == metric]
+    curves = {encoding: cells for (_, _, encoding), cells in group_records(rows_of_metric).items()}
     rows = []
     for encoding in encodings:
         by_length = {length: mean(values) for length, values in curves.get(encoding, {}).items()}

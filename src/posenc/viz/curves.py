@@ -7,26 +7,13 @@ Drawn for ``posenc report`` and for the ``extrapolation.png`` that the experimen
 
 from __future__ import annotations
 
-from collections import defaultdict
-from typing import TYPE_CHECKING
-
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..experiments.results import Record, group_records
 from .registry import new_figure, set_title
 
-if TYPE_CHECKING:
-    from ..experiments.results import Record
-
-__all__ = ["curve_figure", "group_records"]
-
-
-def group_records(records: list[Record]) -> dict[tuple[str, str, str], dict[int, list[float]]]:
-    """``{(task, metric, encoding): {length: [value per seed]}}``."""
-    grouped: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        grouped[(r.task, r.metric, r.encoding)][r.length].append(r.value)
-    return grouped
+__all__ = ["curve_figure"]
 
 
 def curve_figure(

@@ -31,8 +31,8 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..examples import build_example
-from ..experiments.results import Record, experiment_settings, load_config, load_results
-from .curves import curve_figure, group_records
+from ..experiments.results import Record, experiment_settings, group_records, load_config, load_results
+from .curves import curve_figure
 from .registry import PlotOptions, describe, figures_for, make_figure
 
 __all__ = ["render_report", "write_report"]
