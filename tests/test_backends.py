@@ -23,7 +23,7 @@ import posenc
 from posenc.backends import AttentionRequest, available_backends, get_backend
 from posenc.backends.flex import flex_bias_attention
 from posenc.base import Kind
-from posenc.inspect import build_example
+from posenc.examples import build_example
 
 HEADS, HEAD_DIM = 2, 8
 

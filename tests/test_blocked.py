@@ -17,7 +17,7 @@ from posenc.backends import AttentionRequest, get_backend, use_backend
 from posenc.backends.blocked import blocked_bias_attention
 from posenc.backends.eager import EagerBackend
 from posenc.backends.relative import relative_attention
-from posenc.inspect import build_example
+from posenc.examples import build_example
 from posenc.kernels.rope import RotaryTables, apply_rotary, rotary_reference
 
 H, D = 2, 8

@@ -42,3 +42,40 @@ def test_console_script_runs():
     )
     assert out.returncode == 0, out.stderr
     assert "500000" in out.stdout
+
+
+def test_show_fills_the_required_example_options_a_spec_leaves_out():
+    # sinusoidal2d needs grid_width; a spec that sets only base still gets the class's example width.
+    result = runner.invoke(app, ["show", "sinusoidal2d:base=100"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "grid_width" in result.output and "100" in result.output
+
+
+def _recording(builder, label: str, built: dict):
+    def build(spec, *args, **kwargs):
+        enc = builder(spec, *args, **kwargs)
+        built[label] = enc.config()
+        return enc
+
+    return build
+
+
+def test_show_and_plot_build_the_same_encoding_for_every_registered_name(monkeypatch, tmp_path):
+    """``posenc show`` and ``posenc plot`` (default sizes) build equal encodings, bare or with options."""
+    import posenc.examples
+    import posenc.viz.cli
+
+    built: dict[str, dict] = {}
+    monkeypatch.setattr(
+        posenc.examples, "build_example", _recording(posenc.examples.build_example, "show", built)
+    )
+    monkeypatch.setattr(
+        posenc.viz.cli, "build_example", _recording(posenc.viz.cli.build_example, "plot", built)
+    )
+    specs = [*posenc.available(), "sinusoidal2d:base=100", "alibi:num_heads=4", "sinusoidal:dim=32"]
+    for spec in specs:
+        built.clear()
+        shown = runner.invoke(app, ["show", spec], terminal_width=200)
+        listed = runner.invoke(app, ["plot", spec, "--list"], terminal_width=200)
+        assert shown.exit_code == 0 and listed.exit_code == 0, (spec, shown.output, listed.output)
+        assert built["show"] == built["plot"], spec

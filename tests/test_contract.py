@@ -14,7 +14,7 @@ from torch.func import functional_call
 import posenc
 from posenc.backends import AttentionRequest, get_backend
 from posenc.base import Kind
-from posenc.inspect import build_example
+from posenc.examples import build_example
 
 NAMES = posenc.available()
 HEADS, HEAD_DIM = 2, 16

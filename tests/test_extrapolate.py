@@ -6,7 +6,6 @@ import json
 
 import pytest
 import torch
-from rich.console import Console
 from torch import nn
 from typer.testing import CliRunner
 
@@ -28,10 +27,6 @@ TINY = dict(
 )
 
 
-def _quiet() -> Console:
-    return Console(file=open("/dev/null", "w"), width=120)
-
-
 @pytest.mark.parametrize("task", list(TASKS))
 def test_each_task_trains_and_writes_one_record_per_length_and_metric(task, tmp_path):
     train_len, eval_len = (8, 12) if task == "lm" else (2, 4)
@@ -43,7 +38,7 @@ def test_each_task_trains_and_writes_one_record_per_length_and_metric(task, tmp_
         num_symbols=8,
         **TINY,
     )
-    records = run_experiment(config, tmp_path, workers=1, console=_quiet())
+    records = run_experiment(config, tmp_path, workers=1)
     metrics = ["perplexity"] if task == "lm" else ["exact_match", "token_accuracy"]
     keys = {(r["encoding"], r["task"], r["length"], r["seed"], r["metric"]) for r in records}
     assert len(keys) == len(records) == 2 * eval_len * len(metrics)
@@ -115,20 +110,20 @@ def test_same_seed_same_records_and_config_mismatch_refused(tmp_path):
     config = ExperimentConfig(
         task="copy", encodings=["alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY
     )
-    first = run_experiment(config, tmp_path / "a", workers=1, console=_quiet())
-    second = run_experiment(config, tmp_path / "b", workers=1, console=_quiet())
+    first = run_experiment(config, tmp_path / "a", workers=1)
+    second = run_experiment(config, tmp_path / "b", workers=1)
     assert first == [dict(r) for r in second]
     other = ExperimentConfig(**{**config.to_dict(), "train_len": 3})
     with pytest.raises(ValueError, match="train_len"):
-        run_experiment(other, tmp_path / "a", workers=1, console=_quiet())
+        run_experiment(other, tmp_path / "a", workers=1)
 
 
 def test_two_workers_give_the_same_records_as_one(tmp_path):
     config = ExperimentConfig(
         task="copy", encodings=["nope", "alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY
     )
-    serial = run_experiment(config, tmp_path / "serial", workers=1, console=_quiet())
-    parallel = run_experiment(config, tmp_path / "parallel", workers=2, console=_quiet())
+    serial = run_experiment(config, tmp_path / "serial", workers=1)
+    parallel = run_experiment(config, tmp_path / "parallel", workers=2)
     key = lambda r: (r["encoding"], r["length"], r["metric"])  # noqa: E731
     assert sorted(serial, key=key) == sorted(parallel, key=key)
     assert json.loads((tmp_path / "parallel" / "config.json").read_text())["runtime"]["workers"] == 2
@@ -199,6 +194,29 @@ def test_hybrid_encoding_runs_one_spec_per_layer(tmp_path):
     assert [e.name for e in model.input_encodings] == ["sinusoidal"]
     run_id = run_id_for(config, RunSpec("t5/sinusoidal", 0))
     assert "/" not in run_id and run_id.startswith("t5+sinusoidal-")
-    records = run_experiment(config, tmp_path, workers=1, console=_quiet())
+    records = run_experiment(config, tmp_path, workers=1)
     assert {r["encoding"] for r in records} == {"t5/sinusoidal"}
     assert (tmp_path / "checkpoints" / f"{run_id}.pt").exists()
+
+
+def test_experiment_library_runs_without_rich(tmp_path):
+    """Rich is the CLI's (the ``cli`` extra): the library imports and runs a tiny experiment without it."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+sys.modules["rich"] = None  # any "import rich..." now raises ImportError
+from posenc.experiments import ExperimentConfig, run_experiment
+config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, num_symbols=8, **{TINY!r})
+events = []
+records = run_experiment(config, sys.argv[1], workers=1, report=lambda *args: events.append(args), log=print)
+assert len(records) == 3 * 2 and any(e[1] == "eval" for e in events), (records, events)
+print("library ran without rich")
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "library ran without rich" in done.stdout
+    assert "done already" not in done.stdout and "results:" in done.stdout

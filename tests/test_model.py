@@ -68,6 +68,17 @@ def test_model_fills_bidirectional_from_causal():
     assert explicit.blocks[0].attn.encoding.config()["bidirectional"] is True
 
 
+def test_causal_defaults_per_class_and_explicit_override():
+    """One constructor: the LM is causal and the encoder bidirectional unless ``causal`` says otherwise."""
+    layers = lambda model: {block.attn.causal for block in model.blocks}  # noqa: E731
+    assert posenc.TransformerLM(5, 16, 2, 2).causal is True
+    assert layers(posenc.TransformerLM(5, 16, 2, 2)) == {True}
+    assert posenc.TransformerEncoder(5, 16, 2, 2).causal is False
+    assert layers(posenc.TransformerEncoder(5, 16, 2, 2)) == {False}
+    assert layers(posenc.TransformerLM(5, 16, 2, 2, causal=False)) == {False}
+    assert layers(posenc.TransformerEncoder(5, 16, 2, 2, causal=True)) == {True}
+
+
 def test_absolute_encoding_is_added_once_at_the_input():
     """``sinusoidal``: logits equal embedding + the paper's table (written here in float64), then
     blocks without any positional term."""

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.inspect import build_example
+from posenc.examples import build_example
 from posenc.masks import AttentionMask
 
 HEADS, HEAD_DIM = 2, 8

@@ -21,8 +21,9 @@ import torch
 from typer.testing import CliRunner
 
 from posenc.cli import _load_command_modules, app
+from posenc.experiments.results import load_results
 from posenc.experiments.train import ExperimentConfig, RunSpec, build_model, run_id_for
-from posenc.viz.report import load_results, render_report
+from posenc.viz.report import render_report
 
 _load_command_modules()
 

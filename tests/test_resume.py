@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import io
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from rich.console import Console
 
 from posenc.experiments import ExperimentConfig, ExperimentInterrupted, run_experiment
 from posenc.experiments import train as train_module
@@ -23,21 +22,22 @@ CONFIG = dict(
 )  # fmt: skip
 
 
-def _console() -> tuple[Console, io.StringIO]:
-    buffer = io.StringIO()
-    return Console(file=buffer, width=200), buffer
+def _log() -> tuple[Callable[[str], None], list[str]]:
+    """A ``log`` callback (``lines.append``) and the lines it collects."""
+    lines: list[str] = []
+    return lines.append, lines
 
 
 def test_interrupted_run_resumes_exactly_and_keeps_finished_records(tmp_path, monkeypatch):
     config = ExperimentConfig(encodings=["nope", "alibi"], **CONFIG)
-    reference = run_experiment(config, tmp_path / "reference", workers=1, console=_console()[0])
+    reference = run_experiment(config, tmp_path / "reference", workers=1)
 
     # Stop after 9 steps in this process: nope finishes (6 steps), alibi stops at its step 3.
     out = tmp_path / "run"
     monkeypatch.setenv(train_module.INTERRUPT_ENV, "9")
     monkeypatch.setattr(train_module, "_steps_this_process", 0)
     with pytest.raises(ExperimentInterrupted):
-        run_experiment(config, out, workers=1, console=_console()[0])
+        run_experiment(config, out, workers=1)
     results = out / "results.jsonl"
     saved = results.read_text()
     assert {line.split('"encoding": ')[1].split(",")[0] for line in saved.splitlines()} == {'"nope"'}
@@ -46,9 +46,9 @@ def test_interrupted_run_resumes_exactly_and_keeps_finished_records(tmp_path, mo
     nope_mtime = nope_checkpoint.stat().st_mtime_ns
 
     monkeypatch.delenv(train_module.INTERRUPT_ENV)
-    console, log = _console()
-    resumed = run_experiment(config, out, workers=1, console=console)
-    text = log.getvalue()
+    log, lines = _log()
+    resumed = run_experiment(config, out, workers=1, log=log)
+    text = "\n".join(lines)
     assert "done already, kept: nope seed 0" in text
     assert "alibi seed 0: resumed from its checkpoint at step 3/6" in text
     assert results.read_text().startswith(saved), "finished records are kept byte for byte"

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 import posenc
 from posenc.base import Kind
 from posenc.cli import _load_command_modules, app
-from posenc.viz import PlotOptions, build_for_plot, figures_for, make_figure
+from posenc.examples import build_example
+from posenc.viz import PlotOptions, figures_for, make_figure
 
 _load_command_modules()
 
@@ -74,8 +75,8 @@ CASES = [
 @pytest.mark.parametrize(("name", "spec_a", "spec_b", "length"), CASES, ids=[f"{c[0]}-{c[1]}" for c in CASES])
 def test_figure_follows_parameters(name: str, spec_a: str, spec_b: str, length: int) -> None:
     options = PlotOptions(length=length, max_heads=4)
-    first = data_pixels(make_figure(build_for_plot(spec_a), name, options))
-    second = data_pixels(make_figure(build_for_plot(spec_b), name, options))
+    first = data_pixels(make_figure(build_example(spec_a), name, options))
+    second = data_pixels(make_figure(build_example(spec_b), name, options))
     assert_not_constant(first)
     assert_not_constant(second)
     assert first.shape == second.shape
@@ -83,7 +84,7 @@ def test_figure_follows_parameters(name: str, spec_a: str, spec_b: str, length: 
 
 
 def test_causal_option_masks_future_keys() -> None:
-    enc = build_for_plot("t5:bidirectional=true")
+    enc = build_example("t5:bidirectional=true")
     both = make_figure(enc, "attention", PlotOptions(length=8, max_heads=2, causal=False))
     causal = make_figure(enc, "attention", PlotOptions(length=8, max_heads=2))
     weights = both.axes[0].images[0].get_array()
@@ -100,7 +101,7 @@ def test_causal_option_masks_future_keys() -> None:
         .get_array()
     )
     alibi = (
-        make_figure(build_for_plot("alibi"), "bias", PlotOptions(length=8, max_heads=2))
+        make_figure(build_example("alibi"), "bias", PlotOptions(length=8, max_heads=2))
         .axes[0]
         .images[0]
         .get_array()
@@ -108,6 +109,33 @@ def test_causal_option_masks_future_keys() -> None:
     assert np.isfinite(np.asarray(shown)[upper]).all()
     assert np.ma.getmaskarray(hidden)[upper].all() or np.isnan(np.asarray(hidden)[upper]).all()
     assert np.ma.getmaskarray(alibi)[upper].all() or np.isnan(np.asarray(alibi)[upper]).all()
+
+
+def _attention_weights(spec: str, causal: bool | None) -> np.ndarray:
+    fig = make_figure(build_example(spec), "attention", PlotOptions(length=8, max_heads=2, causal=causal))
+    return np.asarray(fig.axes[0].images[0].get_array())
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_no_causal_attention_figure_for_every_encoding(name: str) -> None:
+    """``posenc plot NAME --figure attention --no-causal``: every encoding renders; one that is not
+    causal_only shows future keys, a causal_only one is drawn causal (as documented)."""
+    upper = np.triu_indices(8, 1)
+    weights = _attention_weights(name, causal=False)
+    if build_example(name).causal_only:
+        assert weights[upper].max() == 0.0, f"{name} is causal_only: future keys must stay masked"
+    else:
+        assert weights[upper].min() > 0.0, f"{name}: --no-causal must show future keys"
+    assert _attention_weights(name, causal=None)[upper].max() == 0.0, f"{name}: the default is causal"
+
+
+def test_cli_no_causal_attention_figure(tmp_path) -> None:
+    out = tmp_path / "rope.png"
+    result = CliRunner().invoke(
+        app, ["plot", "rope", "--figure", "attention", "--no-causal", "-o", str(out), "--dpi", str(DPI)]
+    )
+    assert result.exit_code == 0, result.output
+    assert_not_constant(imread(out)[..., :3])
 
 
 def test_data_pixels_catches_an_empty_plot() -> None:
@@ -123,7 +151,7 @@ def test_data_pixels_catches_an_empty_plot() -> None:
 
 def test_every_registered_encoding_has_a_default_figure() -> None:
     for name in posenc.available():
-        enc = build_for_plot(name)
+        enc = build_example(name)
         figures = figures_for(enc)
         assert figures, f"{name} has no figure"
         if enc.kind is Kind.BIAS:
@@ -132,7 +160,7 @@ def test_every_registered_encoding_has_a_default_figure() -> None:
 
 @pytest.mark.parametrize("name", [n for n in posenc.available() if posenc.get_class(n).kind is Kind.BIAS])
 def test_generic_bias_heatmap_for_every_bias_encoding(name: str) -> None:
-    pixels = data_pixels(make_figure(build_for_plot(name), "bias", PlotOptions(length=8, max_heads=2)))
+    pixels = data_pixels(make_figure(build_example(name), "bias", PlotOptions(length=8, max_heads=2)))
     assert_not_constant(pixels)
 
 
@@ -187,7 +215,7 @@ def test_cli_plot_errors(tmp_path, monkeypatch, args: list[str], message: str) -
 
 def test_sinusoidal_seed_figure_draws_the_seed_dimensions() -> None:
     # The first panels are dims 2, 6, 12 of the table over the positions, as in the seed.
-    fig = make_figure(build_for_plot("sinusoidal:dim=32"), "dims", PlotOptions(length=128))
+    fig = make_figure(build_example("sinusoidal:dim=32"), "dims", PlotOptions(length=128))
     lines = [ax.lines[0] for ax in fig.axes]
     assert [ax.get_ylabel() for ax in fig.axes] == ["dim 2", "dim 6", "dim 12"]
     positions = np.arange(128, dtype=np.float64)

@@ -1,14 +1,13 @@
-"""``posenc bench``: run the speed/memory benchmarks in ``benchmarks/`` and print markdown tables.
+"""``posenc bench``: run the speed/memory benchmarks of :mod:`posenc.benchmarks`, print markdown tables.
 
-The benchmark scripts live in the repository's ``benchmarks/`` folder (they import baselines such as
-HF transformers, x-transformers and rotary-embedding-torch that the library itself does not need).
-This command finds that folder next to the source tree, or where ``--dir`` points, and runs each
-selected benchmark in a subprocess so that one benchmark's memory does not affect the next.
+The benchmarks ship in the package, so the installed command works from any directory; the
+baselines they compare with (HF transformers, x-transformers, rotary-embedding-torch) are the
+``bench`` extra. Each selected benchmark runs as ``python -m posenc.benchmarks.<module>`` in a
+subprocess so that one benchmark's memory does not affect the next.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,21 +16,24 @@ import typer
 
 from posenc.cli import app, console
 
-#: benchmark name -> (script, default arguments, what it measures)
+#: The modules' home: ``python -m PACKAGE.<module>`` runs a benchmark.
+PACKAGE = "posenc.benchmarks"
+
+#: benchmark name -> (module of :data:`PACKAGE`, default arguments, what it measures)
 BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "bias": (
-        "bench_bias.py",
+        "bench_bias",
         [],
         "T5/ALiBi bias attention: blocked backend vs SDPA floor, HF T5, x-transformers, seed",
     ),
     "alibi": (
-        "bench_bias.py",
+        "bench_bias",
         ["--encoding", "alibi"],
         "ALiBi: blocked backend vs SDPA floor and x-transformers",
     ),
-    "shaw": ("bench_shaw.py", [], "Shaw k=16 key+value: posenc vs eager floor and the seed's (L,L,d) einsum"),
+    "shaw": ("bench_shaw", [], "Shaw k=16 key+value: posenc vs eager floor and the seed's (L,L,d) einsum"),
     "rope": (
-        "bench_rope.py",
+        "bench_rope",
         [],
         "RoPE on q,k (4,32,2048,128): fused kernel vs HF and rotary-embedding-torch",
     ),
@@ -44,20 +46,6 @@ QUICK_ARGS: dict[str, list[str]] = {
 }
 
 
-def _benchmarks_dir(given: Path | None) -> Path:
-    candidates = (
-        [given] if given else [Path.cwd() / "benchmarks", Path(__file__).resolve().parents[2] / "benchmarks"]
-    )
-    for candidate in candidates:
-        if candidate is not None and (candidate / "_harness.py").is_file():
-            return candidate
-    raise typer.BadParameter(
-        "cannot find the benchmarks/ folder (it ships with the source repository, not the wheel); "
-        "run from the repository root or pass --dir",
-        param_hint="--dir",
-    )
-
-
 @app.command("bench")
 def bench(
     names: list[str] = typer.Argument(
@@ -68,7 +56,6 @@ def bench(
         None, "--output", "-o", help="also write the markdown tables to this file"
     ),
     threads: int | None = typer.Option(None, "--threads", help="torch threads (default: torch's default)"),
-    directory: Path | None = typer.Option(None, "--dir", help="the benchmarks/ folder"),
     extra: str = typer.Option("", "--args", help="extra arguments passed to every benchmark script"),
 ) -> None:
     """Run benchmarks side by side with their baselines; print ratios as markdown tables."""
@@ -76,20 +63,24 @@ def bench(
     unknown = [n for n in selected if n not in BENCHMARKS]
     if unknown:
         raise typer.BadParameter(f"unknown benchmark(s) {unknown}; choose from {', '.join(BENCHMARKS)}")
-    folder = _benchmarks_dir(directory)
     tables = []
     for name in selected:
-        script, defaults, what = BENCHMARKS[name]
+        module, defaults, what = BENCHMARKS[name]
         args = list(defaults) + (QUICK_ARGS[name] if quick else []) + (extra.split() if extra else [])
         if threads:
             args += ["--threads", str(threads)]
         console.print(f"[bold]{name}[/bold]: {what}")
-        env = dict(os.environ, PYTHONPATH=str(folder) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         done = subprocess.run(
-            [sys.executable, str(folder / script), *args], capture_output=True, text=True, env=env
+            [sys.executable, "-m", f"{PACKAGE}.{module}", *args], capture_output=True, text=True
         )
         if done.returncode != 0:
-            console.print(f"[red]{name} failed[/red]:\n{done.stderr[-3000:]}")
+            hint = (
+                '\n(a baseline is missing: pip install "posenc[bench]")'
+                if "ModuleNotFoundError" in done.stderr
+                else ""
+            )
+            console.print(f"[red]{name} failed[/red]:")
+            console.print(done.stderr[-3000:] + hint, markup=False, highlight=False)
             raise typer.Exit(1)
         typer.echo(done.stdout)
         tables.append(done.stdout.strip())

@@ -30,7 +30,7 @@ COMMAND_MODULES = ["posenc.experiments.cli", "posenc.viz.cli", "posenc.bench_cli
 def list_encodings() -> None:
     """List every registered encoding: name, kind, description and the backends that can run it."""
     import posenc
-    from posenc.inspect import runnable_backends
+    from posenc.examples import runnable_backends
 
     table = Table(title="posenc encodings")
     for column in ("name", "kind", "description", "backends (auto order)"):
@@ -46,7 +46,7 @@ def show(
     spec: str = typer.Argument(..., help="encoding name or spec string, e.g. t5 or rope:base=500000"),
 ) -> None:
     """Show an encoding's configuration and a small numeric view of what it computes."""
-    from posenc.inspect import build_example
+    from posenc.examples import build_example
 
     try:
         enc = build_example(spec)

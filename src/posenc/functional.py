@@ -1,20 +1,58 @@
 """Pure functions of every encoding family (the math, no state).
 
-Collected from each family module's ``__functional__`` list, e.g. ``F.t5_bucket``,
-``F.alibi_slopes``, ``F.sinusoidal``, ``F.rope_inv_freq``, ``F.apply_rope``,
+Each family module lists the functions it exports here in ``__functional__``; this module imports
+them by name, so IDEs and type checkers see them (``tests/test_functional.py`` checks the two agree),
+e.g. ``F.t5_bucket``, ``F.alibi_slopes``, ``F.sinusoidal``, ``F.rope_inv_freq``, ``F.apply_rope``,
 ``F.deberta_log_bucket``.
 """
 
 from __future__ import annotations
 
-from .encodings import FAMILY_MODULES
+from .encodings.alibi import alibi_slopes
+from .encodings.axial_rope import axial_rope_cos_sin
+from .encodings.cope import cope_interpolate, cope_positions
+from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_relative_index
+from .encodings.fire import fire_input
+from .encodings.kerple import kerple_bias
+from .encodings.learned import resample_positions
+from .encodings.mlp_bias import log_distance
+from .encodings.mrope import default_mrope_section, mrope_cos_sin, mrope_grid_ids
+from .encodings.rope import apply_rope, convert_rope_pairing, rope_cos_sin, rope_inv_freq
+from .encodings.rope_scaling import rope_scaled_inv_freq, rope_scaling_types
+from .encodings.shaw import shaw_relative_index, shaw_relative_logits, shaw_relative_values
+from .encodings.sinusoidal import sinusoidal
+from .encodings.sinusoidal2d import grid_row_col, sinusoidal_2d
+from .encodings.t5 import t5_bucket
+from .encodings.xpos import apply_xpos, xpos_zeta
 
-__all__: list[str] = []
-_name = ""
-for _module in FAMILY_MODULES:
-    for _name in getattr(_module, "__functional__", ()):
-        if _name in globals():
-            raise ImportError(f"functional name {_name!r} exported twice (second by {_module.__name__})")
-        globals()[_name] = getattr(_module, _name)
-        __all__.append(_name)
-del _module, _name
+__all__ = [
+    "alibi_slopes",
+    "apply_rope",
+    "apply_xpos",
+    "axial_rope_cos_sin",
+    "convert_rope_pairing",
+    "cope_interpolate",
+    "cope_positions",
+    "deberta_att_span",
+    "deberta_log_bucket",
+    "deberta_relative_index",
+    "default_mrope_section",
+    "fire_input",
+    "grid_row_col",
+    "kerple_bias",
+    "log_distance",
+    "mrope_cos_sin",
+    "mrope_grid_ids",
+    "resample_positions",
+    "rope_cos_sin",
+    "rope_inv_freq",
+    "rope_scaled_inv_freq",
+    "rope_scaling_types",
+    "shaw_relative_index",
+    "shaw_relative_logits",
+    "shaw_relative_values",
+    "sinusoidal",
+    "sinusoidal_2d",
+    "t5_bucket",
+    "xpos_zeta",
+]

@@ -33,6 +33,7 @@ the padding mask for left padding) and are computed once per forward and passed 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +115,14 @@ def _kind_of(spec: ParsedSpec) -> Kind:
 
 
 class _Stack(nn.Module):
-    """Token embedding, input (absolute) encodings, blocks, final LayerNorm and an untied head."""
+    """Token embedding, input (absolute) encodings, blocks, final LayerNorm and an untied head.
+
+    The one constructor of :class:`TransformerLM` and :class:`TransformerEncoder` (their docstrings
+    document the arguments); they differ only in :attr:`default_causal`, what ``causal=None`` means.
+    """
+
+    #: Whether attention is causal when the caller leaves ``causal`` out.
+    default_causal: ClassVar[bool]
 
     def __init__(
         self,
@@ -122,17 +130,18 @@ class _Stack(nn.Module):
         d_model: int,
         num_layers: int,
         num_heads: int,
-        encoding: EncodingSpec | Sequence[EncodingSpec],
+        encoding: EncodingSpec | Sequence[EncodingSpec] = "nope",
         *,
-        d_ff: int | None,
-        ffn_mult: float,
-        dropout: float,
-        causal: bool,
-        max_len: int | None,
-        num_kv_heads: int | None,
-        backend: str,
+        d_ff: int | None = None,
+        ffn_mult: float = 4.0,
+        dropout: float = 0.0,
+        causal: bool | None = None,
+        max_len: int | None = None,
+        num_kv_heads: int | None = None,
+        backend: str = "auto",
     ) -> None:
         super().__init__()
+        causal = self.default_causal if causal is None else causal
         for label, value in (
             ("vocab_size", vocab_size),
             ("d_model", d_model),
@@ -293,7 +302,7 @@ class TransformerLM(_Stack):
         d_ff: feed-forward width; default ``ffn_mult * d_model``.
         ffn_mult: feed-forward multiplier used when ``d_ff`` is None.
         dropout: dropout on embeddings, attention probabilities and residual branches.
-        causal: causal self-attention (True for a language model).
+        causal: causal self-attention; None (the default) means True for a language model.
         max_len: size of position tables (learned absolute); encodings without a table ignore it.
         num_kv_heads: key/value heads for grouped-query attention.
         backend: attention backend for every layer (``"auto"`` picks per call).
@@ -301,36 +310,7 @@ class TransformerLM(_Stack):
     ``forward(tokens [B, T], cache=None, positions=None, key_padding_mask=None) -> logits [B, T, V]``.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        num_layers: int,
-        num_heads: int,
-        encoding: EncodingSpec | Sequence[EncodingSpec] = "nope",
-        *,
-        d_ff: int | None = None,
-        ffn_mult: float = 4.0,
-        dropout: float = 0.0,
-        causal: bool = True,
-        max_len: int | None = None,
-        num_kv_heads: int | None = None,
-        backend: str = "auto",
-    ) -> None:
-        super().__init__(
-            vocab_size,
-            d_model,
-            num_layers,
-            num_heads,
-            encoding,
-            d_ff=d_ff,
-            ffn_mult=ffn_mult,
-            dropout=dropout,
-            causal=causal,
-            max_len=max_len,
-            num_kv_heads=num_kv_heads,
-            backend=backend,
-        )
+    default_causal = True
 
     def forward(
         self,
@@ -384,42 +364,13 @@ class TransformerLM(_Stack):
 class TransformerEncoder(_Stack):
     """Bidirectional pre-LN Transformer encoder with any encoding per layer.
 
-    Same arguments as :class:`TransformerLM` (``causal`` defaults to False). ``forward(tokens,
+    Same arguments as :class:`TransformerLM`, except that ``causal`` defaults to False. ``forward(tokens,
     positions=None, key_padding_mask=None)`` returns per-token logits ``[B, T, V]`` from an untied
     head (masked-token prediction, tagging); :meth:`hidden_states` gives ``[B, T, d_model]``.
     Encodings that take ``bidirectional`` (T5) get ``bidirectional=True``.
     """
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        num_layers: int,
-        num_heads: int,
-        encoding: EncodingSpec | Sequence[EncodingSpec] = "nope",
-        *,
-        d_ff: int | None = None,
-        ffn_mult: float = 4.0,
-        dropout: float = 0.0,
-        causal: bool = False,
-        max_len: int | None = None,
-        num_kv_heads: int | None = None,
-        backend: str = "auto",
-    ) -> None:
-        super().__init__(
-            vocab_size,
-            d_model,
-            num_layers,
-            num_heads,
-            encoding,
-            d_ff=d_ff,
-            ffn_mult=ffn_mult,
-            dropout=dropout,
-            causal=causal,
-            max_len=max_len,
-            num_kv_heads=num_kv_heads,
-            backend=backend,
-        )
+    default_causal = False
 
     def forward(
         self, tokens: Tensor, positions: Tensor | None = None, key_padding_mask: Tensor | None = None

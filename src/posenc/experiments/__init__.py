@@ -3,13 +3,15 @@
 >>> from posenc.experiments import ExperimentConfig, run_experiment
 >>> run_experiment(ExperimentConfig(encodings=["alibi", "learned"], steps=200), "runs/demo")  # doctest: +SKIP
 
-The command line is ``posenc extrapolate`` (:mod:`posenc.experiments.cli`).
+Progress arrives through plain callbacks (``report=``, ``log=``; silent by default); the command
+line ``posenc extrapolate`` (:mod:`posenc.experiments.cli`) draws them with Rich, which only the
+``cli`` extra installs.
 """
 
 from __future__ import annotations
 
-from .runner import ExperimentInterrupted, run_experiment, summary_table
-from .tasks import TASKS, Batch, Task, default_corpus, make_task
+from .runner import ExperimentInterrupted, SummaryTable, run_experiment, summary_table
+from .tasks import TASKS, Batch, Metric, Task, default_corpus, make_task
 from .train import ExperimentConfig, RunSpec
 
 __all__ = [
@@ -17,7 +19,9 @@ __all__ = [
     "Batch",
     "ExperimentConfig",
     "ExperimentInterrupted",
+    "Metric",
     "RunSpec",
+    "SummaryTable",
     "Task",
     "default_corpus",
     "make_task",

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
 
 from ..cli import app, console
 from .tasks import TASKS
 from .train import ExperimentConfig
+
+if TYPE_CHECKING:
+    from .runner import SummaryTable
 
 _DEFAULT = ExperimentConfig()
 
@@ -27,6 +34,52 @@ def split_specs(text: str) -> list[str]:
         else:
             specs.append(item)
     return specs
+
+
+class _ProgressBars:
+    """Rich progress bars for :func:`~posenc.experiments.run_experiment`'s callbacks: one bar for
+    training and one for evaluation per run; log lines printed above them."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bars: dict[tuple[str, str], Any] = {}
+        self.progress = Progress(
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=console,
+            disable=not enabled,
+        )
+
+    def __enter__(self) -> _ProgressBars:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def log(self, message: str) -> None:
+        self.progress.console.print(message, style="cyan", markup=False, highlight=False)
+
+    def report(self, label: str, phase: str, done: int, total: int, note: str) -> None:
+        if not self.enabled:
+            return
+        key = (label, phase)
+        if key not in self.bars:
+            self.bars[key] = self.progress.add_task(f"{phase:<5} {label}", total=total, note=note)
+        self.progress.update(self.bars[key], completed=done, total=total, note=note)
+
+
+def rich_table(summary: SummaryTable) -> Table:
+    """A :class:`~posenc.experiments.runner.SummaryTable` as a Rich table (numbers right-aligned)."""
+    table = Table(title=summary.title)
+    for index, column in enumerate(summary.columns):
+        table.add_column(column, justify="left" if index == 0 else "right")
+    for row in summary.rows:
+        table.add_row(*row)
+    return table
 
 
 def _int_list(text: str, option: str) -> list[int]:
@@ -84,7 +137,7 @@ def extrapolate(
     resume when the same command is run again. Under `torchrun --nproc_per_node N` each run
     trains with DistributedDataParallel.
     """
-    from .runner import ExperimentInterrupted, run_experiment
+    from .runner import Distributed, ExperimentInterrupted, run_experiment, summary_table
 
     specs = split_specs(encodings)
     config = ExperimentConfig(
@@ -111,15 +164,13 @@ def extrapolate(
         backend=backend,
     )
     try:
-        run_experiment(
-            config,
-            out,
-            workers=workers,
-            threads=threads,
-            device=device,
-            console=console,
-            show_progress=progress,
-        )
+        writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results
+        with _ProgressBars(console, progress and writer) as bars:
+            records = run_experiment(
+                config, out, workers=workers, threads=threads, device=device, report=bars.report, log=bars.log
+            )
+        if writer:
+            console.print(rich_table(summary_table(config, records, config.make_task().metric)))
     except ExperimentInterrupted as err:
         console.print(f"[yellow]{err}[/yellow]; run the same command again to resume")
         raise typer.Exit(130) from err

@@ -1,29 +1,41 @@
-"""Tidy result records: atomic JSONL, CSV, the summary table and the metric-vs-length figure.
+"""Tidy result records: atomic JSONL, CSV, the summary rows and the metric-vs-length figure.
 
 A record is one measurement: ``{"run", "encoding", "task", "seed", "length", "metric", "value",
 "train_len", "steps", "examples"}``. ``results.jsonl`` holds one record per line and is always
 rewritten whole through a temporary file and ``os.replace``, so a crash leaves either the old or
 the new file, never a torn line.
+
+This module is the one reader of an experiment directory (:func:`read_records`,
+:func:`load_results`, :func:`load_config`); ``posenc report`` and ``posenc plot --run`` use it too.
+The figure is drawn by :func:`posenc.viz.curves.curve_figure`.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-import math
 import os
 import tempfile
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .tasks import Metric
 
 __all__ = [
     "RECORD_FIELDS",
+    "Record",
     "SummaryRow",
     "append_records",
     "atomic_write_text",
+    "experiment_settings",
+    "group_records",
+    "load_config",
+    "load_results",
     "plot_results",
     "read_records",
     "summarize",
@@ -60,11 +72,84 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+#: Fields a record must have to be read back (``task``, ``seed``, ``train_len`` are optional).
+REQUIRED_FIELDS = ("encoding", "length", "metric", "value")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One measurement: ``value`` of ``metric`` for ``encoding`` on ``task`` at ``length``."""
+
+    encoding: str
+    task: str
+    length: int
+    metric: str
+    value: float
+    seed: int
+    train_length: int | None
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], where: str = "record") -> Record:
+        """A record from its JSON form; ``ValueError`` naming ``where`` when a field is missing."""
+        missing = [f for f in REQUIRED_FIELDS if f not in raw]
+        if missing:
+            raise ValueError(f"{where}: record lacks {', '.join(missing)}")
+        train = raw.get("train_len", raw.get("train_length"))
+        return cls(
+            encoding=str(raw["encoding"]),
+            task=str(raw.get("task", "")),
+            length=int(raw["length"]),
+            metric=str(raw["metric"]),
+            value=float(raw["value"]),
+            seed=int(raw.get("seed", 0)),
+            train_length=None if train is None else int(train),
+        )
+
+
+def _numbered_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """``(line number, record)`` for every non-blank line; ``ValueError`` naming a line that is not JSON."""
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """All records of ``path`` (an empty list when it does not exist)."""
+    """All records of ``path`` as written (an empty list when it does not exist)."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [record for _, record in _numbered_lines(path)]
+
+
+def load_results(directory: str | Path) -> list[Record]:
+    """The checked records of ``directory/results.jsonl``; ``ValueError`` naming a malformed line."""
+    path = Path(directory) / "results.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {directory} an experiment directory?")
+    records = [Record.from_dict(raw, f"{path}:{number}") for number, raw in _numbered_lines(path)]
+    if not records:
+        raise ValueError(f"{path} holds no results")
+    return records
+
+
+def load_config(directory: str | Path) -> dict[str, Any]:
+    """``directory/config.json`` as a dict (empty when the run wrote none)."""
+    path = Path(directory) / "config.json"
+    if not path.is_file():
+        return {}
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(config, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
+    return config
+
+
+def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The experiment's settings: the runner nests them under ``"experiment"`` (beside ``"runtime"``)."""
+    settings = config.get("experiment", config)
+    return settings if isinstance(settings, dict) else {}
 
 
 def append_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
@@ -84,13 +169,12 @@ def write_csv(path: Path, records: list[dict[str, Any]]) -> None:
     atomic_write_text(path, buffer.getvalue())
 
 
-def _curves(records: list[dict[str, Any]], metric: str) -> dict[str, dict[int, list[float]]]:
-    """``encoding -> length -> values over seeds`` for one metric."""
-    curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for record in records:
-        if record["metric"] == metric:
-            curves[record["encoding"]][int(record["length"])].append(float(record["value"]))
-    return curves
+def group_records(records: list[Record]) -> dict[tuple[str, str, str], dict[int, list[float]]]:
+    """``{(task, metric, encoding): {length: [value per seed]}}``."""
+    grouped: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        grouped[(r.task, r.metric, r.encoding)][r.length].append(r.value)
+    return grouped
 
 
 class SummaryRow(dict):
@@ -102,7 +186,8 @@ def summarize(
     records: list[dict[str, Any]], metric: str, train_len: int, encodings: list[str]
 ) -> list[SummaryRow]:
     """One :class:`SummaryRow` per encoding (in ``encodings`` order), averaged over seeds."""
-    curves = _curves(records, metric)
+    rows_of_metric = [Record.from_dict(record) for record in records if record["metric"] == metric]
+    curves = {encoding: cells for (_, _, encoding), cells in group_records(rows_of_metric).items()}
     rows = []
     for encoding in encodings:
         by_length = {length: mean(values) for length, values in curves.get(encoding, {}).items()}
@@ -121,45 +206,31 @@ def summarize(
 
 
 def plot_results(
-    path: Path, records: list[dict[str, Any]], metric: str, train_len: int, encodings: list[str], title: str
+    path: Path,
+    records: list[dict[str, Any]],
+    metric: Metric,
+    encodings: list[str],
+    title: str,
 ) -> None:
-    """Metric against length, one line per encoding (mean over seeds, min-max band), saved as PNG."""
-    import matplotlib
+    """``metric`` against length, one line per encoding (mean over seeds, min-max band, a dashed line
+    at each record's training length), saved as PNG.
 
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
+    Needs matplotlib (the ``plot`` or ``cli`` extra); the figure is :func:`posenc.viz.curves.curve_figure`.
+    """
+    from ..viz.curves import curve_figure
 
-    curves = _curves(records, metric)
-    fig, ax = plt.subplots(figsize=(8.5, 4.5), dpi=120)
-    for encoding in encodings:
-        points = sorted(curves.get(encoding, {}).items())
-        if not points:
-            continue
-        lengths = [length for length, _ in points]
-        ax.plot(lengths, [mean(v) for _, v in points], label=encoding, linewidth=1.6)
-        if any(len(v) > 1 for _, v in points):
-            ax.fill_between(lengths, [min(v) for _, v in points], [max(v) for _, v in points], alpha=0.15)
-    ax.axvline(train_len, color="grey", linestyle="--", linewidth=1)
-    ax.text(train_len, ax.get_ylim()[1], " train length", va="top", fontsize=8, color="grey")
-    ax.set_xlabel("length" if metric != "perplexity" else "position (context length)")
-    ax.set_ylabel(metric.replace("_", " "))
-    if metric == "perplexity" and all(v > 0 for c in curves.values() for vs in c.values() for v in vs):
-        ax.set_yscale("log")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
-    fig.tight_layout()
+    rows = [Record.from_dict(record) for record in records if record["metric"] == metric.name]
+    task = rows[0].task if rows else ""
+    fig = curve_figure(
+        rows,
+        task,
+        metric.name,
+        encodings,
+        title=title,
+        log_scale=metric.log_scale,
+        length_label=metric.length_label,
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp)
-    plt.close(fig)
+    fig.savefig(tmp, dpi=120)
     os.replace(tmp, path)
-
-
-def format_value(value: float | None, metric: str) -> str:
-    """A table cell: accuracy as a percentage, perplexity with two decimals, '-' when missing."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if metric == "perplexity":
-        return f"{value:.2f}"
-    return f"{100 * value:.1f}%"

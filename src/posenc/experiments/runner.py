@@ -22,6 +22,7 @@ per run instead (gloo on CPU, nccl on GPU), and rank 0 evaluates and writes the 
 from __future__ import annotations
 
 import json
+import math
 import multiprocessing
 import os
 import queue as queue_module
@@ -34,14 +35,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from . import results as results_io
-from .train import ExperimentConfig, Interrupted, RunSpec, run_id_for, train_and_evaluate
+from .tasks import Metric
+from .train import ExperimentConfig, Interrupted, Reporter, RunSpec, run_id_for, train_and_evaluate
 
-__all__ = ["Distributed", "ExperimentInterrupted", "run_experiment", "summary_table"]
+__all__ = ["Distributed", "ExperimentInterrupted", "Log", "SummaryTable", "run_experiment", "summary_table"]
+
+#: ``log(message)``: one line of news (a run kept or resumed, where the results are).
+Log = Callable[[str], None]
 
 
 class ExperimentInterrupted(Exception):
@@ -89,7 +91,7 @@ def _check_config(out: Path, config: ExperimentConfig) -> None:
     path = out / "config.json"
     if not path.exists():
         return
-    saved = json.loads(path.read_text(encoding="utf-8")).get("experiment", {})
+    saved = results_io.experiment_settings(results_io.load_config(out))
     current = config.identity()
     different = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
     if different:
@@ -111,39 +113,12 @@ def _finished_runs(out: Path) -> set[str]:
 # ---------------------------------------------------------------------------- progress
 
 
-class _Progress:
-    """Rich progress bars, one for training and one for evaluation per run (rank 0 only)."""
+def _quiet_report(label: str, phase: str, done: int, total: int, note: str) -> None:
+    """The default progress callback: no output."""
 
-    def __init__(self, console: Console, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bars: dict[tuple[str, str], Any] = {}
-        self.progress = Progress(
-            TextColumn("{task.description:<28}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[note]}"),
-            console=console,
-            disable=not enabled,
-        )
 
-    def __enter__(self) -> _Progress:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-    def log(self, message: str) -> None:
-        self.progress.console.print(f"[cyan]{message}[/cyan]")
-
-    def report(self, label: str, phase: str, done: int, total: int, note: str) -> None:
-        if not self.enabled:
-            return
-        key = (label, phase)
-        if key not in self.bars:
-            self.bars[key] = self.progress.add_task(f"{phase:<5} {label}", total=total, note=note)
-        self.progress.update(self.bars[key], completed=done, total=total, note=note)
+def _quiet_log(message: str) -> None:
+    """The default log callback: no output."""
 
 
 # ---------------------------------------------------------------------------- workers
@@ -208,7 +183,8 @@ def _run_in_workers(
     workers: int,
     threads: int,
     device: torch.device,
-    progress: _Progress,
+    report: Reporter,
+    log: Log,
     on_done: Callable[[RunSpec, list[dict[str, Any]]], None],
 ) -> None:
     context = multiprocessing.get_context("spawn")
@@ -225,18 +201,18 @@ def _run_in_workers(
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-            _drain(progress_queue, progress)
+            _drain(progress_queue, report, log)
             for future in done:
                 handled.add(future)
                 try:
                     on_done(futures[future], future.result())
                 except Interrupted as err:  # a worker was stopped (a signal sent to it alone): stop all
                     raise KeyboardInterrupt from err
-        _drain(progress_queue, progress)
+        _drain(progress_queue, report, log)
     except KeyboardInterrupt:
         stop_event.set()  # running jobs checkpoint and stop; queued ones stop before starting
         _collect_finished({f: r for f, r in futures.items() if f not in handled}, on_done)
-        _drain(progress_queue, progress)
+        _drain(progress_queue, report, log)
         raise ExperimentInterrupted(
             "interrupted; finished runs are saved, unfinished ones resume from their checkpoints"
         ) from None
@@ -260,16 +236,17 @@ def _collect_finished(
         on_done(run, records)
 
 
-def _drain(progress_queue: Any, progress: _Progress) -> None:
+def _drain(progress_queue: Any, report: Reporter, log: Log) -> None:
+    """Hand the workers' queued progress and log messages to the callbacks."""
     while True:
         try:
             message = progress_queue.get_nowait()
         except queue_module.Empty:
             return
         if len(message) == 1:
-            progress.log(message[0])
+            log(message[0])
         else:
-            progress.report(*message)
+            report(*message)
 
 
 # ---------------------------------------------------------------------------- experiment
@@ -282,17 +259,20 @@ def run_experiment(
     workers: int | None = None,
     threads: int = 1,
     device: str = "cpu",
-    console: Console | None = None,
-    show_progress: bool = True,
+    report: Reporter | None = None,
+    log: Log | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the experiment into ``out`` and return all its records.
 
     ``workers`` defaults to one process per CPU core (at most one per run); under ``torchrun``
     runs go one after another, each trained by all processes with DDP.
+    Progress goes to plain callbacks, called on rank 0 only (both default to silence):
+    ``report(run_label, phase, done, total, note)`` as a run trains (``phase="train"``) and is
+    evaluated (``"eval"``); ``log(message)`` for one-line news (a finished run kept, a run resumed
+    from its checkpoint, where the results are). :func:`summary_table` summarizes the records.
     Raises :class:`ExperimentInterrupted` after Ctrl-C/SIGTERM (everything finished is saved).
     """
     config.validate()
-    console = console or Console()
     dist = Distributed.from_env()
     torch_device = _device(device, dist)
     out = Path(out)
@@ -303,6 +283,8 @@ def run_experiment(
     runs = [RunSpec(encoding, seed) for seed in config.seeds for encoding in config.encodings]
     workers = _worker_count(workers, len(runs), dist)
     is_writer = dist.rank == 0
+    report = report if report is not None and is_writer else _quiet_report
+    log = log if log is not None and is_writer else _quiet_log
     if dist.enabled:
         _init_process_group(torch_device)
     if is_writer:
@@ -316,25 +298,22 @@ def run_experiment(
         _write_config(out, config, runtime)
     finished = _finished_runs(out)
     todo = [run for run in runs if run_id_for(config, run) not in finished]
-    if is_writer:
-        for run in runs:
-            if run not in todo:
-                console.print(f"[dim]done already, kept: {run.label}[/dim]")
-        mode = (
-            f"DDP world size {dist.world_size}"
-            if dist.enabled
-            else f"{workers} worker(s) x {threads} thread(s)"
-        )
-        console.print(f"[bold]{config.task}[/bold]: {len(todo)} run(s) to do on {torch_device} with {mode}")
+    for run in runs:
+        if run not in todo:
+            log(f"done already, kept: {run.label}")
+    mode = (
+        f"DDP world size {dist.world_size}" if dist.enabled else f"{workers} worker(s) x {threads} thread(s)"
+    )
+    log(f"{config.task}: {len(todo)} run(s) to do on {torch_device} with {mode}")
 
     def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
         if is_writer and records:
             results_io.append_records(out / "results.jsonl", records)
 
     try:
-        with _sigterm_as_interrupt(), _Progress(console, show_progress and is_writer) as progress:
+        with _sigterm_as_interrupt():
             if workers > 1 and len(todo) > 1:
-                _run_in_workers(config, todo, out, workers, threads, torch_device, progress, on_done)
+                _run_in_workers(config, todo, out, workers, threads, torch_device, report, log, on_done)
             else:
                 torch.set_num_threads(threads)
                 for run in todo:
@@ -343,11 +322,11 @@ def run_experiment(
                         config,
                         run,
                         checkpoint,
-                        progress.report,
+                        report,
                         rank=dist.rank,
                         world_size=dist.world_size,
                         device=torch_device,
-                        log=progress.log if is_writer else (lambda message: None),
+                        log=log,
                     )
                     on_done(run, records)
         if dist.enabled:
@@ -368,9 +347,8 @@ def run_experiment(
         if r["encoding"] in config.encodings and r["seed"] in config.seeds
     ]
     if is_writer:
-        _write_outputs(out, config, records)
-        console.print(summary_table(config, records, task.metric))
-        console.print(f"results: {out / 'results.jsonl'}, {out / 'results.csv'}, {out / 'extrapolation.png'}")
+        _write_outputs(out, config, task.metric, records)
+        log(f"results: {out / 'results.jsonl'}, {out / 'results.csv'}, {out / 'extrapolation.png'}")
     return records
 
 
@@ -395,31 +373,52 @@ def _init_process_group(device: torch.device) -> None:
         torch.cuda.set_device(device)
 
 
-def _write_outputs(out: Path, config: ExperimentConfig, records: list[dict[str, Any]]) -> None:
+def _write_outputs(
+    out: Path, config: ExperimentConfig, metric: Metric, records: list[dict[str, Any]]
+) -> None:
     results_io.write_csv(out / "results.csv", records)
-    metric = "perplexity" if config.task == "lm" else "exact_match"
     title = f"{config.task}: trained on lengths <= {config.train_len}, {config.steps} steps"
-    results_io.plot_results(
-        out / "extrapolation.png", records, metric, config.train_len, config.encodings, title
-    )
+    results_io.plot_results(out / "extrapolation.png", records, metric, config.encodings, title)
 
 
-def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metric: str) -> Table:
-    """The Rich table: metric at the training length, mean beyond it, at L+1 and at 2L."""
-    rows = results_io.summarize(records, metric, config.train_len, config.encodings)
+@dataclass(frozen=True)
+class SummaryTable:
+    """The summary of an experiment as plain text cells (the CLI draws it with Rich)."""
+
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+
+    def __str__(self) -> str:
+        widths = [max(len(c), *(len(row[i]) for row in self.rows)) for i, c in enumerate(self.columns)]
+        lines = [self.title, "  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in self.rows]
+        return "\n".join(lines)
+
+
+def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metric: Metric) -> SummaryTable:
+    """Per encoding: ``metric`` at the training length, mean beyond it, at L+1 and at 2L."""
+    rows = results_io.summarize(records, metric.name, config.train_len, config.encodings)
     L = config.train_len
-    name = "ppl" if metric == "perplexity" else "exact match"
-    table = Table(
-        title=f"{config.task}: {name} by length (trained on <= {L}, evaluated to {config.eval_len})"
-    )
-    table.add_column("encoding")
-    table.add_column("seeds", justify="right")
-    for header in (f"at L={L}", f"mean {L + 1}..{config.eval_len}", f"at L+1={L + 1}", f"at 2L={2 * L}"):
-        table.add_column(header, justify="right")
-    for row in rows:
-        cells = [
-            results_io.format_value(row[key], metric)
-            for key in ("at_train", "beyond", "at_next", "at_double")
-        ]
-        table.add_row(row["encoding"], str(row["seeds"]), *cells)
-    return table
+    columns = [
+        "encoding",
+        "seeds",
+        f"at L={L}",
+        f"mean {L + 1}..{config.eval_len}",
+        f"at L+1={L + 1}",
+        f"at 2L={2 * L}",
+    ]
+    cells = [
+        [row["encoding"], str(row["seeds"])]
+        + [_cell(row[key], metric) for key in ("at_train", "beyond", "at_next", "at_double")]
+        for row in rows
+    ]
+    title = f"{config.task}: {metric.label} by length (trained on <= {L}, evaluated to {config.eval_len})"
+    return SummaryTable(title, columns, cells)
+
+
+def _cell(value: float | None, metric: Metric) -> str:
+    """A table cell: the metric's format, '-' when not measured."""
+    if value is None or math.isnan(value):
+        return "-"
+    return metric.format(value)

@@ -30,26 +30,35 @@ All randomness comes from the ``torch.Generator`` passed in, so a seed reproduce
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 __all__ = [
     "BOS",
     "EOS",
+    "EXACT_MATCH",
     "IGNORE",
     "PAD",
+    "PERPLEXITY",
     "SEP",
     "TASKS",
     "Batch",
     "ByteLM",
+    "Metric",
+    "Score",
     "SequenceTask",
     "Task",
     "default_corpus",
     "make_task",
+    "mix_seed",
 ]
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
@@ -70,12 +79,138 @@ class Batch:
     targets: Tensor
 
 
+def mix_seed(*numbers: int | str) -> int:
+    """A 63-bit seed from integers and labels (stable across processes and Python versions)."""
+    digest = hashlib.blake2b(",".join(map(str, numbers)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+class Score(NamedTuple):
+    """One evaluated number: ``value`` of ``metric`` at ``length``."""
+
+    length: int
+    metric: str
+    value: float
+
+
+#: ``evaluate(model, task, eval_len=, examples=, batch_size=, seed=, progress=)`` -> scores;
+#: ``progress(done, total)`` is called as the evaluation advances.
+Evaluator = Callable[..., list[Score]]
+
+
+@dataclass(frozen=True)
+class Metric:
+    """How a task is scored, and how its headline number is shown.
+
+    Attributes:
+        name: the ``metric`` field of its records (``"exact_match"``, ``"perplexity"``).
+        label: the short name in table titles (``"exact match"``, ``"ppl"``).
+        length_label: what the length axis of its curve means.
+        log_scale: draw the metric on a logarithmic axis (perplexity).
+        format: a table cell for one value.
+        evaluate: the evaluation loop; it returns every :class:`Score` it measures (the headline
+            metric and any companion, such as token accuracy beside exact match).
+    """
+
+    name: str
+    label: str
+    length_label: str
+    log_scale: bool
+    format: Callable[[float], str]
+    evaluate: Evaluator
+
+
+@torch.no_grad()
+def _evaluate_exact_match(
+    model: nn.Module,
+    task: Task,
+    *,
+    eval_len: int,
+    examples: int,
+    batch_size: int,
+    seed: int,
+    progress: Callable[[int, int], None],
+) -> list[Score]:
+    """Teacher-forced exact match (every scored position right) and token accuracy at ``1..eval_len``."""
+    device = next(model.parameters()).device
+    scores = []
+    for length in range(1, eval_len + 1):
+        generator = torch.Generator().manual_seed(mix_seed(seed, length, "eval"))
+        exact = correct = counted = 0.0
+        remaining = examples
+        while remaining > 0:
+            size = min(remaining, batch_size)
+            batch = task.batch(length, size, generator)
+            predictions = model(batch.inputs.to(device)).argmax(dim=-1).cpu()
+            scored = batch.targets != IGNORE
+            hits = (predictions == batch.targets) & scored
+            exact += float((hits | ~scored).all(dim=1).sum())
+            correct += float(hits.sum())
+            counted += float(scored.sum())
+            remaining -= size
+        scores.append(Score(length, "exact_match", exact / examples))
+        scores.append(Score(length, "token_accuracy", correct / counted))
+        progress(length, eval_len)
+    return scores
+
+
+@torch.no_grad()
+def _evaluate_perplexity(
+    model: nn.Module,
+    task: Task,
+    *,
+    eval_len: int,
+    examples: int,
+    batch_size: int,
+    seed: int,
+    progress: Callable[[int, int], None],
+) -> list[Score]:
+    """Perplexity at each position of ``eval_len``-token windows from the held-out data."""
+    device = next(model.parameters()).device
+    generator = torch.Generator().manual_seed(mix_seed(seed, "lm-eval"))
+    total = torch.zeros(eval_len, dtype=torch.float64)
+    remaining, done = examples, 0
+    while remaining > 0:
+        size = min(remaining, batch_size)
+        batch = task.batch(eval_len, size, generator)
+        logits = model(batch.inputs.to(device))
+        nll = F.cross_entropy(logits.transpose(1, 2), batch.targets.to(device), reduction="none")  # [B, T]
+        total += nll.sum(dim=0).double().cpu()
+        remaining -= size
+        done += size
+        progress(done, examples)
+    mean_nll = total / examples
+    return [
+        Score(position + 1, "perplexity", float(torch.exp(mean_nll[position])))
+        for position in range(eval_len)
+    ]
+
+
+#: Sequence tasks: the whole answer right, as a percentage (token accuracy is recorded beside it).
+EXACT_MATCH = Metric(
+    name="exact_match",
+    label="exact match",
+    length_label="length",
+    log_scale=False,
+    format=lambda value: f"{100 * value:.1f}%",
+    evaluate=_evaluate_exact_match,
+)
+#: Language models: perplexity at each position, two decimals.
+PERPLEXITY = Metric(
+    name="perplexity",
+    label="ppl",
+    length_label="position (context length)",
+    log_scale=True,
+    format=lambda value: f"{value:.2f}",
+    evaluate=_evaluate_perplexity,
+)
+
+
 class Task:
-    """A source of batches at a chosen length."""
+    """A source of batches at a chosen length, scored by its :class:`Metric`."""
 
     name: str = ""
-    #: "exact_match" tasks are scored by teacher-forced exact match; "perplexity" by perplexity.
-    metric: str = "exact_match"
+    metric: Metric = EXACT_MATCH
     vocab_size: int
 
     def sequence_length(self, length: int) -> int:
@@ -96,6 +231,11 @@ class Task:
         if not isinstance(length, int) or length < 1:
             raise ValueError(f"{self.name}: length must be a positive int, got {length!r}")
 
+    @classmethod
+    def from_options(cls, *, num_symbols: int, distinct: bool, corpus: str | None) -> Task:
+        """Build the task from the experiment's task options (each task reads those it has)."""
+        raise NotImplementedError
+
 
 def _symbols(generator: torch.Generator, batch: int, length: int, count: int, distinct: bool) -> Tensor:
     """Symbol ids ``[batch, length]`` in ``[FIRST_SYMBOL, FIRST_SYMBOL + count)``."""
@@ -113,6 +253,12 @@ class SequenceTask(Task):
             raise ValueError(f"{self.name}: num_symbols must be >= 2, got {num_symbols}")
         self.num_symbols, self.distinct = num_symbols, distinct
         self.vocab_size = FIRST_SYMBOL + num_symbols
+
+    @classmethod
+    def from_options(cls, *, num_symbols: int, distinct: bool, corpus: str | None) -> Task:
+        if corpus is not None:
+            raise ValueError(f"corpus is only used by the lm task, not {cls.name!r}")
+        return cls(num_symbols=num_symbols, distinct=distinct)
 
     def make(self, length: int, batch: int, generator: torch.Generator) -> tuple[Tensor, Tensor]:
         """``x [batch, len_x]`` and ``y [batch, len_y]`` for examples of size ``length``."""
@@ -282,7 +428,7 @@ class ByteLM(Task):
     """
 
     name = "lm"
-    metric = "perplexity"
+    metric = PERPLEXITY
     vocab_size = 256
 
     def __init__(self, corpus: str | Path | None = None, eval_fraction: float = 0.1) -> None:
@@ -295,6 +441,10 @@ class ByteLM(Task):
         self.train_data, self.eval_data = data_tensor[:split], data_tensor[split:]
         if len(self.eval_data) < 2:
             raise ValueError(f"lm: corpus {self.corpus!r} is too small ({len(data)} bytes)")
+
+    @classmethod
+    def from_options(cls, *, num_symbols: int, distinct: bool, corpus: str | None) -> Task:
+        return cls(corpus)  # a byte LM has no symbols: num_symbols and distinct do not apply
 
     def sequence_length(self, length: int) -> int:
         return length
@@ -329,8 +479,4 @@ def make_task(name: str, *, num_symbols: int = 32, distinct: bool = False, corpu
     """Build task ``name`` (one of :data:`TASKS`)."""
     if name not in TASKS:
         raise ValueError(f"unknown task {name!r}; available: {', '.join(TASKS)}")
-    if name == ByteLM.name:
-        return ByteLM(corpus)
-    if corpus is not None:
-        raise ValueError(f"corpus is only used by the lm task, not {name!r}")
-    return TASKS[name](num_symbols=num_symbols, distinct=distinct)
+    return TASKS[name].from_options(num_symbols=num_symbols, distinct=distinct, corpus=corpus)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .tasks import IGNORE, Task, make_task
+from .tasks import IGNORE, Task, make_task, mix_seed
 
 __all__ = ["INTERRUPT_ENV", "ExperimentConfig", "Interrupted", "RunSpec", "run_id_for", "train_and_evaluate"]
 
@@ -164,12 +164,6 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def _mix(*numbers: int) -> int:
-    """A 63-bit seed from integers (stable across processes and Python versions)."""
-    digest = hashlib.blake2b(",".join(map(str, numbers)).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
-
-
 def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Module:
     """The experiment's model. ``max_len`` covers the longest evaluated sequence, so a learned
     absolute table has rows for every evaluated position; rows past the training positions are
@@ -237,7 +231,7 @@ def train_and_evaluate(
     if should_stop():
         raise Interrupted(f"{run.label}: not started (stop requested)")
     task = config.make_task()
-    torch.manual_seed(_mix(run.seed, "init"))
+    torch.manual_seed(mix_seed(run.seed, "init"))
     device = device or torch.device("cpu")
     model = build_model(config, task, run.encoding).to(device)
     optimizer = torch.optim.AdamW(
@@ -277,8 +271,8 @@ def train_and_evaluate(
     model.train()
     with _StopFlag() as stop:
         while step < config.steps:
-            data_generator.manual_seed(_mix(run.seed, rank, step, "data"))
-            torch.manual_seed(_mix(run.seed, rank, step, "dropout"))
+            data_generator.manual_seed(mix_seed(run.seed, rank, step, "data"))
+            torch.manual_seed(mix_seed(run.seed, rank, step, "dropout"))
             batch = task.train_batch(
                 config.min_train_len, config.train_len, config.batch_size, data_generator
             )
@@ -331,9 +325,8 @@ def _any_rank(flag: bool, world_size: int) -> bool:
 def evaluate(
     model: nn.Module, config: ExperimentConfig, task: Task, run: RunSpec, report: Reporter
 ) -> list[dict[str, Any]]:
-    """Records for every length ``1..eval_len`` (exact match and token accuracy, or perplexity)."""
+    """Records of the task's metric (:attr:`Task.metric`) for every length up to ``eval_len``."""
     model.eval()
-    device = next(model.parameters()).device
     base = {
         "run": run_id_for(config, run),
         "encoding": run.encoding,
@@ -342,69 +335,22 @@ def evaluate(
         "train_len": config.train_len,
         "steps": config.steps,
     }
-    if task.metric == "perplexity":
-        return _evaluate_lm(model, config, task, run, report, base)
-    records = []
-    for length in range(1, config.eval_len + 1):
-        generator = torch.Generator().manual_seed(_mix(run.seed, length, "eval"))
-        exact = correct = counted = 0.0
-        remaining = config.eval_examples
-        while remaining > 0:
-            size = min(remaining, config.eval_batch)
-            batch = task.batch(length, size, generator)
-            predictions = model(batch.inputs.to(device)).argmax(dim=-1).cpu()
-            scored = batch.targets != IGNORE
-            hits = (predictions == batch.targets) & scored
-            exact += float((hits | ~scored).all(dim=1).sum())
-            correct += float(hits.sum())
-            counted += float(scored.sum())
-            remaining -= size
-        examples = config.eval_examples
-        records.append(
-            {
-                **base,
-                "length": length,
-                "metric": "exact_match",
-                "value": exact / examples,
-                "examples": examples,
-            }
-        )
-        records.append(
-            {
-                **base,
-                "length": length,
-                "metric": "token_accuracy",
-                "value": correct / counted,
-                "examples": examples,
-            }
-        )
-        report(run.label, "eval", length, config.eval_len, "")
-    return records
-
-
-def _evaluate_lm(model, config, task, run, report, base) -> list[dict[str, Any]]:
-    """Perplexity at each position of ``eval_len``-byte windows from the held-out text."""
-    device = next(model.parameters()).device
-    generator = torch.Generator().manual_seed(_mix(run.seed, "lm-eval"))
-    total = torch.zeros(config.eval_len, dtype=torch.float64)
-    remaining, done = config.eval_examples, 0
-    while remaining > 0:
-        size = min(remaining, config.eval_batch)
-        batch = task.batch(config.eval_len, size, generator)
-        logits = model(batch.inputs.to(device))
-        nll = F.cross_entropy(logits.transpose(1, 2), batch.targets.to(device), reduction="none")  # [B, T]
-        total += nll.sum(dim=0).double().cpu()
-        remaining -= size
-        done += size
-        report(run.label, "eval", done, config.eval_examples, "")
-    mean_nll = total / config.eval_examples
+    scores = task.metric.evaluate(
+        model,
+        task,
+        eval_len=config.eval_len,
+        examples=config.eval_examples,
+        batch_size=config.eval_batch,
+        seed=run.seed,
+        progress=lambda done, total: report(run.label, "eval", done, total, ""),
+    )
     return [
         {
             **base,
-            "length": position + 1,
-            "metric": "perplexity",
-            "value": float(torch.exp(mean_nll[position])),
+            "length": score.length,
+            "metric": score.metric,
+            "value": score.value,
             "examples": config.eval_examples,
         }
-        for position in range(config.eval_len)
+        for score in scores
     ]

@@ -1,7 +1,8 @@
 """Figures of positional encodings (matplotlib, headless) and the HTML report of an experiment.
 
->>> from posenc.viz import build_for_plot, make_figure, save_figure
->>> enc = build_for_plot("t5:num_buckets=32,bidirectional=true")
+>>> from posenc.examples import build_example
+>>> from posenc.viz import make_figure, save_figure
+>>> enc = build_example("t5:num_buckets=32,bidirectional=true")
 >>> save_figure(make_figure(enc, "buckets"), "t5_buckets.png")
 
 Figures are registered per encoding name, per kind, or for every encoding
@@ -14,7 +15,6 @@ from . import absolute, attention_maps, bias, content, rotary  # noqa: F401  (im
 from .registry import (
     ANY,
     PlotOptions,
-    build_for_plot,
     figure,
     figures_for,
     make_figure,
@@ -25,7 +25,6 @@ from .registry import (
 __all__ = [
     "ANY",
     "PlotOptions",
-    "build_for_plot",
     "figure",
     "figures_for",
     "make_figure",

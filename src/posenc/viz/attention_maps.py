@@ -15,7 +15,6 @@ from matplotlib.figure import Figure
 from ..attention import MultiheadAttention
 from ..base import PositionalEncoding
 from ._style import SEQUENTIAL, head_grid, label_grid
-from .bias import defined_for_future_keys
 from .registry import ANY, PlotOptions, describe, figure, new_figure, set_title
 
 DEFAULT_LENGTH = 32
@@ -57,11 +56,13 @@ def grid_size(heads: int) -> tuple[float, float]:
 def positional_attention(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Attention pattern of a random layer fed the same token everywhere: what the encoding alone does.
 
-    Causal unless ``options.causal`` is False and the encoding is defined for future keys.
+    Causal unless ``options.causal`` is False; a ``causal_only`` encoding (Kerple, FIRE, ALiBi's
+    causal mode) is undefined for future keys, so its pattern is always drawn causal (the title
+    says which).
     """
     length = options.length_or(DEFAULT_LENGTH)
     heads, head_dim = layer_sizes(enc)
-    causal = options.causal is not False or not defined_for_future_keys(enc)
+    causal = options.causal is not False or enc.causal_only
     generator = torch.Generator().manual_seed(options.seed)
     with torch.random.fork_rng():
         torch.manual_seed(options.seed)

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from torch import nn
 
 from ..base import Kind, PositionalEncoding
+from ..encodings.t5 import T5Bias
 from ._style import DIVERGING, head_grid, label_grid, symmetric_limits
 from .index_maps import index_figure
 from .registry import PlotOptions, describe, figure, new_figure, set_title
@@ -18,23 +18,6 @@ from .registry import PlotOptions, describe, figure, new_figure, set_title
 DEFAULT_LENGTH = 32
 PROFILE_LENGTH = 128
 T5_GRID = 8
-
-
-def defined_for_future_keys(enc: PositionalEncoding) -> bool:
-    """Whether the encoding's bias means anything for keys after the query.
-
-    False for ``causal_only`` encodings and for those that refuse a non-causal layer (ALiBi's
-    causal mode): asking the encoding itself keeps this free of per-name rules.
-    """
-    if enc.causal_only:
-        return False
-    probe = nn.Module()
-    probe.causal = False  # type: ignore[attr-defined]
-    try:
-        enc.init_layer(probe)
-    except ValueError:
-        return False
-    return True
 
 
 def dense_bias(enc: PositionalEncoding, length: int, causal: bool) -> np.ndarray:
@@ -51,7 +34,8 @@ def dense_bias(enc: PositionalEncoding, length: int, causal: bool) -> np.ndarray
 def bias_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Per-head bias heatmap over a query × key grid (from ``enc.bias``)."""
     length = options.length_or(DEFAULT_LENGTH)
-    causal = not defined_for_future_keys(enc) or bool(options.causal)
+    # A causal-only encoding's bias means nothing for keys after the query: always hide them.
+    causal = enc.causal_only or bool(options.causal)
     bias = dense_bias(enc, length, causal)
     heads = min(bias.shape[0], options.max_heads)
     low, high = symmetric_limits(bias[:heads])
@@ -122,17 +106,19 @@ def alibi_slopes_figure(enc: PositionalEncoding, options: PlotOptions) -> Figure
 @figure("t5", "buckets")
 def t5_buckets(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """T5: bucket id of every (query, key) pair of a small grid, and bucket against key − query."""
+    if not isinstance(enc, T5Bias):
+        raise TypeError(f"the buckets figure draws a T5Bias, got {type(enc).__name__}")
     length = options.length_or(T5_GRID)
     positions = torch.arange(length)
-    grid = enc.buckets(positions[None, :] - positions[:, None])  # type: ignore[attr-defined]
-    reach = int(1.5 * enc.max_distance)  # type: ignore[attr-defined]
+    grid = enc.buckets(positions[None, :] - positions[:, None])
+    reach = int(1.5 * enc.max_distance)
     relative = torch.arange(-reach, reach + 1)
     return index_figure(
         grid.numpy(),
         relative.numpy(),
-        enc.buckets(relative).numpy(),  # type: ignore[attr-defined]
+        enc.buckets(relative).numpy(),
         title=f"{describe(enc)}: bucket ids",
         curve_xlabel="relative position r = j − i (key minus query)",
         value_label="bucket",
-        marks={"±max_distance": enc.max_distance},  # type: ignore[attr-defined]
+        marks={"±max_distance": enc.max_distance},
     )

@@ -9,7 +9,8 @@ from rich.table import Table
 
 from posenc.cli import app, console
 
-from .registry import PlotOptions, build_for_plot, figures_for, make_figure, save_figure
+from ..examples import build_example
+from .registry import PlotOptions, figures_for, make_figure, save_figure
 
 
 def _fail(message: str) -> typer.Exit:
@@ -18,7 +19,7 @@ def _fail(message: str) -> typer.Exit:
 
 
 def _list_figures(spec: str, heads: int, head_dim: int) -> None:
-    enc = build_for_plot(spec, heads, head_dim)
+    enc = build_example(spec, heads, head_dim)
     table = Table(title=f"figures of {enc.name} ({enc.kind.value}); the first is the default")
     table.add_column("figure")
     table.add_column("what it shows")
@@ -71,7 +72,7 @@ def plot(
         elif spec is None:
             raise ValueError("give an encoding SPEC, or --run DIR for a trained model")
         else:
-            fig = make_figure(build_for_plot(spec, heads, head_dim), figure_name, options)
+            fig = make_figure(build_example(spec, heads, head_dim), figure_name, options)
         path = save_figure(fig, out, dpi=dpi)
     except (ValueError, FileNotFoundError) as err:
         raise _fail(str(err)) from err

@@ -15,7 +15,6 @@ default and a family never needs an ``if name == ...`` anywhere. Figures are dra
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,14 +25,12 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from ..base import Kind, PositionalEncoding
-from ..registry import build_for_layer, format_spec, get_class, parse_spec
-from ..registry import options as encoding_options
+from ..registry import format_spec
 
 __all__ = [
     "ANY",
     "FigureFn",
     "PlotOptions",
-    "build_for_plot",
     "figure",
     "figures_for",
     "make_figure",
@@ -133,51 +130,6 @@ def make_figure(
             f"figure {name!r} is not available for encoding {enc.name!r}; choose one of: {', '.join(available)}"
         )
     return available[name][0](enc, options or PlotOptions())
-
-
-def build_for_plot(spec: str, num_heads: int = 8, head_dim: int = 16) -> PositionalEncoding:
-    """Build ``spec`` on its own for plotting, sized like an attention layer.
-
-    Layer options written in the spec win over the arguments: ``"sinusoidal:dim=512"`` builds a
-    512-wide table, ``"alibi:num_heads=12"`` twelve heads. As for ``posenc show``, a bare name gets
-    the class's ``example_options``; a spec with options gets only the example values of required
-    options it leaves out (``sinusoidal2d:base=100`` still gets an example ``grid_width``).
-    """
-    name, raw = parse_spec(spec)
-    extra = _example_options(name, raw)
-    heads = _int_option(name, raw, "num_heads", num_heads)
-    if "head_dim" in raw:
-        head_dim = _int_option(name, raw, "head_dim", head_dim)
-    elif "dim" in raw:
-        head_dim = max(int(_int_option(name, dict(raw), "dim", 0)) // heads, 1)
-    dim = _int_option(name, raw, "dim", heads * head_dim)
-    if heads < 1 or head_dim < 1 or dim < 1:
-        raise ValueError(f"num_heads, head_dim and dim must be positive, got {heads}, {head_dim}, {dim}")
-    rest = ",".join(f"{k}={v}" for k, v in raw.items())
-    return build_for_layer(
-        name + (":" + rest if rest else ""), num_heads=heads, head_dim=head_dim, dim=dim, **extra
-    )
-
-
-def _int_option(name: str, raw: dict[str, str], key: str, default: int) -> int:
-    """Pop layer option ``key`` from the raw spec options as an int (``default`` when absent)."""
-    if key not in raw:
-        return default
-    value = raw.pop(key)
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"{name}: option {key!r} must be an int, got {value!r}") from None
-
-
-def _example_options(name: str, given: dict[str, str]) -> dict[str, Any]:
-    examples = {
-        k: v for k, v in get_class(name).example_options.items() if k not in ("num_heads", "head_dim", "dim")
-    }
-    if not given:
-        return examples
-    required = {k for k, p in encoding_options(name).items() if p.default is inspect.Parameter.empty}
-    return {k: v for k, v in examples.items() if k in required and k not in given}
 
 
 def new_figure(width: float = 10.0, height: float = 5.0) -> Figure:

@@ -6,7 +6,7 @@ of every encoding in the run and, when the run saved checkpoints, a trained mode
 maps. Images are PNGs embedded as base64 ``data:`` URIs and the only style sheet is inline, so the
 file opens from disk with no network.
 
-Input (written by the experiment runner, :mod:`posenc.experiments`):
+Input (written by the experiment runner and read by :mod:`posenc.experiments.results`):
 
 * ``results.jsonl``: one JSON record per line with at least ``encoding``, ``length``, ``metric``
   and ``value``; ``task``, ``seed`` and ``train_len`` are read when present (the runner's record
@@ -24,99 +24,24 @@ import datetime as _dt
 import html
 import io
 import json
-from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
 
-from .registry import PlotOptions, build_for_plot, describe, figures_for, make_figure, new_figure, set_title
+from ..examples import build_example
+from ..experiments.results import Record, experiment_settings, group_records, load_config, load_results
+from .curves import curve_figure
+from .registry import PlotOptions, describe, figures_for, make_figure
 
-__all__ = ["Record", "load_config", "load_results", "render_report", "write_report"]
-
-REQUIRED_FIELDS = ("encoding", "length", "metric", "value")
-
-
-@dataclass(frozen=True)
-class Record:
-    """One measurement: ``value`` of ``metric`` for ``encoding`` on ``task`` at ``length``."""
-
-    encoding: str
-    task: str
-    length: int
-    metric: str
-    value: float
-    seed: int
-    train_length: int | None
-
-
-def load_results(directory: Path) -> list[Record]:
-    """Read ``directory/results.jsonl``; ``ValueError`` naming the line for a malformed record."""
-    path = Path(directory) / "results.jsonl"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {directory} an experiment directory?")
-    records = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
-        missing = [f for f in REQUIRED_FIELDS if f not in raw]
-        if missing:
-            raise ValueError(f"{path}:{number}: record lacks {', '.join(missing)}")
-        train = raw.get("train_len", raw.get("train_length"))
-        records.append(
-            Record(
-                encoding=str(raw["encoding"]),
-                task=str(raw.get("task", "")),
-                length=int(raw["length"]),
-                metric=str(raw["metric"]),
-                value=float(raw["value"]),
-                seed=int(raw.get("seed", 0)),
-                train_length=None if train is None else int(train),
-            )
-        )
-    if not records:
-        raise ValueError(f"{path} holds no results")
-    return records
-
-
-def load_config(directory: Path) -> dict[str, Any]:
-    """``directory/config.json`` as a dict (empty when the run wrote none)."""
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        return {}
-    config = json.loads(path.read_text())
-    if not isinstance(config, dict):
-        raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
-    return config
-
-
-# ---------------------------------------------------------------------------- aggregation
-
-
-def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The experiment's settings: the runner nests them under ``"experiment"`` (beside ``"runtime"``)."""
-    settings = config.get("experiment", config)
-    return settings if isinstance(settings, dict) else {}
+__all__ = ["render_report", "write_report"]
 
 
 def _encodings_in_order(records: list[Record], config: dict[str, Any]) -> list[str]:
     seen = list(dict.fromkeys(r.encoding for r in records))
     listed = [str(e) for e in experiment_settings(config).get("encodings", []) if str(e) in seen]
     return listed + [e for e in seen if e not in listed]
-
-
-def _group(records: list[Record]) -> dict[tuple[str, str, str], dict[int, list[float]]]:
-    """``{(task, metric, encoding): {length: [value per seed]}}``."""
-    grouped: dict[tuple[str, str, str], dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        grouped[(r.task, r.metric, r.encoding)][r.length].append(r.value)
-    return grouped
 
 
 def _format(values: list[float]) -> str:
@@ -159,7 +84,7 @@ def _config_html(config: dict[str, Any]) -> str:
 
 def _results_html(records: list[Record], encodings: list[str]) -> str:
     lengths = sorted({r.length for r in records})
-    grouped = _group(records)
+    grouped = group_records(records)
     head = "".join(f"<th>{n}</th>" for n in lengths)
     body = []
     for task, metric in sorted({(r.task, r.metric) for r in records}):
@@ -181,37 +106,6 @@ def _results_html(records: list[Record], encodings: list[str]) -> str:
     )
 
 
-def curve_figure(records: list[Record], task: str, metric: str, encodings: list[str]) -> Figure:
-    """``metric`` against evaluation length for each encoding (mean over seeds, band = min..max)."""
-    grouped = _group(records)
-    fig = new_figure(8, 4.8)
-    ax = fig.subplots()
-    for index, enc in enumerate(encodings):
-        cells = grouped.get((task, metric, enc))
-        if not cells:
-            continue
-        lengths = sorted(cells)
-        values = [np.asarray(cells[n]) for n in lengths]
-        color = f"C{index % 10}"
-        ax.plot(lengths, [v.mean() for v in values], marker="o", color=color, label=enc)
-        if any(len(v) > 1 for v in values):
-            ax.fill_between(
-                lengths, [v.min() for v in values], [v.max() for v in values], color=color, alpha=0.15
-            )
-    trained = {r.train_length for r in records if r.task == task and r.train_length is not None}
-    for length in sorted(trained):
-        ax.axvline(length, color="gray", linestyle="--", linewidth=0.8)
-        ax.text(length, ax.get_ylim()[1], " train length", color="gray", fontsize=8, va="top")
-    if max(r.length for r in records) / max(min(r.length for r in records), 1) >= 8:
-        ax.set_xscale("log", base=2)
-    ax.set_xlabel("evaluation length")
-    ax.set_ylabel(metric)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    set_title(fig, f"{task + ': ' if task else ''}{metric} against length")
-    return fig
-
-
 def _curves_html(records: list[Record], encodings: list[str]) -> str:
     parts = []
     for task, metric in sorted({(r.task, r.metric) for r in records}):
@@ -229,7 +123,7 @@ def _encoding_figures_html(encodings: list[str], config: dict[str, Any]) -> str:
     parts = []
     for spec in encodings:
         try:
-            enc = build_for_plot(spec, heads, head_dim)
+            enc = build_example(spec, heads, head_dim)
             name = next(iter(figures_for(enc)))
             fig = make_figure(enc, name, PlotOptions())
         except (ValueError, StopIteration) as err:

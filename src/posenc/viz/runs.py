@@ -10,7 +10,6 @@ probabilities of every :class:`~posenc.MultiheadAttention` layer (asked for with
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,11 +28,13 @@ __all__ = ["attention_weights", "find_checkpoints", "load_trained_model", "run_a
 
 
 def _experiment(directory: Path) -> dict[str, Any]:
-    path = directory / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: is {directory} an experiment directory?")
-    config = json.loads(path.read_text())
-    return config.get("experiment", config)
+    from ..experiments.results import experiment_settings, load_config
+
+    if not (directory / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{directory / 'config.json'} not found: is {directory} an experiment directory?"
+        )
+    return experiment_settings(load_config(directory))
 
 
 def find_checkpoints(directory: str | Path) -> dict[str, Path]:

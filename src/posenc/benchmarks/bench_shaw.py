@@ -7,22 +7,20 @@ tensor and ``einsum('bhld,lmd->bhlm', Q, R)``, with the value term written the s
 (``einsum('bhlm,lmd->bhld', attn, R_v)``; the seed shows only the key term). Non-causal, batch 1,
 8 heads of 64, float32.
 
-    python benchmarks/bench_shaw.py [--sizes 512,1024,2048] [--long 16384] [--repeats 3]
+    python -m posenc.benchmarks.bench_shaw [--sizes 512,1024,2048] [--long 16384] [--repeats 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import math
-import os
 import sys
 
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(__file__))
 import posenc
-from _harness import (
+from posenc.benchmarks._harness import (
     interleaved,
     layer_call,
     machine,
@@ -115,7 +113,7 @@ def run(sizes: list[int], long_sizes: list[int], repeats: int, memory: bool, lon
                 mem = None
                 if measure_memory and not timing.skipped and impl != "sdpa (no PE)":
                     mem = peak_memory_mb(
-                        "bench_shaw.py", impl, length=length, train=train, threads=torch.get_num_threads()
+                        "bench_shaw", impl, length=length, train=train, threads=torch.get_num_threads()
                     )
                 rows.append(
                     [

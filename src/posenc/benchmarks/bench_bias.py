@@ -7,7 +7,7 @@ posenc forced onto ``sdpa`` with the dense bias as float mask (what SDPA users d
 building the dense ``(1, H, L, L)`` bias, then plain softmax attention) written as the seed describes it.
 Every row includes the q/k/v/o projections; batch 1, 8 heads of 64, float32.
 
-    python benchmarks/bench_bias.py [--sizes 512,1024,2048,4096] [--repeats 3] [--encoding t5|alibi]
+    python -m posenc.benchmarks.bench_bias [--sizes 512,1024,2048,4096] [--repeats 3] [--encoding t5|alibi]
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, __import__("os").path.dirname(__file__))
 import posenc
-from _harness import (
+from posenc.benchmarks._harness import (
     interleaved,
     layer_call,
     machine,
@@ -213,7 +212,7 @@ def run(sizes: list[int], repeats: int, encoding: str, memory: bool, peers_up_to
                 mem = None
                 if memory and length == max(sizes) and not timing.skipped:
                     mem = peak_memory_mb(
-                        "bench_bias.py",
+                        "bench_bias",
                         impl,
                         encoding=encoding,
                         length=length,

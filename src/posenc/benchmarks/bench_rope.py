@@ -7,20 +7,17 @@ frequencies), posenc's ``rope`` encoding ``rotate`` as it is, and the fused kern
 ``posenc.kernels.rope.apply_rotary`` (out of place, in place, interleaved, and under
 ``torch.compile``). Effective bandwidth counts reading and writing q and k once.
 
-    python benchmarks/bench_rope.py [--shape 4,32,2048,128] [--repeats 5] [--no-compile]
+    python -m posenc.benchmarks.bench_rope [--shape 4,32,2048,128] [--repeats 5] [--no-compile]
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))
 import posenc
-from _harness import interleaved, machine, markdown_table
+from posenc.benchmarks._harness import interleaved, machine, markdown_table
 from posenc.kernels.rope import RotaryTables, apply_rotary, rotary_reference
 
 

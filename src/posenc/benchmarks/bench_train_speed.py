@@ -7,8 +7,8 @@ Reported: training steps per second, median and min-max over repeats, and the ra
 ours / x-transformers (> 1: we are faster). Encodings compared where both libraries have them:
 learned absolute, RoPE and ALiBi.
 
-    python benchmarks/bench_train_speed.py                   # defaults: the extrapolate model size
-    python benchmarks/bench_train_speed.py --d-model 256 --layers 4 --heads 8 --seq 256 --batch 16
+    python -m posenc.benchmarks.bench_train_speed                   # defaults: the extrapolate model size
+    python -m posenc.benchmarks.bench_train_speed --d-model 256 --layers 4 --heads 8 --seq 256 --batch 16
 """
 
 from __future__ import annotations

@@ -23,8 +23,6 @@ from pathlib import Path
 
 import torch
 
-BENCH_DIR = Path(__file__).resolve().parent
-
 
 def machine() -> str:
     """``nproc``, CPU model, torch version and threads: the line every table is labelled with."""
@@ -106,15 +104,23 @@ def ratio(ours: Timing, base: Timing) -> str:
     return f"{ours.median / base.median:.2f}×"
 
 
-def peak_memory_mb(script: str, case: str, **params) -> float | None:
+def peak_memory_mb(module: str, case: str, **params) -> float | None:
     """Peak extra resident memory (MiB) of one call of ``case`` in a fresh process, or None on failure.
 
-    The script must implement ``--memory-case CASE --params JSON`` (see :func:`memory_main`).
+    ``module`` is a module of this package (``"bench_bias"``), run as ``python -m``; it must
+    implement ``--memory-case CASE --params JSON`` (see :func:`memory_main`).
     """
-    cmd = [sys.executable, str(BENCH_DIR / script), "--memory-case", case, "--params", json.dumps(params)]
-    env = dict(os.environ, PYTHONPATH=str(BENCH_DIR) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [
+        sys.executable,
+        "-m",
+        f"{__package__}.{module}",
+        "--memory-case",
+        case,
+        "--params",
+        json.dumps(params),
+    ]
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:
         return None
     for line in done.stdout.splitlines():
