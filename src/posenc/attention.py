@@ -18,6 +18,7 @@ from .backends import AttentionRequest, select_backend
 from .backends.eager import attention_probs
 from .base import Kind, LayerContext, PositionalEncoding
 from .masks import AttentionMask
+from .patterns import QueryTemperature
 from .registry import build_for_layer
 
 __all__ = ["KVCache", "MultiheadAttention", "default_positions", "document_positions", "embed_positions"]
@@ -80,6 +81,9 @@ class MultiheadAttention(nn.Module):
             with ``j // C == i // C``.
         sinks: learned attention sinks (gpt-oss): one logit per head, :attr:`sinks` ``[H]``
             (initialised to 0), joins every row's softmax denominator and carries no value.
+        query_temperature: a :class:`~posenc.patterns.QueryTemperature` (Llama 4's NoPE layers):
+            queries at position ``p`` are scaled by ``log1p(floor((p + 1) / floor_scale)) *
+            attn_scale + 1`` after the encoding acts.
         backend: ``"auto"`` (first backend with no reasons), or a backend name to force.
         num_kv_heads: key/value heads for grouped-query attention (divides ``num_heads``).
         dropout: attention-probability dropout during training.
@@ -109,6 +113,7 @@ class MultiheadAttention(nn.Module):
         window: int | None = None,
         chunk: int | None = None,
         sinks: bool = False,
+        query_temperature: QueryTemperature | None = None,
         backend: str = "auto",
         num_kv_heads: int | None = None,
         dropout: float = 0.0,
@@ -146,6 +151,11 @@ class MultiheadAttention(nn.Module):
         if not isinstance(sinks, bool):
             raise ValueError(f"sinks must be True or False, got {sinks!r}")
         self.sinks = nn.Parameter(torch.zeros(num_heads, **factory)) if sinks else None
+        if query_temperature is not None and not isinstance(query_temperature, QueryTemperature):
+            raise ValueError(
+                f"query_temperature must be a posenc.patterns.QueryTemperature, got {query_temperature!r}"
+            )
+        self.query_temperature = query_temperature
         context = LayerContext(num_heads, self.head_dim, embed_dim, causal=causal, device=device, dtype=dtype)
         self.encoding = build_for_layer(encoding, context)
         if self.encoding.causal_only and not causal:
@@ -265,6 +275,8 @@ class MultiheadAttention(nn.Module):
             q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs)
         if attn_mask is not None:
             attn_mask = self._check_attn_mask(attn_mask, batch, q_len, k.shape[2])
+        if self.query_temperature is not None:
+            q = q * temperature_factors(self.query_temperature, q_pos).to(q.dtype)
         self_attention = context is None
         mask = AttentionMask.build(
             q_len=q_len,
@@ -301,16 +313,24 @@ class MultiheadAttention(nn.Module):
         return (out, weights) if need_weights else out
 
     def default_positions(
-        self, batch: int, q_len: int, key_padding_mask: Tensor | None = None, cache: KVCache | None = None
+        self,
+        batch: int,
+        q_len: int,
+        key_padding_mask: Tensor | None = None,
+        cache: KVCache | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Positions ``[B or 1, q_len]`` this layer gives new tokens when none are passed.
 
-        ``arange`` continuing after the tokens in ``cache``, or, with a ``key_padding_mask`` (left
-        padding), the number of real tokens before each one. A model computes them once and hands
-        them to every layer.
+        ``arange`` continuing after the tokens in ``cache``; with a ``key_padding_mask`` (left
+        padding), the number of real tokens before each one; with ``document_ids``, the offset from
+        the token's document start. A model computes them once and hands them to every layer.
         """
         entry = cache.get(self.layer_idx) if cache is not None else None
         past = 0 if entry is None else entry.k.shape[2]
+        docs = self._documents_with_cache(document_ids, entry, batch, q_len)
+        if docs is not None:
+            return document_positions(docs)[:, past:]
         padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
         return default_positions(q_len, past, padding, self.q_proj.weight.device)
 
@@ -506,6 +526,13 @@ def default_positions(q_len: int, past: int, padding: Tensor | None, device: tor
     real = (~padding).long()
     positions = (real.cumsum(dim=1) - 1).clamp(min=0)
     return positions[:, positions.shape[1] - q_len :]
+
+
+def temperature_factors(temperature: QueryTemperature, positions: Tensor) -> Tensor:
+    """Query scales ``[B|1, 1, T, 1]`` (float32): ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1``."""
+    p = positions.to(torch.float32)
+    factors = torch.log1p(torch.floor((p + 1.0) / temperature.floor_scale)) * temperature.attn_scale + 1.0
+    return factors[:, None, :, None]
 
 
 def document_positions(document_ids: Tensor) -> Tensor:

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from .attention import KVCache, MultiheadAttention, embed_positions
 from .base import Kind, LayerContext, PositionalEncoding
+from .patterns import LayerSpec, layer_pattern
 from .registry import build_for_layer, resolve
 from .spec import Spec
 
@@ -63,7 +64,10 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    """Pre-LN block: ``x + attn(LN(x))`` then ``x + ffn(LN(x))``."""
+    """Pre-LN block: ``x + attn(LN(x))`` then ``x + ffn(LN(x))``.
+
+    ``layer`` carries the attention pattern of this layer (window, chunk, sinks, query temperature).
+    """
 
     def __init__(
         self,
@@ -77,14 +81,20 @@ class TransformerBlock(nn.Module):
         num_kv_heads: int | None,
         backend: str,
         layer_idx: int,
+        layer: LayerSpec | None = None,
     ) -> None:
         super().__init__()
+        layer = layer or LayerSpec()
         self.norm_attn = nn.LayerNorm(d_model)
         self.attn = MultiheadAttention(
             d_model,
             num_heads,
             encoding,
             causal=causal,
+            window=layer.window,
+            chunk=layer.chunk,
+            sinks=layer.sinks,
+            query_temperature=layer.temperature,
             backend=backend,
             num_kv_heads=num_kv_heads,
             dropout=dropout,
@@ -95,11 +105,22 @@ class TransformerBlock(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(
-        self, x: Tensor, *, positions: Tensor, key_padding_mask: Tensor | None, cache: KVCache | None
+        self,
+        x: Tensor,
+        *,
+        positions: Tensor,
+        key_padding_mask: Tensor | None,
+        cache: KVCache | None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
-        x = x + self.dropout(
-            self.attn(self.norm_attn(x), positions=positions, key_padding_mask=key_padding_mask, cache=cache)
+        attended = self.attn(
+            self.norm_attn(x),
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            cache=cache,
+            document_ids=document_ids,
         )
+        x = x + self.dropout(attended)
         return x + self.ffn(self.norm_ffn(x))
 
 
@@ -139,6 +160,7 @@ class _Stack(nn.Module):
         max_len: int | None = None,
         num_kv_heads: int | None = None,
         backend: str = "auto",
+        pattern: str | Sequence[LayerSpec] | None = None,
     ) -> None:
         super().__init__()
         causal = self.default_causal if causal is None else causal
@@ -166,7 +188,9 @@ class _Stack(nn.Module):
         self.causal, self.max_len = causal, max_len
         self.head_dim = d_model // num_heads
 
-        given = self._per_layer_specs(encoding, num_layers)
+        self.layers = self._layer_specs(pattern, encoding, num_layers)
+        given = [layer.encoding for layer in self.layers] if pattern is not None else None
+        given = given or self._per_layer_specs(encoding, num_layers)
         self.encoding_specs = [s if isinstance(s, str) or s is None else s.spec() for s in given]
         parsed = {s: resolve(s) for s in dict.fromkeys(given) if isinstance(s, str)}  # once per string
         specs = [parsed[s] if isinstance(s, str) else s for s in given]
@@ -184,6 +208,7 @@ class _Stack(nn.Module):
                 num_kv_heads=num_kv_heads,
                 backend=backend,
                 layer_idx=i,
+                layer=self.layers[i],
             )
             for i, enc in enumerate(layer_encodings)
         )
@@ -192,6 +217,20 @@ class _Stack(nn.Module):
         self.head = nn.Linear(d_model, vocab_size, bias=False)
 
     # ------------------------------------------------------------------ construction
+    @staticmethod
+    def _layer_specs(
+        pattern: str | Sequence[LayerSpec] | None, encoding: object, num_layers: int
+    ) -> list[LayerSpec]:
+        """One :class:`LayerSpec` per layer: from ``pattern`` (a preset or a list), else plain layers."""
+        if pattern is None:
+            return [LayerSpec()] * num_layers
+        if encoding != "nope":
+            raise ValueError("give either encoding or pattern: a pattern sets every layer's encoding")
+        layers = layer_pattern(pattern, num_layers) if isinstance(pattern, str) else list(pattern)
+        if len(layers) != num_layers or not all(isinstance(layer, LayerSpec) for layer in layers):
+            raise ValueError(f"pattern must give one posenc.patterns.LayerSpec per layer ({num_layers})")
+        return layers
+
     @staticmethod
     def _per_layer_specs(
         encoding: EncodingSpec | Sequence[EncodingSpec], num_layers: int
@@ -253,7 +292,12 @@ class _Stack(nn.Module):
 
     # ------------------------------------------------------------------ forward
     def _positions(
-        self, tokens: Tensor, positions: Tensor | None, key_padding_mask: Tensor | None, cache: KVCache | None
+        self,
+        tokens: Tensor,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        cache: KVCache | None,
+        document_ids: Tensor | None,
     ) -> Tensor:
         """Positions ``[B or 1, T]`` of the new tokens (explicit, from padding, or after the cache)."""
         batch, length = tokens.shape
@@ -265,7 +309,7 @@ class _Stack(nn.Module):
                     f"positions must have shape [{length}] or [{batch}, {length}], got {tuple(positions.shape)}"
                 )
             return positions.to(tokens.device)
-        return self.blocks[0].attn.default_positions(batch, length, key_padding_mask, cache)
+        return self.blocks[0].attn.default_positions(batch, length, key_padding_mask, cache, document_ids)
 
     def hidden_states(
         self,
@@ -274,18 +318,25 @@ class _Stack(nn.Module):
         cache: KVCache | None = None,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
-        """The final (normalised) hidden states ``[B, T, d_model]`` for ``tokens [B, T]``."""
+        """The final (normalised) hidden states ``[B, T, d_model]`` for ``tokens [B, T]``.
+
+        ``document_ids [B, T]``: packed documents (every layer attends within a document, and
+        positions restart at each document's first token unless ``positions`` are given).
+        """
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens must be an integer tensor [B, T], got {shape}")
-        pos = self._positions(tokens, positions, key_padding_mask, cache)
+        pos = self._positions(tokens, positions, key_padding_mask, cache, document_ids)
         x = self.token_embedding(tokens)
         for enc in self.input_encodings:
             x = embed_positions(enc, x, pos)
         x = self.input_dropout(x)
         for block in self.blocks:
-            x = block(x, positions=pos, key_padding_mask=key_padding_mask, cache=cache)
+            x = block(
+                x, positions=pos, key_padding_mask=key_padding_mask, cache=cache, document_ids=document_ids
+            )
         return self.final_norm(x)
 
 
@@ -306,8 +357,13 @@ class TransformerLM(_Stack):
         max_len: size of position tables (learned absolute); encodings without a table ignore it.
         num_kv_heads: key/value heads for grouped-query attention.
         backend: attention backend for every layer (``"auto"`` picks per call).
+        pattern: a per-layer recipe instead of ``encoding``: a preset string (``"gemma3"``,
+            ``"llama4:chunk=64"``, see :mod:`posenc.patterns`) or one
+            :class:`~posenc.patterns.LayerSpec` per layer (encoding, window, chunk, sinks, query
+            temperature).
 
-    ``forward(tokens [B, T], cache=None, positions=None, key_padding_mask=None) -> logits [B, T, V]``.
+    ``forward(tokens [B, T], cache=None, positions=None, key_padding_mask=None, document_ids=None)
+    -> logits [B, T, V]``.
     """
 
     default_causal = True
@@ -318,10 +374,15 @@ class TransformerLM(_Stack):
         cache: KVCache | None = None,
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Logits ``[B, T, V]`` for ``tokens [B, T]`` (new tokens only when ``cache`` holds the past)."""
         hidden = self.hidden_states(
-            tokens, cache=cache, positions=positions, key_padding_mask=key_padding_mask
+            tokens,
+            cache=cache,
+            positions=positions,
+            key_padding_mask=key_padding_mask,
+            document_ids=document_ids,
         )
         return self.head(hidden)
 
@@ -373,7 +434,14 @@ class TransformerEncoder(_Stack):
     default_causal = False
 
     def forward(
-        self, tokens: Tensor, positions: Tensor | None = None, key_padding_mask: Tensor | None = None
+        self,
+        tokens: Tensor,
+        positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
     ) -> Tensor:
         """Logits ``[B, T, V]``; padded keys (``key_padding_mask`` True) are never attended to."""
-        return self.head(self.hidden_states(tokens, positions=positions, key_padding_mask=key_padding_mask))
+        hidden = self.hidden_states(
+            tokens, positions=positions, key_padding_mask=key_padding_mask, document_ids=document_ids
+        )
+        return self.head(hidden)

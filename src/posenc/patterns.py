@@ -1,0 +1,160 @@
+"""Per-layer attention recipes: which encoding, window, chunk, sinks and query temperature each layer
+of a model gets, and named presets that reproduce published layouts.
+
+A recipe is a list of :class:`LayerSpec`, one per layer. :func:`layer_pattern` expands a preset
+string such as ``"gemma3"`` or ``"gemma3:window=16,global_every=3"`` for a given number of layers.
+The presets follow the layer layouts of the HF transformers configurations:
+
+=========  ===================================================================================
+preset     layers
+=========  ===================================================================================
+gemma3     5 local : 1 global. Local: sliding ``window`` (Gemma 3: 1024), RoPE base 1e4; every
+           ``global_every``-th layer (``(i + 1) % 6 == 0``) global, RoPE base 1e6.
+llama4     3 chunked RoPE layers : 1 global NoPE layer (``(i + 1) % 4 == 0``), chunk 8192, RoPE
+           base 5e5; the NoPE layers scale their queries by the attention temperature
+           ``log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1`` (floor_scale 8192, 0.1).
+smollm3    RoPE (base 2e6) everywhere except every 4th layer (``(i + 1) % 4 == 0``), which is NoPE.
+gpt-oss    alternating sliding window (even layers, window 128) and full attention, learned
+           attention sinks in every layer.
+=========  ===================================================================================
+
+Sizes (window, chunk) default to the published ones; CPU-scale experiments pass smaller ones.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from .spec import parse_spec
+
+__all__ = ["PRESETS", "LayerSpec", "QueryTemperature", "available_presets", "is_preset", "layer_pattern"]
+
+
+@dataclass(frozen=True)
+class QueryTemperature:
+    """Llama 4's attention temperature: queries at position ``p`` are scaled by
+    ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1`` (HF ``attn_temperature_tuning``)."""
+
+    floor_scale: float = 8192.0
+    attn_scale: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.floor_scale) and self.floor_scale > 0):
+            raise ValueError(f"QueryTemperature: floor_scale must be finite and > 0, got {self.floor_scale}")
+        if not math.isfinite(self.attn_scale):
+            raise ValueError(f"QueryTemperature: attn_scale must be finite, got {self.attn_scale}")
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one attention layer of a model gets (see :class:`posenc.MultiheadAttention`)."""
+
+    encoding: str = "nope"
+    window: int | None = None
+    chunk: int | None = None
+    sinks: bool = False
+    temperature: QueryTemperature | None = None
+
+
+PRESETS: dict[str, Callable[..., list[LayerSpec]]] = {}
+
+
+def _preset(name: str):
+    def decorator(fn: Callable[..., list[LayerSpec]]) -> Callable[..., list[LayerSpec]]:
+        PRESETS[name] = fn
+        return fn
+
+    return decorator
+
+
+@_preset("gemma3")
+def gemma3(
+    num_layers: int,
+    window: int = 1024,
+    global_every: int = 6,
+    local_base: float = 10_000.0,
+    global_base: float = 1_000_000.0,
+) -> list[LayerSpec]:
+    """Gemma 3: local sliding-window layers with a small RoPE base, every ``global_every``-th global."""
+    return [
+        LayerSpec(f"rope:base={global_base}")
+        if (i + 1) % global_every == 0
+        else LayerSpec(f"rope:base={local_base}", window=window)
+        for i in range(num_layers)
+    ]
+
+
+@_preset("llama4")
+def llama4(
+    num_layers: int,
+    chunk: int = 8192,
+    nope_every: int = 4,
+    base: float = 500_000.0,
+    floor_scale: float = 8192.0,
+    attn_scale: float = 0.1,
+) -> list[LayerSpec]:
+    """Llama 4: chunked RoPE layers, every ``nope_every``-th a global NoPE layer with query temperature."""
+    temperature = QueryTemperature(floor_scale, attn_scale)
+    return [
+        LayerSpec("nope", temperature=temperature)
+        if (i + 1) % nope_every == 0
+        else LayerSpec(f"rope:base={base}", chunk=chunk)
+        for i in range(num_layers)
+    ]
+
+
+@_preset("smollm3")
+def smollm3(num_layers: int, nope_every: int = 4, base: float = 2_000_000.0) -> list[LayerSpec]:
+    """SmolLM3: RoPE layers, every ``nope_every``-th layer NoPE."""
+    return [
+        LayerSpec("nope") if (i + 1) % nope_every == 0 else LayerSpec(f"rope:base={base}")
+        for i in range(num_layers)
+    ]
+
+
+@_preset("gpt-oss")
+def gpt_oss(num_layers: int, window: int = 128, base: float = 150_000.0) -> list[LayerSpec]:
+    """gpt-oss: sliding-window and full layers alternating, attention sinks everywhere."""
+    return [
+        LayerSpec(f"rope:base={base}", window=window if i % 2 == 0 else None, sinks=True)
+        for i in range(num_layers)
+    ]
+
+
+def available_presets() -> list[str]:
+    return sorted(PRESETS)
+
+
+def is_preset(spec: object) -> bool:
+    """True when ``spec`` is a preset string (``"gemma3"`` or ``"gemma3:window=16"``)."""
+    return isinstance(spec, str) and parse_spec(spec)[0] in PRESETS
+
+
+def layer_pattern(spec: str, num_layers: int) -> list[LayerSpec]:
+    """The layers of preset ``spec`` (``"name"`` or ``"name:option=value,..."``) for ``num_layers``.
+
+    Raises ``ValueError`` naming an unknown preset or option, or a value of the wrong type.
+    """
+    name, raw = parse_spec(spec)
+    if name not in PRESETS:
+        raise ValueError(f"unknown layer preset {name!r}; available: {', '.join(available_presets())}")
+    fn = PRESETS[name]
+    params = {k: p for k, p in inspect.signature(fn).parameters.items() if k != "num_layers"}
+    options: dict[str, object] = {}
+    for key, text in raw.items():
+        if key not in params:
+            raise ValueError(f"layer preset {name!r}: unknown option {key!r}; options: {', '.join(params)}")
+        kind = type(params[key].default)
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(
+                f"layer preset {name!r}: option {key!r} must be {kind.__name__}, got {text!r}"
+            ) from None
+        if kind is int and value <= 0:
+            raise ValueError(f"layer preset {name!r}: option {key!r} must be positive, got {value}")
+        options[key] = value
+    return fn(num_layers, **options)

@@ -1,0 +1,138 @@
+"""Per-layer recipes and packed documents in the model.
+
+References: the HF transformers configurations' own layer layouts (``layer_types``,
+``no_rope_layers``, RoPE bases), HF Llama 4's attention with copied weights for the query
+temperature, and each document run on its own for packing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from posenc.patterns import LayerSpec, QueryTemperature, layer_pattern
+
+
+def _rope_base(layer: LayerSpec) -> float | None:
+    return (
+        float(posenc.registry.resolve(layer.encoding).options.get("base", 10000.0))
+        if "rope" in layer.encoding
+        else None
+    )
+
+
+def test_gemma3_layout_equals_hf():
+    config = pytest.importorskip("transformers").Gemma3TextConfig(num_hidden_layers=12)
+    layers = layer_pattern("gemma3", 12)
+    for layer, kind in zip(layers, config.layer_types, strict=True):
+        local = kind == "sliding_attention"
+        assert (layer.window is not None) == local
+        assert _rope_base(layer) == config.rope_parameters[kind]["rope_theta"]
+
+
+def test_llama4_layout_equals_hf():
+    config = pytest.importorskip("transformers").Llama4TextConfig(num_hidden_layers=8)
+    layers = layer_pattern("llama4", 8)
+    for layer, uses_rope, kind in zip(layers, config.no_rope_layers, config.layer_types, strict=True):
+        assert (layer.encoding != "nope") == bool(uses_rope)
+        assert (layer.chunk == config.attention_chunk_size) == (kind == "chunked_attention")
+        assert (layer.temperature is not None) == (not uses_rope)  # HF tunes NoPE layers only
+        if layer.temperature is not None:
+            assert layer.temperature == QueryTemperature(config.floor_scale, config.attn_scale)
+
+
+def test_smollm3_and_gpt_oss_layouts_equal_hf():
+    transformers = pytest.importorskip("transformers")
+    smol = transformers.SmolLM3Config(num_hidden_layers=8)
+    for layer, uses_rope in zip(layer_pattern("smollm3", 8), smol.no_rope_layers, strict=True):
+        assert (layer.encoding != "nope") == bool(uses_rope)
+        if uses_rope:
+            assert _rope_base(layer) == smol.rope_parameters["rope_theta"]
+    oss = transformers.GptOssConfig(num_hidden_layers=6)
+    for layer, kind in zip(layer_pattern("gpt-oss", 6), oss.layer_types, strict=True):
+        assert layer.sinks
+        assert layer.window == (oss.sliding_window if kind == "sliding_attention" else None)
+        assert _rope_base(layer) == oss.rope_parameters["rope_theta"]
+
+
+def test_query_temperature_equals_hf_llama4_nope_layer():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
+
+    config = transformers.Llama4TextConfig(
+        num_hidden_layers=4, hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        intermediate_size=16, intermediate_size_mlp=16, use_qk_norm=False, floor_scale=4, attn_scale=0.5,
+    )  # fmt: skip
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    hf = Llama4TextAttention(config, layer_idx=3).double().eval()  # layer 3: a NoPE layer
+    assert not hf.use_rope and hf.attn_temperature_tuning
+    ours = posenc.MultiheadAttention(
+        32, 4, "nope", causal=True, num_kv_heads=2, bias=False, query_temperature=QueryTemperature(4, 0.5)
+    ).double()
+    with torch.no_grad():
+        for mine, theirs in ((ours.q_proj, hf.q_proj), (ours.k_proj, hf.k_proj), (ours.v_proj, hf.v_proj)):
+            mine.weight.copy_(theirs.weight)
+        ours.out_proj.weight.copy_(hf.o_proj.weight)
+    length = 23
+    x = torch.randn(1, length, 32, dtype=torch.float64)
+    mask = torch.full((length, length), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[
+        None, None
+    ]
+    unused = torch.ones(1, length, 4, dtype=torch.complex128)  # rotary tables: a NoPE layer ignores them
+    want, _ = hf(x, position_embeddings=unused, attention_mask=mask)
+    torch.testing.assert_close(ours(x), want, rtol=1e-10, atol=1e-12)
+    plain = posenc.MultiheadAttention(32, 4, "nope", causal=True, num_kv_heads=2, bias=False).double()
+    plain.load_state_dict(ours.state_dict())
+    assert not torch.allclose(plain(x), want)  # the temperature matters at these positions
+
+
+@pytest.mark.parametrize(
+    "preset",
+    ["gemma3:window=4,global_every=3", "llama4:chunk=5,floor_scale=4", "smollm3", "gpt-oss:window=3"],
+)
+def test_preset_models_decode_with_the_cache_as_the_full_pass(preset):
+    torch.manual_seed(0)
+    model = posenc.TransformerLM(50, 32, 6, 4, pattern=preset).double().eval()
+    tokens = torch.randint(0, 50, (2, 17))
+    full = model(tokens)
+    cache, pieces = posenc.KVCache(), []
+    for a, b in ((0, 7), (7, 8), (8, 17)):
+        pieces.append(model(tokens[:, a:b], cache=cache))
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "model_cls", [posenc.TransformerLM, posenc.TransformerEncoder], ids=["lm", "encoder"]
+)
+@pytest.mark.parametrize("encoding", ["rope", "alibi", "learned", "t5"])
+def test_packed_documents_in_the_model_equal_separate_runs(model_cls, encoding):
+    torch.manual_seed(0)
+    if model_cls is posenc.TransformerEncoder and encoding == "alibi":
+        encoding = "alibi:mode=symmetric"
+    model = model_cls(40, 32, 2, 4, encoding, max_len=32).double().eval()
+    lengths = [6, 3, 8]
+    ids = torch.cat([torch.full((n,), d) for d, n in enumerate(lengths)])[None]
+    tokens = torch.randint(0, 40, (1, sum(lengths)))
+    packed = model(tokens, document_ids=ids)
+    pieces, start = [], 0
+    for n in lengths:
+        pieces.append(model(tokens[:, start : start + n]))
+        start += n
+    torch.testing.assert_close(packed, torch.cat(pieces, dim=1), rtol=1e-9, atol=1e-10)
+
+
+def test_bad_patterns_are_named():
+    with pytest.raises(ValueError, match="unknown layer preset 'gemma9'"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern="gemma9")
+    with pytest.raises(ValueError, match="unknown option 'windw'"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern="gemma3:windw=4")
+    with pytest.raises(ValueError, match="option 'window' must be int"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern="gemma3:window=big")
+    with pytest.raises(ValueError, match="either encoding or pattern"):
+        posenc.TransformerLM(10, 16, 2, 2, "rope", pattern="gemma3")
+    with pytest.raises(ValueError, match=r"one posenc\.patterns\.LayerSpec per layer"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern=[LayerSpec("rope")])
+    with pytest.raises(ValueError, match="floor_scale must be finite"):
+        QueryTemperature(float("nan"), 0.1)
