@@ -193,6 +193,15 @@ class MultiLatentAttention(nn.Module):
 
     Inside: ``q [B, H, T, d_n + d_r]``, ``k [B, H, Tk, d_n + d_r]`` (the rotary part broadcast from
     one head), ``v [B, H, Tk, d_v]``; ``Tk`` counts cached tokens.
+
+    Example::
+
+        mla = posenc.MultiLatentAttention(512, 8, q_lora_rank=96, kv_lora_rank=64, qk_nope_head_dim=32,
+                                          qk_rope_head_dim=16, v_head_dim=32)
+        out = mla(torch.randn(2, 10, 512))                # [2, 10, 512]
+        cache = posenc.LatentCache()
+        for t in range(10):                               # decoding: 64 + 16 numbers per token cached
+            step = mla(x[:, t : t + 1], cache=cache)
     """
 
     def __init__(
