@@ -127,6 +127,16 @@ def test_gradients_equal_hf(name):
         torch.testing.assert_close(param.grad, hf_params[key].grad, rtol=0, atol=1e-12, msg=key)
 
 
+def test_non_causal_equals_hf_without_mask():
+    hf, rotary, mla = _pair(seed=7, **CONFIGS["v3"])
+    encoder = MultiLatentAttention.from_hf_config(hf.config, causal=False).double()
+    encoder.load_state_dict(mla.state_dict())
+    x = torch.randn(2, 6, E, dtype=torch.float64)
+    cos_sin = rotary(x, torch.arange(6)[None].expand(2, -1))
+    ref, _ = hf(x, cos_sin, torch.zeros(1, 1, 6, 6, dtype=torch.float64))  # every key visible
+    torch.testing.assert_close(encoder(x), ref, rtol=0, atol=1e-12)
+
+
 def test_float32_equals_hf_eager():
     hf, rotary, mla = _pair(dtype=torch.float32, **CONFIGS["yarn"])
     hf.config._attn_implementation = "eager"
