@@ -21,6 +21,7 @@ from .base import (
     PositionalEncoding,
     RotaryEncoding,
 )
+from .mla import LatentCache, MultiLatentAttention
 from .registry import available, build, get_class, register
 
 __version__ = "0.1.0"
@@ -31,7 +32,9 @@ __all__ = [
     "ContentEncoding",
     "KVCache",
     "Kind",
+    "LatentCache",
     "LayerContext",
+    "MultiLatentAttention",
     "MultiheadAttention",
     "PositionalEncoding",
     "RotaryEncoding",
