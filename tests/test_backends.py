@@ -24,6 +24,7 @@ from posenc.backends import AttentionRequest, available_backends, get_backend
 from posenc.backends.flex import flex_bias_attention
 from posenc.base import Kind
 from posenc.examples import build_example
+from posenc.masks import AttentionMask
 
 HEADS, HEAD_DIM = 2, 8
 
@@ -54,6 +55,8 @@ SCENARIOS = {
     "cross113x203": (2, 113, 203, False, HEADS, False, None),
     "masked29": (2, 29, 29, True, HEADS, False, "bool_and_minus_inf"),
     "sinks_gqa29": (2, 29, 29, True, 1, True, "sinks"),
+    # A sliding window and packed documents (blocked skips keys outside each block's range).
+    "window_documents41": (2, 41, 41, True, HEADS, False, "window_documents"),
 }
 
 
@@ -112,7 +115,15 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype, grad: bool)
     if padded:
         padding = torch.zeros(batch, k_len, dtype=torch.bool)
         padding[1, :5] = True  # left padding of the second sequence
+    pattern = {}
+    if mask == "window_documents":
+        docs = torch.tensor([[0] * 17 + [1] * 24, [0] * 3 + [2] * 30 + [5] * 8])
+        pattern = {"mask": AttentionMask.build(
+            q_len=q_len, k_len=k_len, batch=batch, heads=HEADS, causal=causal, window=6,
+            q_document_ids=docs, k_document_ids=docs,
+        )}  # fmt: skip
     return AttentionRequest(
+        **pattern,
         q=q,
         k=k,
         v=v,

@@ -45,7 +45,9 @@ __all__ = [
 class AttentionRequest:
     """Everything a backend needs for one attention call.
 
-    Shapes: ``q [B, H, Tq, D]``; ``k``, ``v`` ``[B, Hkv, Tk, D]`` (``H`` a multiple of ``Hkv``);
+    Shapes: ``q [B, H, Tq, D]``; ``k [B, Hkv, Tk, D]`` and ``v [B, Hkv, Tk, Dv]`` (``H`` a multiple
+    of ``Hkv``; ``Dv`` equals ``D`` except for multi-head latent attention, which only the ABSOLUTE
+    path of sdpa and eager serves);
     ``q_pos [B or 1, Tq]`` and ``k_pos [B or 1, Tk]`` int64 positions.
 
     The mask is :attr:`mask` (:class:`~posenc.masks.AttentionMask`). Give it directly, or describe it
