@@ -31,38 +31,51 @@ class _CacheEntry:
     k_pos: Tensor  # [B or 1, T] int64
     padding: Tensor | None  # [B, T] bool, True = padding
     document_ids: Tensor | None = None  # [B, T] int64, the keys' documents
+    writer_id: int = 0  # id() of the layer that wrote the entry
+    writer: str = ""  # that layer, described for error messages
+    context_key: tuple | None = None  # cross-attention: which context tensor the keys came from
 
 
 class KVCache:
     """Keys, values, key positions and padding of past tokens, for incremental decoding.
 
-    One object serves a whole model: each attention layer keeps its entry under its ``layer_idx``.
-    Queries of a decoding step get positions that continue from the cache (``past_len + arange(T)``,
-    or from the padding mask when there is one).
+    One object serves a whole model: each attention layer keeps its entries under its
+    ``layer_idx``, one for self-attention and one for cross-attention. An entry records the layer
+    that wrote it, and only that layer may read it (a layer that finds another layer's entry, a
+    changed batch size or, in cross-attention, another context raises ``ValueError``). Queries of a
+    decoding step get positions that continue from the cache (``past_len + arange(T)``, or from the
+    padding mask or document ids when there are some).
     """
 
     def __init__(self) -> None:
-        self._entries: dict[int, _CacheEntry] = {}
+        self._entries: dict[tuple[int, bool], _CacheEntry] = {}
 
-    def get(self, layer_idx: int = 0) -> _CacheEntry | None:
-        return self._entries.get(layer_idx)
+    def get(self, layer_idx: int = 0, *, cross: bool = False) -> _CacheEntry | None:
+        return self._entries.get((layer_idx, cross))
 
-    def length(self, layer_idx: int = 0) -> int:
-        """Number of cached tokens of layer ``layer_idx`` (0 when empty)."""
-        entry = self._entries.get(layer_idx)
+    def length(self, layer_idx: int = 0, *, cross: bool | None = None) -> int:
+        """Number of cached tokens of layer ``layer_idx`` (0 when empty).
+
+        ``cross=None``: the self-attention entry, or the cross-attention one when there is no other.
+        """
+        entry = self.get(layer_idx, cross=bool(cross))
+        if entry is None and cross is None:
+            entry = self.get(layer_idx, cross=True)
         return 0 if entry is None else entry.k.shape[2]
 
     def __len__(self) -> int:
-        return self.length(min(self._entries)) if self._entries else 0
+        selfs = sorted(idx for idx, cross in self._entries if not cross)
+        return self.length(selfs[0], cross=False) if selfs else 0
 
-    def update(self, layer_idx: int, entry: _CacheEntry) -> None:
-        self._entries[layer_idx] = entry
+    def update(self, layer_idx: int, entry: _CacheEntry, *, cross: bool = False) -> None:
+        self._entries[(layer_idx, cross)] = entry
 
     def reset(self) -> None:
         self._entries.clear()
 
     def __repr__(self) -> str:
-        return f"KVCache(layers={sorted(self._entries)}, length={len(self)})"
+        layers = sorted({idx for idx, _ in self._entries})
+        return f"KVCache(layers={layers}, length={len(self)})"
 
 
 class MultiheadAttention(nn.Module):
@@ -263,7 +276,7 @@ class MultiheadAttention(nn.Module):
             )
             past = 0
         else:
-            entry = cache.get(self.layer_idx) if cache is not None else None
+            entry = self._cache_entry(cache, cross=False, batch=batch)
             past = 0 if entry is None else entry.k.shape[2]
             padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
             docs = self._documents_with_cache(document_ids, entry, batch, q_len)
@@ -326,7 +339,7 @@ class MultiheadAttention(nn.Module):
         padding), the number of real tokens before each one; with ``document_ids``, the offset from
         the token's document start. A model computes them once and hands them to every layer.
         """
-        entry = cache.get(self.layer_idx) if cache is not None else None
+        entry = self._cache_entry(cache, cross=False, batch=batch)
         past = 0 if entry is None else entry.k.shape[2]
         docs = self._documents_with_cache(document_ids, entry, batch, q_len)
         if docs is not None:
@@ -370,9 +383,7 @@ class MultiheadAttention(nn.Module):
             v = torch.cat([entry.v, v], dim=2)
             k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
         if cache is not None:
-            cache.update(
-                self.layer_idx, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, document_ids=docs)
-            )
+            self._write_cache(cache, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, document_ids=docs))
         return q, k, v, k_pos
 
     def _documents_with_cache(
@@ -450,7 +461,7 @@ class MultiheadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """``q, k, v, q_pos, k_pos, padding`` of cross-attention (keys from the cache when it has them)."""
         batch, q_len, _ = x.shape
-        entry = cache.get(self.layer_idx) if cache is not None else None
+        entry = self._cache_entry(cache, cross=True, batch=batch, context=context)
         k_len = context.shape[1] if entry is None else entry.k.shape[2]
         padding = None
         if key_padding_mask is not None:
@@ -475,8 +486,49 @@ class MultiheadAttention(nn.Module):
         if self.encoding.kind is Kind.ROTARY:
             q, k = self.encoding.rotate(q, k, q_pos, k_pos)
         if cache is not None:
-            cache.update(self.layer_idx, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding))
+            entry = _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, context_key=_tensor_key(context))
+            self._write_cache(cache, entry, cross=True)
         return q, k, v, q_pos, k_pos, padding
+
+    # ------------------------------------------------------------------ cache
+    def _describe(self) -> str:
+        return (
+            f"MultiheadAttention(layer_idx={self.layer_idx}, encoding={self.encoding.spec()!r}, "
+            f"heads={self.num_heads}/{self.num_kv_heads}, head_dim={self.head_dim}, sinks={self.sinks is not None})"
+        )
+
+    def _cache_entry(
+        self, cache: KVCache | None, *, cross: bool, batch: int, context: Tensor | None = None
+    ) -> _CacheEntry | None:
+        """This layer's entry of ``cache``, after checking that this layer wrote it for this batch."""
+        if cache is None:
+            return None
+        if not isinstance(cache, KVCache):
+            raise ValueError(f"cache must be a posenc.KVCache, got {type(cache).__name__}")
+        entry = cache.get(self.layer_idx, cross=cross)
+        if entry is None:
+            return None
+        kind = "cross-attention" if cross else "self-attention"
+        if entry.writer_id != id(self):
+            raise ValueError(
+                f"cache: the {kind} entry of layer_idx={self.layer_idx} was written by {entry.writer}, not by "
+                f"this layer, {self._describe()}; give every layer its own layer_idx, or use a fresh KVCache"
+            )
+        if entry.k.shape[0] != batch:
+            raise ValueError(
+                f"cache: the {kind} entry of layer_idx={self.layer_idx} holds a batch of {entry.k.shape[0]}, "
+                f"this call has {batch}; use a fresh KVCache (or cache.reset()) for a new batch"
+            )
+        if cross and context is not None and entry.context_key != _tensor_key(context):
+            raise ValueError(
+                f"cache: the cross-attention entry of layer_idx={self.layer_idx} holds the keys of another "
+                "context; pass the same context tensor, or reset the cache for a new one"
+            )
+        return entry
+
+    def _write_cache(self, cache: KVCache, entry: _CacheEntry, *, cross: bool = False) -> None:
+        entry.writer_id, entry.writer = id(self), self._describe()
+        cache.update(self.layer_idx, entry, cross=cross)
 
     def _run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
         backend = select_backend(request, self.backend)
@@ -526,6 +578,11 @@ def default_positions(q_len: int, past: int, padding: Tensor | None, device: tor
     real = (~padding).long()
     positions = (real.cumsum(dim=1) - 1).clamp(min=0)
     return positions[:, positions.shape[1] - q_len :]
+
+
+def _tensor_key(x: Tensor) -> tuple:
+    """Identifies a tensor's contents without reading them: storage, shape, strides, in-place version."""
+    return (x.data_ptr(), tuple(x.shape), x.stride(), x._version, x.device.type)
 
 
 def temperature_factors(temperature: QueryTemperature, positions: Tensor) -> Tensor:

@@ -1,0 +1,95 @@
+"""Nothing silent: each case a realistic misuse that once gave a wrong result without an error.
+
+Every test asserts either the clear error (naming the parameter or object at fault) or the correct
+result, computed independently (a fresh cache, a separate layer).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+
+E, H = 16, 2
+
+
+def _layer(encoding="rope", **kw):
+    torch.manual_seed(0)
+    return posenc.MultiheadAttention(E, H, encoding, **kw).eval()
+
+
+# ---------------------------------------------------------------------------- KV cache
+
+
+def test_self_and_cross_attention_with_one_layer_idx_keep_separate_entries():
+    """A decoder block's self- and cross-attention both at layer_idx=0 share one cache."""
+    self_attn = _layer(causal=True)
+    cross_attn = _layer("nope")
+    x, ctx = torch.randn(1, 4, E), torch.randn(1, 6, E)
+    shared = posenc.KVCache()
+    self_attn(x, cache=shared)
+    got = cross_attn(x, ctx, cache=shared)
+    want = cross_attn(x, ctx, cache=posenc.KVCache())
+    torch.testing.assert_close(got, want)
+    assert shared.length(0, cross=False) == 4 and shared.length(0, cross=True) == 6
+
+
+def test_a_cache_entry_serves_only_the_layer_that_wrote_it():
+    rope, alibi = _layer("rope", causal=True), _layer("alibi", causal=True)
+    cache = posenc.KVCache()
+    rope(torch.randn(1, 3, E), cache=cache)
+    with pytest.raises(
+        ValueError, match=r"layer_idx=0 was written by MultiheadAttention\(.*'rope:.*own layer_idx"
+    ):
+        alibi(torch.randn(1, 1, E), cache=cache)
+    sinks = _layer("rope", causal=True, sinks=True)
+    with pytest.raises(ValueError, match="was written by"):
+        sinks(torch.randn(1, 1, E), cache=cache)
+
+
+def test_a_batch_change_mid_cache_is_refused():
+    layer = _layer(causal=True)
+    cache = posenc.KVCache()
+    layer(torch.randn(2, 3, E), cache=cache)
+    with pytest.raises(ValueError, match="holds a batch of 2, this call has 3"):
+        layer(torch.randn(3, 1, E), cache=cache)
+
+
+def test_cross_attention_cache_refuses_another_context():
+    layer = _layer("nope")
+    cache = posenc.KVCache()
+    q, ctx = torch.randn(1, 2, E), torch.randn(1, 5, E)
+    first = layer(q, ctx, cache=cache)
+    torch.testing.assert_close(layer(q, ctx, cache=cache), first)  # the same context: served
+    with pytest.raises(ValueError, match="keys of another context"):
+        layer(q, torch.randn(1, 5, E), cache=cache)
+    ctx.add_(1.0)  # edited in place: its keys in the cache are stale
+    with pytest.raises(ValueError, match="keys of another context"):
+        layer(q, ctx, cache=cache)
+
+
+def test_cache_must_be_a_kv_cache():
+    with pytest.raises(ValueError, match=r"cache must be a posenc\.KVCache"):
+        _layer(causal=True)(torch.randn(1, 2, E), cache={})
+
+
+# ---------------------------------------------------------------------------- masks
+
+
+@pytest.mark.parametrize("backend", ["eager", "sdpa", "blocked"])
+def test_a_float_mask_row_of_minus_inf_never_unmasks_future_keys(backend):
+    """A row hidden entirely by -inf in a causal layer gives zeros, not attention to future keys."""
+    layer = _layer("alibi", causal=True)
+    x = torch.randn(1, 6, E, requires_grad=True)
+    mask = torch.zeros(6, 6)
+    mask[2] = float("-inf")
+    with posenc.use_backend(backend):
+        out, weights = layer(x, attn_mask=mask, need_weights=True)
+    assert torch.isfinite(out).all() and torch.isfinite(weights).all()
+    assert (weights[0, :, 2] == 0).all()
+    assert (weights.triu(1) == 0).all()
+    # The row's output is the output projection's bias alone: nothing was attended to.
+    torch.testing.assert_close(out[0, 2], layer.out_proj.bias.detach())
+    out.sum().backward()
+    assert torch.isfinite(x.grad).all()
