@@ -220,3 +220,20 @@ print("library ran without rich")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "library ran without rich" in done.stdout
     assert "done already" not in done.stdout and "results:" in done.stdout
+
+
+def test_layer_presets_run_as_encodings(tmp_path):
+    config = ExperimentConfig(
+        task="copy", encodings=["gemma3:window=2,global_every=2", "gpt-oss:window=2"], train_len=2,
+        eval_len=3, num_symbols=8, **TINY,
+    )  # fmt: skip
+    records = run_experiment(config, tmp_path, workers=1)
+    assert {r["encoding"] for r in records} == set(config.encodings)
+
+
+def test_a_bad_spec_fails_before_anything_is_written(tmp_path):
+    out = tmp_path / "run"
+    config = ExperimentConfig(task="copy", encodings=["nope", "rope:bse=3"], train_len=2, eval_len=3, **TINY)
+    with pytest.raises(ValueError, match=r"--encodings 'rope:bse=3': rope: unknown option 'bse'"):
+        run_experiment(config, out, workers=1)
+    assert not out.exists()

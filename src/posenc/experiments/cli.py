@@ -95,7 +95,8 @@ def extrapolate(
     encodings: str = typer.Option(
         ",".join(_DEFAULT.encodings),
         help="comma-separated encoding specs, options included: nope,rope:base=500000,pairing=half,alibi; "
-        "a hybrid gives one spec per layer joined by '/': t5/sinusoidal",
+        "a hybrid gives one spec per layer joined by '/': t5/sinusoidal; a layer preset with its "
+        "options: gemma3:window=8, llama4:chunk=8, smollm3, gpt-oss:window=8",
     ),
     train_len: int = typer.Option(
         _DEFAULT.train_len, help="largest training length L (task size; lm: context length)"

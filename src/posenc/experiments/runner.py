@@ -37,8 +37,16 @@ from typing import Any
 import torch
 
 from . import results as results_io
-from .tasks import Metric
-from .train import ExperimentConfig, Interrupted, Reporter, RunSpec, run_id_for, train_and_evaluate
+from .tasks import Metric, Task
+from .train import (
+    ExperimentConfig,
+    Interrupted,
+    Reporter,
+    RunSpec,
+    build_model,
+    run_id_for,
+    train_and_evaluate,
+)
 
 __all__ = ["Distributed", "ExperimentInterrupted", "Log", "SummaryTable", "run_experiment", "summary_table"]
 
@@ -252,6 +260,17 @@ def _drain(progress_queue: Any, report: Reporter, log: Log) -> None:
 # ---------------------------------------------------------------------------- experiment
 
 
+def check_models(config: ExperimentConfig, task: Task) -> None:
+    """Build every encoding's model on the meta device (no memory, no data) so that a bad spec or
+    preset fails before anything is written; the error names the encoding."""
+    for encoding in config.encodings:
+        try:
+            with torch.device("meta"):
+                build_model(config, task, encoding)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"--encodings {encoding!r}: {err}") from err
+
+
 def run_experiment(
     config: ExperimentConfig,
     out: Path,
@@ -280,6 +299,7 @@ def run_experiment(
     task = config.make_task()
     for length in (config.train_len, config.eval_len):
         task.check_length(length)
+    check_models(config, task)
     runs = [RunSpec(encoding, seed) for seed in config.seeds for encoding in config.encodings]
     workers = _worker_count(workers, len(runs), dist)
     is_writer = dist.rank == 0

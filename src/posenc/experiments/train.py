@@ -168,15 +168,18 @@ def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Modul
     """The experiment's model. ``max_len`` covers the longest evaluated sequence, so a learned
     absolute table has rows for every evaluated position; rows past the training positions are
     never updated and stay at their random initialisation (the honest reason learned PE fails).
-    ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.model`)."""
+    ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.model`),
+    or a layer preset (``"gemma3:window=8"``, see :mod:`posenc.patterns`)."""
     from ..model import TransformerLM
+    from ..patterns import is_preset
 
+    layers = {"pattern": encoding} if is_preset(encoding) else {"encoding": layer_specs(encoding)}
     return TransformerLM(
         task.vocab_size,
         config.d_model,
         config.num_layers,
         config.num_heads,
-        layer_specs(encoding),
+        **layers,
         d_ff=config.d_ff,
         dropout=config.dropout,
         max_len=task.sequence_length(config.eval_len),
