@@ -237,3 +237,13 @@ def test_a_bad_spec_fails_before_anything_is_written(tmp_path):
     with pytest.raises(ValueError, match=r"--encodings 'rope:bse=3': rope: unknown option 'bse'"):
         run_experiment(config, out, workers=1)
     assert not out.exists()
+
+
+def test_packed_training_runs_end_to_end(tmp_path):
+    config = ExperimentConfig(task="copy", encodings=["rope"], train_len=3, eval_len=4, pack=True, **TINY)
+    records = run_experiment(config, tmp_path, workers=1)
+    assert {r["length"] for r in records} == {1, 2, 3, 4}
+    assert json.loads((tmp_path / "config.json").read_text())["experiment"]["pack"] is True
+    unpacked = ExperimentConfig(task="copy", encodings=["rope"], train_len=3, eval_len=4, **TINY)
+    with pytest.raises(ValueError, match="pack"):  # one folder never mixes packed and unpacked runs
+        run_experiment(unpacked, tmp_path, workers=1)

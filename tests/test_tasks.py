@@ -125,3 +125,35 @@ def test_byte_lm_reads_a_text_file(tmp_path):
     assert bytes(task.train_data[:10].tolist()) == b"abcdefghij"
     with pytest.raises(ValueError, match="lm"):
         task.batch(100, 1, torch.Generator())
+
+
+def test_packed_rows_hold_whole_examples_with_their_document_ids():
+    from posenc.experiments.tasks import BOS, EOS, make_task
+
+    task = make_task("copy", num_symbols=8)
+    gen = torch.Generator().manual_seed(3)
+    batch = task.packed_train_batch(1, 4, 6, gen)
+    width = task.sequence_length(4)
+    assert batch.inputs.shape == batch.targets.shape == batch.document_ids.shape == (6, width)
+    for row in range(6):
+        docs = batch.document_ids[row]
+        assert bool((docs[1:] >= docs[:-1]).all())
+        examples = 0
+        for doc in docs.unique().tolist():
+            span = (docs == doc).nonzero()[:, 0]
+            inputs, targets = batch.inputs[row, span], batch.targets[row, span]
+            if inputs[0] != BOS:  # the padding after the last example
+                assert doc == docs.max() and bool((targets == -100).all())
+                continue
+            examples += 1
+            assert targets[-1] == EOS  # an example ends its own document
+            length = (len(span) - 2) // 2  # BOS x SEP y: x and y have the same length in copy
+            assert torch.equal(inputs[1 : 1 + length], targets[length + 1 : 2 * length + 1])
+        assert examples >= 1
+
+
+def test_packing_is_refused_for_the_byte_lm():
+    from posenc.experiments.tasks import make_task
+
+    with pytest.raises(ValueError, match="packing several examples per row applies to the synthetic tasks"):
+        make_task("lm").packed_train_batch(4, 8, 2, torch.Generator())

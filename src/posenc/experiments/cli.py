@@ -129,6 +129,9 @@ def extrapolate(
     threads: int = typer.Option(1, help="torch threads per process"),
     device: str = typer.Option("cpu", help="cpu, cuda or auto"),
     progress: bool = typer.Option(True, help="show progress bars"),
+    pack: bool = typer.Option(
+        False, help="pack several training examples per row (packed documents: positions restart per example)"
+    ),
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
 
@@ -163,6 +166,7 @@ def extrapolate(
         eval_batch=min(eval_examples, _DEFAULT.eval_batch),
         checkpoint_every=checkpoint_every,
         backend=backend,
+        pack=pack,
     )
     try:
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results

@@ -101,7 +101,12 @@ def _check_config(out: Path, config: ExperimentConfig) -> None:
         return
     saved = results_io.experiment_settings(results_io.load_config(out))
     current = config.identity()
-    different = {k: (saved.get(k), v) for k, v in current.items() if saved.get(k) != v}
+    defaults = ExperimentConfig().identity()  # a field added later reads as its default in old folders
+    different = {
+        k: (saved.get(k, defaults.get(k)), v)
+        for k, v in current.items()
+        if saved.get(k, defaults.get(k)) != v
+    }
     if different:
         details = ", ".join(f"{k}: {old!r} there vs {new!r} now" for k, (old, new) in different.items())
         raise ValueError(

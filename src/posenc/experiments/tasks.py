@@ -72,11 +72,13 @@ class Batch:
     """Model inputs and next-token targets.
 
     ``inputs [B, T]`` token ids; ``targets [B, T]`` the next token at each position, ``IGNORE``
-    where no loss is taken (the prompt ``BOS x`` and padding).
+    where no loss is taken (the prompt ``BOS x`` and padding); ``document_ids [B, T]`` when several
+    examples are packed into one row (each example one document, the padding after them another).
     """
 
     inputs: Tensor
     targets: Tensor
+    document_ids: Tensor | None = None
 
 
 def mix_seed(*numbers: int | str) -> int:
@@ -227,6 +229,13 @@ class Task:
         """Examples with sizes uniform in ``[min_length, max_length]``, right-padded (loss ignores padding)."""
         raise NotImplementedError
 
+    def packed_train_batch(
+        self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator
+    ) -> Batch:
+        """Rows of ``sequence_length(max_length)`` tokens, each packed with whole examples (sizes
+        uniform in ``[min_length, max_length]``) back to back, with their ``document_ids``."""
+        raise ValueError(f"{self.name}: packing several examples per row applies to the synthetic tasks only")
+
     def check_length(self, length: int) -> None:
         if not isinstance(length, int) or length < 1:
             raise ValueError(f"{self.name}: length must be a positive int, got {length!r}")
@@ -309,6 +318,28 @@ class SequenceTask(Task):
             inputs[rows, : part.inputs.shape[1]] = part.inputs
             targets[rows, : part.targets.shape[1]] = part.targets
         return Batch(inputs, targets)
+
+    def packed_train_batch(
+        self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator
+    ) -> Batch:
+        width = self.sequence_length(max_length)
+        inputs = torch.full((batch_size, width), PAD, dtype=torch.long)
+        targets = torch.full((batch_size, width), IGNORE, dtype=torch.long)
+        documents = torch.zeros(batch_size, width, dtype=torch.long)
+        for row in range(batch_size):
+            start, doc = 0, 0
+            while True:
+                length = int(torch.randint(min_length, max_length + 1, (1,), generator=generator))
+                size = self.sequence_length(length)
+                if start + size > width:
+                    break
+                example = self.batch(length, 1, generator)
+                inputs[row, start : start + size] = example.inputs[0]
+                targets[row, start : start + size] = example.targets[0]
+                documents[row, start : start + size] = doc
+                start, doc = start + size, doc + 1
+            documents[row, start:] = doc  # the padding after the last example: a document of its own
+        return Batch(inputs, targets, documents)
 
 
 class Copy(SequenceTask):

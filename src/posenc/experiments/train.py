@@ -72,6 +72,9 @@ class ExperimentConfig:
     eval_batch: int = 100
     checkpoint_every: int = 250
     backend: str = "auto"
+    #: Pack several training examples into each row (document_ids keep them apart; positions
+    #: restart at each example), instead of one right-padded example per row.
+    pack: bool = False
 
     #: Fields that may differ between the first command and a resumed one (they do not change results).
     RUNTIME_FIELDS = ("encodings", "seeds")
@@ -206,8 +209,10 @@ def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _loss(model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    logits = model(inputs)
+def _loss(
+    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, document_ids: torch.Tensor | None = None
+) -> torch.Tensor:
+    logits = model(inputs) if document_ids is None else model(inputs, document_ids=document_ids)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
 
 
@@ -276,10 +281,10 @@ def train_and_evaluate(
         while step < config.steps:
             data_generator.manual_seed(mix_seed(run.seed, rank, step, "data"))
             torch.manual_seed(mix_seed(run.seed, rank, step, "dropout"))
-            batch = task.train_batch(
-                config.min_train_len, config.train_len, config.batch_size, data_generator
-            )
-            loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device))
+            make_batch = task.packed_train_batch if config.pack else task.train_batch
+            batch = make_batch(config.min_train_len, config.train_len, config.batch_size, data_generator)
+            documents = None if batch.document_ids is None else batch.document_ids.to(device)
+            loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device), documents)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip > 0:
