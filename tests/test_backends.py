@@ -32,7 +32,7 @@ HEADS, HEAD_DIM = 2, 8
 EXPECTED_KINDS: dict[str, set[Kind]] = {
     "eager": set(Kind),
     "sdpa": {Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS},
-    "blocked": {Kind.BIAS},
+    "blocked": {Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS},
     "relative": {Kind.CONTENT},
     "flex": {Kind.BIAS},
 }
@@ -42,7 +42,7 @@ CPU_LIMITS = {"flex"}
 #: flash kernel, which gives a bias no gradient; flex does not take sinks).
 SINK_KINDS: dict[str, set[Kind]] = {
     "sdpa": {Kind.ABSOLUTE, Kind.ROTARY},
-    "blocked": {Kind.BIAS},
+    "blocked": {Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS},
     "relative": {Kind.CONTENT},
 }
 

@@ -133,7 +133,14 @@ def test_auto_picks_blocked_for_bias_and_states_reasons():
     layer(torch.randn(1, 300, H * D))  # auto leaves problems below 256x256 to sdpa
     assert layer.last_backend == "blocked"
     nope = AttentionRequest(q=q, k=k, v=v, encoding=posenc.build("nope"), q_pos=pos, k_pos=pos, scale=0.3)
-    assert any("BIAS" in r for r in get_backend("blocked").reasons(nope))
+    # Kinds without a bias: served (masks only), but auto leaves them to sdpa unless the mask hides
+    # most keys; CONTENT kinds compute their own logits and are refused.
+    assert get_backend("blocked").reasons(nope) == []
+    assert any("sdpa is cheaper" in r for r in get_backend("blocked").declines(nope))
+    shaw = AttentionRequest(
+        q=q, k=k, v=v, encoding=posenc.build("shaw", num_heads=H, head_dim=D), q_pos=pos, k_pos=pos, scale=0.3
+    )
+    assert any("content" in r for r in get_backend("blocked").reasons(shaw))
 
 
 def test_blocked_bfloat16_close_to_float32():

@@ -32,6 +32,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         "ALiBi: blocked backend vs SDPA floor and x-transformers",
     ),
     "shaw": ("bench_shaw", [], "Shaw k=16 key+value: posenc vs eager floor and the seed's (L,L,d) einsum"),
+    "masks": (
+        "bench_masks",
+        [],
+        "sliding window, packed documents and sinks vs full causal attention (RoPE layer)",
+    ),
     "rope": (
         "bench_rope",
         [],
@@ -43,6 +48,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "alibi": ["--sizes", "512,1024", "--repeats", "2", "--no-memory"],
     "shaw": ["--sizes", "512,1024", "--long", "", "--repeats", "2", "--no-memory"],
     "rope": ["--shape", "2,8,1024,128", "--repeats", "3", "--no-compile"],
+    "masks": ["--sizes", "1024", "--window", "128", "--repeats", "2", "--no-memory"],
 }
 
 

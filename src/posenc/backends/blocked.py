@@ -40,7 +40,7 @@ from torch.autograd.function import once_differentiable
 
 from ..base import Kind
 from ..masks import AttentionMask, CausalMask
-from . import AttentionRequest, kind_reasons, register_backend
+from . import AttentionRequest, register_backend
 from ._sinks import merge_sinks, sink_grad
 
 __all__ = ["DEFAULT_BLOCK", "BlockedBackend", "blocked_bias_attention"]
@@ -71,7 +71,7 @@ class _Plan:
     k_pos: Tensor  # [Bk, Tk] int64
     mask: AttentionMask
     block: int
-    mode: str  # "toeplitz" | "gather" | "function"
+    mode: str  # "toeplitz" | "gather" | "function" (BIAS kinds) | "none" (no bias: masks only)
     d_min: int  # smallest distance k_pos - q_pos (table modes)
     use_flash: bool
     q_len: int
@@ -160,9 +160,12 @@ def _block_bias(
     k1: int,
     dtype: torch.dtype,
     state: dict | None = None,
-) -> Tensor:
-    """The block's additive mask ``[B|1, H, rows, k1 - k0]`` in ``dtype``: the bias, hidden keys at
-    ``finfo(dtype).min`` and the user's float mask."""
+) -> Tensor | None:
+    """The block's additive mask ``[B|1, H|1, rows, k1 - k0]`` in ``dtype``: the bias, hidden keys at
+    ``finfo(dtype).min`` and the user's float mask; None when there is nothing to add (no bias, and
+    every key of the range is visible to every row)."""
+    if plan.mode == "none":
+        return _mask_rows(plan.mask, i0, i1, k0, k1, dtype)
     if plan.mode == "toeplitz":
         start = plan.q_len - 1 - i0
         bias = plan.strip[None, :, : i1 - i0, start + k0 : start + k1]
@@ -181,6 +184,19 @@ def _block_bias(
     return bias
 
 
+def _mask_rows(mask: AttentionMask, i0: int, i1: int, k0: int, k1: int, dtype: torch.dtype) -> Tensor | None:
+    """The mask alone as additive rows ``[B|1, H|1, rows, keys]`` (kinds without a bias), or None."""
+    allowed = mask.rows(i0, i1, k0, k1)
+    additive = mask.additive_rows(i0, i1, k0, k1)
+    if allowed is not None and bool(allowed.all()):
+        allowed = None  # a block inside the visible band runs the kernel's maskless path
+    if allowed is None and additive is None:
+        return None
+    rows = additive.to(dtype) if additive is not None else torch.zeros(1, 1, i1 - i0, k1 - k0, dtype=dtype)
+    rows = rows.to(mask.device)
+    return rows if allowed is None else rows.masked_fill(~allowed, torch.finfo(dtype).min)
+
+
 def _blocks(plan: _Plan, q_len: int):
     """``(i0, i1, k0, k1)``: each block of query rows and the keys its rows can see."""
     for i0 in range(0, q_len, plan.block):
@@ -197,9 +213,10 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
     return grad.sum(dim=dims, keepdim=True) if dims else grad
 
 
-def _explicit_block(q_blk: Tensor, k_blk: Tensor, bias: Tensor, scale: float) -> Tensor:
+def _explicit_block(q_blk: Tensor, k_blk: Tensor, bias: Tensor | None, scale: float) -> Tensor:
     """Scaled logits plus bias ``[B, H, rows, keys]``."""
-    return torch.matmul(q_blk, k_blk.transpose(-1, -2)).mul_(scale).add_(bias)
+    logits = torch.matmul(q_blk, k_blk.transpose(-1, -2)).mul_(scale)
+    return logits if bias is None else logits.add_(bias)
 
 
 class _BlockedBiasAttention(torch.autograd.Function):
@@ -234,7 +251,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
                     v_blk,
                     0.0,
                     False,
-                    attn_mask=bias.expand(batch, -1, -1, -1),
+                    attn_mask=None if bias is None else bias.expand(batch, -1, -1, -1),
                     scale=plan.scale,
                 )
             else:
@@ -286,7 +303,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
                     lse[:, :, i0:i1],
                     0.0,
                     False,
-                    attn_mask=bias.expand(batch, -1, -1, -1),
+                    attn_mask=None if bias is None else bias.expand(batch, -1, -1, -1),
                     scale=plan.scale,
                 )
                 dq[:, :, i0:i1] = dq_blk
@@ -301,8 +318,11 @@ class _BlockedBiasAttention(torch.autograd.Function):
             keys = k1 - k0
             k3, v3 = k_blk.reshape(batch * heads, keys, -1), v_blk.reshape(batch * heads, keys, -1)
             g3 = g_blk.reshape(batch * heads, rows, -1)
-            bias3 = bias.expand(batch, -1, -1, -1).reshape(batch * heads, rows, keys)
-            logits = torch.baddbmm(bias3, q3, k3.transpose(1, 2))
+            if bias is None:
+                logits = torch.bmm(q3, k3.transpose(1, 2))
+            else:
+                bias3 = bias.expand(batch, heads, -1, -1).reshape(batch * heads, rows, keys)
+                logits = torch.baddbmm(bias3, q3, k3.transpose(1, 2))
             # Rows that see no key get a zero output gradient (their output is zeroed after this
             # function), so whatever finite values their probabilities take here cancel.
             l_blk = lse[:, :, i0:i1].reshape(batch * heads, rows, 1).to(logits.dtype)
@@ -390,8 +410,8 @@ def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]
     enc = req.encoding
     q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
     table: Tensor | None = None
-    d_min, mode = 0, "function"
-    if enc.shift_invariant and req.q_len and req.k_len:
+    d_min, mode = 0, "function" if req.kind is Kind.BIAS else "none"
+    if mode == "function" and enc.shift_invariant and req.q_len and req.k_len:
         d_min = int(k_pos.min()) - int(q_pos.max())
         d_max = int(k_pos.max()) - int(q_pos.min())
         if d_max - d_min + 1 <= _MAX_TABLE_FACTOR * (req.q_len + req.k_len):
@@ -441,6 +461,25 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
 #: Below this many logits per head, ``auto`` lets sdpa take bias encodings: measured on 2 CPU
 #: cores (TransformerLM training, ALiBi), blocking pays off from about 256x256.
 MIN_AUTO_LOGITS = 256 * 256
+#: The CPU flash kernel's cost per logit with a mask, relative to its maskless path (measured).
+MASKED_KERNEL_COST = 1.6
+
+
+def _skips_enough(request: AttentionRequest, block: int = DEFAULT_BLOCK) -> bool:
+    """For kinds without a bias: whether blocks over the mask's key ranges beat one sdpa call.
+
+    sdpa pays for every pair (half of them for a plain causal mask, the masked kernel for any other
+    mask); blocked pays the masked kernel on each block's key range only.
+    """
+    mask = request.mask
+    band = 0
+    for i0 in range(0, request.q_len, block):
+        i1 = min(request.q_len, i0 + block)
+        lo, hi = mask.key_range(i0, i1)
+        band += (i1 - i0) * (hi - lo)
+    pairs = request.q_len * request.k_len
+    sdpa = pairs * (0.5 if mask.is_plain_causal else MASKED_KERNEL_COST if mask.components else 1.0)
+    return MASKED_KERNEL_COST * band < sdpa
 
 
 class BlockedBackend:
@@ -451,10 +490,18 @@ class BlockedBackend:
             return [
                 f"small attention (Tq*Tk = {request.q_len * request.k_len} < 256*256): the dense bias through sdpa is cheaper"
             ]
+        if request.kind is not Kind.BIAS and not _skips_enough(request):
+            return [
+                "without a bias, sdpa is cheaper unless the mask hides most keys (windows, documents, chunks)"
+            ]
         return []
 
     def reasons(self, request: AttentionRequest) -> list[str]:
-        reasons = kind_reasons(request, Kind.BIAS)
+        if request.kind is Kind.CONTENT:
+            return [
+                f"kind content ({request.encoding.name}) computes its own logits: the relative backend serves it"
+            ]
+        reasons = []
         if request.dropout_p > 0:
             reasons.append("attention dropout is not implemented in the blocked backend")
         additive = request.mask.additive
