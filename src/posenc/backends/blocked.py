@@ -502,6 +502,11 @@ class BlockedBackend:
                 f"kind content ({request.encoding.name}) computes its own logits: the relative backend serves it"
             ]
         reasons = []
+        if request.v.shape[-1] != request.q.shape[-1]:
+            reasons.append(
+                f"v's head size {request.v.shape[-1]} differs from q/k's {request.q.shape[-1]}: "
+                "the fused kernel takes one head size"
+            )
         if request.dropout_p > 0:
             reasons.append("attention dropout is not implemented in the blocked backend")
         additive = request.mask.additive
