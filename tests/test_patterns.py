@@ -230,3 +230,45 @@ def test_documents_need_self_attention():
             torch.randn(1, 4, EMBED),
             document_ids=torch.zeros(1, 3, dtype=torch.long),
         )
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "shaw", "learned", "fire"])
+def test_windowed_layer_cache_keeps_only_what_the_window_sees(name):
+    layer = _layer(name, window=4)
+    x = torch.randn(2, 19, EMBED, dtype=torch.float64)
+    full = layer(x)
+    cache, pieces = posenc.KVCache(), []
+    for a, b in ((0, 6), (6, 7), (7, 8), (8, 13), (13, 19)):
+        pieces.append(layer(x[:, a:b], cache=cache))
+        assert cache.length(0) <= 3  # window - 1: all the next query can see
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "shaw", "nope"])
+def test_streaming_cache_keeps_sinks_and_a_window_with_positions_inside_the_cache(name):
+    """StreamingLLM: once tokens are evicted, each step equals a full pass over the kept tokens
+    (sinks, then the window, then the new token) at positions 0, 1, ... of the cache."""
+    sinks, window = 2, 5
+    layer = _layer(name)
+    x = torch.randn(1, 30, EMBED, dtype=torch.float64)
+    cache = posenc.KVCache(window=window, sink_tokens=sinks)
+    prompt = 4
+    out = layer(x[:, :prompt], cache=cache)
+    torch.testing.assert_close(out, layer(x[:, :prompt]))  # nothing evicted yet: the plain pass
+    for t in range(prompt, 30):
+        step = layer(x[:, t : t + 1], cache=cache)
+        kept = torch.cat([x[:, : min(sinks, t)], x[:, max(sinks, t - window) : t + 1]], dim=1)
+        torch.testing.assert_close(step, layer(kept)[:, -1:], rtol=1e-7, atol=1e-9)
+        assert cache.length(0) <= sinks + window  # memory O(sinks + window)
+
+
+def test_streaming_cache_refuses_what_it_cannot_honour():
+    cache = posenc.KVCache(window=4, sink_tokens=1)
+    with pytest.raises(ValueError, match="positions: a streaming KVCache"):
+        _layer("rope")(torch.randn(1, 2, EMBED, dtype=torch.float64), positions=torch.arange(2), cache=cache)
+    with pytest.raises(ValueError, match="'learned' adds absolute positions"):
+        _layer("learned")(torch.randn(1, 2, EMBED, dtype=torch.float64), cache=cache)
+    with pytest.raises(ValueError, match="window must be a positive int"):
+        posenc.KVCache(window=0)
+    with pytest.raises(ValueError, match="sink_tokens needs a window"):
+        posenc.KVCache(sink_tokens=2)

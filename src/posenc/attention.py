@@ -34,6 +34,7 @@ class _CacheEntry:
     writer_id: int = 0  # id() of the layer that wrote the entry
     writer: str = ""  # that layer, described for error messages
     context_key: tuple | None = None  # cross-attention: which context tensor the keys came from
+    evicted: int = 0  # tokens dropped from the front (a windowed layer keeps what its window sees)
 
 
 class KVCache:
@@ -47,8 +48,27 @@ class KVCache:
     padding mask or document ids when there are some).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, window: int | None = None, sink_tokens: int = 0) -> None:
+        """Args:
+        window: None (keep every token), or StreamingLLM (Xiao et al. 2023): every layer keeps the
+            first ``sink_tokens`` tokens and the last ``window`` ones, memory ``O(sink_tokens +
+            window)`` for any number of steps. Positions are those inside the cache (the paper's
+            rule): cached keys are kept unrotated and rotary encodings rotate them at each step.
+        sink_tokens: with ``window``, the first tokens that are never evicted (attention sinks).
+        """
+        if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+            raise ValueError(f"KVCache: window must be a positive int or None, got {window!r}")
+        if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int) or sink_tokens < 0:
+            raise ValueError(f"KVCache: sink_tokens must be an int >= 0, got {sink_tokens!r}")
+        if sink_tokens and window is None:
+            raise ValueError("KVCache: sink_tokens needs a window (StreamingLLM keeps sinks plus a window)")
+        self.window, self.sink_tokens = window, sink_tokens
         self._entries: dict[tuple[int, bool], _CacheEntry] = {}
+
+    @property
+    def streaming(self) -> bool:
+        """True for a StreamingLLM cache (a window of recent tokens plus sink tokens)."""
+        return self.window is not None
 
     def get(self, layer_idx: int = 0, *, cross: bool = False) -> _CacheEntry | None:
         return self._entries.get((layer_idx, cross))
@@ -278,14 +298,22 @@ class MultiheadAttention(nn.Module):
         else:
             entry = self._cache_entry(cache, cross=False, batch=batch)
             past = 0 if entry is None else entry.k.shape[2]
-            padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
-            docs = self._documents_with_cache(document_ids, entry, batch, q_len)
-            if docs is None:
-                default = default_positions(q_len, past, padding, x.device)
+            if cache is not None and cache.streaming:
+                self._check_streaming(positions, key_padding_mask, document_ids, prefix_len)
+                q, k, v, q_pos, k_pos = self._streaming_inputs(x, entry, cache)
+                padding = None
             else:
-                default = document_positions(docs)[:, past:]
-            q_pos = self._positions(positions, "positions", batch, q_len, default)
-            q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs)
+                padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
+                docs = self._documents_with_cache(document_ids, entry, batch, q_len)
+                evicted = 0 if entry is None else entry.evicted
+                if docs is None:
+                    default = default_positions(q_len, past + evicted, padding, x.device)
+                else:
+                    default = document_positions(docs)[:, past:]
+                q_pos = self._positions(positions, "positions", batch, q_len, default)
+                q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs)
+                if cache is not None and padding is None and docs is None and prefix_len is None:
+                    self._trim_to_window(cache)
         if attn_mask is not None:
             attn_mask = self._check_attn_mask(attn_mask, batch, q_len, k.shape[2])
         if self.query_temperature is not None:
@@ -344,8 +372,75 @@ class MultiheadAttention(nn.Module):
         docs = self._documents_with_cache(document_ids, entry, batch, q_len)
         if docs is not None:
             return document_positions(docs)[:, past:]
+        if cache is not None and cache.streaming:
+            return torch.arange(past, past + q_len, device=self.q_proj.weight.device)[None]
         padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
-        return default_positions(q_len, past, padding, self.q_proj.weight.device)
+        evicted = 0 if entry is None else entry.evicted
+        return default_positions(q_len, past + evicted, padding, self.q_proj.weight.device)
+
+    # ------------------------------------------------------------------ bounded caches
+    def _trim_to_window(self, cache: KVCache) -> None:
+        """A windowed layer keeps only the ``window - 1`` newest keys: the next query sees no older one.
+
+        Chunked layers keep everything (chunk boundaries count keys from the first token).
+        """
+        entry = cache.get(self.layer_idx)
+        if self.window is None or self.chunk is not None or entry is None:
+            return
+        drop = entry.k.shape[2] - (self.window - 1)
+        if drop <= 0:
+            return
+        entry.k, entry.v = entry.k[:, :, drop:], entry.v[:, :, drop:]
+        entry.k_pos = entry.k_pos[:, drop:]
+        entry.evicted += drop
+
+    def _check_streaming(
+        self,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        document_ids: Tensor | None,
+        prefix_len: int | Tensor | None,
+    ) -> None:
+        given = {
+            "positions": positions,
+            "key_padding_mask": key_padding_mask,
+            "document_ids": document_ids,
+            "prefix_len": prefix_len,
+        }
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(
+                    f"{name}: a streaming KVCache (window=...) assigns positions inside the cache; "
+                    f"it takes no {name}"
+                )
+        if self.encoding.kind is Kind.ABSOLUTE and not self.encoding.shift_invariant:
+            raise ValueError(
+                f"a streaming KVCache re-assigns positions, but {self.encoding.name!r} adds absolute positions "
+                "to the layer input, which cached keys cannot shed; use a rotary, bias or relative encoding"
+            )
+        if self.window is not None or self.chunk is not None:
+            raise ValueError("a streaming KVCache serves layers without window or chunk of their own")
+
+    def _streaming_inputs(
+        self, x: Tensor, entry: _CacheEntry | None, cache: KVCache
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """``q, k, v, q_pos, k_pos`` with positions inside the cache (StreamingLLM), then evicts."""
+        past = 0 if entry is None else entry.k.shape[2]
+        q_len = x.shape[1]
+        device = x.device
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        if entry is not None:  # cached keys are unrotated
+            k, v = torch.cat([entry.k, k], dim=2), torch.cat([entry.v, v], dim=2)
+        q_pos = torch.arange(past, past + q_len, device=device)[None]
+        k_pos = torch.arange(past + q_len, device=device)[None]
+        kept = _streaming_keep(past + q_len, cache.sink_tokens, cache.window)
+        stored = _CacheEntry(k=k[:, :, kept], v=v[:, :, kept], k_pos=k_pos[:, kept], padding=None)
+        self._write_cache(cache, stored)
+        if self.encoding.kind is Kind.ROTARY:
+            q, k = self.encoding.rotate(q, k, q_pos, k_pos)
+        return q, k, v, q_pos, k_pos
 
     def _check_context(
         self, context: Tensor, batch: int, document_ids: Tensor | None, prefix_len: int | Tensor | None
@@ -383,7 +478,17 @@ class MultiheadAttention(nn.Module):
             v = torch.cat([entry.v, v], dim=2)
             k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
         if cache is not None:
-            self._write_cache(cache, _CacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, document_ids=docs))
+            self._write_cache(
+                cache,
+                _CacheEntry(
+                    k=k,
+                    v=v,
+                    k_pos=k_pos,
+                    padding=padding,
+                    document_ids=docs,
+                    evicted=0 if entry is None else entry.evicted,
+                ),
+            )
         return q, k, v, k_pos
 
     def _documents_with_cache(
@@ -578,6 +683,14 @@ def default_positions(q_len: int, past: int, padding: Tensor | None, device: tor
     real = (~padding).long()
     positions = (real.cumsum(dim=1) - 1).clamp(min=0)
     return positions[:, positions.shape[1] - q_len :]
+
+
+def _streaming_keep(length: int, sinks: int, window: int) -> slice | Tensor:
+    """Indices of the tokens a StreamingLLM cache keeps out of ``length``: the first ``sinks`` and
+    the last ``window``."""
+    if length <= sinks + window:
+        return slice(None)
+    return torch.cat([torch.arange(sinks), torch.arange(length - window, length)])
 
 
 def _tensor_key(x: Tensor) -> tuple:
