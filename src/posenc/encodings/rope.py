@@ -14,7 +14,7 @@ Conventions:
 * Angles are computed in float32 (``positions.float() * inv_freq``) whatever the model dtype;
   only ``cos``/``sin`` are cast to the activations' dtype, so a bf16 model keeps positions > 256.
 * Scaling (:mod:`posenc.encodings.rope_scaling`): ``scaling="linear"|"ntk"|"dynamic"|"yarn"|
-  "llama3"|"longrope"`` with typed options, or an HF ``rope_parameters`` dict as it is.
+  "llama3"|"longrope"|"proportional"`` with typed options, or an HF ``rope_parameters`` dict as it is.
   ``attention_scale`` multiplies both ``cos`` and ``sin`` (logits scale by its square), as HF.
   ``dynamic`` and ``longrope`` recompute their frequencies at forward time from the current length
   ``max(position) + 1`` of the call (queries and new keys together). HF's ``dynamic_rope_update``
@@ -198,7 +198,9 @@ class RoPE(RotaryEncoding):
         cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand
             (up to a bound, past which positions are computed directly: :class:`RotaryTables`).
         scaling: ``None``/``"default"``, ``"linear"``, ``"ntk"``, ``"dynamic"``, ``"yarn"``,
-            ``"llama3"`` or ``"longrope"`` (docs/conventions.md §7.5).
+            ``"llama3"``, ``"longrope"`` or ``"proportional"`` (docs/conventions.md §7.5). For
+            ``"proportional"`` (p-RoPE), ``rotary_dim`` (or HF's ``partial_rotary_factor``) names
+            the channels that turn; the frequency table spans the whole head.
         factor, original_max_position_embeddings, max_position_embeddings, beta_fast, beta_slow,
         mscale, mscale_all_dim, attention_factor, truncate, low_freq_factor, high_freq_factor,
         short_factor, long_factor: the scaling's parameters (HF ``rope_parameters`` names), gathered
@@ -319,9 +321,10 @@ class RoPE(RotaryEncoding):
             config["partial_rotary_factor"] = self._partial
         rotary_dim = self._rotary_dim_option
         if rotary_dim is not None:
-            if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            # 0 is meaningful for p-RoPE (no pair rotates); the other types reject it in rotary_width.
+            if rotary_dim % 2 or not 0 <= rotary_dim <= head_dim:
                 raise ValueError(
-                    f"rope: rotary_dim must be even and in (0, head_dim={head_dim}], got rotary_dim={rotary_dim}"
+                    f"rope: rotary_dim must be even and at most head_dim={head_dim}, got rotary_dim={rotary_dim}"
                 )
             config["rotary_dim"] = rotary_dim
         elif self._partial is None and head_dim % 2:
@@ -342,8 +345,10 @@ class RoPE(RotaryEncoding):
         if "rope_parameters" in config:
             del config["rope_parameters"]
             config["base"] = self._base
-            if self.is_bound and self.rotary_dim != self.head_dim:
-                config["rotary_dim"] = self.rotary_dim
+            # The channels that turn: the rotary width, or p-RoPE's pairs with non-zero frequency.
+            rotating = 2 * int(torch.count_nonzero(self.inv_freq)) if self.is_bound else None
+            if self.is_bound and rotating != self.head_dim:
+                config["rotary_dim"] = rotating
             if self.rope_type != "default":
                 config["scaling"] = self.rope_type
             config.update(self.scaling.options())
