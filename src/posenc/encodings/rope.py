@@ -22,6 +22,10 @@ Conventions:
   call drops below the original length), so the two agree whenever lengths do not shrink above the
   original length. Keys already in a KV cache keep the rotation they were given.
 
+* ``drop_rotation="eval"`` rotates in training mode only: a model trained with RoPE is evaluated
+  without rotating q and k (DroPE's "drop the positional embedding after training"); ``"always"``
+  never rotates, NoPE on the same weights (docs/conventions.md §7.8).
+
 Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
 
@@ -41,6 +45,8 @@ from .rope_scaling import RopeScaling, rope_scaled_inv_freq
 __functional__ = ["rope_inv_freq", "apply_rope", "convert_rope_pairing", "rope_cos_sin"]
 
 Pairing = Literal["half", "interleaved"]
+#: When the rotation is left out: never, in eval mode only (DroPE-style evaluation), always (NoPE).
+DropRotation = Literal["never", "eval", "always"]
 
 
 # ---------------------------------------------------------------------------- pure functions
@@ -209,6 +215,11 @@ class RoPE(RotaryEncoding):
             ``partial_rotary_factor`` set the base and rotary width); exclusive with ``scaling`` and
             its options, except ``max_position_embeddings`` (HF's model-level length, read by
             ``dynamic`` and by yarn/longrope/llama3 when ``original_max_position_embeddings`` is absent).
+        drop_rotation: ``"never"`` (default); ``"eval"``: rotate in training mode only, so a model
+            trained with RoPE is evaluated (``model.eval()``) without rotating q and k, as DroPE
+            evaluates a RoPE-trained checkpoint; ``"always"``: never rotate (NoPE on the same
+            weights; a RoPE checkpoint loads unchanged, the encoding has no saved state)
+            (docs/conventions.md §7.8).
 
     The scaling options stay flat keyword options (not one ``RopeScaling`` argument) because the
     registry's schema is this typed signature: spec strings such as
@@ -241,9 +252,15 @@ class RoPE(RotaryEncoding):
         short_factor: list[float] | None = None,
         long_factor: list[float] | None = None,
         rope_parameters: dict | None = None,
+        drop_rotation: DropRotation = "never",
     ) -> None:
         super().__init__()
         _check_pairing(pairing)
+        if drop_rotation not in ("never", "eval", "always"):
+            raise ValueError(
+                f"rope: drop_rotation must be 'never', 'eval' or 'always', got drop_rotation={drop_rotation!r}"
+            )
+        self.drop_rotation = drop_rotation
         if head_dim is not None and (
             isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0
         ):
@@ -380,6 +397,8 @@ class RoPE(RotaryEncoding):
             raise ValueError(
                 f"rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
+        if self.rotation_dropped:
+            return q, k
         if self.scaling.length_dependent:
             # One length for the whole call (max position + 1), so q and k see the same frequencies.
             both = torch.cat((q_pos.reshape(-1), k_pos.reshape(-1)))
@@ -388,14 +407,20 @@ class RoPE(RotaryEncoding):
         k_cos, k_sin = self.cos_sin(k_pos)
         return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
 
+    @property
+    def rotation_dropped(self) -> bool:
+        """Whether :meth:`rotate` leaves q and k as they are now (``drop_rotation`` and the module's mode)."""
+        return self.drop_rotation == "always" or (self.drop_rotation == "eval" and not self.training)
+
     def preview(self) -> str:
         if not self.is_bound:
             return "head_dim not set yet: the first attention layer that takes this encoding sets it"
         freqs = ", ".join(f"{v:.4g}" for v in self.inv_freq[:6].tolist())
         more = ", ..." if self.inv_freq.numel() > 6 else ""
+        dropped = "" if self.drop_rotation == "never" else f", drop_rotation={self.drop_rotation}"
         return (
             f"rope_type={self.rope_type}, pairing={self.pairing}, rotary_dim={self.rotary_dim}/{self.head_dim}, "
-            f"attention_scale={self.attention_scale:.6g}\ninv_freq = [{freqs}{more}]\n"
+            f"attention_scale={self.attention_scale:.6g}{dropped}\ninv_freq = [{freqs}{more}]\n"
             f"wavelengths 2π/θ: shortest {2 * torch.pi / float(self.inv_freq.max()):.4g}, "
             f"longest {2 * torch.pi / float(self.inv_freq.min().clamp_min(1e-30)):.4g} positions"
         )
