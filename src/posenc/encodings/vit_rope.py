@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import RotaryEncoding
+from ..kernels.rope import RotaryTables
 from ..registry import register
 from .rope import _apply_cos_sin
 
@@ -227,7 +228,15 @@ class DINOv3RoPE(RotaryEncoding):
     """DINOv3's 2-D RoPE (HF dinov3_vit): patch centres in [−1, 1], with shift / jitter / rescale in training."""
 
     layer_sizes = ("head_dim",)
-    derived_buffers = ("inv_freq",)
+    derived_buffers = (
+        "inv_freq",
+        "tables.inv_freq",
+        "tables.cos",
+        "tables.sin",
+        "col_tables.inv_freq",
+        "col_tables.cos",
+        "col_tables.sin",
+    )
     example_options = {"grid_width": 4}
 
     def __init__(
@@ -268,19 +277,39 @@ class DINOv3RoPE(RotaryEncoding):
         self.base, self.prefix_tokens = float(base), prefix_tokens
         self.shift, self.jitter, self.rescale = shift, jitter, rescale
         self.inv_freq: Tensor
+        # Without augmentation a coordinate is an odd integer n = 2·row + 1 − grid_height over
+        # grid_height (the same for columns), so the angles n · 2π·inv_freq/grid_height come from
+        # the shared cos/sin cache at |n| (sin is odd in n).
+        self.tables, self.col_tables = RotaryTables(), RotaryTables()
         self.reset_buffers()
 
     def reset_buffers(self) -> None:
-        """The frequencies ``[D/4]``, float32."""
-        self.set_derived("inv_freq", dinov3_rope_inv_freq(self.head_dim, self.base))
+        """The frequencies ``[D/4]`` and the row / column ``cos``/``sin`` tables, float32."""
+        inv_freq = dinov3_rope_inv_freq(self.head_dim, self.base)
+        self.set_derived("inv_freq", inv_freq)
+        device = self.buffer_device
+        for tables, size in ((self.tables, self.grid_height), (self.col_tables, self.grid_width)):
+            tables.reset((2 * math.pi * inv_freq.double() / size).float().to(device))
+
+    def _cached_cos_sin(self, rows: Tensor, cols: Tensor) -> tuple[Tensor, Tensor]:
+        """``cos``/``sin`` ``[..., D/2]`` of un-augmented patch centres from the tables."""
+        parts = []
+        for tables, index, size in (
+            (self.tables, rows, self.grid_height),
+            (self.col_tables, cols, self.grid_width),
+        ):
+            odd = 2 * index + 1 - size
+            cos, sin = tables.tables(odd.abs())
+            parts.append((cos, sin * odd.sign()[..., None]))
+        return torch.cat([parts[0][0], parts[1][0]], dim=-1), torch.cat([parts[0][1], parts[1][1]], dim=-1)
 
     def coords(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """``(coords [..., 2] (y, x), is_patch)`` of ``positions``, without augmentation."""
         rows, cols, is_patch = vit_patch_row_col(positions, self.grid_width, self.prefix_tokens)
         return dinov3_patch_coords(rows, cols, self.grid_height, self.grid_width), is_patch
 
-    def _rotate_one(self, x: Tensor, coords: Tensor, is_patch: Tensor) -> Tensor:
-        cos, sin = dinov3_cos_sin(coords, self.inv_freq)
+    @staticmethod
+    def _rotate_with(x: Tensor, cos: Tensor, sin: Tensor, is_patch: Tensor) -> Tensor:
         keep = is_patch[..., None]
         return _apply_cos_sin(x, torch.where(keep, cos, 1.0), torch.where(keep, sin, 0.0), "half")
 
@@ -289,20 +318,24 @@ class DINOv3RoPE(RotaryEncoding):
             raise ValueError(
                 f"dinov3_rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
+        augmented = self.training and any(v is not None for v in (self.shift, self.jitter, self.rescale))
+        if not augmented:
+            q_rows, q_cols, q_patch = vit_patch_row_col(q_pos, self.grid_width, self.prefix_tokens)
+            k_rows, k_cols, k_patch = vit_patch_row_col(k_pos, self.grid_width, self.prefix_tokens)
+            return (
+                self._rotate_with(q, *self._cached_cos_sin(q_rows, q_cols), q_patch),
+                self._rotate_with(k, *self._cached_cos_sin(k_rows, k_cols), k_patch),
+            )
         q_coords, q_patch = self.coords(q_pos)
         k_coords, k_patch = self.coords(k_pos)
-        if self.training:  # one transform for the whole call, so queries and keys move together
-            both = dinov3_augment_coords(
-                torch.cat([q_coords.flatten(0, -2), k_coords.flatten(0, -2)]),
-                self.shift,
-                self.jitter,
-                self.rescale,
-            )
-            q_coords, k_coords = (
-                both[: q_coords[..., 0].numel()].view_as(q_coords),
-                both[q_coords[..., 0].numel() :].view_as(k_coords),
-            )
-        return self._rotate_one(q, q_coords, q_patch), self._rotate_one(k, k_coords, k_patch)
+        # One transform for the whole call, so queries and keys move together.
+        flat = torch.cat([q_coords.reshape(-1, 2), k_coords.reshape(-1, 2)])
+        flat = dinov3_augment_coords(flat, self.shift, self.jitter, self.rescale)
+        q_coords, k_coords = flat[: q_pos.numel()].view_as(q_coords), flat[q_pos.numel() :].view_as(k_coords)
+        return (
+            self._rotate_with(q, *dinov3_cos_sin(q_coords, self.inv_freq), q_patch),
+            self._rotate_with(k, *dinov3_cos_sin(k_coords, self.inv_freq), k_patch),
+        )
 
     def preview(self) -> str:
         freqs = ", ".join(f"{v:.4g}" for v in self.inv_freq.tolist()[:4])
