@@ -74,6 +74,34 @@ def test_interleaved_matches_hf_qwen3_vl(head_dim, section):
     assert not torch.allclose(_ours(sectioned, ids, q, k)[0], want_q, atol=1e-3)
 
 
+def test_partial_interleaved_matches_hf_qwen3_5():
+    """Qwen3.5: interleaved M-RoPE on the first int(head_dim · partial_rotary_factor) channels only."""
+    from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding
+    from transformers.models.qwen3_5.modeling_qwen3_5 import apply_rotary_pos_emb as qwen3_5_apply
+
+    ids = _ids()
+    q, k = torch.randn(2, 4, ids.shape[-1], 32), torch.randn(2, 2, ids.shape[-1], 32)
+    params = {
+        "rope_type": "default",
+        "rope_theta": 1e6,
+        "mrope_section": [4, 2, 2],
+        "partial_rotary_factor": 0.5,
+    }
+    rotary = Qwen3_5TextRotaryEmbedding(_config(Qwen3_5TextConfig, 32, params))
+    cos, sin = rotary(q, ids)
+    want_q, want_k = qwen3_5_apply(q, k, cos, sin)
+    from_dict = posenc.build("mrope", head_dim=32, layout="interleaved", rope_parameters=params)
+    from_spec = posenc.build(
+        "mrope:layout=interleaved,rotary_dim=16,base=1000000,mrope_section=4|2|2", head_dim=32
+    )
+    for enc in (from_dict, from_spec, posenc.build(from_dict.spec())):
+        got_q, got_k = _ours(enc, ids, q, k)
+        torch.testing.assert_close(got_q, want_q, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(got_k, want_k, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_q[..., 16:], q[..., 16:], rtol=0, atol=0)
+
+
 def test_interleaved_default_section_and_axis_map():
     """docs/conventions.md §9.3: HF's [24, 20, 20] at d = 128; [4, 2, 2] at d = 16 with axes t h w t h w t t."""
     assert posenc.build("mrope:layout=interleaved", head_dim=128).mrope_section == [24, 20, 20]
@@ -223,6 +251,10 @@ def test_errors_name_the_option():
         posenc.build(
             "mrope", head_dim=16, rope_parameters={"rope_type": "default", "mrope_section": [4, 4, 4]}
         )
+    with pytest.raises(ValueError, match="rotary_dim"):
+        posenc.build("mrope:rotary_dim=18", head_dim=16)
+    with pytest.raises(ValueError, match="mrope_section"):
+        posenc.build("mrope:rotary_dim=8,mrope_section=2|3|3", head_dim=16)  # sums to 8, not 4
     with pytest.raises(ValueError, match="layout"):
         posenc.build("mrope:layout=diagonal", head_dim=16)
     with pytest.raises(ValueError, match="scaling"):

@@ -12,7 +12,10 @@ RoPE frequencies takes its angle from one of the three ids; ``mrope_section = [n
   ``k < 3·n_h``, with ``w`` when ``k ≡ 2 (mod 3)`` and ``k < 3·n_w``, and with ``t`` otherwise
   (HF's default ``[24, 20, 20]`` for ``d = 128``), so every axis spans high and low frequencies.
 
-The angles are used with ``rotate_half`` pairing (``(k, k + d/2)``), exactly as HF. Text tokens
+The angles are used with ``rotate_half`` pairing (``(k, k + d/2)``), exactly as HF. With
+``rotary_dim = d_r < d`` (Qwen3.5's ``partial_rotary_factor``) the frequencies are those of a
+``d_r``-wide RoPE, ``mrope_section`` sums to ``d_r/2``, and only the first ``d_r`` channels turn
+(pairs ``(k, k + d_r/2)``); the rest pass through, as HF Qwen3.5. Text tokens
 have ``t = h = w`` and reduce exactly to 1-D RoPE in both layouts. The frequencies may be scaled
 with any RoPE scaling type whose frequencies do not depend on the sequence length (``scaling=yarn``
 etc., :mod:`posenc.encodings.rope_scaling`; ``attention_scale`` multiplies ``cos`` and ``sin``),
@@ -89,18 +92,32 @@ def _check_layout(layout: str) -> None:
         raise ValueError(f"mrope: layout must be 'section' or 'interleaved', got layout={layout!r}")
 
 
-def _check_section(section: list[int], head_dim: int, layout: Layout = "section") -> None:
-    pairs = head_dim // 2
+def _rotary_width(head_dim: int, rotary_dim: int | None, partial: float | None) -> int:
+    """``rotary_dim``, or ``int(head_dim · partial_rotary_factor)`` (HF), or ``head_dim``; even and at most ``head_dim``."""
+    if rotary_dim is not None and partial is not None:
+        raise ValueError("mrope: give rotary_dim or rope_parameters['partial_rotary_factor'], not both")
+    width = rotary_dim if rotary_dim is not None else head_dim if partial is None else int(head_dim * partial)
+    if isinstance(width, bool) or not isinstance(width, int) or width <= 0 or width % 2 or width > head_dim:
+        raise ValueError(
+            f"mrope: rotary_dim must be a positive even number at most head_dim={head_dim}, got {width!r} "
+            f"(rotary_dim={rotary_dim}, partial_rotary_factor={partial})"
+        )
+    return width
+
+
+def _check_section(section: list[int], width: int, layout: Layout = "section") -> None:
+    pairs = width // 2
     if len(section) != 3 or any(s < 0 for s in section) or sum(section) != pairs:
         raise ValueError(
-            f"mrope: mrope_section must be three non-negative band sizes summing to head_dim/2 = {pairs}, "
+            f"mrope: mrope_section must be three non-negative band sizes summing to the rotary pairs "
+            f"(rotary_dim/2, head_dim/2 unless partial) = {pairs}, "
             f"got mrope_section={section} (sum {sum(section)})"
         )
     _, height, width = section
     if layout == "interleaved" and (3 * height - 2 >= pairs or 3 * width - 1 >= pairs):
         raise ValueError(
             f"mrope: with layout='interleaved' height and width take every third pair (1, 4, 7, ... and "
-            f"2, 5, 8, ...), so 3·h − 2 and 3·w − 1 must be below head_dim/2 = {pairs}; got "
+            f"2, 5, 8, ...), so 3·h − 2 and 3·w − 1 must be below the rotary pairs {pairs}; got "
             f"mrope_section={section}"
         )
 
@@ -286,6 +303,7 @@ class MRoPE(RotaryEncoding):
         base: float = 10000.0,
         mrope_section: list[int] | None = None,
         layout: Layout = "section",
+        rotary_dim: int | None = None,
         scaling: str | None = None,
         factor: float | None = None,
         original_max_position_embeddings: int | None = None,
@@ -301,8 +319,10 @@ class MRoPE(RotaryEncoding):
         rope_parameters: dict | None = None,
     ) -> None:
         """Args: ``head_dim`` (filled in by the layer; even); ``base``; ``mrope_section`` (three
-        band sizes summing to ``head_dim/2``; default :func:`default_mrope_section`); ``layout``
-        (``"section"`` or ``"interleaved"``); ``scaling`` and its options (HF ``rope_parameters``
+        band sizes summing to ``rotary_dim/2``; default :func:`default_mrope_section`); ``layout``
+        (``"section"`` or ``"interleaved"``); ``rotary_dim``: rotate only the first ``rotary_dim``
+        channels (partial rotary, Qwen3.5; HF's ``partial_rotary_factor`` in ``rope_parameters``
+        says the same; default all); ``scaling`` and its options (HF ``rope_parameters``
         names, as RoPE's; length-dependent types are refused); or ``rope_parameters``, an HF dict
         (``rope_type``, ``rope_theta``, ``mrope_section``, the scaling's options) used as it is."""
         super().__init__()
@@ -312,10 +332,7 @@ class MRoPE(RotaryEncoding):
         given = locals()
         options = {k: given.get(k) for k in RopeScaling.OPTIONS}
         self.scaling, self.base, partial = _scaling_of(base, scaling, rope_parameters, options)
-        if partial is not None:
-            raise ValueError(
-                "mrope: rope_parameters['partial_rotary_factor'] is not supported (every pair rotates)"
-            )
+        width = _rotary_width(head_dim, rotary_dim, partial)
         if self.scaling.type in LENGTH_DEPENDENT:
             fixed = sorted(set(rope_scaling_types()) - LENGTH_DEPENDENT)
             raise ValueError(
@@ -329,10 +346,15 @@ class MRoPE(RotaryEncoding):
                 f"{list(from_dict)}"
             )
         section = mrope_section if mrope_section is not None else from_dict
-        section = list(section) if section is not None else default_mrope_section(head_dim, layout)
-        _check_section(section, head_dim, layout)
-        self.head_dim, self.mrope_section, self.layout = head_dim, section, layout
-        self.scaling_config = {"rope_theta": self.base, **self.scaling.config(), "head_dim": head_dim}
+        section = list(section) if section is not None else default_mrope_section(width, layout)
+        _check_section(section, width, layout)
+        self.head_dim, self.rotary_dim, self.mrope_section, self.layout = head_dim, width, section, layout
+        self.scaling_config = {
+            "rope_theta": self.base,
+            **self.scaling.config(),
+            "head_dim": head_dim,
+            "rotary_dim": width,
+        }
         rope_scaled_inv_freq(self.scaling_config)  # validates the scaling options now
         self.attention_scale = 1.0
         self._ids: Tensor | None = None
@@ -348,19 +370,21 @@ class MRoPE(RotaryEncoding):
         config = self.config()
         if config.pop("rope_parameters", None) is not None:
             config.update(base=self.base, mrope_section=self.mrope_section)
+            if self.rotary_dim != self.head_dim:
+                config["rotary_dim"] = self.rotary_dim
             if self.scaling.type != "default":
                 config["scaling"] = self.scaling.type
             config.update(self.scaling.options())
         return format_spec(self.name, config)
 
     def reset_buffers(self) -> None:
-        """The (scaled) frequencies ``[D/2]`` and their ``cos``/``sin`` tables, in float32."""
+        """The (scaled) frequencies ``[d_r/2]`` and their ``cos``/``sin`` tables, in float32."""
         inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config)
         self.tables.reset(inv_freq.to(self.buffer_device), self.attention_scale)
 
     @property
     def inv_freq(self) -> Tensor:
-        """The frequencies ``[D/2]`` (float32)."""
+        """The frequencies ``[d_r/2]`` (float32)."""
         return self.tables.inv_freq
 
     @property
