@@ -21,7 +21,6 @@ Conventions:
   does the same for longrope; for dynamic it only grows (it keeps the largest length seen until a
   call drops below the original length), so the two agree whenever lengths do not shrink above the
   original length. Keys already in a KV cache keep the rotation they were given.
-
 * ``drop_rotation="eval"`` rotates in training mode only: a model trained with RoPE is evaluated
   without rotating q and k (DroPE's "drop the positional embedding after training"); ``"always"``
   never rotates, NoPE on the same weights (docs/conventions.md §7.8).
