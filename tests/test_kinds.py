@@ -252,7 +252,10 @@ def test_rotary_tables_are_the_cache_of_every_rotary_encoding():
     rotary = [n for n in NAMES if posenc.get_class(n).kind is posenc.Kind.ROTARY]
     assert {"rope", "xpos", "axial_rope", "mrope"} <= set(rotary)
     for name in rotary:
-        assert isinstance(make_encoding(name).tables, RotaryTables), name
+        enc = make_encoding(name)
+        if any(param.requires_grad for param in enc.parameters()):
+            continue  # learned frequencies (rope_mixed) change every step: nothing to cache
+        assert isinstance(enc.tables, RotaryTables), name
 
 
 def test_rotary_tables_serve_cached_and_far_positions_alike():

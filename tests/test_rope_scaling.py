@@ -176,6 +176,17 @@ CASES = [
         },
         100,
     ),
+    # p-RoPE (Gemma 4's global layers: partial_rotary_factor 0.25, base 1e6), other fractions and factors.
+    (16, 2048, {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25}, None),
+    (
+        64,
+        2048,
+        {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "factor": 8.0},
+        None,
+    ),
+    (24, 2048, {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.3}, None),
+    (32, 2048, {"rope_type": "proportional", "rope_theta": 10000.0, "factor": 2.0}, None),
+    (32, 2048, {"rope_type": "proportional", "rope_theta": 10000.0, "partial_rotary_factor": 0.0}, None),
 ]
 
 
@@ -285,6 +296,7 @@ def test_module_spec_string_and_rope_parameters_dict_agree_with_hf():
             "long_factor": LONG,
         },
         {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16},
+        {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25, "factor": 2.0},
     ],
 )
 @pytest.mark.parametrize("length", [10, 40])
@@ -439,3 +451,59 @@ def test_dynamic_reference_bases(seq_len, new_base):
     scaling = {"rope_type": "dynamic", "factor": 2.0, "original_max_position_embeddings": 2048}
     freq, _ = F.rope_inv_freq(128, scaling=scaling, seq_len=seq_len)
     assert float(freq[1]) == pytest.approx(new_base ** (-2 / 128), rel=1e-6)
+
+
+# ---------------------------------------------------------------------------- p-RoPE ("proportional")
+
+
+def test_proportional_reference_numbers():
+    """docs/conventions.md §7.5.7: d = 16, base 10^6, p = 0.25 -> 2 rotating pairs [1, 10^(-6·2/16)], then zeros."""
+    freq, scale = F.rope_inv_freq(
+        16, scaling={"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25}
+    )
+    want = torch.tensor([1.0, 1e6 ** (-2 / 16), 0, 0, 0, 0, 0, 0])
+    torch.testing.assert_close(freq, want, rtol=1e-6, atol=0)
+    assert scale == 1.0 and want[1].item() == pytest.approx(0.177828, abs=1e-6)
+
+
+def test_proportional_spec_string_equals_hf_and_round_trips():
+    params = {"rope_type": "proportional", "rope_theta": 1e6, "partial_rotary_factor": 0.25, "factor": 2.0}
+    want, want_scale = hf_init(64, 4096, params)
+    from_spec = posenc.build("rope:base=1000000,scaling=proportional,rotary_dim=16,factor=2", head_dim=64)
+    from_dict = posenc.build("rope", head_dim=64, rope_parameters=params)
+    for enc in (from_spec, from_dict, posenc.build(from_dict.spec()), posenc.build(from_spec.spec())):
+        torch.testing.assert_close(enc.inv_freq, want, rtol=1e-6, atol=0)
+        assert enc.attention_scale == want_scale == 1.0 and enc.rotary_dim == 64
+
+
+def test_proportional_pairs_with_zero_frequency_are_not_rotated():
+    """Half pairing over the whole head: channels (k, k + d/2) of the non-rotating pairs k pass unchanged."""
+    enc = posenc.build("rope:scaling=proportional,rotary_dim=4", head_dim=16)
+    q = torch.randn(1, 1, 5, 16, dtype=torch.float64)
+    got, _ = enc.rotate(q, q, torch.arange(5)[None] + 3, torch.arange(5)[None])
+    still = torch.tensor([2, 3, 4, 5, 6, 7, 10, 11, 12, 13, 14, 15])
+    torch.testing.assert_close(got[..., still], q[..., still], rtol=0, atol=0)
+    assert not torch.allclose(got[..., [0, 1, 8, 9]], q[..., [0, 1, 8, 9]])
+
+
+@pytest.mark.parametrize(
+    ("scaling", "match"),
+    [
+        ({"rope_type": "proportional", "partial_rotary_factor": 1.5}, "partial_rotary_factor"),
+        ({"rope_type": "proportional", "partial_rotary_factor": -0.25}, "partial_rotary_factor"),
+        ({"rope_type": "proportional", "partial_rotary_factor": 0.25, "factor": 0.0}, "factor"),
+        ({"rope_type": "proportional", "factor": -2.0}, "factor"),
+    ],
+)
+def test_bad_proportional_parameters(scaling, match):
+    with pytest.raises(ValueError, match=match):
+        F.rope_inv_freq(16, scaling=scaling)
+
+
+def test_bad_proportional_module_options():
+    with pytest.raises(ValueError, match="rotary_dim"):
+        posenc.build("rope:scaling=proportional,rotary_dim=5", head_dim=16)
+    with pytest.raises(ValueError, match="rotary_dim"):
+        posenc.build("rope:scaling=proportional,rotary_dim=18", head_dim=16)
+    with pytest.raises(ValueError, match="head_dim"):
+        F.rope_inv_freq(15, scaling={"rope_type": "proportional", "partial_rotary_factor": 0.5})

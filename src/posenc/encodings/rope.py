@@ -14,13 +14,16 @@ Conventions:
 * Angles are computed in float32 (``positions.float() * inv_freq``) whatever the model dtype;
   only ``cos``/``sin`` are cast to the activations' dtype, so a bf16 model keeps positions > 256.
 * Scaling (:mod:`posenc.encodings.rope_scaling`): ``scaling="linear"|"ntk"|"dynamic"|"yarn"|
-  "llama3"|"longrope"`` with typed options, or an HF ``rope_parameters`` dict as it is.
+  "llama3"|"longrope"|"proportional"`` with typed options, or an HF ``rope_parameters`` dict as it is.
   ``attention_scale`` multiplies both ``cos`` and ``sin`` (logits scale by its square), as HF.
   ``dynamic`` and ``longrope`` recompute their frequencies at forward time from the current length
   ``max(position) + 1`` of the call (queries and new keys together). HF's ``dynamic_rope_update``
   does the same for longrope; for dynamic it only grows (it keeps the largest length seen until a
   call drops below the original length), so the two agree whenever lengths do not shrink above the
   original length. Keys already in a KV cache keep the rotation they were given.
+* ``drop_rotation="eval"`` rotates in training mode only: a model trained with RoPE is evaluated
+  without rotating q and k (DroPE's "drop the positional embedding after training"); ``"always"``
+  never rotates, NoPE on the same weights (docs/conventions.md §7.8).
 
 Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
@@ -41,6 +44,8 @@ from .rope_scaling import RopeScaling, rope_scaled_inv_freq
 __functional__ = ["rope_inv_freq", "apply_rope", "convert_rope_pairing", "rope_cos_sin"]
 
 Pairing = Literal["half", "interleaved"]
+#: When the rotation is left out: never, in eval mode only (DroPE-style evaluation), always (NoPE).
+DropRotation = Literal["never", "eval", "always"]
 
 
 # ---------------------------------------------------------------------------- pure functions
@@ -198,7 +203,9 @@ class RoPE(RotaryEncoding):
         cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand
             (up to a bound, past which positions are computed directly: :class:`RotaryTables`).
         scaling: ``None``/``"default"``, ``"linear"``, ``"ntk"``, ``"dynamic"``, ``"yarn"``,
-            ``"llama3"`` or ``"longrope"`` (docs/conventions.md §7.5).
+            ``"llama3"``, ``"longrope"`` or ``"proportional"`` (docs/conventions.md §7.5). For
+            ``"proportional"`` (p-RoPE), ``rotary_dim`` (or HF's ``partial_rotary_factor``) names
+            the channels that turn; the frequency table spans the whole head.
         factor, original_max_position_embeddings, max_position_embeddings, beta_fast, beta_slow,
         mscale, mscale_all_dim, attention_factor, truncate, low_freq_factor, high_freq_factor,
         short_factor, long_factor: the scaling's parameters (HF ``rope_parameters`` names), gathered
@@ -207,6 +214,11 @@ class RoPE(RotaryEncoding):
             ``partial_rotary_factor`` set the base and rotary width); exclusive with ``scaling`` and
             its options, except ``max_position_embeddings`` (HF's model-level length, read by
             ``dynamic`` and by yarn/longrope/llama3 when ``original_max_position_embeddings`` is absent).
+        drop_rotation: ``"never"`` (default); ``"eval"``: rotate in training mode only, so a model
+            trained with RoPE is evaluated (``model.eval()``) without rotating q and k, as DroPE
+            evaluates a RoPE-trained checkpoint; ``"always"``: never rotate (NoPE on the same
+            weights; a RoPE checkpoint loads unchanged, the encoding has no saved state)
+            (docs/conventions.md §7.8).
 
     The scaling options stay flat keyword options (not one ``RopeScaling`` argument) because the
     registry's schema is this typed signature: spec strings such as
@@ -239,9 +251,15 @@ class RoPE(RotaryEncoding):
         short_factor: list[float] | None = None,
         long_factor: list[float] | None = None,
         rope_parameters: dict | None = None,
+        drop_rotation: DropRotation = "never",
     ) -> None:
         super().__init__()
         _check_pairing(pairing)
+        if drop_rotation not in ("never", "eval", "always"):
+            raise ValueError(
+                f"rope: drop_rotation must be 'never', 'eval' or 'always', got drop_rotation={drop_rotation!r}"
+            )
+        self.drop_rotation = drop_rotation
         if head_dim is not None and (
             isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0
         ):
@@ -319,9 +337,10 @@ class RoPE(RotaryEncoding):
             config["partial_rotary_factor"] = self._partial
         rotary_dim = self._rotary_dim_option
         if rotary_dim is not None:
-            if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
+            # 0 is meaningful for p-RoPE (no pair rotates); the other types reject it in rotary_width.
+            if rotary_dim % 2 or not 0 <= rotary_dim <= head_dim:
                 raise ValueError(
-                    f"rope: rotary_dim must be even and in (0, head_dim={head_dim}], got rotary_dim={rotary_dim}"
+                    f"rope: rotary_dim must be even and at most head_dim={head_dim}, got rotary_dim={rotary_dim}"
                 )
             config["rotary_dim"] = rotary_dim
         elif self._partial is None and head_dim % 2:
@@ -342,8 +361,10 @@ class RoPE(RotaryEncoding):
         if "rope_parameters" in config:
             del config["rope_parameters"]
             config["base"] = self._base
-            if self.is_bound and self.rotary_dim != self.head_dim:
-                config["rotary_dim"] = self.rotary_dim
+            # The channels that turn: the rotary width, or p-RoPE's pairs with non-zero frequency.
+            rotating = 2 * int(torch.count_nonzero(self.inv_freq)) if self.is_bound else None
+            if self.is_bound and rotating != self.head_dim:
+                config["rotary_dim"] = rotating
             if self.rope_type != "default":
                 config["scaling"] = self.rope_type
             config.update(self.scaling.options())
@@ -375,6 +396,8 @@ class RoPE(RotaryEncoding):
             raise ValueError(
                 f"rope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
+        if self.rotation_dropped:
+            return q, k
         if self.scaling.length_dependent:
             # One length for the whole call (max position + 1), so q and k see the same frequencies.
             both = torch.cat((q_pos.reshape(-1), k_pos.reshape(-1)))
@@ -383,14 +406,20 @@ class RoPE(RotaryEncoding):
         k_cos, k_sin = self.cos_sin(k_pos)
         return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
 
+    @property
+    def rotation_dropped(self) -> bool:
+        """Whether :meth:`rotate` leaves q and k as they are now (``drop_rotation`` and the module's mode)."""
+        return self.drop_rotation == "always" or (self.drop_rotation == "eval" and not self.training)
+
     def preview(self) -> str:
         if not self.is_bound:
             return "head_dim not set yet: the first attention layer that takes this encoding sets it"
         freqs = ", ".join(f"{v:.4g}" for v in self.inv_freq[:6].tolist())
         more = ", ..." if self.inv_freq.numel() > 6 else ""
+        dropped = "" if self.drop_rotation == "never" else f", drop_rotation={self.drop_rotation}"
         return (
             f"rope_type={self.rope_type}, pairing={self.pairing}, rotary_dim={self.rotary_dim}/{self.head_dim}, "
-            f"attention_scale={self.attention_scale:.6g}\ninv_freq = [{freqs}{more}]\n"
+            f"attention_scale={self.attention_scale:.6g}{dropped}\ninv_freq = [{freqs}{more}]\n"
             f"wavelengths 2π/θ: shortest {2 * torch.pi / float(self.inv_freq.max()):.4g}, "
             f"longest {2 * torch.pi / float(self.inv_freq.min().clamp_min(1e-30)):.4g} positions"
         )

@@ -34,6 +34,10 @@ Types (docs/conventions.md §7.5):
   (or the DeepSeek ``mscale`` ratio).
 * ``llama3``: Llama 3.1 wavelength bands (keep / smooth / divide by ``s``).
 * ``longrope``: per-frequency ``short_factor`` / ``long_factor`` lists chosen by ``seq_len``.
+* ``proportional``: p-RoPE (HF ``"proportional"``, Gemma 4 global layers): only the first
+  ``p · d/2`` pairs rotate, with the frequencies of the whole head ``b^(-2k/d)``; the other pairs
+  get frequency 0 (no rotation); everything divided by ``factor`` (default 1). The table spans the
+  whole head, so with half pairing pair ``k`` is channels ``(k, k + d/2)``.
 
 :class:`RopeScaling` carries a type and its options for the RoPE encoding. Each type registers,
 next to its function, an example configuration (:func:`rope_scaling_example`) that the figures
@@ -408,3 +412,49 @@ def longrope_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tup
     chosen = lists["long_factor"] if seq_len is not None and seq_len > original else lists["short_factor"]
     ext = torch.tensor(chosen, dtype=torch.float32)
     return 1.0 / (ext * _base(config) ** _exponents(width)), float(attention)
+
+
+def _proportional_example(original: int, pairs: int, factor: float) -> tuple[dict[str, Any], int | None]:
+    # Gemma 4's global layers rotate a quarter of the pairs and keep the base frequencies (factor 1).
+    return {"partial_rotary_factor": 0.25}, None
+
+
+def _rotating_pairs(config: dict[str, Any], head_dim: int) -> int:
+    """p-RoPE's rotating pairs: ``rotary_dim / 2``, or HF's ``int(partial_rotary_factor · head_dim // 2)``."""
+    if config.get("rotary_dim") is not None:
+        width = int(config["rotary_dim"])
+        if width % 2 or not 0 <= width <= head_dim:
+            raise ValueError(
+                f"RoPE scaling 'proportional': rotary_dim (the rotating channels) must be even and in "
+                f"[0, head_dim={head_dim}], got rotary_dim={width}"
+            )
+        return width // 2
+    proportion = config.get("partial_rotary_factor")
+    proportion = 1.0 if proportion is None else float(proportion)
+    if not 0.0 <= proportion <= 1.0:
+        raise ValueError(
+            "RoPE scaling 'proportional': partial_rotary_factor (the rotating fraction of the head) must be "
+            f"in [0, 1], got partial_rotary_factor={proportion}"
+        )
+    return int(proportion * head_dim // 2)
+
+
+@_scaling("proportional", example=_proportional_example)
+def proportional_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
+    """p-RoPE (HF ``"proportional"``): ``θ_k = b^(-2k/d) / s`` for the first ``r`` pairs, ``0`` for the rest.
+
+    ``d`` is the whole head (``head_dim``, not the rotary width), ``r = int(p · d // 2)`` with
+    ``p = partial_rotary_factor`` in ``[0, 1]`` (default 1; or ``r = rotary_dim / 2``), ``s =
+    factor`` (default 1, must be > 0). Returns ``d/2`` frequencies (the zero ones leave their pairs
+    unrotated) and attention scale 1 (docs/conventions.md §7.5.7).
+    """
+    head_dim = config.get("head_dim")
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
+        raise ValueError(
+            f"RoPE scaling 'proportional': head_dim must be a positive even int, got {head_dim!r}"
+        )
+    factor = 1.0 if config.get("factor") is None else _factor(config, "proportional")
+    rotating = _rotating_pairs(config, head_dim)
+    exponents = torch.arange(0, 2 * rotating, 2, dtype=torch.int64).float() / head_dim
+    inv_freq = torch.cat((1.0 / (_base(config) ** exponents), torch.zeros(head_dim // 2 - rotating)))
+    return inv_freq / factor, 1.0

@@ -138,9 +138,10 @@ def rope_scaling(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     top, bottom = fig.subfigures(2, 1, height_ratios=(1.4, rows * 1.0))
     wave_ax = top.subplots()
     for label, (inv_freq, _) in curves.items():
-        wave_ax.plot(
-            np.arange(len(inv_freq)), 2 * math.pi / inv_freq.double().numpy(), marker=".", label=label
-        )
+        freq = inv_freq.double().numpy()
+        # Pairs that do not turn (p-RoPE's zero frequencies) have no wavelength: left out of the curve.
+        wavelength = np.divide(2 * math.pi, freq, out=np.full_like(freq, np.nan), where=freq > 0)
+        wave_ax.plot(np.arange(len(inv_freq)), wavelength, marker=".", label=label)
     wave_ax.axhline(original, color="gray", linestyle="--", linewidth=0.8)
     wave_ax.text(0, original, f" original length {original}", color="gray", fontsize=8, va="bottom")
     wave_ax.set_yscale("log")
