@@ -16,13 +16,29 @@ from .encodings.fire import fire_input
 from .encodings.kerple import kerple_bias
 from .encodings.learned import resample_positions
 from .encodings.mlp_bias import log_distance
-from .encodings.mrope import default_mrope_section, mrope_cos_sin, mrope_grid_ids
+from .encodings.mrope import (
+    default_mrope_section,
+    mrope_axis_map,
+    mrope_cos_sin,
+    mrope_grid_ids,
+    mrope_position_ids,
+)
 from .encodings.rope import apply_rope, convert_rope_pairing, rope_cos_sin, rope_inv_freq
 from .encodings.rope_scaling import rope_scaled_inv_freq, rope_scaling_types
+from .encodings.sandwich import sandwich_bias, sandwich_head_factors, sandwich_inv_freq
 from .encodings.shaw import shaw_relative_index, shaw_relative_logits, shaw_relative_values
 from .encodings.sinusoidal import sinusoidal
 from .encodings.sinusoidal2d import grid_row_col, sinusoidal_2d
 from .encodings.t5 import t5_bucket
+from .encodings.vit_rope import (
+    dinov3_augment_coords,
+    dinov3_cos_sin,
+    dinov3_patch_coords,
+    dinov3_rope_inv_freq,
+    rope_mixed_angles,
+    rope_mixed_init_freqs,
+    vit_patch_row_col,
+)
 from .encodings.xpos import apply_xpos, xpos_zeta
 
 __all__ = [
@@ -37,22 +53,34 @@ __all__ = [
     "deberta_log_bucket",
     "deberta_relative_index",
     "default_mrope_section",
+    "dinov3_augment_coords",
+    "dinov3_cos_sin",
+    "dinov3_patch_coords",
+    "dinov3_rope_inv_freq",
     "fire_input",
     "grid_row_col",
     "kerple_bias",
     "log_distance",
+    "mrope_axis_map",
     "mrope_cos_sin",
     "mrope_grid_ids",
+    "mrope_position_ids",
     "resample_positions",
     "rope_cos_sin",
     "rope_inv_freq",
+    "rope_mixed_angles",
+    "rope_mixed_init_freqs",
     "rope_scaled_inv_freq",
     "rope_scaling_types",
+    "sandwich_bias",
+    "sandwich_head_factors",
+    "sandwich_inv_freq",
     "shaw_relative_index",
     "shaw_relative_logits",
     "shaw_relative_values",
     "sinusoidal",
     "sinusoidal_2d",
     "t5_bucket",
+    "vit_patch_row_col",
     "xpos_zeta",
 ]
