@@ -247,3 +247,37 @@ def test_packed_training_runs_end_to_end(tmp_path):
     unpacked = ExperimentConfig(task="copy", encodings=["rope"], train_len=3, eval_len=4, **TINY)
     with pytest.raises(ValueError, match="pack"):  # one folder never mixes packed and unpacked runs
         run_experiment(unpacked, tmp_path, workers=1)
+
+
+def test_random_positions_follow_the_papers_distribution():
+    """Ruoss et al. 2023: a uniform draw of n distinct positions out of N, sorted. Each position is
+    then included with probability n/N, and the draws are sorted and distinct."""
+    from posenc.experiments.train import random_positions
+
+    gen = torch.Generator().manual_seed(0)
+    n, big_n, rows = 6, 20, 20000
+    pos = random_positions(rows, n, big_n, gen)
+    assert pos.shape == (rows, n)
+    assert bool((pos[:, 1:] > pos[:, :-1]).all()) and int(pos.min()) >= 0 and int(pos.max()) < big_n
+    inclusion = torch.bincount(pos.flatten(), minlength=big_n).float() / rows
+    torch.testing.assert_close(inclusion, torch.full((big_n,), n / big_n), atol=0.015, rtol=0)
+    # The smallest of n uniform draws without replacement: P(min >= m) = C(N - m, n) / C(N, n).
+    from math import comb
+
+    for m in (1, 3, 6):
+        expected = comb(big_n - m, n) / comb(big_n, n)
+        assert abs(float((pos[:, 0] >= m).float().mean()) - expected) < 0.015
+
+
+def test_randomized_positions_train_and_are_checked(tmp_path):
+    config = ExperimentConfig(
+        task="copy", encodings=["rope", "learned"], train_len=3, eval_len=4, randomize_positions=64, **TINY
+    )
+    records = run_experiment(config, tmp_path / "ok", workers=1)
+    assert {r["encoding"] for r in records} == {"rope", "learned"}
+    small = ExperimentConfig(
+        task="copy", encodings=["rope"], train_len=3, eval_len=4, randomize_positions=5, **TINY
+    )
+    with pytest.raises(ValueError, match="must be at least the training sequence length 8"):
+        run_experiment(small, tmp_path / "small", workers=1)
+    assert not (tmp_path / "small").exists()

@@ -132,6 +132,11 @@ def extrapolate(
     pack: bool = typer.Option(
         False, help="pack several training examples per row (packed documents: positions restart per example)"
     ),
+    randomize_positions: int | None = typer.Option(
+        None,
+        help="randomized positions (Ruoss et al. 2023): train each sequence at sorted distinct positions "
+        "drawn from [0, N); evaluation keeps 0..n-1",
+    ),
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
 
@@ -167,6 +172,7 @@ def extrapolate(
         checkpoint_every=checkpoint_every,
         backend=backend,
         pack=pack,
+        randomize_positions=randomize_positions,
     )
     try:
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results

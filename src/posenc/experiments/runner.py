@@ -268,6 +268,17 @@ def _drain(progress_queue: Any, report: Reporter, log: Log) -> None:
 def check_models(config: ExperimentConfig, task: Task) -> None:
     """Build every encoding's model on the meta device (no memory, no data) so that a bad spec or
     preset fails before anything is written; the error names the encoding."""
+    if config.randomize_positions is not None:
+        if config.pack:
+            raise ValueError(
+                "--randomize-positions and --pack cannot be combined (positions restart per example)"
+            )
+        needed = task.sequence_length(config.train_len)
+        if config.randomize_positions < needed:
+            raise ValueError(
+                f"--randomize-positions {config.randomize_positions} must be at least the training sequence "
+                f"length {needed} (positions are drawn without replacement)"
+            )
     for encoding in config.encodings:
         try:
             with torch.device("meta"):

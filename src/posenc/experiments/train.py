@@ -75,6 +75,9 @@ class ExperimentConfig:
     #: Pack several training examples into each row (document_ids keep them apart; positions
     #: restart at each example), instead of one right-padded example per row.
     pack: bool = False
+    #: Randomized positional encodings (Ruoss et al. 2023): train each sequence at n sorted distinct
+    #: positions drawn uniformly from [0, N) instead of 0..n-1; evaluation keeps 0..n-1. None: off.
+    randomize_positions: int | None = None
 
     #: Fields that may differ between the first command and a resumed one (they do not change results).
     RUNTIME_FIELDS = ("encodings", "seeds")
@@ -91,6 +94,7 @@ class ExperimentConfig:
             ("checkpoint_every", self.checkpoint_every >= 1),
             ("encodings", len(self.encodings) > 0 and len(set(self.encodings)) == len(self.encodings)),
             ("seeds", len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds)),
+            ("randomize_positions", self.randomize_positions is None or self.randomize_positions >= 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -185,7 +189,7 @@ def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Modul
         **layers,
         d_ff=config.d_ff,
         dropout=config.dropout,
-        max_len=task.sequence_length(config.eval_len),
+        max_len=max(task.sequence_length(config.eval_len), config.randomize_positions or 0),
         backend=config.backend,
     )
 
@@ -209,10 +213,27 @@ def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def random_positions(batch: int, length: int, max_position: int, generator: torch.Generator) -> torch.Tensor:
+    """``[batch, length]`` positions: per row, ``length`` distinct values drawn uniformly from
+    ``[0, max_position)`` without replacement and sorted (Ruoss et al. 2023, randomized positional
+    encodings)."""
+    if not 1 <= length <= max_position:
+        raise ValueError(
+            f"--randomize-positions {max_position} must be at least the training sequence length {length}"
+        )
+    order = torch.rand(batch, max_position, generator=generator).argsort(dim=1)
+    return order[:, :length].sort(dim=1).values
+
+
 def _loss(
-    model: nn.Module, inputs: torch.Tensor, targets: torch.Tensor, document_ids: torch.Tensor | None = None
+    model: nn.Module,
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    document_ids: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    logits = model(inputs) if document_ids is None else model(inputs, document_ids=document_ids)
+    extra = {k: v for k, v in (("document_ids", document_ids), ("positions", positions)) if v is not None}
+    logits = model(inputs, **extra)
     return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE)
 
 
@@ -284,7 +305,13 @@ def train_and_evaluate(
             make_batch = task.packed_train_batch if config.pack else task.train_batch
             batch = make_batch(config.min_train_len, config.train_len, config.batch_size, data_generator)
             documents = None if batch.document_ids is None else batch.document_ids.to(device)
-            loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device), documents)
+            positions = None
+            if config.randomize_positions is not None:
+                rows, width = batch.inputs.shape
+                positions = random_positions(rows, width, config.randomize_positions, data_generator).to(
+                    device
+                )
+            loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device), documents, positions)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if config.grad_clip > 0:
