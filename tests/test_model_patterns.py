@@ -136,3 +136,17 @@ def test_bad_patterns_are_named():
         posenc.TransformerLM(10, 16, 2, 2, pattern=[LayerSpec("rope")])
     with pytest.raises(ValueError, match="floor_scale must be finite"):
         QueryTemperature(float("nan"), 0.1)
+
+
+def test_query_temperature_equals_hf_llama_4_scaling_beta():
+    """Ministral 3 / Mistral 4 scale queries by ``1 + beta * log(1 + floor(pos / original_max))``."""
+    ministral = pytest.importorskip("transformers.models.ministral3.modeling_ministral3")
+    from posenc.attention import temperature_factors
+
+    positions = torch.arange(0, 5000, 7)[None]
+    want = ministral.get_llama_4_attn_scale(positions, 0.1, 1024)
+    got = temperature_factors(
+        QueryTemperature(floor_scale=1024, attn_scale=0.1, position_offset=0), positions
+    )
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=1e-6)
+    assert float(want.max()) > 1.1  # the scale grows at these positions, so the check can fail

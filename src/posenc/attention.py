@@ -699,9 +699,10 @@ def _tensor_key(x: Tensor) -> tuple:
 
 
 def temperature_factors(temperature: QueryTemperature, positions: Tensor) -> Tensor:
-    """Query scales ``[B|1, 1, T, 1]`` (float32): ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1``."""
+    """Query scales ``[B|1, 1, T, 1]`` (float32): ``log1p(floor((p + offset) / floor_scale)) * attn_scale + 1``."""
     p = positions.to(torch.float32)
-    factors = torch.log1p(torch.floor((p + 1.0) / temperature.floor_scale)) * temperature.attn_scale + 1.0
+    shifted = (p + temperature.position_offset) / temperature.floor_scale
+    factors = torch.log1p(torch.floor(shifted)) * temperature.attn_scale + 1.0
     return factors[:, None, :, None]
 
 

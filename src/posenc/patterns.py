@@ -35,11 +35,17 @@ __all__ = ["PRESETS", "LayerSpec", "QueryTemperature", "available_presets", "is_
 
 @dataclass(frozen=True)
 class QueryTemperature:
-    """Llama 4's attention temperature: queries at position ``p`` are scaled by
-    ``log1p(floor((p + 1) / floor_scale)) * attn_scale + 1`` (HF ``attn_temperature_tuning``)."""
+    """A position-dependent query scale: queries at position ``p`` are multiplied by
+    ``log1p(floor((p + position_offset) / floor_scale)) * attn_scale + 1``.
+
+    Llama 4's NoPE layers (HF ``attn_temperature_tuning``): the defaults, ``position_offset=1``.
+    Ministral 3 / Mistral 4 (HF ``llama_4_scaling_beta``) on every layer:
+    ``QueryTemperature(floor_scale=original_max_position_embeddings, attn_scale=beta, position_offset=0)``.
+    """
 
     floor_scale: float = 8192.0
     attn_scale: float = 0.1
+    position_offset: float = 1.0
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.floor_scale) and self.floor_scale > 0):
