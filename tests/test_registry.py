@@ -75,3 +75,25 @@ def test_a_new_family_is_one_class_and_one_decorator():
         from posenc import registry
 
         registry._REGISTRY.pop("test-zero-bias")
+
+
+def _float_options():
+    import typing
+
+    for name in posenc.available():
+        cls = posenc.get_class(name)
+        init = getattr(cls.__init__, "__wrapped__", cls.__init__)
+        hints = typing.get_type_hints(init)
+        for option, hint in hints.items():
+            if option != "return" and (hint is float or float in typing.get_args(hint)):
+                yield pytest.param(name, option, id=f"{name}-{option}")
+
+
+@pytest.mark.parametrize("name,option", list(_float_options()))
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])
+def test_non_finite_float_options_are_refused_by_name(name, option, bad):
+    """Every float option of every encoding: nan/inf is a ValueError naming the option (spec or keyword)."""
+    with pytest.raises(ValueError, match=rf"{name}: option '{option}' must be a finite number"):
+        posenc.build(f"{name}:{option}={bad}")
+    with pytest.raises(ValueError, match=rf"option '{option}' must be a finite number"):
+        posenc.build(name, **{option: float(bad)})

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import math
 import types
 import typing
 from contextlib import nullcontext
@@ -155,6 +156,10 @@ def _type_hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(init, globalns=vars(module) if module else None)
 
 
+class NonFiniteOptionError(ValueError):
+    """A float option is nan or infinite."""
+
+
 def _coerce(name: str, option: str, value: Any, annotation: Any) -> Any:
     """Convert ``value`` (a string from a spec, or a Python value) to ``annotation``; ValueError if impossible."""
     if annotation is inspect.Parameter.empty or annotation is Any:
@@ -170,6 +175,8 @@ def _coerce(name: str, option: str, value: Any, annotation: Any) -> Any:
         for arg in ordered:
             try:
                 return _coerce(name, option, value, arg)
+            except NonFiniteOptionError:
+                raise
             except ValueError:
                 continue
         raise ValueError(f"{name}: option {option!r} got {value!r}, expected {_type_name(annotation)}")
@@ -214,14 +221,20 @@ def _coerce(name: str, option: str, value: Any, annotation: Any) -> Any:
     if annotation is float:
         if isinstance(value, bool):
             raise ValueError(f"{name}: option {option!r} must be a float, got {value!r}")
+        number: float | None = None
         if isinstance(value, (int, float)):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
-        raise ValueError(f"{name}: option {option!r} must be a float, got {value!r}")
+        if number is None:
+            raise ValueError(f"{name}: option {option!r} must be a float, got {value!r}")
+        if not math.isfinite(number):
+            # nan or inf would flow into tables and logits and come out as silently wrong numbers.
+            raise NonFiniteOptionError(f"{name}: option {option!r} must be a finite number, got {value!r}")
+        return number
     if annotation is str:
         if isinstance(value, str):
             return value
