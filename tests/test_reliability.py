@@ -93,3 +93,56 @@ def test_a_float_mask_row_of_minus_inf_never_unmasks_future_keys(backend):
     torch.testing.assert_close(out[0, 2], layer.out_proj.bias.detach())
     out.sum().backward()
     assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("encoding", ["rope", "alibi"])
+def test_nan_in_the_input_is_never_turned_into_finite_numbers(encoding):
+    """PyTorch's CPU flash kernel returns zeros for a query row whose logits are nan; auto must not
+    pick it for such a request (it goes to eager, which propagates nan)."""
+    layer = _layer(encoding, causal=True)
+    x = torch.randn(1, 300, E)  # large enough that auto would take a fused kernel
+    x[0, 5, 3] = float("nan")
+    out = layer(x)
+    assert layer.last_backend == "eager"
+    assert bool(torch.isnan(out[0, 5]).all())
+    for backend in ("sdpa", "blocked"):
+        with (
+            pytest.raises(posenc.backends.NoBackendError, match="nan or inf in the inputs"),
+            posenc.use_backend(backend),
+        ):
+            layer(x)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"embed_dim": 64.0, "num_heads": 4}, "embed_dim must be an int, got 64.0"),
+        ({"embed_dim": 64, "num_heads": "4"}, "num_heads must be an int, got '4'"),
+        ({"embed_dim": 64, "num_heads": 4, "num_kv_heads": 2.0}, "num_kv_heads must be an int"),
+    ],
+)
+def test_layer_sizes_of_the_wrong_type_are_named(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        posenc.MultiheadAttention(**kwargs)
+
+
+def test_token_ids_outside_the_vocabulary_name_vocab_size():
+    model = posenc.TransformerLM(10, 16, 1, 2)
+    with pytest.raises(ValueError, match=r"ids in \[0, vocab_size=10\), got values from 0 to 10"):
+        model(torch.tensor([[0, 3, 10]]))
+    with pytest.raises(ValueError, match="got values from -1"):
+        model(torch.tensor([[-1, 3]]))
+
+
+def test_key_padding_at_length_never_builds_a_dense_mask_on_auto(monkeypatch):
+    """sdpa turns a padding mask into a dense [B, 1, L, L] tensor (10 GB at L=50,000); past a size
+    auto takes the blocked backend instead, with the same result."""
+    monkeypatch.setattr("posenc.backends.blocked.MAX_DENSE_MASK_BYTES", 300 * 300 * 4 - 1)
+    layer = _layer("rope", causal=True).double()
+    x = torch.randn(2, 300, E, dtype=torch.float64)
+    pad = torch.zeros(2, 300, dtype=torch.bool)
+    pad[1, :7] = True
+    out = layer(x, key_padding_mask=pad)
+    assert layer.last_backend == "blocked"
+    with posenc.use_backend("sdpa"):
+        torch.testing.assert_close(out, layer(x, key_padding_mask=pad), rtol=1e-9, atol=1e-10)

@@ -157,6 +157,13 @@ class MultiheadAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        for label, value in (
+            ("embed_dim", embed_dim),
+            ("num_heads", num_heads),
+            ("num_kv_heads", num_kv_heads),
+        ):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{label} must be an int, got {value!r} ({type(value).__name__})")
         if embed_dim <= 0 or num_heads <= 0:
             raise ValueError(f"embed_dim and num_heads must be positive, got {embed_dim} and {num_heads}")
         if embed_dim % num_heads:

@@ -328,6 +328,11 @@ class _Stack(nn.Module):
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens must be an integer tensor [B, T], got {shape}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+            raise ValueError(
+                f"tokens must be ids in [0, vocab_size={self.vocab_size}), got values from "
+                f"{int(tokens.min())} to {int(tokens.max())}"
+            )
         pos = self._positions(tokens, positions, key_padding_mask, cache, document_ids)
         x = self.token_embedding(tokens)
         for enc in self.input_encodings:

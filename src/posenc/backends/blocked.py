@@ -42,6 +42,7 @@ from ..base import Kind
 from ..masks import AttentionMask, CausalMask
 from . import AttentionRequest, register_backend
 from ._sinks import merge_sinks, sink_grad
+from .sdpa import NONFINITE_REASON
 
 __all__ = ["DEFAULT_BLOCK", "BlockedBackend", "blocked_bias_attention"]
 
@@ -465,6 +466,19 @@ MIN_AUTO_LOGITS = 256 * 256
 MASKED_KERNEL_COST = 1.6
 
 
+#: sdpa materialises any mask but a plain causal one as a dense ``[B|1, H|1, Tq, Tk]`` tensor; past
+#: this many bytes ``auto`` prefers the blocked backend, which never builds one.
+MAX_DENSE_MASK_BYTES = 256 << 20
+
+
+def _dense_mask_too_big(request: AttentionRequest) -> bool:
+    mask = request.mask
+    if mask.is_trivial or mask.is_plain_causal:
+        return False
+    batch = request.q.shape[0] if mask.data_dependent else 1
+    return batch * request.q_len * request.k_len * request.q.element_size() > MAX_DENSE_MASK_BYTES
+
+
 def _skips_enough(request: AttentionRequest, block: int = DEFAULT_BLOCK) -> bool:
     """For kinds without a bias: whether blocks over the mask's key ranges beat one sdpa call.
 
@@ -490,7 +504,7 @@ class BlockedBackend:
             return [
                 f"small attention (Tq*Tk = {request.q_len * request.k_len} < 256*256): the dense bias through sdpa is cheaper"
             ]
-        if request.kind is not Kind.BIAS and not _skips_enough(request):
+        if request.kind is not Kind.BIAS and not _skips_enough(request) and not _dense_mask_too_big(request):
             return [
                 "without a bias, sdpa is cheaper unless the mask hides most keys (windows, documents, chunks)"
             ]
@@ -509,6 +523,8 @@ class BlockedBackend:
             )
         if request.dropout_p > 0:
             reasons.append("attention dropout is not implemented in the blocked backend")
+        if request.q.device.type == "cpu" and request.has_nonfinite:
+            reasons.append(NONFINITE_REASON)
         additive = request.mask.additive
         if additive is not None and additive.requires_grad and torch.is_grad_enabled():
             reasons.append(

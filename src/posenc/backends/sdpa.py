@@ -22,6 +22,8 @@ from . import AttentionRequest, register_backend
 from ._sinks import merge_sinks, sink_grad
 
 _FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+#: Why the CPU flash kernel must not see nan or inf (eager propagates them).
+NONFINITE_REASON = "nan or inf in the inputs: PyTorch's CPU flash kernel would return finite numbers for them"
 
 
 def _cpu_flash_available() -> bool:
@@ -62,9 +64,11 @@ class SdpaBackend:
     def reasons(self, request: AttentionRequest) -> list[str]:
         if request.kind is Kind.CONTENT:
             return [f"kind {request.kind.value} ({request.encoding.name}) adds q/k-dependent logit terms"]
-        if request.sinks is None:
-            return []
         reasons = []
+        if request.q.device.type == "cpu" and request.has_nonfinite:
+            reasons.append(NONFINITE_REASON)
+        if request.sinks is None:
+            return reasons
         if (
             request.q.device.type != "cpu"
             or not _cpu_flash_available()
