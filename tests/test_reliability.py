@@ -146,3 +146,12 @@ def test_key_padding_at_length_never_builds_a_dense_mask_on_auto(monkeypatch):
     assert layer.last_backend == "blocked"
     with posenc.use_backend("sdpa"):
         torch.testing.assert_close(out, layer(x, key_padding_mask=pad), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", posenc.available())
+def test_an_empty_sequence_gives_an_empty_output_on_every_encoding(name):
+    from posenc.examples import build_example
+
+    layer = posenc.MultiheadAttention(E, H, build_example(name, num_heads=H, head_dim=E // H), causal=True)
+    out = layer(torch.randn(2, 0, E))
+    assert out.shape == (2, 0, E)

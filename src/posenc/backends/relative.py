@@ -60,7 +60,7 @@ def relative_attention(
     """
     batch, heads, q_len, _ = req.q.shape
     if block is None:
-        block = q_len if batch * heads * q_len * req.k_len <= DENSE_LIMIT else DEFAULT_BLOCK
+        block = max(q_len, 1) if batch * heads * q_len * req.k_len <= DENSE_LIMIT else DEFAULT_BLOCK
     if block <= 0:
         raise ValueError(f"block must be positive, got {block}")
     k, v = req.kv_per_query_head()
