@@ -155,3 +155,18 @@ def test_an_empty_sequence_gives_an_empty_output_on_every_encoding(name):
     layer = posenc.MultiheadAttention(E, H, build_example(name, num_heads=H, head_dim=E // H), causal=True)
     out = layer(torch.randn(2, 0, E))
     assert out.shape == (2, 0, E)
+
+
+def test_xpos_past_its_float32_range_is_a_clear_error():
+    """ζ^(-p/B) overflows float32 near p = 36,000 with the defaults: refuse, naming the fix."""
+    layer = _layer("xpos", causal=True)
+    limit = layer.encoding.max_offset
+    zeta = float(layer.encoding.zeta.min())
+    assert torch.isfinite(torch.tensor(zeta, dtype=torch.float32) ** torch.tensor(-limit / 512.0))
+    assert not torch.isfinite(
+        torch.tensor(zeta, dtype=torch.float32) ** torch.tensor(-(limit * 1.02) / 512.0)
+    )
+    x = torch.randn(1, 3, E)
+    layer(x, positions=torch.arange(3) + limit - 2)  # at the edge: served
+    with pytest.raises(ValueError, match="past the float32 range of its scale"):
+        layer(x, positions=torch.arange(3) + limit)

@@ -24,6 +24,7 @@ Backends: sdpa and eager (q and k are transformed before the kernel, which then 
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -134,11 +135,29 @@ class XPos(RotaryEncoding):
         scale = _xpos_scale(positions, self.zeta, self.scale_base, self.scale_center, downscale)
         return cos * scale, sin * scale
 
+    @property
+    def max_offset(self) -> int:
+        """The largest ``|position - scale_center|`` whose scale ``ζ^(±p/B)`` float32 still holds:
+        past it the key scale overflows to inf (about 36,000 positions with the defaults)."""
+        smallest = float(self.zeta.min())
+        return int(self.scale_base * 88.0 / -math.log(smallest))
+
+    def _check_range(self, q_pos: Tensor, k_pos: Tensor) -> None:
+        limit = self.max_offset
+        for name, pos in (("positions", q_pos), ("key positions", k_pos)):
+            if pos.numel() and int((pos - self.scale_center).abs().max()) > limit:
+                raise ValueError(
+                    f"xpos: {name} reach {int((pos - self.scale_center).abs().max())} from scale_center="
+                    f"{self.scale_center}, past the float32 range of its scale ({limit} with "
+                    f"scale_base={self.scale_base}): raise scale_base or move scale_center"
+                )
+
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(
                 f"xpos: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
+        self._check_range(q_pos, k_pos)
         q_cos, q_sin = self._cos_sin(q_pos, downscale=False)
         k_cos, k_sin = self._cos_sin(k_pos, downscale=True)
         return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
