@@ -281,3 +281,43 @@ def test_randomized_positions_train_and_are_checked(tmp_path):
     with pytest.raises(ValueError, match="must be at least the training sequence length 8"):
         run_experiment(small, tmp_path / "small", workers=1)
     assert not (tmp_path / "small").exists()
+
+
+def test_a_second_writer_on_one_folder_is_refused_and_a_dead_owner_is_taken_over(tmp_path):
+    import os
+    import socket
+
+    from posenc.experiments.runner import LOCK_NAME, folder_lock
+
+    config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, **TINY)
+    tmp_path.mkdir(exist_ok=True)
+    with (
+        folder_lock(tmp_path),  # another writer holds the folder
+        pytest.raises(ValueError, match="being written by another posenc process"),
+    ):
+        run_experiment(config, tmp_path, workers=1)
+    assert not (tmp_path / LOCK_NAME).exists()  # released
+    dead = 2**22 + 12345  # above the kernel's pid range: no such process
+    (tmp_path / LOCK_NAME).write_text(f"{dead} {socket.gethostname()}\n")
+    records = run_experiment(config, tmp_path, workers=1)  # a killed owner's lock is taken over
+    assert len(records) == 3 * 2 and not (tmp_path / LOCK_NAME).exists()
+    assert os.getpid() != dead
+
+
+def test_duplicated_and_missing_records_are_repaired_on_the_next_run(tmp_path):
+    config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, **TINY)
+    first = run_experiment(config, tmp_path, workers=1)
+    path = tmp_path / "results.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines + lines[:2]) + "\n")  # two records written twice
+    with pytest.warns(UserWarning, match="dropped 2 exact duplicate record"):
+        again = run_experiment(config, tmp_path, workers=1)
+    assert len(again) == len(first)
+    # A record lost from the file: the run counts as unfinished and is redone, never duplicated.
+    lines = path.read_text().splitlines()
+    kept = [line for n, line in enumerate(lines) if '"length": 3' not in line and line not in lines[:n]]
+    path.write_text("\n".join(kept) + "\n")
+    redone = run_experiment(config, tmp_path, workers=1)
+    assert sorted((r["length"], r["metric"]) for r in redone) == sorted(
+        (r["length"], r["metric"]) for r in first
+    )

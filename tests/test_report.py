@@ -221,7 +221,7 @@ def test_report_of_a_directory_without_results(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2
     # Rich wraps long paths at the runner's terminal width: compare without line breaks.
-    assert "results.jsonl not found" in result.output.replace("\n", "")
+    assert "results.jsonlnotfound" in "".join(result.output.split())
 
 
 def test_report_shows_a_missing_figure_instead_of_failing(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import csv
 import json
 import os
 import tempfile
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -118,10 +119,21 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """All records of ``path`` as written (an empty list when it does not exist)."""
+    """The records of ``path`` (an empty list when it does not exist); exact duplicates are dropped
+    with a warning naming the file (two writers once appended the same runs twice)."""
     if not path.exists():
         return []
-    return [record for _, record in _numbered_lines(path)]
+    records, seen, duplicates = [], set(), 0
+    for _, record in _numbered_lines(path):
+        key = json.dumps(record, sort_keys=True)
+        if key in seen:
+            duplicates += 1
+            continue
+        seen.add(key)
+        records.append(record)
+    if duplicates:
+        warnings.warn(f"{path}: dropped {duplicates} exact duplicate record(s)", stacklevel=2)
+    return records
 
 
 def load_results(directory: str | Path) -> list[Record]:
@@ -153,8 +165,12 @@ def experiment_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def append_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
-    """Add ``records`` to the JSONL file at ``path`` (rewritten atomically)."""
-    lines = [json.dumps(record, sort_keys=False) for record in [*read_records(path), *records]]
+    """Add ``records`` to the JSONL file at ``path`` (rewritten atomically), replacing any earlier
+    records of the same runs (an unfinished run that is run again)."""
+    records = list(records)
+    runs = {record.get("run") for record in records}
+    kept = [record for record in read_records(path) if record.get("run") not in runs]
+    lines = [json.dumps(record, sort_keys=False) for record in [*kept, *records]]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 

@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import queue as queue_module
 import signal
+import socket
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
@@ -114,13 +115,74 @@ def _check_config(out: Path, config: ExperimentConfig) -> None:
         )
 
 
+LOCK_NAME = ".posenc.lock"
+
+
+@contextmanager
+def folder_lock(out: Path, *, enabled: bool = True):
+    """Hold ``out/.posenc.lock`` (this process's pid and host) while writing into ``out``.
+
+    A second writer gets a ``ValueError`` naming the owner; a lock left by a process that no longer
+    runs (killed) is taken over. ``enabled=False`` (the non-writing DDP ranks) does nothing.
+    """
+    if not enabled:
+        yield
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    me = f"{os.getpid()} {socket.gethostname()}"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = path.read_text(encoding="utf-8").strip() if path.exists() else ""
+            if _lock_owner_alive(owner):
+                raise ValueError(
+                    f"{out} is being written by another posenc process ({owner}; lock file {path}): "
+                    "wait for it to finish, or use another --out"
+                ) from None
+            path.unlink(missing_ok=True)  # its owner died: take the folder over
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(me + "\n")
+        break
+    try:
+        yield
+    finally:
+        if path.exists() and path.read_text(encoding="utf-8").strip() == me:
+            path.unlink()
+
+
+def _lock_owner_alive(owner: str) -> bool:
+    """Whether the ``"pid host"`` that wrote a lock still runs (on another host: assume it does)."""
+    parts = owner.split()
+    if len(parts) != 2 or not parts[0].isdigit():
+        return False
+    pid, host = int(parts[0]), parts[1]
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _write_config(out: Path, config: ExperimentConfig, runtime: dict[str, Any]) -> None:
     payload = {"experiment": config.to_dict(), "runtime": runtime}
     results_io.atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
 
 
-def _finished_runs(out: Path) -> set[str]:
-    return {record["run"] for record in results_io.read_records(out / "results.jsonl")}
+def _finished_runs(out: Path, config: ExperimentConfig, metric: Metric) -> set[str]:
+    """Runs whose records cover every evaluated length (a run with some records missing is redone)."""
+    lengths: dict[str, set[int]] = {}
+    for record in results_io.read_records(out / "results.jsonl"):
+        if record.get("metric") == metric.name:
+            lengths.setdefault(record["run"], set()).add(record["length"])
+    wanted = set(range(1, config.eval_len + 1))
+    return {run for run, seen in lengths.items() if wanted <= seen}
 
 
 # ---------------------------------------------------------------------------- progress
@@ -321,71 +383,74 @@ def run_experiment(
     is_writer = dist.rank == 0
     report = report if report is not None and is_writer else _quiet_report
     log = log if log is not None and is_writer else _quiet_log
-    if dist.enabled:
-        _init_process_group(torch_device)
-    if is_writer:
-        out.mkdir(parents=True, exist_ok=True)
-        runtime = {
-            "workers": workers,
-            "threads": threads,
-            "world_size": dist.world_size,
-            "device": str(torch_device),
-        }
-        _write_config(out, config, runtime)
-    finished = _finished_runs(out)
-    todo = [run for run in runs if run_id_for(config, run) not in finished]
-    for run in runs:
-        if run not in todo:
-            log(f"done already, kept: {run.label}")
-    mode = (
-        f"DDP world size {dist.world_size}" if dist.enabled else f"{workers} worker(s) x {threads} thread(s)"
-    )
-    log(f"{config.task}: {len(todo)} run(s) to do on {torch_device} with {mode}")
-
-    def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
-        if is_writer and records:
-            results_io.append_records(out / "results.jsonl", records)
-
-    try:
-        with _sigterm_as_interrupt():
-            if workers > 1 and len(todo) > 1:
-                _run_in_workers(config, todo, out, workers, threads, torch_device, report, log, on_done)
-            else:
-                torch.set_num_threads(threads)
-                for run in todo:
-                    checkpoint = out / "checkpoints" / f"{run_id_for(config, run)}.pt"
-                    records = train_and_evaluate(
-                        config,
-                        run,
-                        checkpoint,
-                        report,
-                        rank=dist.rank,
-                        world_size=dist.world_size,
-                        device=torch_device,
-                        log=log,
-                    )
-                    on_done(run, records)
+    with folder_lock(out, enabled=is_writer):
         if dist.enabled:
-            # Rank 0 evaluates after training while the others return at once; tearing the gloo
-            # group down under a peer that is still connected aborts the process
-            # ("terminate called without an active exception"), so every rank waits here first.
-            torch.distributed.barrier()
-    except (Interrupted, KeyboardInterrupt) as err:
-        raise ExperimentInterrupted(
-            "interrupted; finished runs are saved, unfinished ones resume from their checkpoints"
-        ) from err
-    finally:
-        if dist.enabled and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-    records = [
-        r
-        for r in results_io.read_records(out / "results.jsonl")
-        if r["encoding"] in config.encodings and r["seed"] in config.seeds
-    ]
-    if is_writer:
-        _write_outputs(out, config, task.metric, records)
-        log(f"results: {out / 'results.jsonl'}, {out / 'results.csv'}, {out / 'extrapolation.png'}")
-    return records
+            _init_process_group(torch_device)
+        if is_writer:
+            out.mkdir(parents=True, exist_ok=True)
+            runtime = {
+                "workers": workers,
+                "threads": threads,
+                "world_size": dist.world_size,
+                "device": str(torch_device),
+            }
+            _write_config(out, config, runtime)
+        finished = _finished_runs(out, config, task.metric)
+        todo = [run for run in runs if run_id_for(config, run) not in finished]
+        for run in runs:
+            if run not in todo:
+                log(f"done already, kept: {run.label}")
+        mode = (
+            f"DDP world size {dist.world_size}"
+            if dist.enabled
+            else f"{workers} worker(s) x {threads} thread(s)"
+        )
+        log(f"{config.task}: {len(todo)} run(s) to do on {torch_device} with {mode}")
+
+        def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
+            if is_writer and records:
+                results_io.append_records(out / "results.jsonl", records)
+
+        try:
+            with _sigterm_as_interrupt():
+                if workers > 1 and len(todo) > 1:
+                    _run_in_workers(config, todo, out, workers, threads, torch_device, report, log, on_done)
+                else:
+                    torch.set_num_threads(threads)
+                    for run in todo:
+                        checkpoint = out / "checkpoints" / f"{run_id_for(config, run)}.pt"
+                        records = train_and_evaluate(
+                            config,
+                            run,
+                            checkpoint,
+                            report,
+                            rank=dist.rank,
+                            world_size=dist.world_size,
+                            device=torch_device,
+                            log=log,
+                        )
+                        on_done(run, records)
+            if dist.enabled:
+                # Rank 0 evaluates after training while the others return at once; tearing the gloo
+                # group down under a peer that is still connected aborts the process
+                # ("terminate called without an active exception"), so every rank waits here first.
+                torch.distributed.barrier()
+        except (Interrupted, KeyboardInterrupt) as err:
+            raise ExperimentInterrupted(
+                "interrupted; finished runs are saved, unfinished ones resume from their checkpoints"
+            ) from err
+        finally:
+            if dist.enabled and torch.distributed.is_initialized():
+                torch.distributed.destroy_process_group()
+        records = [
+            r
+            for r in results_io.read_records(out / "results.jsonl")
+            if r["encoding"] in config.encodings and r["seed"] in config.seeds
+        ]
+        if is_writer:
+            _write_outputs(out, config, task.metric, records)
+            log(f"results: {out / 'results.jsonl'}, {out / 'results.csv'}, {out / 'extrapolation.png'}")
+        return records
 
 
 def _worker_count(workers: int | None, runs: int, dist: Distributed) -> int:
