@@ -170,3 +170,57 @@ def test_xpos_past_its_float32_range_is_a_clear_error():
     layer(x, positions=torch.arange(3) + limit - 2)  # at the edge: served
     with pytest.raises(ValueError, match="past the float32 range of its scale"):
         layer(x, positions=torch.arange(3) + limit)
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("learned:max_len=10000000000,dim=64", r"learned: max_len=10000000000 needs a table of 2384\.2 GiB"),
+        ("shaw:max_len=1000000000,head_dim=16,num_heads=2,k=None", r"shaw: max_len=1000000000 needs a table"),
+        ("rope:cache_size=10000000000", r"rope: cache_size=10000000000 needs a table of 74\.5 GiB"),
+    ],
+)
+def test_huge_tables_fail_up_front_naming_the_memory(spec, match):
+    with pytest.raises(ValueError, match=match):
+        posenc.build(spec)
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated", "random", "foreign", "other_run"])
+def test_a_damaged_checkpoint_names_the_file(damage, tmp_path):
+    from posenc.experiments import ExperimentConfig, run_experiment
+
+    tiny = dict(d_model=16, num_layers=1, num_heads=2, d_ff=16, batch_size=4, warmup=1, eval_examples=3)
+    config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=3, **tiny)
+    checkpoint = tmp_path / "checkpoints" / "nope__copy__seed0.pt"
+    checkpoint.parent.mkdir(parents=True)
+    if damage == "empty":
+        checkpoint.write_bytes(b"")
+    elif damage == "random":
+        checkpoint.write_bytes(bytes(range(256)) * 4)
+    elif damage == "foreign":
+        torch.save({"weights": torch.zeros(2)}, checkpoint)
+    else:
+        good = tmp_path / "good"
+        run_experiment(
+            ExperimentConfig(**{**config.__dict__, "steps": 2, "checkpoint_every": 1}), good, workers=1
+        )
+        data = (good / "checkpoints" / "nope__copy__seed0.pt").read_bytes()
+        if damage == "truncated":
+            checkpoint.write_bytes(data[: len(data) // 2])
+        else:  # a checkpoint of another run under this run's name
+            state = torch.load(good / "checkpoints" / "nope__copy__seed0.pt", weights_only=False)
+            state["run"] = {"encoding": "rope", "seed": 3}
+            torch.save(state, checkpoint)
+    with pytest.raises(
+        ValueError, match=r"checkpoint .*nope__copy__seed0\.pt .*delete it to restart nope seed 0"
+    ):
+        run_experiment(config, tmp_path, workers=1)
+
+
+def test_a_corrupt_config_names_the_file(tmp_path):
+    from posenc.experiments import ExperimentConfig, run_experiment
+
+    (tmp_path / "config.json").write_text('{"experiment": {"task": "copy",')
+    config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=1)
+    with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
+        run_experiment(config, tmp_path, workers=1)

@@ -50,6 +50,20 @@ class Kind(str, enum.Enum):
     CONTENT = "content"
 
 
+#: The largest table an option may ask for: past it, building would exhaust memory or swap for minutes.
+MAX_TABLE_BYTES = 4 << 30
+
+
+def check_table_size(encoding: str, option: str, value: int, numel: int, itemsize: int = 4) -> None:
+    """Refuse up front a table of ``numel`` elements that ``option=value`` asks for, naming the memory."""
+    needed = numel * itemsize
+    if needed > MAX_TABLE_BYTES:
+        raise ValueError(
+            f"{encoding}: {option}={value} needs a table of {needed / 2**30:.1f} GiB "
+            f"(limit {MAX_TABLE_BYTES / 2**30:.0f} GiB); use a smaller {option}"
+        )
+
+
 def check_positions(positions: Tensor, *, name: str = "positions", allow_negative: bool = False) -> Tensor:
     """Validate an integer position tensor and return it as int64 with a batch axis ``[B, T]``.
 

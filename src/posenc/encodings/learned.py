@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import AbsoluteEncoding, LayerContext
+from ..base import AbsoluteEncoding, LayerContext, check_table_size
 from ..registry import register
 
 __functional__ = ["resample_positions"]
@@ -70,6 +70,7 @@ class Learned(AbsoluteEncoding):
             raise ValueError(f"learned: dim must be a positive integer, got dim={dim!r}")
         if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len <= 0:
             raise ValueError(f"learned: max_len must be a positive integer, got max_len={max_len!r}")
+        check_table_size("learned", "max_len", max_len, max_len * dim)
         self.dim, self.max_len = dim, max_len
         self.max_positions = max_len
         self.table = nn.Embedding(max_len, dim)

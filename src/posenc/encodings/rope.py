@@ -35,7 +35,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..base import RotaryEncoding
+from ..base import RotaryEncoding, check_table_size
 from ..kernels.rope import RotaryTables, apply_rotary, rotary_cos_sin
 from ..registry import register
 from ..spec import format_spec
@@ -266,6 +266,7 @@ class RoPE(RotaryEncoding):
             raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
         if cache_size <= 0:
             raise ValueError(f"rope: cache_size must be positive, got {cache_size}")
+        check_table_size("rope", "cache_size", cache_size, cache_size * max(head_dim or 2, 2))  # cos and sin
         given = locals()  # the scaling options, by their RopeScaling names
         self.scaling, self._base, self._partial = _scaling_of(
             base, scaling, rope_parameters, {k: given[k] for k in RopeScaling.OPTIONS}

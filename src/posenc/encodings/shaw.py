@@ -23,12 +23,13 @@ backend and on the relative backend (query blocks, checkpointed under autograd).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from ..base import ContentEncoding, LayerContext
+from ..base import ContentEncoding, LayerContext, check_table_size
 from ..registry import register
 
 __functional__ = ["shaw_relative_index", "shaw_relative_logits", "shaw_relative_values"]
@@ -134,6 +135,8 @@ class ShawRelative(ContentEncoding):
         self.max_positions = max_len if k is None else None
         rows = 2 * k + 1 if k is not None else 2 * max_len - 1
         shape = (num_heads, rows, head_dim) if per_head else (rows, head_dim)
+        tables = 2 if value_term else 1
+        check_table_size("shaw", "k" if k is not None else "max_len", k or max_len, tables * math.prod(shape))
         self.key_table = nn.Parameter(torch.empty(shape))
         self.value_table = nn.Parameter(torch.empty(shape)) if value_term else None
         self.reset_parameters()

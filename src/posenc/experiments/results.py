@@ -152,7 +152,13 @@ def load_config(directory: str | Path) -> dict[str, Any]:
     path = Path(directory) / "config.json"
     if not path.is_file():
         return {}
-    config = json.loads(path.read_text(encoding="utf-8"))
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path} is not valid JSON ({err.msg}, line {err.lineno}); restore it, or delete it to let the "
+            "next run rewrite it (results.jsonl is kept)"
+        ) from err
     if not isinstance(config, dict):
         raise ValueError(f"{path} must hold a JSON object, got {type(config).__name__}")
     return config

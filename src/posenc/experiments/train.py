@@ -225,6 +225,25 @@ def random_positions(batch: int, length: int, max_position: int, generator: torc
     return order[:, :length].sort(dim=1).values
 
 
+_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "step", "run")
+
+
+def load_checkpoint(path: Path, run: RunSpec, device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The state saved in ``path`` for ``run``; ``ValueError`` naming the file when it is damaged,
+    foreign, or written by another run (deleting it restarts that run from step 0)."""
+    fix = f"delete it to restart {run.label} from step 0"
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+    except Exception as err:  # truncated, zero bytes, random bytes: torch raises many types
+        raise ValueError(f"checkpoint {path} cannot be read ({type(err).__name__}: {err}); {fix}") from err
+    missing = [key for key in _CHECKPOINT_KEYS if not isinstance(state, dict) or key not in state]
+    if missing:
+        raise ValueError(f"checkpoint {path} is not a posenc run checkpoint (no {', '.join(missing)}); {fix}")
+    if state["run"] != dataclasses.asdict(run):
+        raise ValueError(f"checkpoint {path} belongs to run {state['run']}, not {run.label}; {fix}")
+    return state
+
+
 def _loss(
     model: nn.Module,
     inputs: torch.Tensor,
@@ -269,7 +288,7 @@ def train_and_evaluate(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
     step = 0
     if checkpoint_path.exists():
-        state = torch.load(checkpoint_path, map_location=device, weights_only=False)
+        state = load_checkpoint(checkpoint_path, run, device)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
