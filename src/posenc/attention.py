@@ -21,7 +21,15 @@ from .masks import AttentionMask
 from .patterns import QueryTemperature
 from .registry import build_for_layer
 
-__all__ = ["KVCache", "MultiheadAttention", "default_positions", "document_positions", "embed_positions"]
+__all__ = [
+    "KVCache",
+    "MultiheadAttention",
+    "default_positions",
+    "document_positions",
+    "embed_positions",
+    "padding_with_cache",
+    "run_attention",
+]
 
 
 @dataclass
@@ -643,11 +651,7 @@ class MultiheadAttention(nn.Module):
         cache.update(self.layer_idx, entry, cross=cross)
 
     def _run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
-        backend = select_backend(request, self.backend)
-        self.last_backend = backend.name
-        out, weights = backend.run(request)
-        if request.need_weights and weights is None:
-            weights = attention_probs(request)
+        self.last_backend, out, weights = run_attention(request, self.backend)
         return out, weights
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
@@ -658,24 +662,49 @@ class MultiheadAttention(nn.Module):
         self, mask: Tensor | None, entry: _CacheEntry | None, batch: int, q_len: int
     ) -> Tensor | None:
         """The padding mask over all keys: cached padding plus the new tokens' (or the full mask)."""
-        past = 0 if entry is None else entry.k.shape[2]
-        if mask is None:
-            if entry is None or entry.padding is None:
-                return None
-            return torch.cat([entry.padding, entry.padding.new_zeros(batch, q_len)], dim=1)
-        if mask.dtype != torch.bool:
-            raise ValueError(
-                f"key_padding_mask must be a bool tensor (True = padding), got dtype {mask.dtype}"
-            )
-        if tuple(mask.shape) == (batch, past + q_len):
-            return mask
-        if tuple(mask.shape) == (batch, q_len) and entry is not None:
-            previous = entry.padding if entry.padding is not None else mask.new_zeros(batch, past)
-            return torch.cat([previous, mask], dim=1)
-        raise ValueError(
-            f"key_padding_mask must have shape [B, Tk] = [{batch}, {past + q_len}] (or [{batch}, {q_len}] "
-            f"for the new tokens of a cached step), got {tuple(mask.shape)}"
-        )
+        if entry is None:
+            return padding_with_cache(mask, None, batch, q_len)
+        return padding_with_cache(mask, (entry.k.shape[2], entry.padding), batch, q_len)
+
+
+def run_attention(request: AttentionRequest, backend: str = "auto") -> tuple[str, Tensor, Tensor | None]:
+    """Run ``request`` on ``backend`` (or the one ``auto`` picks): ``(backend name, out, weights)``.
+
+    With ``need_weights`` the weights come from the backend, or from the eager reference when the
+    backend returns none.
+    """
+    chosen = select_backend(request, backend)
+    out, weights = chosen.run(request)
+    if request.need_weights and weights is None:
+        weights = attention_probs(request)
+    return chosen.name, out, weights
+
+
+def padding_with_cache(
+    mask: Tensor | None, cached: tuple[int, Tensor | None] | None, batch: int, q_len: int
+) -> Tensor | None:
+    """The key padding ``[B, past + q_len]`` (True = padding) of a call, or None when nothing is padded.
+
+    ``cached`` is ``(past, cached padding or None)`` when a cache holds ``past`` tokens. ``mask`` may
+    cover every key ``[B, past + q_len]`` or, after a cache, only the new tokens ``[B, q_len]``.
+    """
+    past, previous = cached if cached is not None else (0, None)
+    if mask is None:
+        if previous is None:
+            return None
+        return torch.cat([previous, previous.new_zeros(batch, q_len)], dim=1)
+    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
+        got = f"dtype {mask.dtype}" if isinstance(mask, Tensor) else type(mask).__name__
+        raise ValueError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
+    if tuple(mask.shape) == (batch, past + q_len):
+        return mask
+    if tuple(mask.shape) == (batch, q_len) and cached is not None:
+        previous = previous if previous is not None else mask.new_zeros(batch, past)
+        return torch.cat([previous, mask], dim=1)
+    raise ValueError(
+        f"key_padding_mask must have shape [B, Tk] = [{batch}, {past + q_len}] (or [{batch}, {q_len}] "
+        f"for the new tokens of a cached step), got {tuple(mask.shape)}"
+    )
 
 
 def default_positions(q_len: int, past: int, padding: Tensor | None, device: torch.device) -> Tensor:

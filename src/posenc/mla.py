@@ -46,9 +46,8 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor, nn
 
-from .attention import default_positions
-from .backends import AttentionRequest, select_backend
-from .backends.eager import attention_probs
+from .attention import default_positions, padding_with_cache, run_attention
+from .backends import AttentionRequest
 from .base import LayerContext, PositionalEncoding
 from .encodings.rope import RoPE
 from .encodings.rope_scaling import RopeScaling
@@ -406,11 +405,7 @@ class MultiLatentAttention(nn.Module):
             layer=self,
             mask=mask,
         )
-        backend = select_backend(request, self.backend)
-        self.last_backend = backend.name
-        out, weights = backend.run(request)
-        if need_weights and weights is None:
-            weights = attention_probs(request)
+        self.last_backend, out, weights = run_attention(request, self.backend)
         out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.v_head_dim))
         return (out, weights) if need_weights else out
 
@@ -472,22 +467,9 @@ class MultiLatentAttention(nn.Module):
         self, mask: Tensor | None, entry: _LatentEntry | None, batch: int, q_len: int
     ) -> Tensor | None:
         """The padding mask over all keys: cached padding plus the new tokens' (or the full mask)."""
-        past = 0 if entry is None else entry.latent.shape[1]
-        if mask is None:
-            if entry is None or entry.padding is None:
-                return None
-            return torch.cat([entry.padding, entry.padding.new_zeros(batch, q_len)], dim=1)
-        if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-            raise ValueError("key_padding_mask must be a bool tensor (True = padding)")
-        if tuple(mask.shape) == (batch, past + q_len):
-            return mask
-        if tuple(mask.shape) == (batch, q_len) and entry is not None:
-            previous = entry.padding if entry.padding is not None else mask.new_zeros(batch, past)
-            return torch.cat([previous, mask], dim=1)
-        raise ValueError(
-            f"key_padding_mask must have shape [B, Tk] = [{batch}, {past + q_len}] (or [{batch}, {q_len}] "
-            f"for the new tokens of a cached step), got {tuple(mask.shape)}"
-        )
+        if entry is None:
+            return padding_with_cache(mask, None, batch, q_len)
+        return padding_with_cache(mask, (entry.latent.shape[1], entry.padding), batch, q_len)
 
 
 def _deinterleave_order(width: int, device: torch.device) -> Tensor:
