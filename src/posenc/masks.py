@@ -108,12 +108,10 @@ class MaskComponent:
         return type(self).__name__
 
 
-@dataclass(frozen=True)
-class CausalMask(MaskComponent):
-    """Query ``i`` sees keys ``j <= i + offset`` (``offset`` = cached keys before the first query)."""
+class _CacheOffset(MaskComponent):
+    """A component whose query ``i`` sits at key index ``i + offset`` (``offset`` = cached keys)."""
 
-    offset: int = 0
-    keeps_diagonal = True
+    offset: int
 
     @cached_property
     def _offset_tensor(self) -> Tensor:
@@ -121,8 +119,20 @@ class CausalMask(MaskComponent):
         # an int and recompile at every cache length.
         return torch.tensor(self.offset)
 
+    def _query_index(self, q_idx: Tensor) -> Tensor:
+        """The key index of query ``q_idx`` (FlexAttention's index tensors)."""
+        return q_idx + self._offset_tensor.to(q_idx.device)
+
+
+@dataclass(frozen=True)
+class CausalMask(_CacheOffset):
+    """Query ``i`` sees keys ``j <= i + offset`` (``offset`` = cached keys before the first query)."""
+
+    offset: int = 0
+    keeps_diagonal = True
+
     def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return kv_idx <= q_idx + self._offset_tensor.to(q_idx.device)
+        return kv_idx <= self._query_index(q_idx)
 
     def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
         rows = torch.arange(i0, i1, device=device)[:, None] + self.offset
@@ -153,7 +163,7 @@ class KeyPaddingMask(MaskComponent):
 
 
 @dataclass(frozen=True)
-class SlidingWindowMask(MaskComponent):
+class SlidingWindowMask(_CacheOffset):
     """Query ``i`` sees keys ``j > i + offset - window`` (with a causal mask: the last ``window`` keys
     up to and including its own, the HF / Mistral convention)."""
 
@@ -161,12 +171,8 @@ class SlidingWindowMask(MaskComponent):
     offset: int = 0
     keeps_diagonal = True
 
-    @cached_property
-    def _start_tensor(self) -> Tensor:
-        return torch.tensor(self.offset - self.window)
-
     def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return kv_idx > q_idx + self._start_tensor.to(q_idx.device)
+        return kv_idx > self._query_index(q_idx) - self.window
 
     def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
         rows = torch.arange(i0, i1, device=device)[:, None] + self.offset - self.window
@@ -180,19 +186,15 @@ class SlidingWindowMask(MaskComponent):
 
 
 @dataclass(frozen=True)
-class ChunkMask(MaskComponent):
+class ChunkMask(_CacheOffset):
     """Query ``i`` sees keys in its own chunk: ``j // chunk == (i + offset) // chunk`` (Llama 4)."""
 
     chunk: int
     offset: int = 0
     keeps_diagonal = True
 
-    @cached_property
-    def _offset_tensor(self) -> Tensor:
-        return torch.tensor(self.offset)
-
     def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return kv_idx // self.chunk == (q_idx + self._offset_tensor.to(q_idx.device)) // self.chunk
+        return kv_idx // self.chunk == self._query_index(q_idx) // self.chunk
 
     def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
         rows = (torch.arange(i0, i1, device=device)[:, None] + self.offset) // self.chunk
@@ -239,7 +241,7 @@ class DocumentMask(MaskComponent):
 
 
 @dataclass(frozen=True, eq=False)
-class PrefixLMMask(MaskComponent):
+class PrefixLMMask(_CacheOffset):
     """Causal after a bidirectional prefix: query ``i`` sees ``j <= i + offset`` or ``j < prefix_len[b]``."""
 
     prefix_len: Tensor  # [B] int64
@@ -247,12 +249,8 @@ class PrefixLMMask(MaskComponent):
     data_dependent = True
     keeps_diagonal = True
 
-    @cached_property
-    def _offset_tensor(self) -> Tensor:
-        return torch.tensor(self.offset)
-
     def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        causal = kv_idx <= q_idx + self._offset_tensor.to(q_idx.device)
+        causal = kv_idx <= self._query_index(q_idx)
         return causal | (kv_idx < self.prefix_len[b])
 
     def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
