@@ -41,8 +41,10 @@ from torch.autograd.function import once_differentiable
 from ..base import Kind
 from ..masks import AttentionMask, CausalMask
 from . import AttentionRequest, register_backend
+from ._flash import FLASH_DTYPES as _FLASH_DTYPES
+from ._flash import NONFINITE_REASON
+from ._flash import cpu_flash_available as _cpu_flash_available
 from ._sinks import merge_sinks, sink_grad
-from .sdpa import NONFINITE_REASON
 
 __all__ = ["DEFAULT_BLOCK", "BlockedBackend", "blocked_bias_attention"]
 
@@ -51,14 +53,6 @@ DEFAULT_BLOCK = 128
 #: Use the distance table only while it stays small relative to the sequence (sparse explicit
 #: positions such as 0 and 10**6 would make it huge); otherwise evaluate ``bias_at`` per block.
 _MAX_TABLE_FACTOR = 4
-_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-
-
-def _cpu_flash_available() -> bool:
-    ops = torch.ops.aten
-    return hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
-        ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
-    )
 
 
 @dataclass

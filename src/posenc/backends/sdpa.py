@@ -19,18 +19,8 @@ from torch.autograd.function import once_differentiable
 
 from ..base import Kind
 from . import AttentionRequest, register_backend
+from ._flash import FLASH_DTYPES, NONFINITE_REASON, cpu_flash_available
 from ._sinks import merge_sinks, sink_grad
-
-_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
-#: Why the CPU flash kernel must not see nan or inf (eager propagates them).
-NONFINITE_REASON = "nan or inf in the inputs: PyTorch's CPU flash kernel would return finite numbers for them"
-
-
-def _cpu_flash_available() -> bool:
-    ops = torch.ops.aten
-    return hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
-        ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
-    )
 
 
 class _FlashWithSinks(torch.autograd.Function):
@@ -69,11 +59,7 @@ class SdpaBackend:
             reasons.append(NONFINITE_REASON)
         if request.sinks is None:
             return reasons
-        if (
-            request.q.device.type != "cpu"
-            or not _cpu_flash_available()
-            or request.q.dtype not in _FLASH_DTYPES
-        ):
+        if request.q.device.type != "cpu" or not cpu_flash_available() or request.q.dtype not in FLASH_DTYPES:
             reasons.append("attention sinks need the CPU flash kernel's log-sum-exp (CPU tensors only)")
         if request.dropout_p > 0:
             reasons.append("attention sinks with dropout are not implemented in the sdpa backend")

@@ -1,0 +1,21 @@
+"""Facts about PyTorch's fused CPU flash-attention kernel, shared by the backends that call it
+directly (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward)."""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["FLASH_DTYPES", "NONFINITE_REASON", "cpu_flash_available"]
+
+#: The dtypes the CPU flash kernel takes.
+FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+#: Why the CPU flash kernel must not see nan or inf (eager propagates them).
+NONFINITE_REASON = "nan or inf in the inputs: PyTorch's CPU flash kernel would return finite numbers for them"
+
+
+def cpu_flash_available() -> bool:
+    """Whether this torch has the CPU flash kernel and its backward as ops."""
+    ops = torch.ops.aten
+    return hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
+        ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
+    )
