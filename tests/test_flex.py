@@ -167,11 +167,13 @@ def test_compiled_forward_matches_formula_on_cpu():
 def test_gpu_forward_and_backward_match_formula():
     enc = ClippedTableBias(num_heads=H).cuda()
     req = _build(enc, "gqa_explicit_positions")
-    req = AttentionRequest(**{**req.__dict__, "_cache": {}})
-    for name in ("q", "k", "v", "q_pos", "k_pos"):
-        setattr(req, name, getattr(req, name).cuda().detach())
+    # The same request on the GPU (its mask is built again there from the same description).
+    on_gpu = {name: getattr(req, name).cuda().detach() for name in ("q", "k", "v", "q_pos", "k_pos")}
     for name in ("q", "k", "v"):
-        getattr(req, name).requires_grad_(True)
+        on_gpu[name].requires_grad_(True)
+    req = AttentionRequest(
+        encoding=enc, scale=req.scale, causal=req.causal, causal_offset=req.causal_offset, **on_gpu
+    )
     assert get_backend("flex").reasons(req) == []
     out = flex_bias_attention(req)
     ref = _reference(req)

@@ -402,12 +402,19 @@ class AttentionMask:
         return AttentionMask(self.q_len, self.k_len, self.batch, self.heads, self.device, kept, self.additive)
 
     def key_range(self, i0: int, i1: int) -> tuple[int, int]:
-        """Keys ``lo:hi`` outside which none of the query rows ``i0:i1`` sees anything."""
-        lo, hi = 0, self.k_len
-        for component in self.components:
-            c_lo, c_hi = component.key_range(i0, i1, self.k_len)
-            lo, hi = max(lo, c_lo), min(hi, c_hi)
-        return lo, max(lo, hi)
+        """Keys ``lo:hi`` outside which none of the query rows ``i0:i1`` sees anything.
+
+        Memoised per mask: dispatch (costing a backend) and the blocked kernels (forward and backward)
+        ask for the same blocks, and a document mask answers with a search per block.
+        """
+        key = ("key_range", i0, i1)
+        if key not in self._memo:
+            lo, hi = 0, self.k_len
+            for component in self.components:
+                c_lo, c_hi = component.key_range(i0, i1, self.k_len)
+                lo, hi = max(lo, c_lo), min(hi, c_hi)
+            self._memo[key] = (lo, max(lo, hi))
+        return self._memo[key]
 
     def describe(self) -> str:
         parts = [c.describe() for c in self.components]

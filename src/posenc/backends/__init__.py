@@ -18,6 +18,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import torch
@@ -112,20 +113,17 @@ class AttentionRequest:
             tensors.append(self.sinks)
         return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
-    @property
+    @cached_property
     def has_nonfinite(self) -> bool:
         """True when q, k, v, the sinks, a float mask or the encoding's parameters hold nan or inf.
 
         Fused kernels may turn such rows into finite numbers (PyTorch's CPU flash kernel returns
         zeros); the backends that use one state a reason, so the request goes to one that propagates.
+        Computed once per request, however many backends ask.
         """
-        if "nonfinite" not in self.mask._memo:
-            tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
-            tensors += [t for t in (self.sinks, self.mask.additive) if t is not None]
-            self.mask._memo["nonfinite"] = any(
-                t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors
-            )
-        return self.mask._memo["nonfinite"]
+        tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
+        tensors += [t for t in (self.sinks, self.mask.additive) if t is not None]
+        return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors)
 
     def kv_per_query_head(self) -> tuple[Tensor, Tensor]:
         """``k`` and ``v`` repeated along heads to ``[B, H, Tk, D]`` (grouped-query attention)."""
