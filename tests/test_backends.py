@@ -22,7 +22,7 @@ import torch
 import posenc
 from posenc.backends import AttentionRequest, available_backends, get_backend
 from posenc.backends.flex import flex_bias_attention
-from posenc.base import Kind
+from posenc.base import Kind, TokenStates
 from posenc.examples import build_example
 from posenc.masks import AttentionMask
 
@@ -69,14 +69,24 @@ def _example(name: str, causal: bool):
 def _scenario_fits(name: str, scenario: str) -> bool:
     _, q_len, k_len, causal, *_ = SCENARIOS[scenario]
     enc = _example(name, causal) or (_example(name, True) if q_len == k_len else None)
+    if enc is not None and enc.self_attention_only and scenario.startswith("cross"):
+        return False
     return enc is not None and (enc.max_positions is None or max(q_len, k_len) <= enc.max_positions)
+
+
+def _promised(name: str, backend: str) -> bool:
+    """An input-dependent bias (FoX) is promised only by the backends that evaluate token states."""
+    cls = posenc.get_class(name)
+    if getattr(cls, "input_dependent", False):
+        return bool(getattr(get_backend(backend), "serves_input_bias", False))
+    return cls.kind in EXPECTED_KINDS[backend]
 
 
 def _cases():
     for name in posenc.available():
         kind = posenc.get_class(name).kind
-        for backend, kinds in EXPECTED_KINDS.items():
-            if backend == "eager" or kind not in kinds:
+        for backend in EXPECTED_KINDS:
+            if backend == "eager" or not _promised(name, backend):
                 continue
             for scenario in SCENARIOS:
                 if SCENARIOS[scenario][6] == "sinks" and kind not in SINK_KINDS.get(backend, set()):
@@ -122,6 +132,9 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype, grad: bool)
             q_len=q_len, k_len=k_len, batch=batch, heads=HEADS, causal=causal, window=6,
             q_document_ids=docs, k_document_ids=docs,
         )}  # fmt: skip
+    if getattr(layer.encoding, "input_dependent", False):  # FoX: the states of one sequence's layer input
+        x = torch.randn(batch, q_len, HEADS * HEAD_DIM, dtype=dtype)
+        pattern["token_states"] = TokenStates.same_sequence(layer.encoding.token_states(x))
     return AttentionRequest(
         **pattern,
         q=q,
@@ -153,7 +166,8 @@ def _run(backend: str, req: AttentionRequest, layer, grads: bool, compiled: bool
     if req.sinks is not None:
         inputs.append(req.sinks)
     weight = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)
-    found = torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True)
+    # retain_graph: the request's token states (FoX) feed both runs through one graph.
+    found = torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True, retain_graph=True)
     return out.detach(), [torch.zeros_like(i) if g is None else g for i, g in zip(inputs, found)]
 
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from .backends import AttentionRequest, select_backend
 from .backends.eager import attention_probs
-from .base import Kind, LayerContext, PositionalEncoding
+from .base import Kind, LayerContext, PositionalEncoding, TokenStates
 from .masks import AttentionMask
 from .patterns import QueryTemperature
 from .registry import build_for_layer
@@ -43,6 +43,8 @@ class _CacheEntry:
     writer: str = ""  # that layer, described for error messages
     context_key: tuple | None = None  # cross-attention: which context tensor the keys came from
     evicted: int = 0  # tokens dropped from the front (a windowed layer keeps what its window sees)
+    token_state: Tensor | None = None  # [B, S, T]: an input-dependent bias's states of the keys (FoX)
+    token_index: Tensor | None = None  # [T] int64: the keys' indices among all tokens seen
 
 
 class KVCache:
@@ -303,7 +305,7 @@ class MultiheadAttention(nn.Module):
     ) -> Tensor | tuple[Tensor, Tensor]:
         self._check_input(x, "x")
         batch, q_len, _ = x.shape
-        docs = None
+        docs, states = None, None
         if context is not None:
             self._check_context(context, batch, document_ids, prefix_len)
             q, k, v, q_pos, k_pos, padding = self._cross_inputs(
@@ -315,7 +317,8 @@ class MultiheadAttention(nn.Module):
             past = 0 if entry is None else entry.k.shape[2]
             if cache is not None and cache.streaming:
                 self._check_streaming(positions, key_padding_mask, document_ids, prefix_len)
-                q, k, v, q_pos, k_pos = self._streaming_inputs(x, entry, cache)
+                states = self._token_states(x, entry, None)
+                q, k, v, q_pos, k_pos = self._streaming_inputs(x, entry, cache, states)
                 padding = None
             else:
                 padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
@@ -326,7 +329,8 @@ class MultiheadAttention(nn.Module):
                 else:
                     default = document_positions(docs)[:, past:]
                 q_pos = self._positions(positions, "positions", batch, q_len, default)
-                q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs)
+                states = self._token_states(x, entry, padding)
+                q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs, states)
                 if cache is not None and padding is None and docs is None and prefix_len is None:
                     self._trim_to_window(cache)
         if attn_mask is not None:
@@ -363,6 +367,7 @@ class MultiheadAttention(nn.Module):
             layer=self,
             mask=mask,
             sinks=self.sinks,
+            token_states=states,
         )
         out, weights = self._run(request)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
@@ -407,7 +412,30 @@ class MultiheadAttention(nn.Module):
             return
         entry.k, entry.v = entry.k[:, :, drop:], entry.v[:, :, drop:]
         entry.k_pos = entry.k_pos[:, drop:]
+        if entry.token_state is not None:
+            entry.token_state, entry.token_index = entry.token_state[..., drop:], entry.token_index[drop:]
         entry.evicted += drop
+
+    def _token_states(
+        self, x: Tensor, entry: _CacheEntry | None, padding: Tensor | None
+    ) -> TokenStates | None:
+        """An input-dependent bias's states: the new tokens' (queries) after the cached ones (keys: all).
+
+        ``padding [B, past + T]`` covers every key; None for position-only encodings.
+        """
+        if not getattr(self.encoding, "input_dependent", False):
+            return None
+        q_len = x.shape[1]
+        new_padding = None if padding is None else padding[:, padding.shape[1] - q_len :]
+        previous = None if entry is None else entry.token_state
+        new = self.encoding.token_states(x, previous, new_padding)
+        if entry is None or previous is None:
+            return TokenStates.same_sequence(new)
+        cached = entry.token_index
+        start = int(cached[-1]) + 1 if cached.numel() else 0  # only the order of indices matters
+        q_index = torch.arange(start, start + q_len, device=x.device)
+        keys = torch.cat([previous, new], dim=-1)
+        return TokenStates(q=new, k=keys, q_index=q_index, k_index=torch.cat([cached, q_index]))
 
     def _check_streaming(
         self,
@@ -437,7 +465,7 @@ class MultiheadAttention(nn.Module):
             raise ValueError("a streaming KVCache serves layers without window or chunk of their own")
 
     def _streaming_inputs(
-        self, x: Tensor, entry: _CacheEntry | None, cache: KVCache
+        self, x: Tensor, entry: _CacheEntry | None, cache: KVCache, states: TokenStates | None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``q, k, v, q_pos, k_pos`` with positions inside the cache (StreamingLLM), then evicts."""
         past = 0 if entry is None else entry.k.shape[2]
@@ -452,6 +480,8 @@ class MultiheadAttention(nn.Module):
         k_pos = torch.arange(past + q_len, device=device)[None]
         kept = _streaming_keep(past + q_len, cache.sink_tokens, cache.window)
         stored = _CacheEntry(k=k[:, :, kept], v=v[:, :, kept], k_pos=k_pos[:, kept], padding=None)
+        if states is not None:
+            stored.token_state, stored.token_index = states.k[..., kept], states.k_index[kept]
         self._write_cache(cache, stored)
         if self.encoding.kind is Kind.ROTARY:
             q, k = self.encoding.rotate(q, k, q_pos, k_pos)
@@ -468,6 +498,11 @@ class MultiheadAttention(nn.Module):
             raise ValueError(f"{name} applies to self-attention only; cross-attention got it with a context")
         if self.encoding.causal_only:
             raise ValueError(f"{self._causal_only_message()}; cross-attention is never causal")
+        if self.encoding.self_attention_only:
+            raise ValueError(
+                f"{self.encoding.name!r} needs queries and keys from one sequence (self-attention); "
+                "cross-attention got a context: use another encoding in cross-attention layers"
+            )
 
     def _self_inputs(
         self,
@@ -477,6 +512,7 @@ class MultiheadAttention(nn.Module):
         cache: KVCache | None,
         padding: Tensor | None,
         docs: Tensor | None,
+        states: TokenStates | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """``q, k, v, k_pos`` of self-attention: the new tokens' keys after the cached ones."""
         batch = x.shape[0]
@@ -502,6 +538,8 @@ class MultiheadAttention(nn.Module):
                     padding=padding,
                     document_ids=docs,
                     evicted=0 if entry is None else entry.evicted,
+                    token_state=None if states is None else states.k,
+                    token_index=None if states is None else states.k_index,
                 ),
             )
         return q, k, v, k_pos

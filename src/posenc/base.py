@@ -37,6 +37,7 @@ __all__ = [
     "LayerContext",
     "PositionalEncoding",
     "RotaryEncoding",
+    "TokenStates",
     "check_positions",
 ]
 
@@ -133,6 +134,8 @@ class PositionalEncoding(nn.Module):
       an instance may set it from its options (ALiBi's causal mode). Cross-attention is never
       causal, so the layer refuses such encodings there.
     * ``noncausal_options``: options that lift ``causal_only`` (ALiBi: ``mode="symmetric"``).
+    * ``self_attention_only``: True when queries and keys must come from one sequence (FoX's forget
+      gates accumulate along it); the layer refuses cross-attention.
     * ``example_options``: options for the contract tests' small layer (head size 16).
     * ``layer_sizes`` / :meth:`layer_defaults`: the options a layer supplies (:class:`LayerContext`).
     * ``derived_buffers`` / :meth:`reset_buffers`: tables computed from the options (float32 or
@@ -150,6 +153,7 @@ class PositionalEncoding(nn.Module):
     shared_across_layers: ClassVar[bool] = False
     causal_only: ClassVar[bool] = False
     allows_negative_positions: ClassVar[bool] = False
+    self_attention_only: ClassVar[bool] = False
     #: Options used when the encoding is built for the registry contract tests and ``posenc show``
     #: (e.g. M-RoPE's ``mrope_section`` must fit the small test head size of 16).
     example_options: ClassVar[dict[str, Any]] = {}
@@ -332,11 +336,58 @@ class RotaryEncoding(PositionalEncoding):
         raise NotImplementedError(f"{type(self).__name__} must implement rotate()")
 
 
+@dataclass(frozen=True)
+class TokenStates:
+    """What an input-dependent bias is computed from (FoX's cumulative log forget gates).
+
+    ``q [B, S, Tq]`` and ``k [B, S, Tk]``: per-token states of the queries and the keys (``S`` is the
+    encoding's number of state channels, float32 or wider); ``q_index [Tq]`` and ``k_index [Tk]``
+    (int64): each token's index in its sequence, counting every token the layer has seen (cached
+    and evicted ones included), so an encoding can tell earlier keys from later ones.
+    """
+
+    q: Tensor
+    k: Tensor
+    q_index: Tensor
+    k_index: Tensor
+
+    @classmethod
+    def same_sequence(cls, states: Tensor) -> TokenStates:
+        """Self-attention over one fresh sequence: queries and keys are the same tokens ``0..T-1``."""
+        index = torch.arange(states.shape[-1], device=states.device)
+        return cls(q=states, k=states, q_index=index, k_index=index)
+
+    def tensors(self) -> tuple[Tensor, Tensor]:
+        return self.q, self.k
+
+
 class BiasEncoding(PositionalEncoding):
-    """BIAS: a scalar added to each logit; implement :meth:`bias_at` (every backend serves it)."""
+    """BIAS: a scalar added to each logit; implement :meth:`bias_at` (every backend serves it).
+
+    An *input-dependent* bias (``input_dependent = True``, FoX) also implements :meth:`token_states`
+    (the layer calls it on its input before the projections) and :meth:`bias_from_states`; only the
+    backends that declare ``serves_input_bias`` run it, and ``bias_at`` is then a position-only view
+    for plots (the bias at zero input), never used for attention.
+    """
 
     kind = Kind.BIAS
     hook = "bias_at"
+    #: True when the bias depends on the layer input, not on positions alone.
+    input_dependent: ClassVar[bool] = False
+
+    def token_states(
+        self, x: Tensor, previous: Tensor | None = None, padding: Tensor | None = None
+    ) -> Tensor:
+        """Input-dependent biases: per-token states ``[B, S, T]`` of the layer input ``x [B, T, E]``.
+
+        ``previous [B, S, Tpast]``: the cached tokens' states, which the new ones continue;
+        ``padding [B, T]`` (bool, True = padding): the new tokens that are padding.
+        """
+        raise NotImplementedError(f"{type(self).__name__} is not an input-dependent bias")
+
+    def bias_from_states(self, states: TokenStates) -> Tensor:
+        """Input-dependent biases: the dense bias ``[B, H, Tq, Tk]`` from :class:`TokenStates`."""
+        raise NotImplementedError(f"{type(self).__name__} is not an input-dependent bias")
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The additive logit bias for broadcastable integer tensors ``head, q_pos, k_pos``.

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from .backends import AttentionRequest, available_backends, get_backend
-from .base import LayerContext, PositionalEncoding
+from .backends import AttentionRequest, available_backends, backend_limits, get_backend
+from .base import LayerContext, PositionalEncoding, TokenStates
 from .registry import build_for_layer, get_class, options
 from .spec import parse_spec
 
@@ -75,5 +75,11 @@ def runnable_backends(name: str, seq_len: int = 8, requires_grad: bool = False) 
     b, h, d = 1, EXAMPLE_LAYER["num_heads"], EXAMPLE_LAYER["head_dim"]
     q = torch.zeros(b, h, seq_len, d, requires_grad=requires_grad)
     pos = torch.arange(seq_len)[None]
-    request = AttentionRequest(q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=d**-0.5, causal=True)
-    return [name for name in available_backends() if not get_backend(name).reasons(request)]
+    states = None
+    if getattr(enc, "input_dependent", False):
+        x = torch.zeros(b, seq_len, h * d, requires_grad=requires_grad)
+        states = TokenStates.same_sequence(enc.token_states(x))
+    request = AttentionRequest(
+        q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=d**-0.5, causal=True, token_states=states
+    )
+    return [name for name in available_backends() if not backend_limits(get_backend(name), request)]

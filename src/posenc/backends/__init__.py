@@ -24,15 +24,17 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding
+from ..base import Kind, PositionalEncoding, TokenStates
 from ..masks import AttentionMask
 
 __all__ = [
+    "INPUT_BIAS_REASON",
     "AttentionRequest",
     "Backend",
     "NoBackendError",
     "auto_reasons",
     "available_backends",
+    "backend_limits",
     "backend_reasons",
     "get_backend",
     "kind_reasons",
@@ -56,6 +58,9 @@ class AttentionRequest:
     the first query, i.e. the cache length: query ``i`` sees keys ``j <= i + offset``),
     ``key_padding_mask [B, Tk]`` (bool, True = padding) and ``attn_mask`` (bool, True = may attend,
     or float added to the logits; 4-D, broadcastable to ``[B, H, Tq, Tk]``).
+
+    An input-dependent bias (FoX) needs ``token_states`` (:class:`~posenc.base.TokenStates`, from the
+    encoding's ``token_states`` of the layer input); only backends with ``serves_input_bias`` run it.
     """
 
     q: Tensor
@@ -75,8 +80,11 @@ class AttentionRequest:
     mask: AttentionMask = field(default=None, repr=False)  # type: ignore[assignment]
     #: Attention sinks: one logit per query head ``[H]`` in every row's softmax denominator, or None.
     sinks: Tensor | None = None
+    #: Input-dependent biases (FoX): the queries' and keys' states the bias is computed from.
+    token_states: TokenStates | None = None
 
     def __post_init__(self) -> None:
+        self._check_token_states()
         if self.mask is None:
             self.mask = AttentionMask.build(
                 q_len=self.q_len,
@@ -90,9 +98,42 @@ class AttentionRequest:
                 attn_mask=self.attn_mask,
             )
 
+    def _check_token_states(self) -> None:
+        needs = bool(getattr(self.encoding, "input_dependent", False))
+        states = self.token_states
+        if needs and states is None:
+            raise ValueError(
+                f"token_states: {self.encoding.name!r} computes its bias from the layer input; pass "
+                "token_states (posenc.base.TokenStates of encoding.token_states(x)), or call the layer"
+            )
+        if not needs and states is not None:
+            raise ValueError(f"token_states: {self.encoding.name!r} is not an input-dependent bias")
+        if states is None:
+            return
+        batch = self.q.shape[0]
+        want = {"q": (self.q_len, states.q), "k": (self.k_len, states.k)}
+        for side, (length, tensor) in want.items():
+            if tensor.dim() != 3 or tensor.shape[0] != batch or tensor.shape[2] != length:
+                raise ValueError(
+                    f"token_states.{side} must have shape [B, S, T{side}] = [{batch}, S, {length}], "
+                    f"got {tuple(tensor.shape)}"
+                )
+        if states.q_index.shape != (self.q_len,) or states.k_index.shape != (self.k_len,):
+            raise ValueError(
+                f"token_states: q_index and k_index must have shapes [{self.q_len}] and [{self.k_len}], got "
+                f"{tuple(states.q_index.shape)} and {tuple(states.k_index.shape)}"
+            )
+
     @property
     def kind(self) -> Kind:
         return self.encoding.kind
+
+    def dense_bias(self) -> Tensor:
+        """The bias ``[B or 1, H, Tq, Tk]`` of a BIAS encoding (float32 or wider), from the positions
+        or, for an input-dependent bias, from :attr:`token_states`."""
+        if self.token_states is not None:
+            return self.encoding.bias_from_states(self.token_states)
+        return self.encoding.bias_for_positions(self.q_pos, self.k_pos)
 
     @property
     def num_heads(self) -> int:
@@ -111,6 +152,8 @@ class AttentionRequest:
         tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
         if self.sinks is not None:
             tensors.append(self.sinks)
+        if self.token_states is not None:
+            tensors.extend(self.token_states.tensors())
         return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
     @cached_property
@@ -123,6 +166,8 @@ class AttentionRequest:
         """
         tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
         tensors += [t for t in (self.sinks, self.mask.additive) if t is not None]
+        if self.token_states is not None:
+            tensors.extend(self.token_states.tensors())
         return any(t.is_floating_point() and not bool(torch.isfinite(t).all()) for t in tensors)
 
     def kv_per_query_head(self) -> tuple[Tensor, Tensor]:
@@ -169,9 +214,27 @@ def kind_reasons(request: AttentionRequest, kind: Kind) -> list[str]:
     return [f"serves {kind.name} encodings only; {request.encoding.name} is {request.kind.value}"]
 
 
+#: Why a backend without ``serves_input_bias = True`` refuses an input-dependent bias (FoX).
+INPUT_BIAS_REASON = (
+    "the bias depends on the layer input (token_states); this backend evaluates position-only biases"
+)
+
+
+def backend_limits(backend: Backend, request: AttentionRequest) -> list[str]:
+    """``backend.reasons(request)`` plus the limits every backend shares, checked here once.
+
+    A backend evaluates an input-dependent bias only when it says so (``serves_input_bias = True``);
+    any other would read the encoding's position-only view and give silently wrong attention.
+    """
+    reasons = list(backend.reasons(request))
+    if request.token_states is not None and not getattr(backend, "serves_input_bias", False):
+        reasons.append(INPUT_BIAS_REASON)
+    return reasons
+
+
 def auto_reasons(backend: Backend, request: AttentionRequest) -> list[str]:
-    """Why ``auto`` passes over ``backend``: its ``reasons`` plus its ``declines``."""
-    return backend.reasons(request) + list(backend.declines(request))
+    """Why ``auto`` passes over ``backend``: its limits (:func:`backend_limits`) plus its ``declines``."""
+    return backend_limits(backend, request) + list(backend.declines(request))
 
 
 class NoBackendError(RuntimeError):
@@ -227,7 +290,7 @@ def backend_reasons(request: AttentionRequest, *, auto: bool = False) -> dict[st
     order = available_backends(request.q.device)
     if auto:
         return {name: auto_reasons(get_backend(name), request) for name in order}
-    return {name: get_backend(name).reasons(request) for name in order}
+    return {name: backend_limits(get_backend(name), request) for name in order}
 
 
 def select_backend(request: AttentionRequest, requested: str = "auto") -> Backend:
@@ -236,7 +299,7 @@ def select_backend(request: AttentionRequest, requested: str = "auto") -> Backen
     name = forced or requested
     if name != "auto":
         backend = get_backend(name)
-        reasons = backend.reasons(request)
+        reasons = backend_limits(backend, request)
         if reasons:
             raise NoBackendError(
                 f"backend {name!r} cannot run this request: "

@@ -24,7 +24,7 @@ def attention_logits(req: AttentionRequest) -> Tensor:
     else:
         logits = (q @ k.transpose(-1, -2)) * req.scale
     if req.kind is Kind.BIAS:
-        logits = logits + req.encoding.bias_for_positions(req.q_pos, req.k_pos).to(logits.dtype)
+        logits = logits + req.dense_bias().to(logits.dtype)
     additive = req.mask.additive
     if additive is not None:
         logits = logits + additive.to(logits.dtype)
@@ -44,6 +44,7 @@ def attention_probs(req: AttentionRequest) -> Tensor:
 
 class EagerBackend:
     name = "eager"
+    serves_input_bias = True
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         return []

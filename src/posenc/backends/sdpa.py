@@ -50,6 +50,7 @@ class _FlashWithSinks(torch.autograd.Function):
 
 class SdpaBackend:
     name = "sdpa"
+    serves_input_bias = True
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         if request.kind is Kind.CONTENT:
@@ -78,7 +79,7 @@ class SdpaBackend:
         plain_causal = request.mask.is_plain_causal and request.kind is not Kind.BIAS
         mask = None if plain_causal else request.mask.dense_additive(q.dtype)
         if request.kind is Kind.BIAS:
-            bias = request.encoding.bias_for_positions(request.q_pos, request.k_pos).to(q.dtype)
+            bias = request.dense_bias().to(q.dtype)
             mask = bias if mask is None else mask + bias
         if request.sinks is not None:
             k, v = request.kv_per_query_head()

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..base import Kind, PositionalEncoding
+from ..base import Kind, PositionalEncoding, TokenStates
 from ..encodings.t5 import T5Bias
 from ._style import DIVERGING, head_grid, label_grid, symmetric_limits
 from .index_maps import index_figure
@@ -49,7 +49,44 @@ def bias_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
         label_grid(ax, "query i", "key j")
     fig.colorbar(image, ax=axes, shrink=0.8, label="bias added to the logit")
     shown = f"first {heads} of {bias.shape[0]} heads" if heads < bias.shape[0] else f"{heads} heads"
-    set_title(fig, f"{describe(enc)}: per-head bias ({shown}{', causal' if causal else ''})")
+    at = ", at zero input" if getattr(enc, "input_dependent", False) else ""
+    set_title(fig, f"{describe(enc)}: per-head bias ({shown}{', causal' if causal else ''}{at})")
+    return fig
+
+
+@figure("fox", "gates")
+def fox_gates(enc: PositionalEncoding, options: PlotOptions) -> Figure:
+    """FoX on a random input (seed 0): each token's forget gate per head, and the bias they give."""
+    length = options.length_or(DEFAULT_LENGTH)
+    generator = torch.Generator().manual_seed(0)
+    weight = enc.to_gates.weight
+    x = torch.randn(1, length, weight.shape[1], generator=generator).to(weight)
+    with torch.no_grad():
+        log_gates = enc.log_gates(x)[0].double().cpu().numpy()  # [S, T]
+        states = TokenStates.same_sequence(enc.token_states(x))
+        bias = enc.bias_from_states(states)[0].double().cpu().numpy()
+    causal = enc.causal_only or bool(options.causal)
+    if causal:
+        bias[:, np.triu(np.ones((length, length), dtype=bool), k=1)] = np.nan
+    heads = min(bias.shape[0], options.max_heads, 4)
+    fig = new_figure(3.2 * heads + 1.2, 7.0)
+    top, bottom = fig.subfigures(2, 1, height_ratios=[1, 1.3])
+    gate_ax = top.subplots()
+    for head in range(heads):
+        gate_ax.plot(np.exp(log_gates[head] / enc.post_log_scale), color=f"C{head}", label=f"head {head}")
+    gate_ax.set_xlabel("token t")
+    gate_ax.set_ylabel("forget gate f_t")
+    gate_ax.legend(fontsize=8, ncols=heads)
+    gate_ax.grid(alpha=0.3)
+    low, high = symmetric_limits(bias[:heads])
+    image = None
+    axes = np.atleast_1d(bottom.subplots(1, heads))
+    for head, ax in enumerate(axes):
+        image = ax.imshow(bias[head], cmap=DIVERGING, vmin=low, vmax=high, interpolation="nearest")
+        ax.set_title(f"head {head}: bias")
+        label_grid(ax, "query i", "key j")
+    bottom.colorbar(image, ax=list(axes), shrink=0.8, label="bias added to the logit")
+    set_title(fig, f"{describe(enc)}: gates and bias of a random input (seed 0)")
     return fig
 
 

@@ -1,0 +1,233 @@
+"""FoX (Forgetting Transformer): the bias against the paper's formula written as an explicit sum.
+
+Reference: ``b_ij = Σ_{t=j+1..i} log sigmoid(w_h · x_t + b_h)`` (Lin et al. 2025, eq. for D_ij), and
+for x-transformers' bidirectional variant ``Σ_{t=i+1..j} log sigmoid(w'_h · x_t + b'_h)`` for keys
+after the query; the gate projection is ``Linear(dim, H or 2H)`` with its bias set to ``bias_init``.
+The attention written here by hand (softmax of scaled logits plus bias, causal mask) is the layer's
+reference, with the layer's own projection weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import posenc
+from posenc.backends import AttentionRequest, NoBackendError
+from posenc.base import TokenStates
+
+H, D = 3, 8
+E = H * D
+
+
+def _layer(mode="causal", causal=True, dtype=torch.float64, **kw):
+    torch.manual_seed(0)
+    layer = posenc.MultiheadAttention(E, H, encoding=f"fox:mode={mode}", causal=causal, **kw)
+    with torch.no_grad():  # gates far from the init so every head forgets at its own, varying rate
+        layer.encoding.to_gates.weight.normal_(0.0, 0.5)
+        layer.encoding.to_gates.bias.uniform_(-1.0, 3.0)
+    return layer.to(dtype).eval()
+
+
+def reference_bias(x, weight, bias, heads, bidirectional, scale=1.0):
+    """``[B, H, T, T]`` by the explicit sums of log gates between query and key (no cumsum)."""
+    log_gates = torch.nn.functional.logsigmoid(x @ weight.T + bias) * scale  # [B, T, S]
+    batch, length, _ = x.shape
+    out = torch.zeros(batch, heads, length, length, dtype=x.dtype)
+    for i in range(length):
+        for j in range(length):
+            if j <= i:
+                out[:, :, i, j] = log_gates[:, j + 1 : i + 1, :heads].sum(1)
+            elif bidirectional:
+                out[:, :, i, j] = log_gates[:, i + 1 : j + 1, heads:].sum(1)
+            else:
+                out[:, :, i, j] = -log_gates[:, i + 1 : j + 1, :heads].sum(1)  # c_i - c_j, masked
+    return out
+
+
+def reference_attention(layer, x, bias, causal):
+    batch, length, _ = x.shape
+
+    def heads(t):
+        return t.view(batch, length, H, D).transpose(1, 2)
+
+    q, k, v = heads(layer.q_proj(x)), heads(layer.k_proj(x)), heads(layer.v_proj(x))
+    logits = q @ k.transpose(-1, -2) / math.sqrt(D) + bias
+    if causal:
+        future = torch.triu(torch.ones(length, length, dtype=torch.bool), 1)
+        logits = logits.masked_fill(future, float("-inf"))
+    out = torch.softmax(logits, -1) @ v
+    return layer.out_proj(out.transpose(1, 2).reshape(batch, length, E))
+
+
+@pytest.mark.parametrize("mode,causal", [("causal", True), ("bidirectional", False), ("bidirectional", True)])
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_layer_equals_the_formula(mode, causal, backend):
+    layer = _layer(mode, causal)
+    x = torch.randn(2, 11, E, dtype=torch.float64)
+    gates = layer.encoding.to_gates
+    bias = reference_bias(x, gates.weight, gates.bias, H, mode == "bidirectional")
+    with posenc.use_backend(backend):
+        got = layer(x)
+    torch.testing.assert_close(got, reference_attention(layer, x, bias, causal), rtol=1e-10, atol=1e-12)
+
+
+def test_gate_projection_matches_the_reference_layout():
+    """One Linear(dim, H) (causal) or Linear(dim, 2H) (bidirectional) whose bias starts at bias_init."""
+    causal = posenc.build("fox", num_heads=4, dim=32)
+    both = posenc.build("fox:mode=bidirectional,bias_init=2.5", num_heads=4, dim=32)
+    assert causal.to_gates.weight.shape == (4, 32) and both.to_gates.weight.shape == (8, 32)
+    assert (causal.to_gates.bias == 5.0).all() and (both.to_gates.bias == 2.5).all()
+
+
+def test_post_log_scale_scales_the_log_gates():
+    enc = posenc.build("fox:post_log_scale=0.25", num_heads=H, dim=E).double()
+    x = torch.randn(1, 6, E, dtype=torch.float64)
+    states = TokenStates.same_sequence(enc.token_states(x))
+    want = reference_bias(x, enc.to_gates.weight, enc.to_gates.bias, H, False, scale=0.25)
+    torch.testing.assert_close(enc.bias_from_states(states), want)
+
+
+def test_zero_input_view_is_alibi_with_slope_log_sigmoid_b():
+    """bias_at (plots only) is the bias at x = 0: every gate sigmoid(b_h), so -log sigmoid(b_h)·(i-j)."""
+    enc = posenc.build("fox:mode=bidirectional", num_heads=2, dim=4).double()
+    with torch.no_grad():
+        enc.to_gates.bias.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    i, j = torch.arange(7)[:, None], torch.arange(7)[None, :]
+    behind = torch.stack([math.log(1 / (1 + math.exp(-b))) * (i - j) for b in (1.0, 2.0)])
+    ahead = torch.stack([math.log(1 / (1 + math.exp(-b))) * (j - i) for b in (3.0, 4.0)])
+    want = torch.where(j > i, ahead, behind).double()
+    torch.testing.assert_close(enc.bias(7, 7), want)
+    states = TokenStates.same_sequence(enc.token_states(torch.zeros(1, 7, 4, dtype=torch.float64)))
+    torch.testing.assert_close(enc.bias_from_states(states)[0], want)
+
+
+@pytest.mark.parametrize("mode,causal", [("causal", True), ("bidirectional", True)])
+def test_cached_decoding_continues_the_gates(mode, causal):
+    layer = _layer(mode, causal)
+    x = torch.randn(2, 10, E, dtype=torch.float64)
+    full = layer(x)
+    cache = posenc.KVCache()
+    parts = [layer(x[:, a:b], cache=cache) for a, b in ((0, 4), (4, 5), (5, 10))]
+    torch.testing.assert_close(torch.cat(parts, 1), full, rtol=1e-10, atol=1e-12)
+
+
+def test_windowed_layer_cache_trims_the_states_with_the_keys():
+    layer = _layer(window=4)
+    x = torch.randn(1, 9, E, dtype=torch.float64)
+    full = layer(x)
+    cache = posenc.KVCache()
+    steps = torch.cat([layer(x[:, t : t + 1], cache=cache) for t in range(9)], 1)
+    torch.testing.assert_close(steps, full, rtol=1e-10, atol=1e-12)
+    assert cache.get(0).token_state.shape[-1] == cache.get(0).k.shape[2] == 3
+
+
+def test_padding_tokens_do_not_decay_so_padding_never_changes_real_tokens():
+    layer = _layer()
+    x = torch.randn(1, 6, E, dtype=torch.float64)
+    alone = layer(x)
+    padded = torch.cat([torch.randn(1, 3, E, dtype=torch.float64), x], 1)  # left padding
+    pad = torch.zeros(1, 9, dtype=torch.bool)
+    pad[:, :3] = True
+    torch.testing.assert_close(layer(padded, key_padding_mask=pad)[:, 3:], alone, rtol=1e-10, atol=1e-12)
+    # Padding in the middle (a decoding step after a right-padded prompt) adds no decay either.
+    cache = posenc.KVCache()
+    prompt = torch.cat([x[:, :4], torch.randn(1, 2, E, dtype=torch.float64)], 1)
+    mid_pad = torch.zeros(1, 6, dtype=torch.bool)
+    mid_pad[:, 4:] = True
+    layer(prompt, key_padding_mask=mid_pad, cache=cache)
+    step = layer(x[:, 4:6], key_padding_mask=torch.zeros(1, 2, dtype=torch.bool), cache=cache)
+    torch.testing.assert_close(step, alone[:, 4:6], rtol=1e-10, atol=1e-12)
+
+
+def test_packed_documents_equal_each_document_alone():
+    layer = _layer()
+    a, b = torch.randn(1, 5, E, dtype=torch.float64), torch.randn(1, 4, E, dtype=torch.float64)
+    docs = torch.tensor([[0] * 5 + [1] * 4])
+    packed = layer(torch.cat([a, b], 1), document_ids=docs)
+    torch.testing.assert_close(packed, torch.cat([layer(a), layer(b)], 1), rtol=1e-10, atol=1e-12)
+
+
+def test_streaming_cache_keeps_sink_and_window_states():
+    layer = _layer()
+    x = torch.randn(1, 8, E, dtype=torch.float64)
+    cache = posenc.KVCache(window=3, sink_tokens=1)
+    for t in range(8):
+        layer(x[:, t : t + 1], cache=cache)
+    entry = cache.get(0)
+    assert entry.token_index.tolist() == [0, 5, 6, 7]
+    gates = layer.encoding.to_gates
+    cumulative = torch.nn.functional.logsigmoid(x @ gates.weight.T + gates.bias).cumsum(1)[0].T  # [H, T]
+    torch.testing.assert_close(entry.token_state[0], cumulative[:, [0, 5, 6, 7]])
+
+
+def test_low_precision_model_keeps_float32_states():
+    layer = _layer(dtype=torch.bfloat16)
+    x = torch.randn(1, 5, E, dtype=torch.bfloat16)
+    assert layer.encoding.token_states(x).dtype == torch.float32
+    assert layer(x).dtype == torch.bfloat16
+
+
+def test_cross_attention_is_refused():
+    layer = _layer("bidirectional", causal=False)
+    with pytest.raises(ValueError, match="self-attention"):
+        layer(torch.randn(1, 3, E, dtype=torch.float64), context=torch.randn(1, 5, E, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("backend", ["blocked", "flex", "relative"])
+def test_backends_that_read_positions_only_refuse_with_the_reason(backend):
+    layer = _layer(dtype=torch.float32)
+    with posenc.use_backend(backend), pytest.raises(NoBackendError, match="depends on the layer input"):
+        layer(torch.randn(1, 300, E))
+
+
+def test_auto_never_picks_a_position_only_backend():
+    layer = _layer(dtype=torch.float32)
+    layer(torch.randn(1, 600, E))  # long enough that blocked would serve a position-only bias
+    assert layer.last_backend in ("eager", "sdpa")
+
+
+def test_request_without_token_states_is_refused():
+    enc = posenc.build("fox", num_heads=H, dim=E)
+    q = torch.zeros(1, H, 4, D)
+    pos = torch.arange(4)[None]
+    with pytest.raises(ValueError, match="token_states"):
+        AttentionRequest(q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=1.0, causal=True)
+    alibi = posenc.build("alibi", num_heads=H)
+    states = TokenStates.same_sequence(torch.zeros(1, H, 4))
+    with pytest.raises(ValueError, match="not an input-dependent bias"):
+        AttentionRequest(q=q, k=q, v=q, encoding=alibi, q_pos=pos, k_pos=pos, scale=1.0, token_states=states)
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("fox:mode=forward", "mode"),
+        ("fox:post_log_scale=0", "post_log_scale"),
+        ("fox:post_log_scale=-1", "> 0"),
+    ],
+)
+def test_bad_options_name_the_option(spec, match):
+    with pytest.raises(ValueError, match=match):
+        posenc.build(spec, num_heads=H, dim=E)
+
+
+def test_causal_mode_refuses_a_bidirectional_layer():
+    with pytest.raises(ValueError, match="causal"):
+        posenc.MultiheadAttention(E, H, encoding="fox", causal=False)
+
+
+def test_model_trains_and_decodes_with_fox():
+    torch.manual_seed(0)
+    model = posenc.TransformerLM(
+        vocab_size=11, d_model=E, num_heads=H, num_layers=2, encoding="fox", max_len=32
+    ).double()
+    tokens = torch.randint(0, 11, (2, 9))
+    logits = model(tokens)
+    logits.sum().backward()
+    assert model.blocks[0].attn.encoding.to_gates.weight.grad is not None
+    cache = posenc.KVCache()
+    steps = torch.cat([model(tokens[:, t : t + 1], cache=cache) for t in range(9)], 1)
+    torch.testing.assert_close(steps, logits.detach(), rtol=1e-9, atol=1e-10)
