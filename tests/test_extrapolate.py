@@ -321,3 +321,41 @@ def test_duplicated_and_missing_records_are_repaired_on_the_next_run(tmp_path):
     assert sorted((r["length"], r["metric"]) for r in redone) == sorted(
         (r["length"], r["metric"]) for r in first
     )
+
+
+def test_randomized_positions_are_drawn_at_evaluation_too_unless_contiguous(tmp_path):
+    """The paper's reference code samples positions at test time as well: every evaluation batch gets
+    sorted distinct positions from [0, N); with --eval-positions contiguous it gets none (0..n-1)."""
+    seen = []
+
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, inputs, positions=None):
+            seen.append(positions)
+            return torch.zeros(*inputs.shape, 16)
+
+    for randomize_eval, expect_positions in ((True, True), (False, False)):
+        seen.clear()
+        config = ExperimentConfig(
+            task="copy", encodings=["rope"], train_len=3, eval_len=4, randomize_positions=40,
+            randomize_eval_positions=randomize_eval, **TINY,
+        )  # fmt: skip
+        evaluate(Recorder(), config, config.make_task(), RunSpec("rope", 0), lambda *a: None)
+        assert seen and all((p is not None) == expect_positions for p in seen)
+        for positions in seen if expect_positions else []:
+            assert positions.min() >= 0 and positions.max() < 40
+            assert (positions[:, 1:] > positions[:, :-1]).all()  # sorted and distinct
+    # Drawing from [0, N) needs N at least the longest evaluated input (copy at 4: BOS x SEP y = 10).
+    short = ExperimentConfig(
+        task="copy", encodings=["rope"], train_len=3, eval_len=4, randomize_positions=9, **TINY
+    )
+    with pytest.raises(ValueError, match="longest evaluated sequence, 10"):
+        run_experiment(short, tmp_path / "short", workers=1)
+    contiguous = ExperimentConfig(
+        task="copy", encodings=["rope"], train_len=3, eval_len=4, randomize_positions=9,
+        randomize_eval_positions=False, **TINY,
+    )  # fmt: skip
+    assert run_experiment(contiguous, tmp_path / "contiguous", workers=1)

@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 _DEFAULT = ExperimentConfig()
 
 
+def _eval_positions(value: str) -> bool:
+    """``--eval-positions``: True for random (drawn like training's), False for contiguous 0..n-1."""
+    choices = {"random": True, "contiguous": False}
+    if value not in choices:
+        raise typer.BadParameter(
+            f"must be random or contiguous, got {value!r}", param_hint="--eval-positions"
+        )
+    return choices[value]
+
+
 def split_specs(text: str) -> list[str]:
     """Split ``"nope,rope:base=500000,pairing=half,alibi"`` into specs.
 
@@ -135,7 +145,12 @@ def extrapolate(
     randomize_positions: int | None = typer.Option(
         None,
         help="randomized positions (Ruoss et al. 2023): train each sequence at sorted distinct positions "
-        "drawn from [0, N); evaluation keeps 0..n-1",
+        "drawn from [0, N)",
+    ),
+    eval_positions: str = typer.Option(
+        "random",
+        help="with --randomize-positions: evaluate at positions drawn the same way (random, the paper's "
+        "protocol) or at 0..n-1 (contiguous)",
     ),
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
@@ -173,6 +188,7 @@ def extrapolate(
         backend=backend,
         pack=pack,
         randomize_positions=randomize_positions,
+        randomize_eval_positions=_eval_positions(eval_positions),
     )
     try:
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results

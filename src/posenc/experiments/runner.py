@@ -341,6 +341,12 @@ def check_models(config: ExperimentConfig, task: Task) -> None:
                 f"--randomize-positions {config.randomize_positions} must be at least the training sequence "
                 f"length {needed} (positions are drawn without replacement)"
             )
+        longest = task.sequence_length(config.eval_len)
+        if config.randomize_eval_positions and config.randomize_positions < longest:
+            raise ValueError(
+                f"--randomize-positions {config.randomize_positions} must be at least the longest evaluated "
+                f"sequence, {longest}, to draw evaluation positions from it (or pass --eval-positions contiguous)"
+            )
     for encoding in config.encodings:
         try:
             with torch.device("meta"):

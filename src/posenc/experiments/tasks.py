@@ -98,6 +98,15 @@ class Score(NamedTuple):
 #: ``evaluate(model, task, eval_len=, examples=, batch_size=, seed=, progress=)`` -> scores;
 #: ``progress(done, total)`` is called as the evaluation advances.
 Evaluator = Callable[..., list[Score]]
+#: Draws the positions ``[rows, width]`` of an evaluation batch (randomized positions).
+PositionSampler = Callable[[int, int], Tensor]
+
+
+def _positions(sampler: PositionSampler | None, inputs: Tensor, device: torch.device) -> dict[str, Tensor]:
+    """The ``positions=`` keyword for the model: drawn by ``sampler``, or none (0..n-1)."""
+    if sampler is None:
+        return {}
+    return {"positions": sampler(*inputs.shape).to(device)}
 
 
 @dataclass(frozen=True)
@@ -132,8 +141,12 @@ def _evaluate_exact_match(
     batch_size: int,
     seed: int,
     progress: Callable[[int, int], None],
+    positions: PositionSampler | None = None,
 ) -> list[Score]:
-    """Teacher-forced exact match (every scored position right) and token accuracy at ``1..eval_len``."""
+    """Teacher-forced exact match (every scored position right) and token accuracy at ``1..eval_len``.
+
+    ``positions``: draws each batch's positions ``[rows, width]`` (randomized positions); None: 0..n-1.
+    """
     device = next(model.parameters()).device
     scores = []
     for length in range(1, eval_len + 1):
@@ -143,7 +156,8 @@ def _evaluate_exact_match(
         while remaining > 0:
             size = min(remaining, batch_size)
             batch = task.batch(length, size, generator)
-            predictions = model(batch.inputs.to(device)).argmax(dim=-1).cpu()
+            predictions = model(batch.inputs.to(device), **_positions(positions, batch.inputs, device))
+            predictions = predictions.argmax(dim=-1).cpu()
             scored = batch.targets != IGNORE
             hits = (predictions == batch.targets) & scored
             exact += float((hits | ~scored).all(dim=1).sum())
@@ -166,6 +180,7 @@ def _evaluate_perplexity(
     batch_size: int,
     seed: int,
     progress: Callable[[int, int], None],
+    positions: PositionSampler | None = None,
 ) -> list[Score]:
     """Perplexity at each position of ``eval_len``-token windows from the held-out data."""
     device = next(model.parameters()).device
@@ -175,7 +190,7 @@ def _evaluate_perplexity(
     while remaining > 0:
         size = min(remaining, batch_size)
         batch = task.batch(eval_len, size, generator)
-        logits = model(batch.inputs.to(device))
+        logits = model(batch.inputs.to(device), **_positions(positions, batch.inputs, device))
         nll = F.cross_entropy(logits.transpose(1, 2), batch.targets.to(device), reduction="none")  # [B, T]
         total += nll.sum(dim=0).double().cpu()
         remaining -= size

@@ -76,8 +76,11 @@ class ExperimentConfig:
     #: restart at each example), instead of one right-padded example per row.
     pack: bool = False
     #: Randomized positional encodings (Ruoss et al. 2023): train each sequence at n sorted distinct
-    #: positions drawn uniformly from [0, N) instead of 0..n-1; evaluation keeps 0..n-1. None: off.
+    #: positions drawn uniformly from [0, N) instead of 0..n-1. None: off.
     randomize_positions: int | None = None
+    #: With ``randomize_positions``: evaluate at positions drawn the same way (the paper's reference
+    #: code samples at test time too), or at 0..n-1 when False.
+    randomize_eval_positions: bool = True
 
     #: Fields that may differ between the first command and a resumed one (they do not change results).
     RUNTIME_FIELDS = ("encodings", "seeds")
@@ -223,6 +226,16 @@ def random_positions(batch: int, length: int, max_position: int, generator: torc
         )
     order = torch.rand(batch, max_position, generator=generator).argsort(dim=1)
     return order[:, :length].sort(dim=1).values
+
+
+def _eval_position_sampler(
+    config: ExperimentConfig, run: RunSpec
+) -> Callable[[int, int], torch.Tensor] | None:
+    """Randomized positions at evaluation (their own seeded stream, so the data stay those of 0..n-1)."""
+    if config.randomize_positions is None or not config.randomize_eval_positions:
+        return None
+    generator = torch.Generator().manual_seed(mix_seed(run.seed, "eval-positions"))
+    return lambda rows, width: random_positions(rows, width, config.randomize_positions, generator)
 
 
 _CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "torch_rng", "step", "run")
@@ -397,6 +410,7 @@ def evaluate(
         batch_size=config.eval_batch,
         seed=run.seed,
         progress=lambda done, total: report(run.label, "eval", done, total, ""),
+        positions=_eval_position_sampler(config, run),
     )
     return [
         {
