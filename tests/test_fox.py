@@ -231,3 +231,28 @@ def test_model_trains_and_decodes_with_fox():
     cache = posenc.KVCache()
     steps = torch.cat([model(tokens[:, t : t + 1], cache=cache) for t in range(9)], 1)
     torch.testing.assert_close(steps, logits.detach(), rtol=1e-9, atol=1e-10)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("mode", ["causal", "bidirectional"])
+def test_bias_equals_x_transformers_data_dependent_alibi(mode):
+    """x-transformers ``DataDependentAlibi`` with copied gate weights gives the same bias ``[B, H, T, T]``
+    (in causal mode only its lower triangle counts: the causal mask hides the rest)."""
+    xt = pytest.importorskip("x_transformers.x_transformers")
+    torch.manual_seed(1)
+    reference = xt.DataDependentAlibi(
+        E, H, causal=mode == "causal", bias_init=3.0, post_log_scale=0.5
+    ).double()
+    enc = posenc.build(f"fox:mode={mode},bias_init=3.0,post_log_scale=0.5", num_heads=H, dim=E).double()
+    linear = reference.to_forget_gates[0]
+    with torch.no_grad():
+        linear.weight.normal_(0.0, 0.5)
+        enc.to_gates.weight.copy_(linear.weight)
+        enc.to_gates.bias.copy_(linear.bias)
+    x = torch.randn(2, 13, E, dtype=torch.float64)
+    got = enc.bias_from_states(TokenStates.same_sequence(enc.token_states(x)))
+    want = reference(x)
+    if mode == "causal":
+        keep = torch.tril(torch.ones(13, 13, dtype=torch.bool))
+        got, want = got[..., keep], want[..., keep]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

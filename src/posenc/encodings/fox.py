@@ -21,8 +21,8 @@ Modes:
 
 Equal to x-transformers ``DataDependentAlibi`` (``to_forget_gates``: one ``Linear(dim, H or 2H)``
 with its bias initialised to ``bias_init``, then log-sigmoid, times ``post_log_scale``, cumulative
-sum along the sequence; the bias added to the scaled logits), tested against the formula written
-as the explicit sum. Differences, both documented choices: the gates' log-sigmoid and cumulative
+sum along the sequence; the bias added to the scaled logits), tested with copied weights, and
+against the formula written as the explicit sum. Differences, both documented choices: the gates' log-sigmoid and cumulative
 sum run in float32 (or the parameters' dtype when wider) whatever the model dtype, and padding
 tokens (``key_padding_mask``) get gate 1 (no decay), so where padding sits never changes the real
 tokens.
