@@ -1,0 +1,166 @@
+"""posenc as an HF transformers attention implementation: equal to the model's own sdpa / eager.
+
+Tiny random configs (nothing downloaded). The reference is the same model run with HF's ``sdpa``
+implementation in float64 (HF's eager gives nan on left-padded rows in float64), or ``eager`` in
+float32 for gpt-oss (no sdpa, and its experts take no float64): logits at the real tokens,
+gradients of every parameter, and greedy ``generate()``.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+import posenc.hf as posenc_hf  # noqa: E402
+
+VOCAB, LEN = 50, 19
+
+
+def _llama(**kw):
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128, **kw,
+        )
+    )  # fmt: skip
+
+
+def _mistral():  # a sliding window shorter than the sequence
+    return transformers.MistralForCausalLM(
+        transformers.MistralConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=1, max_position_embeddings=128, sliding_window=6,
+        )
+    )  # fmt: skip
+
+
+def _qwen2():
+    return transformers.Qwen2ForCausalLM(
+        transformers.Qwen2Config(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128,
+        )
+    )  # fmt: skip
+
+
+def _gpt_oss():  # attention sinks (s_aux) and alternating sliding / full layers
+    return transformers.GptOssForCausalLM(
+        transformers.GptOssConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=5,
+            max_position_embeddings=128, layer_types=["sliding_attention", "full_attention"],
+        )
+    )  # fmt: skip
+
+
+def _gemma3():  # local (sliding) and global layers
+    return transformers.Gemma3ForCausalLM(
+        transformers.Gemma3TextConfig(
+            vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=16, max_position_embeddings=128, sliding_window=5,
+            layer_types=["sliding_attention", "full_attention"],
+        )
+    )  # fmt: skip
+
+
+MODELS = {"llama": _llama, "mistral": _mistral, "qwen2": _qwen2, "gpt_oss": _gpt_oss, "gemma3": _gemma3}
+#: name: (HF implementation to compare with, dtype, tolerance)
+EXACT = {"rtol": 1e-9, "atol": 1e-9}
+REFERENCE = {name: ("sdpa", torch.float64, EXACT) for name in MODELS}
+REFERENCE["gpt_oss"] = ("eager", torch.float32, {"rtol": 1e-4, "atol": 1e-5})
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _registered():
+    posenc_hf.register()
+    yield
+    posenc_hf.register()  # back to the "auto" backend
+
+
+def _model(name: str, dtype=None):
+    dtype = dtype or REFERENCE[name][1]
+    torch.manual_seed(0)
+    model = MODELS[name]().to(dtype)
+    with torch.no_grad():  # gpt-oss initialises its sinks to zero: give them values that matter
+        for param_name, param in model.named_parameters():
+            if param_name.endswith("sinks"):
+                param.normal_(0.0, 1.0)
+    return model.eval()
+
+
+def _inputs():
+    generator = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (2, LEN), generator=generator)
+    mask = torch.ones(2, LEN, dtype=torch.long)
+    mask[1, :4] = 0  # left padding
+    return ids, mask
+
+
+def _run(model, impl: str, ids, mask, grads: bool = False):
+    model.set_attn_implementation(impl)
+    model.zero_grad()
+    logits = model(ids, attention_mask=mask).logits
+    real = mask.bool()
+    if not grads:
+        return logits.detach()[real], []
+    (logits[real] * torch.linspace(-1, 1, logits[real].numel()).view_as(logits[real])).sum().backward()
+    return logits.detach()[real], [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_and_gradients_equal_hf(name):
+    impl, _, tolerance = REFERENCE[name]
+    model = _model(name)
+    ids, mask = _inputs()
+    want, want_grads = _run(model, impl, ids, mask, grads=True)
+    got, got_grads = _run(model, posenc_hf.ATTN_IMPLEMENTATION, ids, mask, grads=True)
+    assert posenc_hf.last_backend() is not None
+    torch.testing.assert_close(got, want, **tolerance)
+    assert len(got_grads) == len(want_grads)
+    grad_tolerance = {k: v * 10 for k, v in tolerance.items()}
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, **grad_tolerance)
+
+
+def test_logits_equal_hf_eager_in_float32():
+    model = _model("llama", torch.float32)
+    ids, mask = _inputs()
+    torch.testing.assert_close(
+        _run(model, posenc_hf.ATTN_IMPLEMENTATION, ids, mask)[0], _run(model, "eager", ids, mask)[0],
+        rtol=1e-4, atol=1e-5,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("backend", ["eager", "blocked", "sdpa"])
+def test_every_forced_posenc_backend_gives_the_same_logits(backend):
+    impl, _, tolerance = REFERENCE["gpt_oss"]
+    model = _model("gpt_oss")
+    ids, mask = _inputs()
+    want = _run(model, impl, ids, mask)[0]
+    posenc_hf.register(backend=backend)
+    try:
+        got = _run(model, posenc_hf.ATTN_IMPLEMENTATION, ids, mask)[0]
+        assert posenc_hf.last_backend() == backend
+    finally:
+        posenc_hf.register()
+    torch.testing.assert_close(got, want, **tolerance)
+
+
+@pytest.mark.parametrize("name", ["llama", "mistral", "gpt_oss"])
+def test_generate_equals_hf(name):
+    model = _model(name)
+    ids, mask = _inputs()
+    model.set_attn_implementation(REFERENCE[name][0])
+    want = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    model.set_attn_implementation(posenc_hf.ATTN_IMPLEMENTATION)
+    got = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(got, want)
+
+
+def test_unknown_backend_and_softcap_are_refused():
+    with pytest.raises(ValueError, match="unknown backend"):
+        posenc_hf.register(backend="fastest")
+    q = torch.zeros(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="softcap"):
+        posenc_hf.attention_forward(torch.nn.Module(), q, q, q, None, softcap=30.0)
