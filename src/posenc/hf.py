@@ -18,11 +18,20 @@ transformers is optional (``pip install posenc[hf]``): importing this module doe
 
 Not served (each a ValueError naming it): logit soft-capping (Gemma 2's ``softcap``) and HF's paged
 cache (continuous batching).
+
+:func:`swap_encoding` replaces the rotary embedding of a Llama-family model (a decoder with one
+``rotary_emb`` and layers whose ``self_attn`` rotates q and k with it) by any posenc encoding, one
+spec for every layer or one per layer: the model's own rotation becomes the identity, and each
+layer's attention applies its posenc encoding inside :func:`attention_forward` (rotations of q and
+k, biases, relative terms) at the positions HF gives (``position_ids``). Keys then sit in HF's cache
+unrotated; the layer remembers their positions. :func:`set_rope_scaling` changes the RoPE scaling
+of a loaded model in place, as if it had been loaded with those ``rope_parameters``.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -30,9 +39,17 @@ from torch import Tensor, nn
 
 from .attention import run_attention
 from .backends import AttentionRequest, get_backend
-from .registry import build
+from .base import Kind, LayerContext
+from .registry import build, build_for_layer
 
-__all__ = ["ATTN_IMPLEMENTATION", "attention_forward", "register"]
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "attention_forward",
+    "last_backend",
+    "register",
+    "set_rope_scaling",
+    "swap_encoding",
+]
 
 #: The name posenc's attention is registered under in HF's ``AttentionInterface``.
 ATTN_IMPLEMENTATION = "posenc"
@@ -106,13 +123,25 @@ def attention_forward(
     if causal and key.shape[2] > q_len:  # empty static-cache slots after the prompt (HF's sdpa rule)
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    encoding = getattr(module, "posenc_encoding", None)
+    if encoding is None:  # HF's own positions are already in q and k
+        encoding = _nope
+        q_pos = torch.arange(q_len, device=query.device)[None]
+        k_pos = torch.arange(key.shape[2], device=query.device)[None]
+    else:
+        q_pos, k_pos = _swapped_positions(
+            module, kwargs.get("position_ids"), q_len, key.shape[2], query.device
+        )
+        if encoding.kind is Kind.ROTARY:
+            query, key = encoding.rotate(query, key, q_pos, k_pos)
+            encoding = _nope
     request = AttentionRequest(
         q=query,
         k=key,
         v=value,
-        encoding=_nope,
-        q_pos=torch.arange(q_len, device=query.device)[None],
-        k_pos=torch.arange(key.shape[2], device=query.device)[None],
+        encoding=encoding,
+        q_pos=q_pos,
+        k_pos=k_pos,
         scale=scale,
         causal=causal,
         attn_mask=attention_mask,
@@ -128,3 +157,134 @@ def attention_forward(
 def last_backend() -> str | None:
     """The posenc backend that served the last HF attention call in this thread (None before any)."""
     return getattr(_state, "last_backend", None)
+
+
+# ---------------------------------------------------------------------------- swapping the encoding
+class _NoRotation(nn.Module):
+    """Stands in for a model's rotary embedding: ``cos = 1, sin = 0``, so HF's rotation is the identity."""
+
+    def __init__(self, head_dim: int) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+
+    def forward(self, x: Tensor, position_ids: Tensor, *args: Any, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        shape = (*position_ids.shape, self.head_dim)
+        return x.new_ones(shape), x.new_zeros(shape)
+
+
+def _decoder(model: nn.Module) -> nn.Module:
+    """The module holding ``rotary_emb`` and ``layers`` (``model.model`` for a ``...ForCausalLM``)."""
+    for candidate in (model, getattr(model, "model", None)):
+        has_parts = (
+            candidate is not None and hasattr(candidate, "rotary_emb") and hasattr(candidate, "layers")
+        )
+        if has_parts and all(hasattr(layer, "self_attn") for layer in candidate.layers):
+            return candidate
+    raise ValueError(
+        f"swap_encoding: {type(model).__name__} is not a Llama-family decoder (one rotary_emb and layers "
+        "with self_attn); supported: Llama, Mistral, Qwen2, Qwen3 and models built the same way"
+    )
+
+
+def swap_encoding(model: nn.Module, encoding: str | Sequence[str]) -> nn.Module:
+    """Replace the rotary embedding of a Llama-family HF model by posenc encodings, in place.
+
+    Args:
+        model: e.g. ``LlamaForCausalLM``; its rotary embedding becomes the identity and its attention
+            implementation becomes ``"posenc"`` (:func:`register` is called).
+        encoding: one spec for every layer (``"alibi"``, ``"nope"``, ``"rope:scaling=yarn,..."``), or
+            one spec per layer. ABSOLUTE encodings other than ``nope`` act on the input embeddings and
+            are refused. Each layer gets its own encoding module (``self_attn.posenc_encoding``,
+            trainable where the encoding has parameters), on the model's device and dtype.
+
+    Returns:
+        ``model``.
+    """
+    decoder = _decoder(model)
+    layers = list(decoder.layers)
+    specs = [encoding] * len(layers) if isinstance(encoding, str) else list(encoding)
+    if len(specs) != len(layers):
+        raise ValueError(f"swap_encoding: got {len(specs)} specs for a model of {len(layers)} layers")
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    reference = next(model.parameters())
+    context = LayerContext(
+        num_heads=heads,
+        head_dim=head_dim,
+        dim=config.hidden_size,
+        causal=True,
+        max_len=getattr(config, "max_position_embeddings", None),
+        device=reference.device,
+        dtype=reference.dtype,
+    )
+    built = []
+    for index, spec in enumerate(specs):
+        enc = build_for_layer(spec, context)
+        if enc.kind is Kind.ABSOLUTE and enc.name != "nope":
+            raise ValueError(
+                f"swap_encoding: layer {index}: {enc.name!r} adds positions to the input embeddings, which "
+                "an attention implementation cannot do; use a rotary, bias or relative encoding (or nope)"
+            )
+        built.append(enc)
+    for layer, enc in zip(layers, built, strict=True):
+        layer.self_attn.posenc_encoding = enc
+        layer.self_attn._posenc_key_positions = None
+    decoder.rotary_emb = _NoRotation(head_dim)
+    model.set_attn_implementation(register(_backend["name"]))
+    return model
+
+
+def _swapped_positions(
+    module: nn.Module, position_ids: Tensor | None, q_len: int, k_len: int, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """Query positions from HF's ``position_ids`` and key positions: the cached keys' (remembered by
+    the layer from earlier calls) followed by the queries'."""
+    if position_ids is None:
+        raise ValueError("swap_encoding: the model did not pass position_ids to its attention")
+    q_pos = position_ids.to(device).long()
+    if q_pos.dim() == 1:
+        q_pos = q_pos[None]
+    past = k_len - q_len
+    previous = getattr(module, "_posenc_key_positions", None)
+    if past == 0:
+        k_pos = q_pos
+    elif previous is not None and previous.shape[1] >= past:
+        # A sliding-window cache keeps the newest keys only: the last ``past`` positions.
+        batch = max(previous.shape[0], q_pos.shape[0])
+        k_pos = torch.cat(
+            [previous[:, previous.shape[1] - past :].expand(batch, -1), q_pos.expand(batch, -1)], 1
+        )
+    else:
+        had = "none" if previous is None else previous.shape[1]
+        raise ValueError(
+            f"swap_encoding: the attention got {past} cached keys but the layer remembers the positions of "
+            f"{had}; a swapped model decodes with HF's dynamic cache from a fresh start (no static cache)"
+        )
+    module._posenc_key_positions = k_pos
+    return q_pos, k_pos
+
+
+def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Module:
+    """Change the RoPE scaling of a loaded Llama-family HF model in place.
+
+    Equal to loading the model with ``config.rope_parameters = rope_parameters`` (the HF rope types:
+    ``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``, ...). A model whose encoding
+    was swapped by :func:`swap_encoding` is refused: give the scaling in its posenc spec instead.
+    """
+    decoder = _decoder(model)
+    if isinstance(decoder.rotary_emb, _NoRotation):
+        raise ValueError(
+            "set_rope_scaling: this model's encoding was swapped; put the scaling in the posenc spec"
+        )
+    if not isinstance(rope_parameters, dict) or "rope_type" not in rope_parameters:
+        raise ValueError(
+            f"set_rope_scaling: rope_parameters must be a dict with a rope_type, got {rope_parameters!r}"
+        )
+    config = model.config
+    merged = {"rope_theta": config.rope_parameters.get("rope_theta"), **rope_parameters}
+    config.rope_parameters = merged
+    old = decoder.rotary_emb
+    device = old.inv_freq.device if hasattr(old, "inv_freq") else next(model.parameters()).device
+    decoder.rotary_emb = type(old)(config=config).to(device)
+    return model
