@@ -264,3 +264,33 @@ def test_swap_and_scaling_refuse_what_they_cannot_do():
     posenc_hf.swap_encoding(model, "alibi")
     with pytest.raises(ValueError, match="encoding was swapped"):
         posenc_hf.set_rope_scaling(model, {"rope_type": "linear", "factor": 2.0})
+
+
+def test_t5_relative_bias_reaches_posenc_and_equals_hf():
+    """T5 hands its (trainable) relative bias over as position_bias: logits, the bias table's and every
+    other gradient, and generate() equal HF's sdpa (encoder padding, causal decoder, cross-attention)."""
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0,
+    )  # fmt: skip
+    model = transformers.T5ForConditionalGeneration(config).double().eval()
+    ids = torch.randint(1, VOCAB, (2, 13), generator=torch.Generator().manual_seed(2))
+    mask = torch.ones(2, 13, dtype=torch.long)
+    mask[1, 9:] = 0
+    decoder_ids = torch.randint(1, VOCAB, (2, 7), generator=torch.Generator().manual_seed(3))
+    results = {}
+    for impl in ("sdpa", posenc_hf.ATTN_IMPLEMENTATION):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        logits = model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids).logits
+        (logits * torch.linspace(-1, 1, logits.numel()).view_as(logits)).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        generated = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+        results[impl] = (logits.detach(), grads, generated)
+    (want, want_grads, want_gen), (got, got_grads, got_gen) = results.values()
+    torch.testing.assert_close(got, want, **EXACT)
+    assert len(got_grads) == len(want_grads)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9)
+    assert torch.equal(got_gen, want_gen)

@@ -11,7 +11,8 @@ already rotated by the model's own rotary embedding (so posenc adds no position 
 encoding is NoPE), and the mask HF's ``sdpa_mask`` builds from the model's own mask functions (causal,
 sliding window, chunks, packed sequences, padding), a bool ``[B, 1, Tq, Tk]`` (True = attend) or None for
 a plain causal mask. The rules for None follow HF's sdpa implementation: causal when ``Tq > 1`` (keys
-past the first ``Tq`` are empty static-cache slots), no mask for a single query.
+past the first ``Tq`` are empty static-cache slots), no mask for a single query. T5's relative bias
+arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask.
 
 transformers is optional (``pip install posenc[hf]``): importing this module does not import it;
 :func:`register` does, and says how to install it when it is missing.
@@ -108,6 +109,7 @@ def attention_forward(
     scaling: float | None = None,
     is_causal: bool | None = None,
     s_aux: Tensor | None = None,
+    position_bias: Tensor | None = None,
     **kwargs: Any,
 ) -> tuple[Tensor, Tensor | None]:
     """HF's attention-function signature, served by posenc's backends.
@@ -115,6 +117,7 @@ def attention_forward(
     Shapes: ``query [B, H, Tq, D]``, ``key``/``value [B, Hkv, Tk, D]``; ``attention_mask`` bool or float
     ``[B, 1, Tq, Tk]`` or None; ``s_aux [H]`` attention sinks. Returns ``(out [B, Tq, H, D], weights)``
     with weights ``[B, H, Tq, Tk]`` only when HF asks for them (``output_attentions``).
+    ``position_bias [B or 1, H, Tq, Tk]`` (T5's relative bias, trainable): added to the logits.
     """
     _check_supported(kwargs)
     q_len = query.shape[2]
@@ -123,6 +126,9 @@ def attention_forward(
     if causal and key.shape[2] > q_len:  # empty static-cache slots after the prompt (HF's sdpa rule)
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    if position_bias is not None:
+        attention_mask = _with_position_bias(attention_mask, position_bias, causal, key.shape[2])
+        causal = False
     encoding = getattr(module, "posenc_encoding", None)
     if encoding is None:  # HF's own positions are already in q and k
         encoding = _nope
@@ -152,6 +158,20 @@ def attention_forward(
     name, out, weights = run_attention(request, _backend["name"])
     _state.last_backend = name
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _with_position_bias(mask: Tensor | None, bias: Tensor, causal: bool, k_len: int) -> Tensor:
+    """One float mask: ``bias`` where ``mask`` (bool, True = attend; or float, added) lets a key through,
+    ``-inf`` elsewhere (posenc's mask module turns those into hidden keys, as a bool mask would)."""
+    bias = bias[..., :k_len]
+    if causal:
+        q_len = bias.shape[-2]
+        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=bias.device).tril()[None, None]
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return bias.masked_fill(~mask, float("-inf"))
+    return bias + mask
 
 
 def last_backend() -> str | None:
