@@ -51,3 +51,16 @@ def test_tiny_bench_runs_outside_the_checkout(tmp_path):
     table = out.read_text()
     assert "RoPE on q and k (1, 2, 16, 8)" in table
     assert "| posenc apply_rotary (out of place) |" in table and "| HF apply_rotary_pos_emb |" in table
+
+
+def test_hf_bench_times_the_three_implementations_on_each_mask(capsys, monkeypatch):
+    from posenc.benchmarks import bench_hf
+
+    monkeypatch.setattr(
+        "sys.argv", ["bench_hf", "--sizes", "32", "--window", "8", "--documents", "2", "--repeats", "1"]
+    )
+    bench_hf.main()
+    table = capsys.readouterr().out
+    rows = [line for line in table.splitlines() if line.startswith("| 32 |")]
+    assert len(rows) == 6  # (fwd, fwd+bwd) x (full causal, window 8, 2 documents)
+    assert all(row.count("ms") >= 3 and row.count("×") == 2 for row in rows)

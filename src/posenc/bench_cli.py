@@ -42,6 +42,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "RoPE on q,k (4,32,2048,128): fused kernel vs HF and rotary-embedding-torch",
     ),
+    "hf": (
+        "bench_hf",
+        [],
+        "HF eager / sdpa vs attn_implementation='posenc' on HF's own masks (window, documents)",
+    ),
 }
 QUICK_ARGS: dict[str, list[str]] = {
     "bias": ["--sizes", "512,1024", "--repeats", "2", "--no-memory"],
@@ -49,6 +54,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "shaw": ["--sizes", "512,1024", "--long", "", "--repeats", "2", "--no-memory"],
     "rope": ["--shape", "2,8,1024,128", "--repeats", "3", "--no-compile"],
     "masks": ["--sizes", "1024", "--window", "128", "--repeats", "2", "--no-memory"],
+    "hf": ["--sizes", "512", "--window", "64", "--repeats", "2"],
 }
 
 

@@ -1,0 +1,91 @@
+"""HF transformers' own attention (eager, sdpa) against ``attn_implementation="posenc"`` on the same masks.
+
+One tiny random Mistral layer (hidden 512, 8 heads of 64, float32, batch 1) built by HF, run three
+ways side by side in one process, interleaved: HF ``eager``, HF ``sdpa`` and posenc (its dispatcher
+picks the backend). The masks are HF's own: full causal, a sliding window (Mistral's
+``sliding_window``) and packed documents (``position_ids`` restarting at each document, which HF
+turns into a block-diagonal causal mask). The ratio columns are HF's time over posenc's: above 1,
+posenc is faster.
+
+    python -m posenc.benchmarks.bench_hf [--sizes 2048,4096] [--window 512] [--documents 8] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from posenc.benchmarks._harness import interleaved, machine, markdown_table
+
+HIDDEN, HEADS = 512, 8
+IMPLEMENTATIONS = ("eager", "sdpa", "posenc")
+
+
+def _model(window: int | None):
+    import transformers
+
+    import posenc.hf
+
+    posenc.hf.register()
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=128, hidden_size=HIDDEN, intermediate_size=HIDDEN, num_hidden_layers=1,
+        num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=1 << 16,
+        sliding_window=window,
+    )  # fmt: skip
+    return transformers.MistralModel(config).eval()
+
+
+def _call(model, implementation: str, length: int, train: bool, documents: int | None):
+    ids = torch.randint(0, 128, (1, length))
+    kwargs = {}
+    if documents:
+        per = length // documents
+        kwargs["position_ids"] = (torch.arange(length) % per)[None]
+
+    def run():
+        model.set_attn_implementation(implementation)
+        if train:
+            model(ids, **kwargs).last_hidden_state.sum().backward()
+        else:
+            with torch.no_grad():
+                model(ids, **kwargs)
+
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="2048,4096")
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--documents", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    patterns = {
+        "full causal": (None, None),
+        f"window {args.window}": (args.window, None),
+        f"{args.documents} documents": (None, args.documents),
+    }
+    rows = []
+    for length in (int(s) for s in args.sizes.split(",")):
+        for train in (False, True):
+            for pattern, (window, documents) in patterns.items():
+                model = _model(window)
+                cases = {impl: _call(model, impl, length, train, documents) for impl in IMPLEMENTATIONS}
+                timings = interleaved(cases, args.repeats)
+                posenc_time = timings["posenc"].median
+                rows.append(
+                    [str(length), "fwd+bwd" if train else "fwd", pattern]
+                    + [timings[impl].cell() for impl in IMPLEMENTATIONS]
+                    + [f"{timings[impl].median / posenc_time:.2f}×" for impl in ("eager", "sdpa")]
+                )
+    print(
+        f"HF attention vs attn_implementation='posenc' (one Mistral layer, B=1, H={HEADS}, d=64); {machine()}\n"
+    )
+    header = ["L", "pass", "mask", "HF eager", "HF sdpa", "posenc", "eager / posenc", "sdpa / posenc"]
+    print(markdown_table(header, rows))
+
+
+if __name__ == "__main__":
+    main()
