@@ -256,3 +256,44 @@ def test_bias_equals_x_transformers_data_dependent_alibi(mode):
         keep = torch.tril(torch.ones(13, 13, dtype=torch.bool))
         got, want = got[..., keep], want[..., keep]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("mode", ["causal", "bidirectional"])
+def test_fused_causal_path_equals_the_dense_bias(mode, monkeypatch):
+    """Under a plain causal mask sdpa runs FoX with the key term in an extra head dimension (no L x L
+    bias): outputs and every gradient equal eager's dense bias in float64."""
+    import posenc.backends.sdpa as sdpa
+
+    calls = []
+    fused = sdpa._key_term_attention
+    monkeypatch.setattr(sdpa, "_key_term_attention", lambda *a: calls.append(1) or fused(*a))
+    layer = _layer(mode, causal=True, num_kv_heads=1)
+    x = torch.randn(2, 37, E, dtype=torch.float64)
+    results = {}
+    for backend in ("eager", "sdpa"):
+        layer.zero_grad()
+        x_in = x.clone().requires_grad_(True)
+        with posenc.use_backend(backend):
+            out = layer(x_in)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        results[backend] = [out.detach(), x_in.grad] + [p.grad for p in layer.parameters()]
+    assert calls == [1]
+    for got, want in zip(results["sdpa"], results["eager"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+
+
+def test_fused_causal_path_in_float32_at_length_2048():
+    layer = _layer(dtype=torch.float32)
+    with torch.no_grad():
+        layer.encoding.to_gates.bias.fill_(1.0)  # gates near 0.73: c spans about 640 over 2048 tokens
+    x = torch.randn(1, 2048, E)
+    with torch.no_grad():
+        with posenc.use_backend("sdpa"):
+            fast = layer(x).double()
+        with posenc.use_backend("eager"):
+            dense32 = layer(x).double()
+            exact = layer.double()(x.double())
+    # No worse than the dense float32 bias, which rounds c_i - c_j from values of |c| up to 640.
+    fast_error, dense_error = (fast - exact).abs().max(), (dense32 - exact).abs().max()
+    assert fast_error <= 2 * dense_error + 1e-6, (fast_error, dense_error)
+    assert fast_error < 1e-4

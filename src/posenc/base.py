@@ -389,6 +389,15 @@ class BiasEncoding(PositionalEncoding):
         """Input-dependent biases: the dense bias ``[B, H, Tq, Tk]`` from :class:`TokenStates`."""
         raise NotImplementedError(f"{type(self).__name__} is not an input-dependent bias")
 
+    def causal_key_term(self, states: TokenStates) -> Tensor | None:
+        """Input-dependent biases that are a row term plus a key term for keys at or before the
+        query (``bias_ij = row_i + key_j``, ``j <= i``): the key term ``[B, H, Tk]``, or None.
+
+        Under a causal mask the row term cancels in the softmax, so a backend can run the bias as
+        plain causal attention over keys with one extra dimension (FoX: ``key_j = −c_j``).
+        """
+        return None
+
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The additive logit bias for broadcastable integer tensors ``head, q_pos, k_pos``.
 

@@ -75,6 +75,9 @@ class SdpaBackend:
         return []
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
+        key_term = _causal_key_term(request)
+        if key_term is not None:
+            return request.mask.zero_empty_rows(_key_term_attention(request, key_term)), None
         q, k, v = request.q, request.k, request.v
         plain_causal = request.mask.is_plain_causal and request.kind is not Kind.BIAS
         mask = None if plain_causal else request.mask.dense_additive(q.dtype)
@@ -98,6 +101,32 @@ class SdpaBackend:
             enable_gqa=q.shape[1] != k.shape[1],
         )
         return request.mask.zero_empty_rows(out), None
+
+
+def _causal_key_term(request: AttentionRequest) -> Tensor | None:
+    """The key term of an input-dependent bias under a plain causal mask (FoX), when the fused path fits."""
+    if request.token_states is None or request.sinks is not None or not request.mask.is_plain_causal:
+        return None
+    if request.q.dtype not in (torch.float32, torch.float64):  # a half-precision extra column loses the bias
+        return None
+    if request.q_len == 0:
+        return None
+    return request.encoding.causal_key_term(request.token_states)
+
+
+def _key_term_attention(request: AttentionRequest, key_term: Tensor) -> Tensor:
+    """Causal attention with ``bias_ij = row_i + key_j``: the row term cancels, the key term rides in
+    one extra head dimension (``q' = [q, 1/scale]``, ``k' = [k, key_j − centre]``, ``v' = [v, 0]``)."""
+    q, (k, v) = request.q, request.kv_per_query_head()
+    centre = (key_term.amax(-1, keepdim=True) + key_term.amin(-1, keepdim=True)).detach() / 2
+    column = (key_term - centre).to(q.dtype).unsqueeze(-1)
+    q = torch.cat([q, q.new_full((*q.shape[:-1], 1), 1.0 / request.scale)], dim=-1)
+    k = torch.cat([k, column.expand(*k.shape[:-1], 1)], dim=-1)
+    v = torch.cat([v, v.new_zeros((*v.shape[:-1], 1))], dim=-1)
+    out = F.scaled_dot_product_attention(
+        q, k, v, dropout_p=request.dropout_p, is_causal=True, scale=request.scale
+    )
+    return out[..., :-1]
 
 
 register_backend(SdpaBackend())

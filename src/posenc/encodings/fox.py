@@ -27,6 +27,11 @@ sum run in float32 (or the parameters' dtype when wider) whatever the model dtyp
 tokens (``key_padding_mask``) get gate 1 (no decay), so where padding sits never changes the real
 tokens.
 
+Fast path: under a plain causal mask the row term ``c_i`` cancels in the softmax, so the sdpa
+backend runs FoX as causal attention over keys carrying ``−c_j`` in one extra head dimension (the
+fused kernel, no ``L x L`` bias), re-centred on the middle of its range; float32 then rounds each
+logit to about ``eps · |c_j − centre|``, as the dense bias rounds ``c_i − c_j`` to ``eps · |c|``.
+
 Input-dependent: the layer calls :meth:`FoX.token_states` on its input (``[B, S, T]`` with
 ``S = H`` causal, ``2H`` bidirectional, continuing the cached tokens' states in decoding) and the
 eager and sdpa backends evaluate :meth:`FoX.bias_from_states`. Queries and keys must come from one
@@ -138,6 +143,10 @@ class FoX(BiasEncoding):
     def bias_from_states(self, states: TokenStates) -> Tensor:
         """The bias ``[B, H, Tq, Tk]`` (float32 or wider) from the tokens' cumulative log gates."""
         return fox_bias(states, self.num_heads, self.bidirectional)
+
+    def causal_key_term(self, states: TokenStates) -> Tensor:
+        """``−c_j`` ``[B, H, Tk]``: for keys at or before the query the bias is ``c_i − c_j`` (both modes)."""
+        return -states.k[:, : self.num_heads]
 
     def _zero_input_slopes(self) -> Tensor:
         """``s · log sigmoid(b)`` per gate ``[S]``: the log gate of every token at zero input."""
