@@ -297,3 +297,11 @@ def test_fused_causal_path_in_float32_at_length_2048():
     fast_error, dense_error = (fast - exact).abs().max(), (dense32 - exact).abs().max()
     assert fast_error <= 2 * dense_error + 1e-6, (fast_error, dense_error)
     assert fast_error < 1e-4
+
+
+def test_forcing_a_position_only_backend_is_a_value_error_naming_its_reason():
+    layer = _layer(dtype=torch.float32, backend="blocked")
+    with pytest.raises(
+        ValueError, match=r"backend 'blocked' cannot run this request: .*depends on the layer input"
+    ):
+        layer(torch.randn(1, 300, E))

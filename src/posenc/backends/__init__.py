@@ -237,8 +237,11 @@ def auto_reasons(backend: Backend, request: AttentionRequest) -> list[str]:
     return backend_limits(backend, request) + list(backend.declines(request))
 
 
-class NoBackendError(RuntimeError):
-    """No backend can serve a request; the message names the request and every backend's reasons."""
+class NoBackendError(ValueError, RuntimeError):
+    """No backend can serve a request; the message names the request and every backend's reasons.
+
+    A ValueError (the request asks for what the chosen backend cannot do) and, as before, a RuntimeError.
+    """
 
 
 _BACKENDS: dict[str, Backend] = {}
