@@ -294,3 +294,25 @@ def test_t5_relative_bias_reaches_posenc_and_equals_hf():
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9)
     assert torch.equal(got_gen, want_gen)
+
+
+def test_bloom_runs_on_posenc_alibi_and_equals_hf():
+    """BLOOM has no AttentionInterface hook: use_posenc_attention swaps its attention forward. HF's
+    BLOOM in float64 gives nan on left-padded rows, so the comparison is float32: logits at the real
+    tokens, gradients, and generate()."""
+    import copy
+
+    torch.manual_seed(0)
+    config = transformers.BloomConfig(vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4)
+    model = transformers.BloomForCausalLM(config).eval()
+    patched = posenc_hf.use_posenc_attention(copy.deepcopy(model))
+    ids, mask = _inputs()
+    (want, want_grads), (got, got_grads) = (_run(m, "eager", ids, mask, grads=True) for m in (model, patched))
+    assert posenc_hf.last_backend() is not None
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    generated = patched.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False)
+    assert torch.equal(generated, model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False))
+    with pytest.raises(ValueError, match="LlamaForCausalLM has no attention posenc patches"):
+        posenc_hf.use_posenc_attention(_model("llama"))

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from .attention import run_attention
 from .backends import AttentionRequest, get_backend
-from .base import Kind, LayerContext
+from .base import Kind, LayerContext, PositionalEncoding
 from .registry import build, build_for_layer
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "register",
     "set_rope_scaling",
     "swap_encoding",
+    "use_posenc_attention",
 ]
 
 #: The name posenc's attention is registered under in HF's ``AttentionInterface``.
@@ -307,4 +308,88 @@ def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Mo
     old = decoder.rotary_emb
     device = old.inv_freq.device if hasattr(old, "inv_freq") else next(model.parameters()).device
     decoder.rotary_emb = type(old)(config=config).to(device)
+    return model
+
+
+# ---------------------------------------------------------------------------- models without the interface
+def _bloom_attention_forward(
+    self: nn.Module,
+    hidden_states: Tensor,
+    residual: Tensor,
+    alibi: Tensor,
+    attention_mask: Tensor | None,
+    layer_past: Any = None,
+    use_cache: bool = False,
+    output_attentions: bool = False,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """``BloomAttention.forward`` on posenc's backends, with posenc's ALiBi (BLOOM's slopes).
+
+    BLOOM adds ``m_h · pos_j`` (key positions counted over real tokens); posenc adds ``−m_h · (i − j)``
+    over token indices. Under BLOOM's causal mask the two differ per query row by a constant (the
+    query's index, and the number of left-padding tokens), which the softmax cancels.
+    """
+    if self.pretraining_tp > 1 and self.slow_but_exact:
+        raise ValueError("use_posenc_attention: BLOOM's slow_but_exact tensor-parallel path is not served")
+    batch, q_len, _ = hidden_states.shape
+    query, key, value = self._reshape(self.query_key_value(hidden_states))
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, self.layer_idx)
+    k_len = key.shape[2]
+    allowed = attention_mask
+    if allowed is not None and allowed.dtype != torch.bool:  # HF's eager mask: 0 or the dtype's minimum
+        allowed = allowed > torch.finfo(allowed.dtype).min / 2
+    request = AttentionRequest(
+        q=query,
+        k=key,
+        v=value,
+        encoding=self.posenc_encoding,
+        q_pos=torch.arange(k_len - q_len, k_len, device=query.device)[None],
+        k_pos=torch.arange(k_len, device=query.device)[None],
+        scale=self.inv_norm_factor,
+        causal=True,
+        causal_offset=k_len - q_len,
+        attn_mask=allowed,
+        dropout_p=self.attention_dropout.p if self.training else 0.0,
+        need_weights=output_attentions,
+    )
+    name, out, weights = run_attention(request, _backend["name"])
+    _state.last_backend = name
+    context = out.transpose(1, 2).reshape(batch, q_len, self.hidden_size)
+    output = nn.functional.dropout(self.dense(context), p=self.hidden_dropout, training=self.training)
+    return residual + output, weights
+
+
+def _bloom_encoding(module: nn.Module) -> PositionalEncoding:
+    reference = next(module.parameters())
+    return build("alibi", num_heads=module.num_heads).to(reference.device)
+
+
+#: Attention classes (by class name) that have no AttentionInterface hook, and how posenc serves them.
+_PATCHED = {"BloomAttention": (_bloom_attention_forward, _bloom_encoding)}
+
+
+def use_posenc_attention(model: nn.Module) -> nn.Module:
+    """Run the attention of a model that has no ``AttentionInterface`` hook on posenc's backends.
+
+    Served: BLOOM (ALiBi): each ``BloomAttention`` gets posenc's ``alibi`` (equal slopes) and a
+    forward that builds an :class:`~posenc.backends.AttentionRequest`, so the dispatcher picks the
+    backend (the blocked and split paths for long sequences). Models with the hook use
+    ``attn_implementation="posenc"`` (:func:`register`) instead.
+    """
+    import types
+
+    patched = 0
+    for module in model.modules():
+        entry = _PATCHED.get(type(module).__name__)
+        if entry is not None:
+            forward, encoding = entry
+            module.posenc_encoding = encoding(module)
+            module.forward = types.MethodType(forward, module)
+            patched += 1
+    if not patched:
+        raise ValueError(
+            f"use_posenc_attention: {type(model).__name__} has no attention posenc patches (served: "
+            f"{', '.join(_PATCHED)}); models with HF's AttentionInterface take attn_implementation='posenc'"
+        )
     return model

@@ -5,7 +5,8 @@ ways side by side in one process, interleaved: HF ``eager``, HF ``sdpa`` and pos
 picks the backend). The masks are HF's own: full causal, a sliding window (Mistral's
 ``sliding_window``) and packed documents (``position_ids`` restarting at each document, which HF
 turns into a block-diagonal causal mask). The ratio columns are HF's time over posenc's: above 1,
-posenc is faster.
+posenc is faster. A second table times one BLOOM layer (ALiBi, no AttentionInterface hook) as HF
+runs it and through :func:`posenc.hf.use_posenc_attention`.
 
     python -m posenc.benchmarks.bench_hf [--sizes 2048,4096] [--window 512] [--documents 8] [--repeats 3]
 """
@@ -85,6 +86,44 @@ def main() -> None:
     )
     header = ["L", "pass", "mask", "HF eager", "HF sdpa", "posenc", "eager / posenc", "sdpa / posenc"]
     print(markdown_table(header, rows))
+    print(f"\nBLOOM (ALiBi, one layer, B=1, H={HEADS}, d=64): HF's own attention vs use_posenc_attention\n")
+    print(markdown_table(["L", "pass", "HF BLOOM", "posenc", "HF / posenc"], _bloom_rows(args)))
+
+
+def _bloom(patched: bool):
+    import transformers
+
+    import posenc.hf
+
+    torch.manual_seed(0)
+    config = transformers.BloomConfig(vocab_size=128, hidden_size=HIDDEN, n_layer=1, n_head=HEADS)
+    model = transformers.BloomModel(config).eval()
+    return posenc.hf.use_posenc_attention(model) if patched else model
+
+
+def _timed_call(model, ids: torch.Tensor, train: bool):
+    def run():
+        if train:
+            model(ids).last_hidden_state.sum().backward()
+        else:
+            with torch.no_grad():
+                model(ids)
+
+    return run
+
+
+def _bloom_rows(args) -> list[list[str]]:
+    models = {"hf": _bloom(False), "posenc": _bloom(True)}
+    rows = []
+    for length in (int(s) for s in args.sizes.split(",")):
+        ids = torch.randint(0, 128, (1, length))
+        for train in (False, True):
+            cases = {name: _timed_call(model, ids, train) for name, model in models.items()}
+            timings = interleaved(cases, args.repeats)
+            ratio = timings["hf"].median / timings["posenc"].median
+            cells = [timings["hf"].cell(), timings["posenc"].cell(), f"{ratio:.2f}×"]
+            rows.append([str(length), "fwd+bwd" if train else "fwd", *cells])
+    return rows
 
 
 if __name__ == "__main__":
