@@ -224,3 +224,85 @@ def test_a_corrupt_config_names_the_file(tmp_path):
     config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=1)
     with pytest.raises(ValueError, match=r"config\.json is not valid JSON"):
         run_experiment(config, tmp_path, workers=1)
+
+
+# ---------------------------------------------------------------------------- option ranges
+
+
+def _declared_ranges():
+    for name in posenc.available():
+        for option, allowed in posenc.get_class(name).option_ranges.items():
+            yield pytest.param(name, option, allowed, id=f"{name}-{option}")
+
+
+def _outside(allowed) -> list[float]:
+    """Values just outside a declared range: the excluded bound itself, or one step past it."""
+    values = []
+    if allowed.low is not None:
+        values.append(allowed.low - 1 if allowed.low_inclusive else allowed.low)
+    if allowed.high is not None:
+        values.append(allowed.high + 1 if allowed.high_inclusive else allowed.high)
+    return values
+
+
+def test_every_encoding_with_numeric_options_declares_their_ranges():
+    families = [n for n in posenc.available() if n != "nope"]
+    assert all(posenc.get_class(n).option_ranges for n in families)
+
+
+@pytest.mark.parametrize("name,option,allowed", list(_declared_ranges()))
+def test_an_option_outside_its_declared_range_is_refused_naming_it(name, option, allowed):
+    """Generated from every encoding's ``option_ranges``: a value outside is a ValueError naming
+    the option and the range, whether the encoding is built from a spec or constructed directly."""
+    import re
+
+    from posenc.examples import build_example
+
+    cls = posenc.get_class(name)
+    good = build_example(name, num_heads=H, head_dim=8).config()
+    for bad in _outside(allowed):
+        is_list = isinstance(good.get(option), list) or option in ("short_factor", "long_factor")
+        value = [bad] if is_list else bad
+        pattern = rf"{name}: option '{option}' must be {re.escape(str(allowed))}, got {option}="
+        with pytest.raises(ValueError, match=pattern):
+            cls(**{**good, option: value})
+
+
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        (
+            "deberta:layer_norm_eps=-1",
+            r"deberta: option 'layer_norm_eps' must be > 0, got layer_norm_eps=-1\.0",
+        ),
+        ("deberta:pos_dropout=1", r"option 'pos_dropout' must be in \[0, 1\), got pos_dropout=1\.0"),
+        ("rope:base=0", r"rope: option 'base' must be > 1, got base=0\.0"),
+        ("rope:base=-5", r"option 'base' must be > 1"),
+        ("rope:scaling=linear,factor=0", r"option 'factor' must be > 0, got factor=0\.0"),
+        ("rope:scaling=yarn,factor=-2,original_max_position_embeddings=8", r"option 'factor' must be > 0"),
+        (
+            "rope:scaling=yarn,factor=2,original_max_position_embeddings=0",
+            r"'original_max_position_embeddings' must be >= 1",
+        ),
+        (
+            "rope:scaling=yarn,factor=2,original_max_position_embeddings=8,attention_factor=0",
+            r"'attention_factor' must be > 0",
+        ),
+        ("t5:max_distance=0", r"t5: option 'max_distance' must be >= 1, got max_distance=0"),
+        ("t5:num_buckets=0", r"t5: option 'num_buckets' must be >= 2"),
+        ("xpos:gamma=-0.5", r"xpos: option 'gamma' must be > 0"),
+        ("fire:eps=0", r"fire: option 'eps' must be > 0"),
+        ("sinusoidal:base=-1", r"sinusoidal: option 'base' must be > 0"),
+        ("mrope:factor=0,scaling=linear", r"mrope: option 'factor' must be > 0"),
+    ],
+)
+def test_out_of_range_spec_options_are_refused_at_build_time(spec, match):
+    from posenc.examples import build_example
+
+    with pytest.raises(ValueError, match=match):
+        build_example(spec, num_heads=H, head_dim=8)
+
+
+def test_a_layer_size_out_of_range_is_refused_naming_it():
+    with pytest.raises(ValueError, match=r"alibi: option 'num_heads' must be >= 1, got num_heads=0"):
+        posenc.build("alibi:num_heads=0")

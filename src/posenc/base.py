@@ -134,6 +134,7 @@ class PositionalEncoding(nn.Module):
       causal, so the layer refuses such encodings there.
     * ``noncausal_options``: options that lift ``causal_only`` (ALiBi: ``mode="symmetric"``).
     * ``example_options``: options for the contract tests' small layer (head size 16).
+    * ``option_ranges``: the documented range of each numeric option, checked at build time.
     * ``layer_sizes`` / :meth:`layer_defaults`: the options a layer supplies (:class:`LayerContext`).
     * ``derived_buffers`` / :meth:`reset_buffers`: tables computed from the options (float32 or
       integer whatever the model dtype), rebuilt after ``.to()``, ``to_empty()`` and meta-device
@@ -153,6 +154,10 @@ class PositionalEncoding(nn.Module):
     #: Options used when the encoding is built for the registry contract tests and ``posenc show``
     #: (e.g. M-RoPE's ``mrope_section`` must fit the small test head size of 16).
     example_options: ClassVar[dict[str, Any]] = {}
+    #: The documented numeric range of each option that has one (``{"base": greater_than(1)}``,
+    #: :class:`posenc.registry.Range`): the registry refuses a value outside it before ``__init__``
+    #: runs, with a ``ValueError`` naming the option and the range.
+    option_ranges: ClassVar[dict[str, Any]] = {}
     #: Options that make a causal-only encoding correct without a causal mask (ALiBi's symmetric
     #: mode); models apply them to bidirectional layers when the spec leaves them unset.
     noncausal_options: ClassVar[dict[str, Any]] = {}

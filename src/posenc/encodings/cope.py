@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import ContentEncoding
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["cope_positions", "cope_interpolate"]
 
@@ -53,6 +53,7 @@ class CoPE(ContentEncoding):
     """CoPE (Golovneva et al. 2024): positions counted by sigmoid gates of the logits; causal only."""
 
     layer_sizes = ("head_dim",)
+    option_ranges = {"head_dim": at_least(1), "npos_max": at_least(2)}
     shift_invariant = True
     causal_only = True
 

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import ContentEncoding
-from ..registry import register
+from ..registry import Range, at_least, greater_than, register
 
 __functional__ = ["deberta_log_bucket", "deberta_att_span", "deberta_relative_index"]
 
@@ -107,6 +107,13 @@ class DebertaDisentangled(ContentEncoding):
     """DeBERTa-v2 disentangled attention: content-to-position and position-to-content terms on log buckets."""
 
     layer_sizes = ("dim", "num_heads", "head_dim")
+    option_ranges = {
+        "dim": at_least(1),
+        "num_heads": at_least(1),
+        "head_dim": at_least(1),
+        "layer_norm_eps": greater_than(0),
+        "pos_dropout": Range(0, 1, high_inclusive=False),
+    }
     shift_invariant = True
     shared_across_layers = True
     #: A small table (16 rows) so the contract tests' float64 gradcheck stays quick; log buckets

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import BiasEncoding
-from ..registry import register
+from ..registry import at_least, greater_than, register
 
 __functional__ = ["fire_input"]
 
@@ -41,6 +41,12 @@ class FIRE(BiasEncoding):
     """FIRE (Li et al. 2023): an MLP of the log-normalised distance gives each head's bias; causal only."""
 
     layer_sizes = ("num_heads",)
+    option_ranges = {
+        "num_heads": at_least(1),
+        "hidden_dim": at_least(1),
+        "threshold_init": greater_than(0),
+        "eps": greater_than(0),
+    }
     causal_only = True
 
     def __init__(

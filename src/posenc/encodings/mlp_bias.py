@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import BiasEncoding
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["log_distance"]
 
@@ -63,6 +63,12 @@ class MLPBias(BiasEncoding):
     """Dynamic position bias (x-transformers DynamicPositionBias): an MLP of i - j gives each head's bias."""
 
     layer_sizes = ("num_heads", "dim")
+    option_ranges = {
+        "num_heads": at_least(1),
+        "dim": at_least(1),
+        "hidden_dim": at_least(1),
+        "depth": at_least(1),
+    }
     shift_invariant = True
 
     def __init__(

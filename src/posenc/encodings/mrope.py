@@ -54,10 +54,16 @@ from torch import Tensor
 
 from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import register
+from ..registry import at_least, greater_than, register
 from ..spec import format_spec
 from .rope import _apply_cos_sin, _scaling_of
-from .rope_scaling import LENGTH_DEPENDENT, RopeScaling, rope_scaled_inv_freq, rope_scaling_types
+from .rope_scaling import (
+    LENGTH_DEPENDENT,
+    SCALING_OPTION_RANGES,
+    RopeScaling,
+    rope_scaled_inv_freq,
+    rope_scaling_types,
+)
 
 __functional__ = [
     "mrope_cos_sin",
@@ -294,6 +300,13 @@ class MRoPE(RotaryEncoding):
     """Qwen-VL M-RoPE: RoPE frequencies driven by (t, h, w) position ids, by section (Qwen2-VL) or interleaved (Qwen3-VL)."""
 
     layer_sizes = ("head_dim",)
+    option_ranges = {
+        "head_dim": at_least(2),
+        "base": greater_than(1),
+        "mrope_section": at_least(0),
+        "rotary_dim": at_least(2),
+        **{k: v for k, v in SCALING_OPTION_RANGES.items() if k not in ("short_factor", "long_factor")},
+    }
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
 

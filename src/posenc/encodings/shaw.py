@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import ContentEncoding, LayerContext, check_table_size
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["shaw_relative_index", "shaw_relative_logits", "shaw_relative_values"]
 
@@ -93,6 +93,12 @@ class ShawRelative(ContentEncoding):
     """Shaw et al. 2018 relative position representations: learned key and value terms, clipped at k."""
 
     layer_sizes = ("head_dim", "num_heads")
+    option_ranges = {
+        "head_dim": at_least(1),
+        "num_heads": at_least(1),
+        "k": at_least(1),
+        "max_len": at_least(1),
+    }
 
     @classmethod
     def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:

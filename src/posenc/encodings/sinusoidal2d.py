@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..base import AbsoluteEncoding
-from ..registry import register
+from ..registry import at_least, greater_than, register
 from .sinusoidal import sinusoidal
 
 __functional__ = ["sinusoidal_2d", "grid_row_col"]
@@ -54,6 +54,7 @@ class Sinusoidal2D(AbsoluteEncoding):
     """2-D sin-cos patch encoding in MAE channel order (column sin, cos, then row sin, cos), added to the input."""
 
     layer_sizes = ("dim",)
+    option_ranges = {"dim": at_least(4), "grid_width": at_least(1), "base": greater_than(0)}
     example_options = {"grid_width": 4}
 
     def __init__(self, dim: int, grid_width: int, base: float = 10000.0, cls_token: bool = False) -> None:
