@@ -306,3 +306,124 @@ def test_out_of_range_spec_options_are_refused_at_build_time(spec, match):
 def test_a_layer_size_out_of_range_is_refused_naming_it():
     with pytest.raises(ValueError, match=r"alibi: option 'num_heads' must be >= 1, got num_heads=0"):
         posenc.build("alibi:num_heads=0")
+
+
+# ---------------------------------------------------------------------------- experiment folders
+
+TINY_RUN = dict(d_model=16, num_layers=1, num_heads=2, d_ff=16, batch_size=4, warmup=1, eval_examples=3)
+
+
+def _lm_config(corpus, **kw):
+    from posenc.experiments import ExperimentConfig
+
+    options = dict(task="lm", encodings=["nope"], train_len=4, eval_len=5, steps=1, corpus=str(corpus))
+    return ExperimentConfig(**{**options, **TINY_RUN, **kw})
+
+
+def test_an_edited_corpus_is_refused_on_rerun(tmp_path):
+    import hashlib
+    import json
+
+    from posenc.experiments import run_experiment
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the quick brown fox jumps over the lazy dog. " * 20)
+    out = tmp_path / "out"
+    run_experiment(_lm_config(corpus), out, workers=1)
+    saved = json.loads((out / "config.json").read_text())["data"]
+    assert saved == {"corpus": str(corpus), "sha256": hashlib.sha256(corpus.read_bytes()).hexdigest()}
+    run_experiment(_lm_config(corpus), out, workers=1)  # unchanged: resumes (all done)
+    corpus.write_text("another text entirely, of another length. " * 20)
+    with pytest.raises(
+        ValueError, match=r"corpus .*corpus\.txt changed since .*config\.json.*restore the file"
+    ):
+        run_experiment(_lm_config(corpus), out, workers=1)
+
+
+@pytest.mark.parametrize("problem", ["missing", "folder", "empty"])
+def test_a_bad_corpus_fails_before_anything_is_written(problem, tmp_path):
+    from posenc.experiments import run_experiment
+
+    corpus = tmp_path / "corpus.txt"
+    if problem == "folder":
+        corpus.mkdir()
+    elif problem == "empty":
+        corpus.write_bytes(b"")
+    match = {"missing": "does not exist", "folder": "is not a file", "empty": "is empty"}[problem]
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=rf"--corpus .*corpus\.txt {match}"):
+        run_experiment(_lm_config(corpus), out, workers=1)
+    assert not out.exists()
+
+
+def test_threads_and_an_unwritable_out_fail_before_anything_is_written(tmp_path):
+    from posenc.experiments import ExperimentConfig, run_experiment
+
+    config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=1, **TINY_RUN)
+    out = tmp_path / "out"
+    for threads in (0, -1):
+        with pytest.raises(ValueError, match=rf"threads must be an int >= 1 \(--threads\), got {threads}"):
+            run_experiment(config, out, workers=1, threads=threads)
+    assert not out.exists()
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    with pytest.raises(ValueError, match=r"--out .*file\.txt is not a folder"):
+        run_experiment(config, a_file, workers=1)
+    with pytest.raises(
+        ValueError, match=r"--out .*file\.txt/sub is inside .*file\.txt, which is not a folder"
+    ):
+        run_experiment(config, a_file / "sub", workers=1)
+    assert a_file.read_text() == "x"
+
+
+def test_results_and_checkpoints_are_written_whole_with_mode_0644(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from posenc.experiments import ExperimentConfig, results, run_experiment
+
+    config = ExperimentConfig(
+        task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=2, checkpoint_every=1, **TINY_RUN
+    )
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    run_experiment(config, tmp_path, workers=1)
+    written = ["results.jsonl", "results.csv", "config.json", "checkpoints/nope__copy__seed0.pt"]
+    for name in written:
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+    assert len(synced) >= len(written)
+    assert not [p for p in tmp_path.rglob("*.tmp")]  # no temporary file left behind
+    # A write that fails half way leaves the old file untouched.
+    before = (tmp_path / "results.jsonl").read_bytes()
+
+    def torn(handle):
+        handle.write(b'{"run": "half')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        results.atomic_write(tmp_path / "results.jsonl", torn)
+    assert (tmp_path / "results.jsonl").read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_torn_results_line_names_the_file_line_and_fix(tmp_path):
+    from posenc.experiments import ExperimentConfig, run_experiment
+
+    config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=1, **TINY_RUN)
+    first = run_experiment(config, tmp_path, workers=1)
+    path = tmp_path / "results.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines[:-1], lines[-1][:17]]) + "\n")  # the last line cut off
+    with pytest.raises(
+        ValueError,
+        match=rf"results\.jsonl, line {len(lines)}: not a JSON record .*delete that line .*run the same command again",
+    ):
+        run_experiment(config, tmp_path, workers=1)
+    path.write_text("\n".join(lines[:-1]) + "\n")  # the fix the message names
+    again = run_experiment(config, tmp_path, workers=1)
+    assert sorted(json_key(r) for r in again) == sorted(json_key(r) for r in first)
+
+
+def json_key(record):
+    return (record["length"], record["metric"], record["seed"])

@@ -95,12 +95,14 @@ def _device(requested: str, dist: Distributed) -> torch.device:
 # ---------------------------------------------------------------------------- folder bookkeeping
 
 
-def _check_config(out: Path, config: ExperimentConfig) -> None:
-    """Refuse to mix results of different settings in one folder."""
+def _check_config(out: Path, config: ExperimentConfig, task: Task) -> None:
+    """Refuse to mix results of different settings, or of different data, in one folder."""
     path = out / "config.json"
     if not path.exists():
         return
-    saved = results_io.experiment_settings(results_io.load_config(out))
+    saved_config = results_io.load_config(out)
+    _check_data(path, saved_config.get("data"), task.data_fingerprint())
+    saved = results_io.experiment_settings(saved_config)
     current = config.identity()
     defaults = ExperimentConfig().identity()  # a field added later reads as its default in old folders
     different = {
@@ -113,6 +115,31 @@ def _check_config(out: Path, config: ExperimentConfig) -> None:
         raise ValueError(
             f"{out} holds an experiment with other settings ({details}); use another --out folder"
         )
+
+
+def _check_data(path: Path, saved: Any, current: dict[str, str] | None) -> None:
+    """The data recorded in ``config.json`` (a corpus's sha256) must be the data read now."""
+    if not isinstance(saved, dict) or current is None or saved.get("sha256") in (None, current["sha256"]):
+        return  # generated data, or a folder written before hashes were recorded
+    raise ValueError(
+        f"corpus {current['corpus']} changed since this folder's runs were trained on it (sha256 "
+        f"{saved['sha256'][:12]}... recorded in {path}, {current['sha256'][:12]}... now): mixing them would "
+        "compare models trained on different data; restore the file, or use another --out"
+    )
+
+
+def _check_writable_folder(out: Path) -> None:
+    """``out`` is a folder this process may create or write into (checked before writing anything)."""
+    existing = out
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == out else f"is inside {existing}, which is"
+        raise ValueError(f"--out {out} {what} not a folder; give a folder path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {existing} is not writable by this user; give a writable folder")
 
 
 LOCK_NAME = ".posenc.lock"
@@ -170,19 +197,25 @@ def _lock_owner_alive(owner: str) -> bool:
     return True
 
 
-def _write_config(out: Path, config: ExperimentConfig, runtime: dict[str, Any]) -> None:
-    payload = {"experiment": config.to_dict(), "runtime": runtime}
+def _write_config(
+    out: Path, config: ExperimentConfig, runtime: dict[str, Any], data: dict[str, str] | None
+) -> None:
+    payload: dict[str, Any] = {"experiment": config.to_dict(), "runtime": runtime}
+    if data is not None:
+        payload["data"] = data  # the corpus's path and sha256: a rerun on edited data is refused
     results_io.atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
 
 
 def _finished_runs(out: Path, config: ExperimentConfig, metric: Metric) -> set[str]:
-    """Runs whose records cover every evaluated length (a run with some records missing is redone)."""
-    lengths: dict[str, set[int]] = {}
+    """Runs whose records cover every evaluated length of every metric (a run with some records
+    missing is redone). The metrics are the task's own and any other the folder's runs recorded."""
+    seen: dict[str, set[tuple[str, int]]] = {}
+    metrics = {metric.name}
     for record in results_io.read_records(out / "results.jsonl"):
-        if record.get("metric") == metric.name:
-            lengths.setdefault(record["run"], set()).add(record["length"])
-    wanted = set(range(1, config.eval_len + 1))
-    return {run for run, seen in lengths.items() if wanted <= seen}
+        seen.setdefault(record["run"], set()).add((record.get("metric"), record["length"]))
+        metrics.add(record.get("metric"))
+    wanted = {(name, length) for name in metrics for length in range(1, config.eval_len + 1)}
+    return {run for run, pairs in seen.items() if wanted <= pairs}
 
 
 # ---------------------------------------------------------------------------- progress
@@ -370,11 +403,14 @@ def run_experiment(
     Raises :class:`ExperimentInterrupted` after Ctrl-C/SIGTERM (everything finished is saved).
     """
     config.validate()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1 (--threads), got {threads!r}")
     dist = Distributed.from_env()
     torch_device = _device(device, dist)
     out = Path(out)
-    _check_config(out, config)
+    _check_writable_folder(out)
     task = config.make_task()
+    _check_config(out, config, task)
     for length in (config.train_len, config.eval_len):
         task.check_length(length)
     check_models(config, task)
@@ -394,7 +430,7 @@ def run_experiment(
                 "world_size": dist.world_size,
                 "device": str(torch_device),
             }
-            _write_config(out, config, runtime)
+            _write_config(out, config, runtime, task.data_fingerprint())
         finished = _finished_runs(out, config, task.metric)
         todo = [run for run in runs if run_id_for(config, run) not in finished]
         for run in runs:
