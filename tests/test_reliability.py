@@ -427,3 +427,133 @@ def test_a_torn_results_line_names_the_file_line_and_fix(tmp_path):
 
 def json_key(record):
     return (record["length"], record["metric"], record["seed"])
+
+
+# ---------------------------------------------------------------------------- killed processes
+
+
+def _alive_children(pid: int) -> list[int]:
+    """Live (not zombie) processes whose parent is ``pid`` (from /proc)."""
+    from pathlib import Path
+
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _extrapolate_command(out) -> list[str]:
+    import sys
+
+    tiny = "--d-model 16 --num-layers 1 --num-heads 2 --d-ff 16 --batch-size 2 --eval-examples 2"
+    return [
+        sys.executable,
+        "-m",
+        "posenc",
+        "extrapolate",
+        *f"--task copy --encodings alibi --seeds 0,1 --train-len 2 --eval-len 3 {tiny}".split(),
+        *["--steps", "150", "--checkpoint-every", "5", "--workers", "2", "--threads", "1", "--no-progress"],
+        "--out",
+        str(out),
+    ]
+
+
+def _start_and_wait_for_training(out):
+    """Start the command with two workers; return (process, worker pids) once both train."""
+    import subprocess
+    import time
+
+    process = subprocess.Popen(
+        _extrapolate_command(out), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        workers = _worker_pids(process.pid)
+        checkpoints = list((out / "checkpoints").glob("*.pt")) if (out / "checkpoints").exists() else []
+        if len(checkpoints) >= 2 and len(workers) >= 2:
+            return process, workers
+        assert process.poll() is None, process.communicate()[0]
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError("the workers never started training")
+
+
+def _cmdline(pid: int) -> str:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def _worker_pids(parent: int) -> list[int]:
+    """The pool's workers (spawned with multiprocessing's spawn_main), not its resource tracker."""
+    return [p for p in _alive_children(parent) if "spawn_main" in _cmdline(p)]
+
+
+def _wait_gone(pids, seconds=10.0) -> list[int]:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
+def _check_rerun_completes_without_loss_or_duplicates(out):
+    import json
+    import subprocess
+
+    done = subprocess.run(_extrapolate_command(out), capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    keys = [(r["run"], r["length"], r["metric"]) for r in map(json.loads, lines)]
+    assert len(keys) == len(set(keys)), "duplicated records"
+    runs = {key[0] for key in keys}
+    metrics = {key[2] for key in keys}
+    assert len(runs) == 2
+    assert set(keys) == {(run, n, m) for run in runs for n in (1, 2, 3) for m in metrics}, "lost records"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")
+def test_sigkill_of_the_main_process_or_a_worker_loses_nothing_and_leaves_no_orphan(tmp_path):
+    import os
+    import signal
+
+    # The main process killed: both workers notice their parent is gone and exit.
+    out = tmp_path / "main"
+    process, workers = _start_and_wait_for_training(out)
+    assert len(workers) == 2
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    assert _wait_gone(workers) == [], "orphaned workers survive their killed parent"
+    _check_rerun_completes_without_loss_or_duplicates(out)
+
+    # A worker killed: one line naming it and the fix, no traceback; the other worker ends too.
+    out = tmp_path / "worker"
+    process, workers = _start_and_wait_for_training(out)
+    os.kill(workers[1], signal.SIGKILL)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 1, output
+    assert f"(pid {workers[1]}) died (signal 9)" in output, output
+    assert "run the same command again to resume" in output
+    assert "Traceback" not in output and "BrokenProcessPool" not in output, output
+    assert _wait_gone(workers) == []
+    _check_rerun_completes_without_loss_or_duplicates(out)

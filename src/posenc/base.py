@@ -38,6 +38,7 @@ __all__ = [
     "PositionalEncoding",
     "RotaryEncoding",
     "check_positions",
+    "checks_values",
 ]
 
 
@@ -64,6 +65,16 @@ def check_table_size(encoding: str, option: str, value: int, numel: int, itemsiz
         )
 
 
+def checks_values() -> bool:
+    """Whether checks that read tensor values (signs, ranges, nan) run: always in eager mode, never
+    while ``torch.compile`` traces (a data-dependent branch breaks a ``fullgraph=True`` graph).
+
+    Shapes, dtypes and devices are checked in both; compiled code trusts its inputs' values, as
+    PyTorch's own kernels do.
+    """
+    return not torch.compiler.is_compiling()
+
+
 def check_positions(positions: Tensor, *, name: str = "positions", allow_negative: bool = False) -> Tensor:
     """Validate an integer position tensor and return it as int64 with a batch axis ``[B, T]``.
 
@@ -79,7 +90,7 @@ def check_positions(positions: Tensor, *, name: str = "positions", allow_negativ
         positions = positions.unsqueeze(0)
     if positions.dim() != 2:
         raise ValueError(f"{name} must have shape [T] or [B, T], got {tuple(positions.shape)}")
-    if not allow_negative and positions.numel() > 0 and bool((positions < 0).any()):
+    if not allow_negative and positions.numel() > 0 and checks_values() and bool((positions < 0).any()):
         raise ValueError(f"{name} must be non-negative, got minimum {int(positions.min())}")
     return positions.long()
 
@@ -189,7 +200,7 @@ class PositionalEncoding(nn.Module):
     def check_positions(self, positions: Tensor, name: str = "positions") -> Tensor:
         """Validate positions for this encoding (dtype, rank, sign and ``max_positions``)."""
         positions = check_positions(positions, name=name, allow_negative=self.allows_negative_positions)
-        if self.max_positions is not None and positions.numel() > 0:
+        if self.max_positions is not None and positions.numel() > 0 and checks_values():
             top = int(positions.max())
             if top >= self.max_positions:
                 raise ValueError(

@@ -28,8 +28,11 @@ import os
 import queue as queue_module
 import signal
 import socket
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +52,15 @@ from .train import (
     train_and_evaluate,
 )
 
-__all__ = ["Distributed", "ExperimentInterrupted", "Log", "SummaryTable", "run_experiment", "summary_table"]
+__all__ = [
+    "Distributed",
+    "ExperimentInterrupted",
+    "Log",
+    "SummaryTable",
+    "WorkerDied",
+    "run_experiment",
+    "summary_table",
+]
 
 #: ``log(message)``: one line of news (a run kept or resumed, where the results are).
 Log = Callable[[str], None]
@@ -57,6 +68,10 @@ Log = Callable[[str], None]
 
 class ExperimentInterrupted(Exception):
     """The experiment stopped early; finished records and checkpoints are saved."""
+
+
+class WorkerDied(ExperimentInterrupted):
+    """A worker process ended abruptly (killed, out of memory); finished records are saved."""
 
 
 @dataclass(frozen=True)
@@ -235,12 +250,33 @@ _WORKER_QUEUE: Any = None
 _WORKER_STOP: Any = None
 
 
+#: How often a worker checks that the main process still runs (seconds).
+PARENT_POLL_SECONDS = 0.5
+
+
 def _init_worker(threads: int, progress_queue: Any, stop_event: Any) -> None:
     global _WORKER_QUEUE, _WORKER_STOP
     torch.set_num_threads(threads)
     _WORKER_QUEUE, _WORKER_STOP = progress_queue, stop_event
     # Idle workers ignore Ctrl-C; a running job turns it into a checkpoint and a clean stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_when_orphaned(os.getppid())
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """Exit this worker as soon as its parent is gone (killed with SIGKILL, no chance to clean up).
+
+    A worker blocked on the pool's pipe would otherwise live forever; nothing it does after the
+    parent died can reach the results (the parent writes them), and its checkpoints are atomic,
+    so the next command resumes from the last one.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="posenc-parent-watch", daemon=True).start()
 
 
 def _queue_report(label: str, phase: str, done: int, total: int, note: str) -> None:
@@ -306,6 +342,7 @@ def _run_in_workers(
         for run in runs:
             checkpoint = str(out / "checkpoints" / f"{run_id_for(config, run)}.pt")
             futures[executor.submit(_worker_job, config, run, checkpoint, str(device))] = run
+        processes = list(getattr(executor, "_processes", {}).values())  # to name a worker that dies
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -316,6 +353,8 @@ def _run_in_workers(
                     on_done(futures[future], future.result())
                 except Interrupted as err:  # a worker was stopped (a signal sent to it alone): stop all
                     raise KeyboardInterrupt from err
+                except BrokenProcessPool as err:
+                    raise WorkerDied(_death_notice(processes)) from err
         _drain(progress_queue, report, log)
     except KeyboardInterrupt:
         stop_event.set()  # running jobs checkpoint and stop; queued ones stop before starting
@@ -326,6 +365,25 @@ def _run_in_workers(
         ) from None
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _death_notice(processes: list[Any]) -> str:
+    """One line naming the worker that died and how: ``worker 2 (pid 4242) died (signal 9)``."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not any(p.exitcode not in (None, 0) for p in processes):
+        time.sleep(0.05)  # the pool notices a death before the process's exit code is collected
+    # The pool then terminates the other workers (SIGTERM): name the one that died first.
+    dead = [(n, p) for n, p in enumerate(processes, start=1) if p.exitcode not in (None, 0)]
+    dead.sort(key=lambda item: item[1].exitcode == -signal.SIGTERM)
+    for number, process in dead[:1]:
+        code = process.exitcode
+        if code is not None:
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            return (
+                f"worker {number} (pid {process.pid}) died ({how}); finished runs are saved, "
+                "unfinished ones resume from their checkpoints"
+            )
+    return "a worker process died; finished runs are saved, unfinished ones resume from their checkpoints"
 
 
 def _collect_finished(
