@@ -557,3 +557,124 @@ def test_sigkill_of_the_main_process_or_a_worker_loses_nothing_and_leaves_no_orp
     assert "Traceback" not in output and "BrokenProcessPool" not in output, output
     assert _wait_gone(workers) == []
     _check_rerun_completes_without_loss_or_duplicates(out)
+
+
+# ---------------------------------------------------------------------------- torch.compile
+
+
+@pytest.mark.parametrize("encoding", ["sinusoidal", "rope", "alibi", "shaw"])  # one per kind
+def test_the_layer_compiles_in_one_graph_for_every_kind(encoding):
+    """Value checks (negative positions, nan) stay out of the traced path, so fullgraph=True holds;
+    aot_eager traces forward and backward like inductor without needing a C++ compiler."""
+    torch._dynamo.reset()
+    layer = _layer(encoding, causal=True)
+    x = torch.randn(2, 7, E)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(x), layer(x))
+    positions = torch.arange(3, 10)
+    torch.testing.assert_close(compiled(x, positions=positions), layer(x, positions=positions))
+
+
+def test_the_model_compiles_in_one_graph():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = posenc.TransformerLM(32, E, 2, H, encoding="rope").eval()
+    tokens = torch.randint(0, 32, (2, 9))
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(tokens), model(tokens))
+
+
+def test_a_compiled_layer_refuses_a_backend_it_cannot_trace():
+    torch._dynamo.reset()
+    layer = _layer("alibi", causal=True, backend="blocked")
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match=r"backend 'blocked' cannot be traced by torch\.compile"):
+        compiled(torch.randn(1, 4, E))
+
+
+# ---------------------------------------------------------------------------- huge sizes, up front
+
+
+@pytest.mark.parametrize(
+    "spec,figure", [("alibi", "bias"), ("rope", "attention"), ("sinusoidal", "similarity")]
+)
+def test_posenc_plot_with_a_huge_length_names_n_and_the_memory(spec, figure, tmp_path):
+    from typer.testing import CliRunner
+
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+
+    args = ["plot", spec, "-n", "100000", "--out", str(tmp_path / "f.png")]
+    result = CliRunner().invoke(app, args + (["--figure", figure] if figure else []))
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert "-n/--length 100000 asks for a 100000 x 100000 map: 37.3 GiB per head" in text
+    assert "use -n 8192 or less" in text
+    assert not (tmp_path / "f.png").exists()
+
+
+def test_a_long_but_linear_figure_is_still_drawn(tmp_path):
+    """-n is the original context of RoPE's decay figure: no L x L map, no refusal."""
+    from posenc.examples import build_example
+    from posenc.viz.registry import PlotOptions, make_figure
+
+    make_figure(build_example("rope"), "decay", PlotOptions(length=100_000))
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+@pytest.mark.parametrize(
+    "argument",
+    ["positions", "key_padding_mask", "attn_mask", "document_ids", "prefix_len", "context"],
+)
+def test_an_argument_on_another_device_than_x_is_named(argument):
+    layer = _layer("nope" if argument == "context" else "rope", causal=argument != "context")
+    x = torch.randn(1, 4, E)
+    meta = {
+        "positions": torch.arange(4, device="meta"),
+        "key_padding_mask": torch.zeros(1, 4, dtype=torch.bool, device="meta"),
+        "attn_mask": torch.ones(4, 4, dtype=torch.bool, device="meta"),
+        "document_ids": torch.zeros(1, 4, dtype=torch.long, device="meta"),
+        "prefix_len": torch.tensor([2], device="meta"),
+        "context": torch.randn(1, 3, E, device="meta"),
+    }[argument]
+    with pytest.raises(
+        ValueError, match=rf"{argument} is on device meta but x is on cpu; move {argument} to cpu"
+    ):
+        layer(x, **{argument: meta})
+
+
+def test_x_the_layer_the_cache_and_the_model_on_other_devices_are_named():
+    layer = _layer(causal=True)
+    with pytest.raises(ValueError, match=r"x is on device meta but the layer's parameters are on cpu"):
+        layer(torch.randn(1, 4, E, device="meta"))
+    cache = posenc.KVCache()
+    layer(torch.randn(1, 4, E), cache=cache)
+    with torch.device("meta"):
+        on_meta = _layer(causal=True)
+    with pytest.raises(ValueError, match=r"entry of layer_idx=0 is on device cpu but the layer is on meta"):
+        on_meta(torch.randn(1, 1, E, device="meta"), cache=cache)
+    model = posenc.TransformerLM(10, E, 1, H)
+    with pytest.raises(ValueError, match=r"tokens are on device meta but the model is on cpu"):
+        model(torch.zeros(1, 3, dtype=torch.long, device="meta"))
+
+
+@pytest.mark.parametrize("how", ["need_weights", "forced_eager", "use_backend"])
+def test_dense_weights_at_length_50000_fail_up_front_naming_the_memory(how):
+    """[1, 2, 50000, 50000] float32 weights are 18.6 GiB: refused before anything is allocated."""
+    layer = _layer("alibi", causal=True, backend="eager" if how == "forced_eager" else "auto")
+    x = torch.randn(1, 50_000, E)
+    match = (
+        r"need_weights=True returns \[B, H, Tq, Tk\] = \[1, 2, 50000, 50000\] attention weights: 18\.6 GiB "
+        r"\(limit 4 GiB\); drop need_weights"
+        if how == "need_weights"
+        else r"backend='eager' builds .* 18\.6 GiB \(limit 4 GiB\); use backend='auto'"
+    )
+    with pytest.raises(ValueError, match=match):
+        if how == "use_backend":
+            with posenc.use_backend("eager"):
+                layer(x)
+        else:
+            layer(x, need_weights=how == "need_weights")
