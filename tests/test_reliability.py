@@ -678,3 +678,34 @@ def test_dense_weights_at_length_50000_fail_up_front_naming_the_memory(how):
                 layer(x)
         else:
             layer(x, need_weights=how == "need_weights")
+
+
+# ---------------------------------------------------------------------------- smaller cases
+
+
+def test_mrope_refuses_negative_3_axis_ids_as_plain_positions_are_refused():
+    layer = _layer("mrope", causal=True)
+    x = torch.randn(1, 3, E)
+    with pytest.raises(ValueError, match="positions must be non-negative, got minimum -1"):
+        layer(x, positions=torch.tensor([-1, 0, 1]))
+    ids = torch.tensor([[0, 1, 2], [0, -3, 1], [0, 1, 1]])
+    with (
+        pytest.raises(ValueError, match=r"mrope: position ids must be non-negative, got minimum -3"),
+        layer.encoding.position_ids(ids),
+    ):
+        layer(x)
+    with layer.encoding.position_ids(ids.abs()):  # the same ids, non-negative: served
+        assert torch.isfinite(layer(x)).all()
+
+
+def test_posenc_show_honours_the_spec_head_dim_or_refuses_it():
+    from typer.testing import CliRunner
+
+    from posenc.cli import app
+
+    result = CliRunner().invoke(app, ["show", "rope:head_dim=15"])
+    assert result.exit_code == 2
+    assert "head_dim must be even" in result.output and "head_dim=15" in result.output
+    result = CliRunner().invoke(app, ["show", "rope:head_dim=32"])
+    assert result.exit_code == 0, result.output
+    assert "rope:head_dim=32," in result.output and "rotary_dim=32/32" in result.output

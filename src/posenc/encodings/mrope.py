@@ -52,7 +52,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..base import RotaryEncoding
+from ..base import RotaryEncoding, checks_values
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
 from ..spec import format_spec
@@ -295,6 +295,11 @@ def mrope_position_ids(
     return ids.to(token_types.device), torch.tensor(deltas, device=token_types.device)
 
 
+def _has_negative(ids: Tensor) -> bool:
+    """Whether ``ids`` hold a negative value (read in eager mode only: ``base.checks_values``)."""
+    return ids.numel() > 0 and checks_values() and bool((ids < 0).any())
+
+
 @register("mrope")
 class MRoPE(RotaryEncoding):
     """Qwen-VL M-RoPE: RoPE frequencies driven by (t, h, w) position ids, by section (Qwen2-VL) or interleaved (Qwen3-VL)."""
@@ -420,6 +425,9 @@ class MRoPE(RotaryEncoding):
             raise ValueError(
                 f"mrope: position ids must be an integer tensor [3, B, T] or [3, T], got {tuple(ids.shape)}"
             )
+        if _has_negative(ids):
+            # The same rule as plain positions (base.check_positions): ids are non-negative.
+            raise ValueError(f"mrope: position ids must be non-negative, got minimum {int(ids.min())}")
         previous, self._ids = self._ids, ids.long()
         try:
             yield
