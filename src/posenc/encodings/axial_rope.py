@@ -66,8 +66,6 @@ class AxialRoPE(RotaryEncoding):
             raise ValueError(
                 f"axial_rope: head_dim must be a positive multiple of 4, got head_dim={head_dim!r}"
             )
-        if grid_width <= 0:
-            raise ValueError(f"axial_rope: grid_width must be positive, got grid_width={grid_width}")
         self.head_dim, self.grid_width, self.base, self.pairing = head_dim, grid_width, float(base), pairing
         self.tables = RotaryTables()
         self.reset_buffers()

@@ -61,8 +61,6 @@ class CoPE(ContentEncoding):
         """Args: ``head_dim`` (filled in by the layer); ``npos_max`` (rows of the position embedding,
         x-transformers' ``cope_max_pos``; counted positions are clamped to ``npos_max - 1``)."""
         super().__init__()
-        if npos_max < 2:
-            raise ValueError(f"cope: npos_max must be >= 2, got npos_max={npos_max}")
         self.head_dim, self.npos_max = head_dim, npos_max
         self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))
 

@@ -150,16 +150,11 @@ class DebertaDisentangled(ContentEncoding):
             pos_dropout: dropout on the table during training (HF uses ``hidden_dropout_prob``).
         """
         super().__init__()
-        for option, value in (("dim", dim), ("num_heads", num_heads), ("head_dim", head_dim)):
-            if value <= 0:
-                raise ValueError(f"deberta: {option} must be positive, got {value}")
         if max_relative_positions < 1 and max_position_embeddings < 1:
             raise ValueError(
                 f"deberta: max_position_embeddings must be positive when max_relative_positions < 1, "
                 f"got {max_position_embeddings}"
             )
-        if not 0.0 <= pos_dropout < 1.0:
-            raise ValueError(f"deberta: pos_dropout must be in [0, 1), got {pos_dropout}")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.position_buckets = position_buckets
         self.max_relative_positions = (

@@ -62,10 +62,6 @@ class FIRE(BiasEncoding):
         super().__init__()
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f"fire: num_heads must be a positive integer, got num_heads={num_heads!r}")
-        if hidden_dim <= 0:
-            raise ValueError(f"fire: hidden_dim must be positive, got hidden_dim={hidden_dim}")
-        if threshold_init <= 0:
-            raise ValueError(f"fire: threshold_init must be positive, got threshold_init={threshold_init}")
         self.num_heads, self.eps = num_heads, eps
         self.c = nn.Parameter(torch.tensor(float(c_init)))
         self.threshold_mult = nn.Parameter(torch.tensor(1.0))

@@ -85,8 +85,6 @@ class MLPBias(BiasEncoding):
         super().__init__()
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f"mlp_bias: num_heads must be a positive integer, got num_heads={num_heads!r}")
-        if depth < 1:
-            raise ValueError(f"mlp_bias: depth must be >= 1, got depth={depth}")
         hidden = hidden_dim if hidden_dim is not None else dim // 4
         if hidden <= 0:
             raise ValueError(f"mlp_bias: hidden_dim must be positive, got hidden_dim={hidden} (dim={dim})")

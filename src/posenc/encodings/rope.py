@@ -271,8 +271,6 @@ class RoPE(RotaryEncoding):
             isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0
         ):
             raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
-        if cache_size <= 0:
-            raise ValueError(f"rope: cache_size must be positive, got {cache_size}")
         check_table_size("rope", "cache_size", cache_size, cache_size * max(head_dim or 2, 2))  # cos and sin
         given = locals()  # the scaling options, by their RopeScaling names
         self.scaling, self._base, self._partial = _scaling_of(

@@ -63,10 +63,6 @@ class Sinusoidal2D(AbsoluteEncoding):
         super().__init__()
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 4:
             raise ValueError(f"sinusoidal2d: dim must be a positive multiple of 4, got dim={dim!r}")
-        if grid_width <= 0:
-            raise ValueError(f"sinusoidal2d: grid_width must be positive, got grid_width={grid_width}")
-        if not base > 0:
-            raise ValueError(f"sinusoidal2d: base must be positive, got base={base}")
         self.dim, self.grid_width, self.base, self.cls_token = dim, grid_width, float(base), cls_token
 
     def encode(self, positions: Tensor, dtype: torch.dtype | None = None) -> Tensor:

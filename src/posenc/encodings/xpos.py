@@ -119,8 +119,6 @@ class XPos(RotaryEncoding):
         ``gamma`` ``γ``; ``scale_center`` (the position whose scale is 1); ``pairing``."""
         super().__init__()
         _check_pairing(pairing)
-        if scale_base <= 0:
-            raise ValueError(f"xpos: scale_base must be positive, got scale_base={scale_base}")
         self.head_dim, self.base, self.scale_base = head_dim, base, scale_base
         self.gamma, self.scale_center, self.pairing = gamma, scale_center, pairing
         self.tables = RotaryTables()
