@@ -571,8 +571,22 @@ def test_the_layer_compiles_in_one_graph_for_every_kind(encoding):
     x = torch.randn(2, 7, E)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x), layer(x))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("encoding", ["sinusoidal", "rope", "alibi", "shaw"])
+def test_the_compiled_layer_follows_positions_padding_and_float_masks(encoding):
+    torch._dynamo.reset()
+    layer = _layer(encoding, causal=True)
+    x = torch.randn(2, 7, E)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     positions = torch.arange(3, 10)
     torch.testing.assert_close(compiled(x, positions=positions), layer(x, positions=positions))
+    padding = torch.zeros(2, 7, dtype=torch.bool)
+    padding[1, :2] = True  # left padding: two rows of the second sequence see no key
+    torch.testing.assert_close(compiled(x, key_padding_mask=padding), layer(x, key_padding_mask=padding))
+    float_mask = torch.zeros(7, 7).masked_fill(torch.eye(7, dtype=torch.bool).roll(1, 1), float("-inf"))
+    torch.testing.assert_close(compiled(x, attn_mask=float_mask), layer(x, attn_mask=float_mask))
 
 
 def test_the_model_compiles_in_one_graph():
