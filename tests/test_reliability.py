@@ -504,7 +504,7 @@ def _cmdline(pid: int) -> str:
 
 def _worker_pids(parent: int) -> list[int]:
     """The pool's workers (spawned with multiprocessing's spawn_main), not its resource tracker."""
-    return [p for p in _alive_children(parent) if "spawn_main" in _cmdline(p)]
+    return sorted(p for p in _alive_children(parent) if "spawn_main" in _cmdline(p))  # start order
 
 
 def _wait_gone(pids, seconds=10.0) -> list[int]:
@@ -552,8 +552,9 @@ def test_sigkill_of_the_main_process_or_a_worker_loses_nothing_and_leaves_no_orp
     os.kill(workers[1], signal.SIGKILL)
     output = process.communicate(timeout=60)[0]
     assert process.returncode == 1, output
-    assert f"(pid {workers[1]}) died (signal 9)" in output, output
-    assert "run the same command again to resume" in output
+    line = next(line for line in output.splitlines() if "died" in line)  # one line, the cause and the fix
+    assert f"worker 2 (pid {workers[1]}) died (signal 9)" in line, output
+    assert line.endswith("run the same command again to resume"), output
     assert "Traceback" not in output and "BrokenProcessPool" not in output, output
     assert _wait_gone(workers) == []
     _check_rerun_completes_without_loss_or_duplicates(out)

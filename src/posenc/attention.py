@@ -703,12 +703,17 @@ def run_attention(request: AttentionRequest, backend: str = "auto") -> tuple[str
     With ``need_weights`` the weights come from the backend, or from the eager reference when the
     backend returns none.
     """
-    check_dense_size(request, getattr(_backends._forced, "name", None) or backend)
+    check_dense_size(request, _requested_backend(backend))
     chosen = select_backend(request, backend) if checks_values() else _traced_backend(request, backend)
     out, weights = chosen.run(request)
     if request.need_weights and weights is None:
         weights = attention_probs(request)
     return chosen.name, out, weights
+
+
+def _requested_backend(backend: str) -> str:
+    """The backend a call asks for: ``use_backend(...)``'s wins over the layer's, as in ``select_backend``."""
+    return getattr(_backends._forced, "name", None) or backend
 
 
 #: The largest ``[B, H, Tq, Tk]`` tensor of logits or weights a call may ask for (``need_weights=True``
@@ -748,9 +753,7 @@ def _traced_backend(request: AttentionRequest, backend: str) -> Backend:
     run, else the first of :data:`TRACEABLE_BACKENDS` that can run the request."""
     # Value checks stay out of the graph (posenc.base.checks_values): the nan check is settled here.
     request.__dict__.setdefault("has_nonfinite", False)
-    forced = (
-        getattr(_backends._forced, "name", None) or backend
-    )  # use_backend(...) wins, as in select_backend
+    forced = _requested_backend(backend)
     names = (forced,) if forced != "auto" else TRACEABLE_BACKENDS
     for name in names:
         if name not in TRACEABLE_BACKENDS:

@@ -183,7 +183,7 @@ def extrapolate(
         if writer:
             console.print(rich_table(summary_table(config, records, config.make_task().metric)))
     except WorkerDied as err:
-        console.print(f"[red]error:[/red] {err}; run the same command again to resume")
+        console.print(f"[red]error:[/red] {err}; run the same command again to resume", soft_wrap=True)
         raise typer.Exit(1) from err
     except ExperimentInterrupted as err:
         console.print(f"[yellow]{err}[/yellow]; run the same command again to resume")
