@@ -724,3 +724,14 @@ def test_posenc_show_honours_the_spec_head_dim_or_refuses_it():
     result = CliRunner().invoke(app, ["show", "rope:head_dim=32"])
     assert result.exit_code == 0, result.output
     assert "rope:head_dim=32," in result.output and "rotary_dim=32/32" in result.output
+
+
+def test_a_backend_that_cannot_train_an_encoding_fails_before_anything_is_written(tmp_path):
+    from posenc.experiments import ExperimentConfig, run_experiment
+
+    config = ExperimentConfig(
+        task="copy", encodings=["rope"], train_len=2, eval_len=3, steps=1, backend="flex", **TINY_RUN
+    )
+    with pytest.raises(ValueError, match=r"--backend 'flex' cannot train --encodings 'rope': .*serves BIAS"):
+        run_experiment(config, tmp_path / "out", workers=1)
+    assert not (tmp_path / "out").exists()

@@ -418,9 +418,10 @@ def _drain(progress_queue: Any, report: Reporter, log: Log) -> None:
 # ---------------------------------------------------------------------------- experiment
 
 
-def check_models(config: ExperimentConfig, task: Task) -> None:
+def check_models(config: ExperimentConfig, task: Task, device: torch.device | str = "cpu") -> None:
     """Build every encoding's model on the meta device (no memory, no data) so that a bad spec or
-    preset fails before anything is written; the error names the encoding."""
+    preset fails before anything is written; the error names the encoding. A forced backend must
+    also train each encoding on ``device``."""
     if config.randomize_positions is not None:
         if config.pack:
             raise ValueError(
@@ -438,6 +439,24 @@ def check_models(config: ExperimentConfig, task: Task) -> None:
                 build_model(config, task, encoding)
         except (ValueError, TypeError) as err:
             raise ValueError(f"--encodings {encoding!r}: {err}") from err
+        if config.backend != "auto":
+            _check_backend_serves(config, task, encoding, torch.device(device))
+
+
+def _check_backend_serves(config: ExperimentConfig, task: Task, encoding: str, device: torch.device) -> None:
+    """A forced ``--backend`` must run this encoding's training step (forward and backward): one
+    step on a two-example batch of the shortest length, before anything is written."""
+    from ..backends import NoBackendError
+
+    model = build_model(config, task, encoding).to(device)
+    batch = task.train_batch(config.min_train_len, config.min_train_len, 2, torch.Generator().manual_seed(0))
+    try:
+        model(batch.inputs.to(device)).float().sum().backward()
+    except NoBackendError as err:
+        reason = str(err).split("\n")[0]
+        raise ValueError(
+            f"--backend {config.backend!r} cannot train --encodings {encoding!r}: {reason}"
+        ) from err
 
 
 def run_experiment(
@@ -471,7 +490,7 @@ def run_experiment(
     _check_config(out, config, task)
     for length in (config.train_len, config.eval_len):
         task.check_length(length)
-    check_models(config, task)
+    check_models(config, task, torch_device)
     runs = [RunSpec(encoding, seed) for seed in config.seeds for encoding in config.encodings]
     workers = _worker_count(workers, len(runs), dist)
     is_writer = dist.rank == 0
