@@ -9,14 +9,15 @@ chosen by stated reasons (:mod:`posenc.backends`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
 import torch
 from torch import Tensor, nn
 
-from .backends import AttentionRequest, select_backend
+from . import backends as _backends
+from .backends import AttentionRequest, Backend, NoBackendError, get_backend, select_backend
 from .backends.eager import attention_probs
-from .base import Kind, LayerContext, PositionalEncoding, TokenStates
+from .base import Kind, LayerContext, PositionalEncoding, TokenStates, checks_values
 from .masks import AttentionMask
 from .patterns import QueryTemperature
 from .registry import build_for_layer
@@ -240,6 +241,20 @@ class MultiheadAttention(nn.Module):
             raise ValueError(
                 f"{name} has dtype {x.dtype} but the layer's parameters are {weight_dtype}; cast one of them"
             )
+        if x.device != self.q_proj.weight.device:
+            raise ValueError(
+                f"{name} is on device {x.device} but the layer's parameters are on {self.q_proj.weight.device}; "
+                "move one of them (layer.to(device) or x.to(device))"
+            )
+
+    @staticmethod
+    def _check_devices(x: Tensor, **arguments: Any) -> None:
+        """Every tensor argument lies on ``x``'s device; a ValueError names the first that does not."""
+        for name, value in arguments.items():
+            if isinstance(value, Tensor) and value.device != x.device:
+                raise ValueError(
+                    f"{name} is on device {value.device} but x is on {x.device}; move {name} to {x.device}"
+                )
 
     def _positions(self, given: Tensor | None, name: str, batch: int, length: int, default: Tensor) -> Tensor:
         if given is None:
@@ -304,6 +319,16 @@ class MultiheadAttention(nn.Module):
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         self._check_input(x, "x")
+        self._check_devices(
+            x,
+            context=context,
+            positions=positions,
+            context_positions=context_positions,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            document_ids=document_ids,
+            prefix_len=prefix_len,
+        )
         batch, q_len, _ = x.shape
         docs, states = None, None
         if context is not None:
@@ -577,7 +602,7 @@ class MultiheadAttention(nn.Module):
         docs = document_ids.long().to(self.q_proj.weight.device)
         if cached is not None:
             docs = torch.cat([cached, docs], dim=1)
-        if docs.shape[1] > 1 and bool((docs[:, 1:] < docs[:, :-1]).any()):
+        if docs.shape[1] > 1 and checks_values() and bool((docs[:, 1:] < docs[:, :-1]).any()):
             raise ValueError(
                 "document_ids must be non-decreasing along each row (packed documents are contiguous "
                 "runs of one id), so that positions can restart at each document's first token"
@@ -602,7 +627,7 @@ class MultiheadAttention(nn.Module):
         lengths = lengths.long().expand(batch) if lengths.dim() == 0 else lengths.long()
         if lengths.shape != (batch,):
             raise ValueError(f"prefix_len must have shape [B] = [{batch}], got {tuple(lengths.shape)}")
-        if bool((lengths < 0).any()) or bool((lengths > k_len).any()):
+        if checks_values() and (bool((lengths < 0).any()) or bool((lengths > k_len).any())):
             raise ValueError(
                 f"prefix_len must be in [0, {k_len}] (the number of keys), got {lengths.tolist()}"
             )
@@ -667,6 +692,11 @@ class MultiheadAttention(nn.Module):
         if entry is None:
             return None
         kind = "cross-attention" if cross else "self-attention"
+        if entry.k.device != self.q_proj.weight.device:
+            raise ValueError(
+                f"cache: the {kind} entry of layer_idx={self.layer_idx} is on device {entry.k.device} but the "
+                f"layer is on {self.q_proj.weight.device}; use a fresh KVCache on this device"
+            )
         if entry.writer_id != id(self):
             raise ValueError(
                 f"cache: the {kind} entry of layer_idx={self.layer_idx} was written by {entry.writer}, not by "
@@ -711,11 +741,68 @@ def run_attention(request: AttentionRequest, backend: str = "auto") -> tuple[str
     With ``need_weights`` the weights come from the backend, or from the eager reference when the
     backend returns none.
     """
-    chosen = select_backend(request, backend)
+    check_dense_size(request, _requested_backend(backend))
+    chosen = select_backend(request, backend) if checks_values() else _traced_backend(request, backend)
     out, weights = chosen.run(request)
     if request.need_weights and weights is None:
         weights = attention_probs(request)
     return chosen.name, out, weights
+
+
+def _requested_backend(backend: str) -> str:
+    """The backend a call asks for: ``use_backend(...)``'s wins over the layer's, as in ``select_backend``."""
+    return getattr(_backends._forced, "name", None) or backend
+
+
+#: The largest ``[B, H, Tq, Tk]`` tensor of logits or weights a call may ask for (``need_weights=True``
+#: or the eager backend forced): past it, the call would exhaust memory before any result.
+MAX_DENSE_BYTES = 4 << 30
+
+
+def check_dense_size(request: AttentionRequest, backend: str) -> None:
+    """Refuse up front a request whose ``[B, H, Tq, Tk]`` weights would pass :data:`MAX_DENSE_BYTES`:
+    ``need_weights=True`` returns them, and the eager backend builds them (``auto`` never picks
+    eager at such sizes when another backend fits)."""
+    if not (request.need_weights or backend == "eager"):
+        return
+    batch, heads, q_len, _ = request.q.shape
+    itemsize = max(request.q.element_size(), 4)  # logits and softmax are at least float32
+    needed = batch * heads * q_len * request.k.shape[2] * itemsize
+    if needed <= MAX_DENSE_BYTES:
+        return
+    cause = "need_weights=True returns" if request.need_weights else "backend='eager' builds"
+    fix = "drop need_weights" if request.need_weights else "use backend='auto' (or blocked/relative)"
+    raise ValueError(
+        f"{cause} [B, H, Tq, Tk] = [{batch}, {heads}, {q_len}, {request.k.shape[2]}] attention weights: "
+        f"{needed / 2**30:.1f} GiB (limit {MAX_DENSE_BYTES >> 30} GiB); {fix}, or use shorter sequences"
+    )
+
+
+_backends.available_backends()  # register every backend now: a compiled forward cannot import them
+
+#: The backends a compiled forward (``torch.compile(layer, fullgraph=True)``) may run, in ``auto``'s
+#: order there: their checks and kernels trace into one graph. The others' checks read tensor
+#: values or the file system (a compiler's presence), which a graph cannot hold.
+TRACEABLE_BACKENDS = ("sdpa", "eager")
+
+
+def _traced_backend(request: AttentionRequest, backend: str) -> Backend:
+    """The backend of a call traced by ``torch.compile``: the requested one if it can be traced and
+    run, else the first of :data:`TRACEABLE_BACKENDS` that can run the request."""
+    # Value checks stay out of the graph (posenc.base.checks_values): the nan check is settled here.
+    request.__dict__.setdefault("has_nonfinite", False)
+    forced = _requested_backend(backend)
+    names = (forced,) if forced != "auto" else TRACEABLE_BACKENDS
+    for name in names:
+        if name not in TRACEABLE_BACKENDS:
+            raise NoBackendError(
+                f"backend {name!r} cannot be traced by torch.compile; use one of {', '.join(TRACEABLE_BACKENDS)} "
+                "or 'auto' in a compiled layer"
+            )
+        candidate = get_backend(name)
+        if not candidate.reasons(request):
+            return candidate
+    return select_backend(request, backend)  # none fits: the dispatcher's error names every reason
 
 
 def padding_with_cache(

@@ -39,6 +39,7 @@ __all__ = [
     "RotaryEncoding",
     "TokenStates",
     "check_positions",
+    "checks_values",
 ]
 
 
@@ -65,6 +66,16 @@ def check_table_size(encoding: str, option: str, value: int, numel: int, itemsiz
         )
 
 
+def checks_values() -> bool:
+    """Whether checks that read tensor values (signs, ranges, nan) run: always in eager mode, never
+    while ``torch.compile`` traces (a data-dependent branch breaks a ``fullgraph=True`` graph).
+
+    Shapes, dtypes and devices are checked in both; compiled code trusts its inputs' values, as
+    PyTorch's own kernels do.
+    """
+    return not torch.compiler.is_compiling()
+
+
 def check_positions(positions: Tensor, *, name: str = "positions", allow_negative: bool = False) -> Tensor:
     """Validate an integer position tensor and return it as int64 with a batch axis ``[B, T]``.
 
@@ -80,7 +91,7 @@ def check_positions(positions: Tensor, *, name: str = "positions", allow_negativ
         positions = positions.unsqueeze(0)
     if positions.dim() != 2:
         raise ValueError(f"{name} must have shape [T] or [B, T], got {tuple(positions.shape)}")
-    if not allow_negative and positions.numel() > 0 and bool((positions < 0).any()):
+    if not allow_negative and positions.numel() > 0 and checks_values() and bool((positions < 0).any()):
         raise ValueError(f"{name} must be non-negative, got minimum {int(positions.min())}")
     return positions.long()
 
@@ -137,6 +148,7 @@ class PositionalEncoding(nn.Module):
     * ``self_attention_only``: True when queries and keys must come from one sequence (FoX's forget
       gates accumulate along it); the layer refuses cross-attention.
     * ``example_options``: options for the contract tests' small layer (head size 16).
+    * ``option_ranges``: the documented range of each numeric option, checked at build time.
     * ``layer_sizes`` / :meth:`layer_defaults`: the options a layer supplies (:class:`LayerContext`).
     * ``derived_buffers`` / :meth:`reset_buffers`: tables computed from the options (float32 or
       integer whatever the model dtype), rebuilt after ``.to()``, ``to_empty()`` and meta-device
@@ -157,6 +169,10 @@ class PositionalEncoding(nn.Module):
     #: Options used when the encoding is built for the registry contract tests and ``posenc show``
     #: (e.g. M-RoPE's ``mrope_section`` must fit the small test head size of 16).
     example_options: ClassVar[dict[str, Any]] = {}
+    #: The documented numeric range of each option that has one (``{"base": greater_than(1)}``,
+    #: :class:`posenc.registry.Range`): the registry refuses a value outside it before ``__init__``
+    #: runs, with a ``ValueError`` naming the option and the range.
+    option_ranges: ClassVar[dict[str, Any]] = {}
     #: Options that make a causal-only encoding correct without a causal mask (ALiBi's symmetric
     #: mode); models apply them to bidirectional layers when the spec leaves them unset.
     noncausal_options: ClassVar[dict[str, Any]] = {}
@@ -188,7 +204,7 @@ class PositionalEncoding(nn.Module):
     def check_positions(self, positions: Tensor, name: str = "positions") -> Tensor:
         """Validate positions for this encoding (dtype, rank, sign and ``max_positions``)."""
         positions = check_positions(positions, name=name, allow_negative=self.allows_negative_positions)
-        if self.max_positions is not None and positions.numel() > 0:
+        if self.max_positions is not None and positions.numel() > 0 and checks_values():
             top = int(positions.max())
             if top >= self.max_positions:
                 raise ValueError(

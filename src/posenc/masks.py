@@ -362,7 +362,7 @@ class AttentionMask:
             components.append(UserBoolMask(attn_mask))
         elif attn_mask is not None:
             hidden = torch.isneginf(attn_mask)
-            if bool(hidden.any()):
+            if torch.compiler.is_compiling() or bool(hidden.any()):  # a compiled graph reads no values
                 components.append(UserBoolMask(~hidden))
                 attn_mask = attn_mask.masked_fill(hidden, 0.0)
             additive = attn_mask
@@ -501,8 +501,8 @@ class AttentionMask:
         if empty is None:
             allowed = self.dense()
             empty = None if allowed is None else ~allowed.any(dim=-1, keepdim=True)
-        if empty is None or not bool(empty.any()):
-            return None
+        if empty is None or (not torch.compiler.is_compiling() and not bool(empty.any())):
+            return None  # (a compiled graph reads no values: it zeroes the rows the tensor names)
         return empty
 
     def _empty_rows_cheaply(self) -> Tensor | None:

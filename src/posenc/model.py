@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import KVCache, MultiheadAttention, embed_positions
-from .base import Kind, LayerContext, PositionalEncoding
+from .base import Kind, LayerContext, PositionalEncoding, checks_values
 from .patterns import LayerSpec, layer_pattern
 from .registry import build_for_layer, resolve
 from .spec import Spec
@@ -328,7 +328,16 @@ class _Stack(nn.Module):
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
             raise ValueError(f"tokens must be an integer tensor [B, T], got {shape}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+        if tokens.device != self.token_embedding.weight.device:
+            raise ValueError(
+                f"tokens are on device {tokens.device} but the model is on {self.token_embedding.weight.device}; "
+                "move one of them"
+            )
+        if (
+            tokens.numel()
+            and checks_values()
+            and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size)
+        ):
             raise ValueError(
                 f"tokens must be ids in [0, vocab_size={self.vocab_size}), got values from "
                 f"{int(tokens.min())} to {int(tokens.max())}"

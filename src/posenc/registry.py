@@ -19,6 +19,7 @@ import math
 import types
 import typing
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin
 
 import torch
@@ -27,11 +28,14 @@ from .base import KIND_BASES, LayerContext, PositionalEncoding
 from .spec import Spec, format_spec, parse_spec
 
 __all__ = [
+    "Range",
+    "at_least",
     "available",
     "build",
     "build_for_layer",
     "format_spec",
     "get_class",
+    "greater_than",
     "options",
     "parse_spec",
     "register",
@@ -39,6 +43,58 @@ __all__ = [
 ]
 
 _REGISTRY: dict[str, type[PositionalEncoding]] = {}
+
+
+@dataclass(frozen=True)
+class Range:
+    """The documented range of a numeric option, declared next to the option in the encoding's
+    ``option_ranges`` and checked by the registry before ``__init__`` runs.
+
+    ``None`` bounds are open-ended; a list value is checked item by item; ``None`` values (an
+    option that is off) and non-numbers (left to the option's type check) are not range-checked.
+    """
+
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+
+    def contains(self, value: float) -> bool:
+        """Whether ``value`` lies in the range."""
+        above_low = self.low is None or (value >= self.low if self.low_inclusive else value > self.low)
+        below_high = self.high is None or (value <= self.high if self.high_inclusive else value < self.high)
+        return above_low and below_high
+
+    def __str__(self) -> str:
+        low = None if self.low is None else f"{'>=' if self.low_inclusive else '>'} {self.low:g}"
+        high = None if self.high is None else f"{'<=' if self.high_inclusive else '<'} {self.high:g}"
+        if low and high:
+            return (
+                f"in {'[' if self.low_inclusive else '('}{self.low:g}, {self.high:g}"
+                f"{']' if self.high_inclusive else ')'}"
+            )
+        return low or high or "any number"
+
+
+def at_least(low: float) -> Range:
+    """``value >= low`` (sizes: ``at_least(1)``)."""
+    return Range(low=low)
+
+
+def greater_than(low: float) -> Range:
+    """``value > low`` (epsilons, scales: ``greater_than(0)``)."""
+    return Range(low=low, low_inclusive=False)
+
+
+def check_option_ranges(cls: type[PositionalEncoding], options_: dict[str, Any]) -> None:
+    """``ValueError`` naming the first option of ``options_`` outside its declared :class:`Range`."""
+    for option, allowed in cls.option_ranges.items():
+        value = options_.get(option)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                continue
+            if not allowed.contains(item):
+                raise ValueError(f"{cls.name}: option {option!r} must be {allowed}, got {option}={value!r}")
 
 
 def register(name: str):
@@ -89,6 +145,9 @@ def _check_contract(name: str, cls: type[PositionalEncoding]) -> None:
             raise TypeError(
                 f"{where}: layer_sizes entry {option!r} must be one of {LayerContext.SIZES} and an __init__ option"
             )
+    unknown = sorted(set(cls.option_ranges) - set(params))
+    if unknown:
+        raise TypeError(f"{where}: option_ranges names {unknown}, which are not __init__ options")
     if cls.derived_buffers and cls.reset_buffers is PositionalEncoding.reset_buffers:
         raise TypeError(
             f"{where} declares derived_buffers {cls.derived_buffers} but does not implement reset_buffers()"
@@ -96,18 +155,22 @@ def _check_contract(name: str, cls: type[PositionalEncoding]) -> None:
 
 
 def _wrap_init(cls: type[PositionalEncoding]) -> None:
-    """Record the options an instance was built with, so ``config()``/``spec()`` can rebuild it."""
+    """Check the declared option ranges, then record the options an instance was built with, so
+    ``config()``/``spec()`` can rebuild it."""
     original = cls.__init__
     if getattr(original, "_posenc_records_config", False):
         return
     signature = inspect.signature(original)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        bound = signature.bind(self, *args, **kwargs)
+        bound.apply_defaults()
+        given = {k: v for k, v in bound.arguments.items() if k != "self" and k != "kwargs"}
+        # Declared ranges are checked before the encoding builds any table from the options.
+        check_option_ranges(cls, given)
         original(self, *args, **kwargs)
         if type(self) is cls:
-            bound = signature.bind(self, *args, **kwargs)
-            bound.apply_defaults()
-            self._config = {k: v for k, v in bound.arguments.items() if k != "self" and k != "kwargs"}
+            self._config = given
 
     __init__._posenc_records_config = True  # type: ignore[attr-defined]
     __init__.__wrapped__ = original  # type: ignore[attr-defined]

@@ -320,11 +320,18 @@ def select_backend(request: AttentionRequest, requested: str = "auto") -> Backen
     )
 
 
+_LOADED = False
+
+
 def _load_builtin() -> None:
     """Import every backend module of this package (importing one registers it)."""
+    global _LOADED
+    if _LOADED:  # once: a compiled forward cannot trace the module search
+        return
     import importlib
     import pkgutil
 
+    _LOADED = True
     for info in pkgutil.iter_modules(__path__):
         if not info.name.startswith("_") and info.name != "dispatch":
             importlib.import_module(f"{__name__}.{info.name}")

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from ..base import BiasEncoding
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["alibi_slopes"]
 
@@ -68,6 +68,7 @@ class ALiBi(BiasEncoding):
     """Linear distance penalty per head, no position embedding (Press et al. 2022)."""
 
     layer_sizes = ("num_heads",)
+    option_ranges = {"num_heads": at_least(1)}
     derived_buffers = ("slopes",)
     shift_invariant = True
     noncausal_options = {"mode": "symmetric"}

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import register
+from ..registry import at_least, greater_than, register
 from .rope import _apply_cos_sin, _check_pairing, rope_inv_freq
 from .sinusoidal2d import grid_row_col
 
@@ -47,6 +47,7 @@ class AxialRoPE(RotaryEncoding):
     """Axial 2-D RoPE for image patches (Qwen2-VL vision): half the pairs rotate with the row, half with the column."""
 
     layer_sizes = ("head_dim",)
+    option_ranges = {"head_dim": at_least(4), "grid_width": at_least(1), "base": greater_than(1)}
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     example_options = {"grid_width": 4}
 
@@ -65,8 +66,6 @@ class AxialRoPE(RotaryEncoding):
             raise ValueError(
                 f"axial_rope: head_dim must be a positive multiple of 4, got head_dim={head_dim!r}"
             )
-        if grid_width <= 0:
-            raise ValueError(f"axial_rope: grid_width must be positive, got grid_width={grid_width}")
         self.head_dim, self.grid_width, self.base, self.pairing = head_dim, grid_width, float(base), pairing
         self.tables = RotaryTables()
         self.reset_buffers()

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import ContentEncoding
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["cope_positions", "cope_interpolate"]
 
@@ -53,6 +53,7 @@ class CoPE(ContentEncoding):
     """CoPE (Golovneva et al. 2024): positions counted by sigmoid gates of the logits; causal only."""
 
     layer_sizes = ("head_dim",)
+    option_ranges = {"head_dim": at_least(1), "npos_max": at_least(2)}
     shift_invariant = True
     causal_only = True
 
@@ -60,8 +61,6 @@ class CoPE(ContentEncoding):
         """Args: ``head_dim`` (filled in by the layer); ``npos_max`` (rows of the position embedding,
         x-transformers' ``cope_max_pos``; counted positions are clamped to ``npos_max - 1``)."""
         super().__init__()
-        if npos_max < 2:
-            raise ValueError(f"cope: npos_max must be >= 2, got npos_max={npos_max}")
         self.head_dim, self.npos_max = head_dim, npos_max
         self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))
 

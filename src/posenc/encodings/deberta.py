@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import ContentEncoding
-from ..registry import register
+from ..registry import Range, at_least, greater_than, register
 
 __functional__ = ["deberta_log_bucket", "deberta_att_span", "deberta_relative_index"]
 
@@ -107,6 +107,13 @@ class DebertaDisentangled(ContentEncoding):
     """DeBERTa-v2 disentangled attention: content-to-position and position-to-content terms on log buckets."""
 
     layer_sizes = ("dim", "num_heads", "head_dim")
+    option_ranges = {
+        "dim": at_least(1),
+        "num_heads": at_least(1),
+        "head_dim": at_least(1),
+        "layer_norm_eps": greater_than(0),
+        "pos_dropout": Range(0, 1, high_inclusive=False),
+    }
     shift_invariant = True
     shared_across_layers = True
     #: A small table (16 rows) so the contract tests' float64 gradcheck stays quick; log buckets
@@ -143,16 +150,11 @@ class DebertaDisentangled(ContentEncoding):
             pos_dropout: dropout on the table during training (HF uses ``hidden_dropout_prob``).
         """
         super().__init__()
-        for option, value in (("dim", dim), ("num_heads", num_heads), ("head_dim", head_dim)):
-            if value <= 0:
-                raise ValueError(f"deberta: {option} must be positive, got {value}")
         if max_relative_positions < 1 and max_position_embeddings < 1:
             raise ValueError(
                 f"deberta: max_position_embeddings must be positive when max_relative_positions < 1, "
                 f"got {max_position_embeddings}"
             )
-        if not 0.0 <= pos_dropout < 1.0:
-            raise ValueError(f"deberta: pos_dropout must be in [0, 1), got {pos_dropout}")
         self.dim, self.num_heads, self.head_dim = dim, num_heads, head_dim
         self.position_buckets = position_buckets
         self.max_relative_positions = (

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import BiasEncoding
-from ..registry import register
+from ..registry import at_least, greater_than, register
 
 __functional__ = ["fire_input"]
 
@@ -41,6 +41,12 @@ class FIRE(BiasEncoding):
     """FIRE (Li et al. 2023): an MLP of the log-normalised distance gives each head's bias; causal only."""
 
     layer_sizes = ("num_heads",)
+    option_ranges = {
+        "num_heads": at_least(1),
+        "hidden_dim": at_least(1),
+        "threshold_init": greater_than(0),
+        "eps": greater_than(0),
+    }
     causal_only = True
 
     def __init__(
@@ -56,10 +62,6 @@ class FIRE(BiasEncoding):
         super().__init__()
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f"fire: num_heads must be a positive integer, got num_heads={num_heads!r}")
-        if hidden_dim <= 0:
-            raise ValueError(f"fire: hidden_dim must be positive, got hidden_dim={hidden_dim}")
-        if threshold_init <= 0:
-            raise ValueError(f"fire: threshold_init must be positive, got threshold_init={threshold_init}")
         self.num_heads, self.eps = num_heads, eps
         self.c = nn.Parameter(torch.tensor(float(c_init)))
         self.threshold_mult = nn.Parameter(torch.tensor(1.0))

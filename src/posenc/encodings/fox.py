@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import BiasEncoding, TokenStates
-from ..registry import register
+from ..registry import at_least, greater_than, register
 
 __functional__ = ["fox_bias", "fox_states"]
 
@@ -85,6 +85,7 @@ class FoX(BiasEncoding):
     """Forgetting Transformer (Lin et al. 2025): per-head forget gates from the input, bias c_i - c_j."""
 
     layer_sizes = ("num_heads", "dim")
+    option_ranges = {"num_heads": at_least(1), "dim": at_least(1), "post_log_scale": greater_than(0)}
     shift_invariant = True
     self_attention_only = True
     input_dependent = True
@@ -103,12 +104,10 @@ class FoX(BiasEncoding):
         starts at ``sigmoid(bias_init)``); ``post_log_scale`` (> 0, multiplies the log gates)."""
         super().__init__()
         for option, value in (("num_heads", num_heads), ("dim", dim)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            if isinstance(value, bool) or not isinstance(value, int):
                 raise ValueError(f"fox: {option} must be a positive integer, got {option}={value!r}")
         if mode not in _MODES:
             raise ValueError(f"fox: mode must be one of {_MODES}, got mode={mode!r}")
-        if not post_log_scale > 0:
-            raise ValueError(f"fox: post_log_scale must be > 0 (it scales log gates), got {post_log_scale}")
         self.num_heads, self.mode, self.post_log_scale = num_heads, mode, float(post_log_scale)
         self.causal_only = mode == "causal"
         gates = num_heads * (1 if mode == "causal" else 2)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import BiasEncoding
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["kerple_bias"]
 
@@ -57,6 +57,7 @@ class Kerple(BiasEncoding):
     """Kerple (Chi et al. 2022): learnable log or power kernel of the causal distance, per head."""
 
     layer_sizes = ("num_heads",)
+    option_ranges = {"num_heads": at_least(1)}
     shift_invariant = True
     causal_only = True
 

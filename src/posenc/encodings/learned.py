@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import AbsoluteEncoding, LayerContext, check_table_size
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["resample_positions"]
 
@@ -57,6 +57,7 @@ class Learned(AbsoluteEncoding):
     """Trainable absolute position table added to the layer input (BERT, GPT-2)."""
 
     layer_sizes = ("dim",)
+    option_ranges = {"dim": at_least(1), "max_len": at_least(1)}
 
     @classmethod
     def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..base import BiasEncoding
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["log_distance"]
 
@@ -63,6 +63,12 @@ class MLPBias(BiasEncoding):
     """Dynamic position bias (x-transformers DynamicPositionBias): an MLP of i - j gives each head's bias."""
 
     layer_sizes = ("num_heads", "dim")
+    option_ranges = {
+        "num_heads": at_least(1),
+        "dim": at_least(1),
+        "hidden_dim": at_least(1),
+        "depth": at_least(1),
+    }
     shift_invariant = True
 
     def __init__(
@@ -79,8 +85,6 @@ class MLPBias(BiasEncoding):
         super().__init__()
         if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads <= 0:
             raise ValueError(f"mlp_bias: num_heads must be a positive integer, got num_heads={num_heads!r}")
-        if depth < 1:
-            raise ValueError(f"mlp_bias: depth must be >= 1, got depth={depth}")
         hidden = hidden_dim if hidden_dim is not None else dim // 4
         if hidden <= 0:
             raise ValueError(f"mlp_bias: hidden_dim must be positive, got hidden_dim={hidden} (dim={dim})")

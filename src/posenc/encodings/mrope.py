@@ -52,12 +52,18 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..base import RotaryEncoding
+from ..base import RotaryEncoding, checks_values
 from ..kernels.rope import RotaryTables
-from ..registry import register
+from ..registry import at_least, greater_than, register
 from ..spec import format_spec
 from .rope import _apply_cos_sin, _scaling_of
-from .rope_scaling import LENGTH_DEPENDENT, RopeScaling, rope_scaled_inv_freq, rope_scaling_types
+from .rope_scaling import (
+    LENGTH_DEPENDENT,
+    SCALING_OPTION_RANGES,
+    RopeScaling,
+    rope_scaled_inv_freq,
+    rope_scaling_types,
+)
 
 __functional__ = [
     "mrope_cos_sin",
@@ -289,11 +295,23 @@ def mrope_position_ids(
     return ids.to(token_types.device), torch.tensor(deltas, device=token_types.device)
 
 
+def _has_negative(ids: Tensor) -> bool:
+    """Whether ``ids`` hold a negative value (read in eager mode only: ``base.checks_values``)."""
+    return ids.numel() > 0 and checks_values() and bool((ids < 0).any())
+
+
 @register("mrope")
 class MRoPE(RotaryEncoding):
     """Qwen-VL M-RoPE: RoPE frequencies driven by (t, h, w) position ids, by section (Qwen2-VL) or interleaved (Qwen3-VL)."""
 
     layer_sizes = ("head_dim",)
+    option_ranges = {
+        "head_dim": at_least(2),
+        "base": greater_than(1),
+        "mrope_section": at_least(0),
+        "rotary_dim": at_least(2),
+        **{k: v for k, v in SCALING_OPTION_RANGES.items() if k not in ("short_factor", "long_factor")},
+    }
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
 
@@ -407,6 +425,9 @@ class MRoPE(RotaryEncoding):
             raise ValueError(
                 f"mrope: position ids must be an integer tensor [3, B, T] or [3, T], got {tuple(ids.shape)}"
             )
+        if _has_negative(ids):
+            # The same rule as plain positions (base.check_positions): ids are non-negative.
+            raise ValueError(f"mrope: position ids must be non-negative, got minimum {int(ids.min())}")
         previous, self._ids = self._ids, ids.long()
         try:
             yield

@@ -37,9 +37,9 @@ from torch import Tensor
 
 from ..base import RotaryEncoding, check_table_size
 from ..kernels.rope import RotaryTables, apply_rotary, rotary_cos_sin
-from ..registry import register
+from ..registry import at_least, greater_than, register
 from ..spec import format_spec
-from .rope_scaling import RopeScaling, rope_scaled_inv_freq
+from .rope_scaling import SCALING_OPTION_RANGES, RopeScaling, rope_scaled_inv_freq
 
 __functional__ = ["rope_inv_freq", "apply_rope", "convert_rope_pairing", "rope_cos_sin"]
 
@@ -226,6 +226,13 @@ class RoPE(RotaryEncoding):
     """
 
     layer_sizes = ("head_dim",)
+    option_ranges = {
+        "head_dim": at_least(1),
+        "base": greater_than(1),
+        "rotary_dim": at_least(2),
+        "cache_size": at_least(1),
+        **SCALING_OPTION_RANGES,
+    }
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
 
@@ -264,8 +271,6 @@ class RoPE(RotaryEncoding):
             isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0
         ):
             raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
-        if cache_size <= 0:
-            raise ValueError(f"rope: cache_size must be positive, got {cache_size}")
         check_table_size("rope", "cache_size", cache_size, cache_size * max(head_dim or 2, 2))  # cos and sin
         given = locals()  # the scaling options, by their RopeScaling names
         self.scaling, self._base, self._partial = _scaling_of(

@@ -54,6 +54,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from ..registry import at_least, greater_than
+
 __functional__ = ["rope_scaling_types", "rope_scaled_inv_freq"]
 
 ScalingFunction = Callable[[dict[str, Any], "int | None"], tuple[Tensor, float]]
@@ -157,6 +159,23 @@ class RopeScaling:
 
 
 RopeScaling.OPTIONS = tuple(f.name for f in fields(RopeScaling) if f.name != "type")
+
+#: The documented ranges of the scaling options (HF ``rope_parameters``), declared by every
+#: encoding that takes them (RoPE, M-RoPE) in its ``option_ranges``.
+SCALING_OPTION_RANGES = {
+    "factor": greater_than(0),
+    "original_max_position_embeddings": at_least(1),
+    "max_position_embeddings": at_least(1),
+    "beta_fast": greater_than(0),
+    "beta_slow": greater_than(0),
+    "mscale": at_least(0),
+    "mscale_all_dim": at_least(0),
+    "attention_factor": greater_than(0),
+    "low_freq_factor": greater_than(0),
+    "high_freq_factor": greater_than(0),
+    "short_factor": greater_than(0),
+    "long_factor": greater_than(0),
+}
 
 
 def rope_scaling_types() -> list[str]:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ..base import BiasEncoding, LayerContext
-from ..registry import register
+from ..registry import at_least, greater_than, register
 
 __functional__ = ["sandwich_inv_freq", "sandwich_head_factors", "sandwich_bias"]
 
@@ -75,6 +75,7 @@ class Sandwich(BiasEncoding):
     """Sandwich (Chi et al. 2023): the sinusoidal dot product ``p_i·p_j − d'/2`` as a bias, divided by ``8h/H`` per head."""
 
     layer_sizes = ("num_heads",)
+    option_ranges = {"num_heads": at_least(1), "dim": at_least(2), "base": greater_than(1)}
     derived_buffers = ("inv_freq", "head_factors")
     shift_invariant = True
 

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import ContentEncoding, LayerContext, check_table_size
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["shaw_relative_index", "shaw_relative_logits", "shaw_relative_values"]
 
@@ -93,6 +93,12 @@ class ShawRelative(ContentEncoding):
     """Shaw et al. 2018 relative position representations: learned key and value terms, clipped at k."""
 
     layer_sizes = ("head_dim", "num_heads")
+    option_ranges = {
+        "head_dim": at_least(1),
+        "num_heads": at_least(1),
+        "k": at_least(1),
+        "max_len": at_least(1),
+    }
 
     @classmethod
     def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:
@@ -122,14 +128,6 @@ class ShawRelative(ContentEncoding):
             max_len: only for ``k=None``: positions must be below it (table of ``2·max_len − 1`` rows).
         """
         super().__init__()
-        if head_dim <= 0:
-            raise ValueError(f"shaw: head_dim must be positive, got {head_dim}")
-        if num_heads <= 0:
-            raise ValueError(f"shaw: num_heads must be positive, got {num_heads}")
-        if k is not None and k < 1:
-            raise ValueError(f"shaw: k (clipping distance) must be >= 1 or None, got {k}")
-        if k is None and max_len < 1:
-            raise ValueError(f"shaw: max_len must be >= 1, got {max_len}")
         self.head_dim, self.num_heads, self.k = head_dim, num_heads, k
         self.per_head, self.value_term, self.max_len = per_head, value_term, max_len
         self.max_positions = max_len if k is None else None

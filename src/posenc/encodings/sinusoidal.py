@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..base import AbsoluteEncoding
-from ..registry import register
+from ..registry import at_least, greater_than, register
 
 __functional__ = ["sinusoidal"]
 
@@ -79,6 +79,7 @@ class Sinusoidal(AbsoluteEncoding):
     """Fixed sin/cos absolute encoding added to the layer input (Vaswani et al. 2017)."""
 
     layer_sizes = ("dim",)
+    option_ranges = {"dim": at_least(2), "base": greater_than(0)}
 
     def __init__(self, dim: int, base: float = 10000.0, layout: Layout = "interleaved") -> None:
         """Args: ``dim`` the model width (filled in by the layer); ``base``; ``layout``."""

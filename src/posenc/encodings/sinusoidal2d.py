@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..base import AbsoluteEncoding
-from ..registry import register
+from ..registry import at_least, greater_than, register
 from .sinusoidal import sinusoidal
 
 __functional__ = ["sinusoidal_2d", "grid_row_col"]
@@ -54,6 +54,7 @@ class Sinusoidal2D(AbsoluteEncoding):
     """2-D sin-cos patch encoding in MAE channel order (column sin, cos, then row sin, cos), added to the input."""
 
     layer_sizes = ("dim",)
+    option_ranges = {"dim": at_least(4), "grid_width": at_least(1), "base": greater_than(0)}
     example_options = {"grid_width": 4}
 
     def __init__(self, dim: int, grid_width: int, base: float = 10000.0, cls_token: bool = False) -> None:
@@ -62,10 +63,6 @@ class Sinusoidal2D(AbsoluteEncoding):
         super().__init__()
         if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 4:
             raise ValueError(f"sinusoidal2d: dim must be a positive multiple of 4, got dim={dim!r}")
-        if grid_width <= 0:
-            raise ValueError(f"sinusoidal2d: grid_width must be positive, got grid_width={grid_width}")
-        if not base > 0:
-            raise ValueError(f"sinusoidal2d: base must be positive, got base={base}")
         self.dim, self.grid_width, self.base, self.cls_token = dim, grid_width, float(base), cls_token
 
     def encode(self, positions: Tensor, dtype: torch.dtype | None = None) -> Tensor:

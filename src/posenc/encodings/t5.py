@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ..base import BiasEncoding, LayerContext
-from ..registry import register
+from ..registry import at_least, register
 
 __functional__ = ["t5_bucket"]
 
@@ -89,6 +89,7 @@ class T5Bias(BiasEncoding):
     """Learned per-head scalar bias on log-spaced relative-distance buckets (T5)."""
 
     layer_sizes = ("num_heads",)
+    option_ranges = {"num_heads": at_least(1), "num_buckets": at_least(2), "max_distance": at_least(1)}
 
     @classmethod
     def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import register
+from ..registry import at_least, greater_than, register
 from .rope import _apply_cos_sin
 
 __functional__ = [
@@ -110,6 +110,13 @@ class RoPEMixed(RotaryEncoding):
     """RoPE-Mixed (Heo et al. 2024; timm RotaryEmbeddingMixed): learned per-head 2-D frequencies on image patches."""
 
     layer_sizes = ("num_heads", "head_dim")
+    option_ranges = {
+        "num_heads": at_least(1),
+        "head_dim": at_least(4),
+        "grid_width": at_least(1),
+        "base": greater_than(0),
+        "prefix_tokens": at_least(0),
+    }
     example_options = {"grid_width": 4}
 
     def __init__(
@@ -228,6 +235,16 @@ class DINOv3RoPE(RotaryEncoding):
     """DINOv3's 2-D RoPE (HF dinov3_vit): patch centres in [−1, 1], with shift / jitter / rescale in training."""
 
     layer_sizes = ("head_dim",)
+    option_ranges = {
+        "head_dim": at_least(4),
+        "grid_width": at_least(1),
+        "grid_height": at_least(1),
+        "base": greater_than(1),
+        "prefix_tokens": at_least(0),
+        "shift": at_least(0),
+        "jitter": at_least(1),
+        "rescale": at_least(1),
+    }
     derived_buffers = (
         "inv_freq",
         "tables.inv_freq",

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import register
+from ..registry import at_least, greater_than, register
 from .rope import _apply_cos_sin, _check_pairing, rope_cos_sin, rope_inv_freq
 
 __functional__ = ["xpos_zeta", "apply_xpos"]
@@ -96,6 +96,12 @@ class XPos(RotaryEncoding):
     """xPos (Sun et al. 2022): RoPE times a per-pair decay ζ^((n-m)/B); causal attention only."""
 
     layer_sizes = ("head_dim",)
+    option_ranges = {
+        "head_dim": at_least(2),
+        "base": greater_than(1),
+        "scale_base": greater_than(0),
+        "gamma": greater_than(0),
+    }
     derived_buffers = ("zeta", "tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
     causal_only = True
@@ -113,8 +119,6 @@ class XPos(RotaryEncoding):
         ``gamma`` ``γ``; ``scale_center`` (the position whose scale is 1); ``pairing``."""
         super().__init__()
         _check_pairing(pairing)
-        if scale_base <= 0:
-            raise ValueError(f"xpos: scale_base must be positive, got scale_base={scale_base}")
         self.head_dim, self.base, self.scale_base = head_dim, base, scale_base
         self.gamma, self.scale_center, self.pairing = gamma, scale_center, pairing
         self.tables = RotaryTables()

@@ -10,7 +10,7 @@ line ``posenc extrapolate`` (:mod:`posenc.experiments.cli`) draws them with Rich
 
 from __future__ import annotations
 
-from .runner import ExperimentInterrupted, SummaryTable, run_experiment, summary_table
+from .runner import ExperimentInterrupted, SummaryTable, WorkerDied, run_experiment, summary_table
 from .tasks import TASKS, Batch, Metric, Task, default_corpus, make_task
 from .train import ExperimentConfig, RunSpec
 
@@ -23,6 +23,7 @@ __all__ = [
     "RunSpec",
     "SummaryTable",
     "Task",
+    "WorkerDied",
     "default_corpus",
     "make_task",
     "run_experiment",

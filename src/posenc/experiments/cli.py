@@ -161,7 +161,7 @@ def extrapolate(
     resume when the same command is run again. Under `torchrun --nproc_per_node N` each run
     trains with DistributedDataParallel.
     """
-    from .runner import Distributed, ExperimentInterrupted, run_experiment, summary_table
+    from .runner import Distributed, ExperimentInterrupted, WorkerDied, run_experiment, summary_table
 
     specs = split_specs(encodings)
     config = ExperimentConfig(
@@ -198,6 +198,9 @@ def extrapolate(
             )
         if writer:
             console.print(rich_table(summary_table(config, records, config.make_task().metric)))
+    except WorkerDied as err:
+        console.print(f"[red]error:[/red] {err}; run the same command again to resume", soft_wrap=True)
+        raise typer.Exit(1) from err
     except ExperimentInterrupted as err:
         console.print(f"[yellow]{err}[/yellow]; run the same command again to resume")
         raise typer.Exit(130) from err

@@ -18,11 +18,11 @@ import os
 import tempfile
 import warnings
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 if TYPE_CHECKING:
     from .tasks import Metric
@@ -32,6 +32,7 @@ __all__ = [
     "Record",
     "SummaryRow",
     "append_records",
+    "atomic_write",
     "atomic_write_text",
     "experiment_settings",
     "group_records",
@@ -57,20 +58,46 @@ RECORD_FIELDS = (
 )
 
 
+#: The mode of every file an experiment writes (results, config, checkpoints): readable by all.
+FILE_MODE = 0o644
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary file in the same folder, fsync, rename)."""
+    atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
+    """Call ``write(handle)`` on a temporary file beside ``path``, fsync it, give it mode 0644 and
+    rename it over ``path``: a crash leaves the old file or the new one, never a torn one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+            os.fchmod(handle.fileno(), FILE_MODE)  # mkstemp makes it 0600
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in ``folder`` durable (where the platform allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 #: Fields a record must have to be read back (``task``, ``seed``, ``train_len`` are optional).
@@ -115,7 +142,11 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         try:
             yield number, json.loads(line)
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: not JSON ({err.msg})") from err
+            raise ValueError(
+                f"{path}, line {number}: not a JSON record ({err.msg}), a torn or edited line; delete that "
+                "line (or every record of its run) and run the same command again: runs with missing "
+                "records are redone"
+            ) from err
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
@@ -253,6 +284,4 @@ def plot_results(
         length_label=metric.length_label,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
+    atomic_write(path, lambda handle: fig.savefig(handle, dpi=120, format="png"))

@@ -28,8 +28,11 @@ import os
 import queue as queue_module
 import signal
 import socket
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +52,15 @@ from .train import (
     train_and_evaluate,
 )
 
-__all__ = ["Distributed", "ExperimentInterrupted", "Log", "SummaryTable", "run_experiment", "summary_table"]
+__all__ = [
+    "Distributed",
+    "ExperimentInterrupted",
+    "Log",
+    "SummaryTable",
+    "WorkerDied",
+    "run_experiment",
+    "summary_table",
+]
 
 #: ``log(message)``: one line of news (a run kept or resumed, where the results are).
 Log = Callable[[str], None]
@@ -57,6 +68,10 @@ Log = Callable[[str], None]
 
 class ExperimentInterrupted(Exception):
     """The experiment stopped early; finished records and checkpoints are saved."""
+
+
+class WorkerDied(ExperimentInterrupted):
+    """A worker process ended abruptly (killed, out of memory); finished records are saved."""
 
 
 @dataclass(frozen=True)
@@ -95,12 +110,14 @@ def _device(requested: str, dist: Distributed) -> torch.device:
 # ---------------------------------------------------------------------------- folder bookkeeping
 
 
-def _check_config(out: Path, config: ExperimentConfig) -> None:
-    """Refuse to mix results of different settings in one folder."""
+def _check_config(out: Path, config: ExperimentConfig, task: Task) -> None:
+    """Refuse to mix results of different settings, or of different data, in one folder."""
     path = out / "config.json"
     if not path.exists():
         return
-    saved = results_io.experiment_settings(results_io.load_config(out))
+    saved_config = results_io.load_config(out)
+    _check_data(path, saved_config.get("data"), task.data_fingerprint())
+    saved = results_io.experiment_settings(saved_config)
     current = config.identity()
     defaults = ExperimentConfig().identity()  # a field added later reads as its default in old folders
     different = {
@@ -113,6 +130,31 @@ def _check_config(out: Path, config: ExperimentConfig) -> None:
         raise ValueError(
             f"{out} holds an experiment with other settings ({details}); use another --out folder"
         )
+
+
+def _check_data(path: Path, saved: Any, current: dict[str, str] | None) -> None:
+    """The data recorded in ``config.json`` (a corpus's sha256) must be the data read now."""
+    if not isinstance(saved, dict) or current is None or saved.get("sha256") in (None, current["sha256"]):
+        return  # generated data, or a folder written before hashes were recorded
+    raise ValueError(
+        f"corpus {current['corpus']} changed since this folder's runs were trained on it (sha256 "
+        f"{saved['sha256'][:12]}... recorded in {path}, {current['sha256'][:12]}... now): mixing them would "
+        "compare models trained on different data; restore the file, or use another --out"
+    )
+
+
+def _check_writable_folder(out: Path) -> None:
+    """``out`` is a folder this process may create or write into (checked before writing anything)."""
+    existing = out
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == out else f"is inside {existing}, which is"
+        raise ValueError(f"--out {out} {what} not a folder; give a folder path")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out}: {existing} is not writable by this user; give a writable folder")
 
 
 LOCK_NAME = ".posenc.lock"
@@ -170,19 +212,25 @@ def _lock_owner_alive(owner: str) -> bool:
     return True
 
 
-def _write_config(out: Path, config: ExperimentConfig, runtime: dict[str, Any]) -> None:
-    payload = {"experiment": config.to_dict(), "runtime": runtime}
+def _write_config(
+    out: Path, config: ExperimentConfig, runtime: dict[str, Any], data: dict[str, str] | None
+) -> None:
+    payload: dict[str, Any] = {"experiment": config.to_dict(), "runtime": runtime}
+    if data is not None:
+        payload["data"] = data  # the corpus's path and sha256: a rerun on edited data is refused
     results_io.atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
 
 
 def _finished_runs(out: Path, config: ExperimentConfig, metric: Metric) -> set[str]:
-    """Runs whose records cover every evaluated length (a run with some records missing is redone)."""
-    lengths: dict[str, set[int]] = {}
+    """Runs whose records cover every evaluated length of every metric (a run with some records
+    missing is redone). The metrics are the task's own and any other the folder's runs recorded."""
+    seen: dict[str, set[tuple[str, int]]] = {}
+    metrics = {metric.name}
     for record in results_io.read_records(out / "results.jsonl"):
-        if record.get("metric") == metric.name:
-            lengths.setdefault(record["run"], set()).add(record["length"])
-    wanted = set(range(1, config.eval_len + 1))
-    return {run for run, seen in lengths.items() if wanted <= seen}
+        seen.setdefault(record["run"], set()).add((record.get("metric"), record["length"]))
+        metrics.add(record.get("metric"))
+    wanted = {(name, length) for name in metrics for length in range(1, config.eval_len + 1)}
+    return {run for run, pairs in seen.items() if wanted <= pairs}
 
 
 # ---------------------------------------------------------------------------- progress
@@ -202,12 +250,33 @@ _WORKER_QUEUE: Any = None
 _WORKER_STOP: Any = None
 
 
+#: How often a worker checks that the main process still runs (seconds).
+PARENT_POLL_SECONDS = 0.5
+
+
 def _init_worker(threads: int, progress_queue: Any, stop_event: Any) -> None:
     global _WORKER_QUEUE, _WORKER_STOP
     torch.set_num_threads(threads)
     _WORKER_QUEUE, _WORKER_STOP = progress_queue, stop_event
     # Idle workers ignore Ctrl-C; a running job turns it into a checkpoint and a clean stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _exit_when_orphaned(os.getppid())
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """Exit this worker as soon as its parent is gone (killed with SIGKILL, no chance to clean up).
+
+    A worker blocked on the pool's pipe would otherwise live forever; nothing it does after the
+    parent died can reach the results (the parent writes them), and its checkpoints are atomic,
+    so the next command resumes from the last one.
+    """
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="posenc-parent-watch", daemon=True).start()
 
 
 def _queue_report(label: str, phase: str, done: int, total: int, note: str) -> None:
@@ -273,6 +342,7 @@ def _run_in_workers(
         for run in runs:
             checkpoint = str(out / "checkpoints" / f"{run_id_for(config, run)}.pt")
             futures[executor.submit(_worker_job, config, run, checkpoint, str(device))] = run
+        processes = list(getattr(executor, "_processes", {}).values())  # to name a worker that dies
         pending = set(futures)
         while pending:
             done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
@@ -283,6 +353,8 @@ def _run_in_workers(
                     on_done(futures[future], future.result())
                 except Interrupted as err:  # a worker was stopped (a signal sent to it alone): stop all
                     raise KeyboardInterrupt from err
+                except BrokenProcessPool as err:
+                    raise WorkerDied(_death_notice(processes)) from err
         _drain(progress_queue, report, log)
     except KeyboardInterrupt:
         stop_event.set()  # running jobs checkpoint and stop; queued ones stop before starting
@@ -293,6 +365,25 @@ def _run_in_workers(
         ) from None
     finally:
         executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _death_notice(processes: list[Any]) -> str:
+    """One line naming the worker that died and how: ``worker 2 (pid 4242) died (signal 9)``."""
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not any(p.exitcode not in (None, 0) for p in processes):
+        time.sleep(0.05)  # the pool notices a death before the process's exit code is collected
+    # The pool then terminates the other workers (SIGTERM): name the one that died first.
+    dead = [(n, p) for n, p in enumerate(processes, start=1) if p.exitcode not in (None, 0)]
+    dead.sort(key=lambda item: item[1].exitcode == -signal.SIGTERM)
+    for number, process in dead[:1]:
+        code = process.exitcode
+        if code is not None:
+            how = f"signal {-code}" if code < 0 else f"exit code {code}"
+            return (
+                f"worker {number} (pid {process.pid}) died ({how}); finished runs are saved, "
+                "unfinished ones resume from their checkpoints"
+            )
+    return "a worker process died; finished runs are saved, unfinished ones resume from their checkpoints"
 
 
 def _collect_finished(
@@ -327,9 +418,10 @@ def _drain(progress_queue: Any, report: Reporter, log: Log) -> None:
 # ---------------------------------------------------------------------------- experiment
 
 
-def check_models(config: ExperimentConfig, task: Task) -> None:
+def check_models(config: ExperimentConfig, task: Task, device: torch.device | str = "cpu") -> None:
     """Build every encoding's model on the meta device (no memory, no data) so that a bad spec or
-    preset fails before anything is written; the error names the encoding."""
+    preset fails before anything is written; the error names the encoding. A forced backend must
+    also train each encoding on ``device``."""
     if config.randomize_positions is not None:
         if config.pack:
             raise ValueError(
@@ -353,6 +445,24 @@ def check_models(config: ExperimentConfig, task: Task) -> None:
                 build_model(config, task, encoding)
         except (ValueError, TypeError) as err:
             raise ValueError(f"--encodings {encoding!r}: {err}") from err
+        if config.backend != "auto":
+            _check_backend_serves(config, task, encoding, torch.device(device))
+
+
+def _check_backend_serves(config: ExperimentConfig, task: Task, encoding: str, device: torch.device) -> None:
+    """A forced ``--backend`` must run this encoding's training step (forward and backward): one
+    step on a two-example batch of the shortest length, before anything is written."""
+    from ..backends import NoBackendError
+
+    model = build_model(config, task, encoding).to(device)
+    batch = task.train_batch(config.min_train_len, config.min_train_len, 2, torch.Generator().manual_seed(0))
+    try:
+        model(batch.inputs.to(device)).float().sum().backward()
+    except NoBackendError as err:
+        reason = str(err).split("\n")[0]
+        raise ValueError(
+            f"--backend {config.backend!r} cannot train --encodings {encoding!r}: {reason}"
+        ) from err
 
 
 def run_experiment(
@@ -376,14 +486,17 @@ def run_experiment(
     Raises :class:`ExperimentInterrupted` after Ctrl-C/SIGTERM (everything finished is saved).
     """
     config.validate()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an int >= 1 (--threads), got {threads!r}")
     dist = Distributed.from_env()
     torch_device = _device(device, dist)
     out = Path(out)
-    _check_config(out, config)
+    _check_writable_folder(out)
     task = config.make_task()
+    _check_config(out, config, task)
     for length in (config.train_len, config.eval_len):
         task.check_length(length)
-    check_models(config, task)
+    check_models(config, task, torch_device)
     runs = [RunSpec(encoding, seed) for seed in config.seeds for encoding in config.encodings]
     workers = _worker_count(workers, len(runs), dist)
     is_writer = dist.rank == 0
@@ -400,7 +513,7 @@ def run_experiment(
                 "world_size": dist.world_size,
                 "device": str(torch_device),
             }
-            _write_config(out, config, runtime)
+            _write_config(out, config, runtime, task.data_fingerprint())
         finished = _finished_runs(out, config, task.metric)
         todo = [run for run in runs if run_id_for(config, run) not in finished]
         for run in runs:

@@ -255,6 +255,11 @@ class Task:
         if not isinstance(length, int) or length < 1:
             raise ValueError(f"{self.name}: length must be a positive int, got {length!r}")
 
+    def data_fingerprint(self) -> dict[str, str] | None:
+        """What identifies the data a task reads from outside (a file's path and sha256), recorded
+        in the experiment folder so that a rerun on other data is refused; None: generated data."""
+        return None
+
     @classmethod
     def from_options(cls, *, num_symbols: int, distinct: bool, corpus: str | None) -> Task:
         """Build the task from the experiment's task options (each task reads those it has)."""
@@ -466,6 +471,19 @@ def default_corpus() -> bytes:
     return inspect.getsource(argparse).encode("utf-8")
 
 
+def read_corpus(path: Path) -> bytes:
+    """The bytes of an LM corpus; ``ValueError`` naming ``--corpus`` when it is missing, not a file
+    or empty."""
+    if not path.exists():
+        raise ValueError(f"--corpus {path} does not exist; give the path of a text file")
+    if not path.is_file():
+        raise ValueError(f"--corpus {path} is not a file; give the path of a text file")
+    data = path.read_bytes()
+    if not data:
+        raise ValueError(f"--corpus {path} is empty; give a text file with content")
+    return data
+
+
 class ByteLM(Task):
     """Byte-level language model on a text: random windows; the last 10% of the bytes is held out.
 
@@ -478,8 +496,9 @@ class ByteLM(Task):
     vocab_size = 256
 
     def __init__(self, corpus: str | Path | None = None, eval_fraction: float = 0.1) -> None:
-        data = default_corpus() if corpus is None else Path(corpus).read_bytes()
+        data = default_corpus() if corpus is None else read_corpus(Path(corpus))
         self.corpus = "stdlib:argparse" if corpus is None else str(corpus)
+        self.sha256 = hashlib.sha256(data).hexdigest()
         if not 0.0 < eval_fraction < 1.0:
             raise ValueError(f"lm: eval_fraction must be in (0, 1), got {eval_fraction}")
         data_tensor = torch.frombuffer(bytearray(data), dtype=torch.uint8).long()
@@ -487,6 +506,10 @@ class ByteLM(Task):
         self.train_data, self.eval_data = data_tensor[:split], data_tensor[split:]
         if len(self.eval_data) < 2:
             raise ValueError(f"lm: corpus {self.corpus!r} is too small ({len(data)} bytes)")
+
+    def data_fingerprint(self) -> dict[str, str]:
+        """The corpus's path and the sha256 of its bytes."""
+        return {"corpus": self.corpus, "sha256": self.sha256}
 
     @classmethod
     def from_options(cls, *, num_symbols: int, distinct: bool, corpus: str | None) -> Task:

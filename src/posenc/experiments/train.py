@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .results import atomic_write
 from .tasks import IGNORE, Task, make_task, mix_seed
 
 __all__ = ["INTERRUPT_ENV", "ExperimentConfig", "Interrupted", "RunSpec", "run_id_for", "train_and_evaluate"]
@@ -210,10 +211,8 @@ def _lr_factor(config: ExperimentConfig) -> Callable[[int], float]:
 
 
 def _save_checkpoint(path: Path, state: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    """Atomically (temporary file, fsync, rename; mode 0644): a kill never leaves half a checkpoint."""
+    atomic_write(path, lambda handle: torch.save(state, handle))
 
 
 def random_positions(batch: int, length: int, max_position: int, generator: torch.Generator) -> torch.Tensor:

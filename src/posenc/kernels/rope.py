@@ -102,6 +102,10 @@ class RotaryTables(nn.Module):
         """float32 ``cos``/``sin`` ``[*positions.shape, d_r/2]`` for integer (non-negative) ``positions``."""
         if self.inv_freq.numel() == 0:
             raise RuntimeError("RotaryTables: no frequencies yet; call reset(inv_freq) first")
+        if torch.compiler.is_compiling():
+            # The cache's size depends on the positions' values, which a compiled graph cannot
+            # branch on: compute the rows on the fly (the same function the cache is built with).
+            return rotary_cos_sin(positions, self.inv_freq.to(positions.device), self.attention_scale)
         rows = self.cos.shape[0]
         if self.cos.device != positions.device or self.cos.dtype != torch.float32:
             self._build(rows, positions.device)

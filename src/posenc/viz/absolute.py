@@ -130,7 +130,7 @@ def absolute_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     return fig
 
 
-@figure(Kind.ABSOLUTE, "similarity", applies=_has_table)
+@figure(Kind.ABSOLUTE, "similarity", applies=_has_table, square=True)
 def absolute_similarity(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Dot-product similarity between the encoding vectors of every pair of positions."""
     table = encoding_table(enc, options.length_or(SEED_LENGTH))

@@ -52,7 +52,7 @@ def grid_size(heads: int) -> tuple[float, float]:
     return 3.2 * cols + 1.2, 3.0 * -(-heads // cols) + 0.8
 
 
-@figure(ANY, "attention")
+@figure(ANY, "attention", square=True)
 def positional_attention(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Attention pattern of a random layer fed the same token everywhere: what the encoding alone does.
 

@@ -30,7 +30,7 @@ def dense_bias(enc: PositionalEncoding, length: int, causal: bool) -> np.ndarray
     return bias
 
 
-@figure(Kind.BIAS, "bias")
+@figure(Kind.BIAS, "bias", square=True)
 def bias_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Per-head bias heatmap over a query × key grid (from ``enc.bias``)."""
     length = options.length_or(DEFAULT_LENGTH)
@@ -140,7 +140,7 @@ def alibi_slopes_figure(enc: PositionalEncoding, options: PlotOptions) -> Figure
     return fig
 
 
-@figure("t5", "buckets")
+@figure("t5", "buckets", square=True)
 def t5_buckets(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """T5: bucket id of every (query, key) pair of a small grid, and bucket against key − query."""
     if not isinstance(enc, T5Bias):

@@ -19,7 +19,7 @@ def _grid_positions(options: PlotOptions) -> torch.Tensor:
     return torch.arange(options.length_or(DEFAULT_GRID))[None]
 
 
-@figure("shaw", "index")
+@figure("shaw", "index", square=True)
 def shaw_index(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Shaw: the clipped relative index clip(j − i, −k, k) + k of every (query, key) pair."""
     config = enc.config()
@@ -43,7 +43,7 @@ def shaw_index(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     )
 
 
-@figure("deberta", "index")
+@figure("deberta", "index", square=True)
 def deberta_index(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """DeBERTa: the relative table row clamp(bucket(i − j) + span, 0, 2·span − 1) of every pair."""
     config = enc.config()

@@ -77,22 +77,48 @@ class PlotOptions:
 FigureFn = Callable[[PositionalEncoding, PlotOptions], Figure]
 
 
+#: The largest ``length × length`` float32 map a figure may build (256 MiB, ``-n 8192``): a bigger one
+#: would exhaust memory long before it is drawn, and no image has that many pixels.
+MAX_MAP_BYTES = 256 << 20
+
+
+def check_map_length(length: int) -> None:
+    """Refuse up front a ``length × length`` map past :data:`MAX_MAP_BYTES`, naming ``-n`` and the memory."""
+    needed = length * length * 4
+    if needed > MAX_MAP_BYTES:
+        largest = int((MAX_MAP_BYTES // 4) ** 0.5)
+        raise ValueError(
+            f"-n/--length {length} asks for a {length} x {length} map: {needed / 2**30:.1f} GiB per head in "
+            f"float32 (limit {MAX_MAP_BYTES >> 20} MiB); use -n {largest} or less"
+        )
+
+
 @dataclass(frozen=True)
 class _Entry:
     fn: FigureFn
     description: str
     applies: Callable[[PositionalEncoding], bool] | None
+    #: The figure builds ``length × length`` maps (attention, bias, similarity): its length is checked.
+    square: bool = False
 
 
 _FIGURES: dict[str | Kind, dict[str, _Entry]] = {}
 
 
-def figure(key: str | Kind, name: str, *, applies: Callable[[PositionalEncoding], bool] | None = None):
+def figure(
+    key: str | Kind,
+    name: str,
+    *,
+    applies: Callable[[PositionalEncoding], bool] | None = None,
+    square: bool = False,
+):
     """Decorator: register a figure function under an encoding name, a :class:`Kind` or :data:`ANY`.
 
     ``applies(enc)``, when given, says whether the figure makes sense for a particular encoding
-    (an absolute heatmap of NoPE's zero-width embedding does not). The function's docstring's first
-    line is the figure's description in ``posenc plot --list``.
+    (an absolute heatmap of NoPE's zero-width embedding does not). ``square=True`` says the figure
+    builds ``length × length`` maps, so a length past :data:`MAX_MAP_BYTES` is refused before any
+    is allocated. The function's docstring's first line is the figure's description in
+    ``posenc plot --list``.
     """
 
     def decorator(fn: FigureFn) -> FigureFn:
@@ -100,7 +126,7 @@ def figure(key: str | Kind, name: str, *, applies: Callable[[PositionalEncoding]
         if name in table:
             raise ValueError(f"figure {name!r} is already registered for {key!r}")
         doc = (fn.__doc__ or "").strip().split("\n")[0]
-        table[name] = _Entry(fn, doc, applies)
+        table[name] = _Entry(fn, doc, applies, square)
         return fn
 
     return decorator
@@ -108,11 +134,15 @@ def figure(key: str | Kind, name: str, *, applies: Callable[[PositionalEncoding]
 
 def figures_for(enc: PositionalEncoding) -> dict[str, tuple[FigureFn, str]]:
     """The figures available for ``enc``, most specific first: ``{name: (function, description)}``."""
-    merged: dict[str, tuple[FigureFn, str]] = {}
+    return {name: (entry.fn, entry.description) for name, entry in _entries_for(enc).items()}
+
+
+def _entries_for(enc: PositionalEncoding) -> dict[str, _Entry]:
+    merged: dict[str, _Entry] = {}
     for key in (enc.name, enc.kind, ANY):
         for name, entry in _FIGURES.get(key, {}).items():
             if name not in merged and (entry.applies is None or entry.applies(enc)):
-                merged[name] = (entry.fn, entry.description)
+                merged[name] = entry
     return merged
 
 
@@ -120,7 +150,7 @@ def make_figure(
     enc: PositionalEncoding, name: str | None = None, options: PlotOptions | None = None
 ) -> Figure:
     """Draw figure ``name`` of ``enc`` (its default figure when ``name`` is None)."""
-    available = figures_for(enc)
+    available = _entries_for(enc)
     if not available:
         raise ValueError(f"no figure is registered for encoding {enc.name!r} (kind {enc.kind.value})")
     if name is None:
@@ -129,7 +159,10 @@ def make_figure(
         raise ValueError(
             f"figure {name!r} is not available for encoding {enc.name!r}; choose one of: {', '.join(available)}"
         )
-    return available[name][0](enc, options or PlotOptions())
+    options = options or PlotOptions()
+    if available[name].square and options.length is not None:
+        check_map_length(options.length)
+    return available[name].fn(enc, options)
 
 
 def new_figure(width: float = 10.0, height: float = 5.0) -> Figure:

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from ..attention import MultiheadAttention
 from ._style import SEQUENTIAL, label_grid
-from .registry import PlotOptions, new_figure, set_title
+from .registry import PlotOptions, check_map_length, new_figure, set_title
 
 __all__ = ["attention_weights", "find_checkpoints", "load_trained_model", "run_attention_figure"]
 
@@ -136,6 +136,7 @@ def run_attention_figure(
     model, task, state = load_trained_model(checkpoint)
     train_len = int(state["config"]["train_len"])
     length = options.length_or(min(2 * train_len, int(state["config"]["eval_len"])))
+    check_map_length(length)
     generator = torch.Generator().manual_seed(options.seed)
     tokens = task.batch(length, 1, generator).inputs
     maps = [w.double().numpy() for w in attention_weights(model, tokens)]
