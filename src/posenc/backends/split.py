@@ -369,23 +369,38 @@ class _NearFar:
         return [n for n in range(self.blocks) if n < 1 or n > last_inner]
 
 
-def _pad_rows(x: Tensor, before: int, after: int) -> Tensor:
-    return torch.nn.functional.pad(x, (0, 0, before, after))
+@dataclass
+class _NearCall:
+    """One near-band kernel call: ``count`` blocks of ``rows`` queries from ``q0`` (step ``block``) in
+    batch row ``b``, each against ``keys`` keys from ``k0`` (same step), with ``mask [1, H, rows, keys]``."""
+
+    b: int
+    count: int
+    rows: int
+    q0: int
+    k0: int
+    keys: int
+    mask: Tensor
 
 
-def _near_calls(plan: _NearFar, bias: Tensor, batch: int):
-    """``(b, first_block, count, mask [1|count, H, block, width])``: the near band's kernel calls."""
+def _near_calls(plan: _NearFar, bias: Tensor, batch: int) -> list[_NearCall]:
+    """The near band as kernel calls: the inner blocks together, each edge block clipped to the keys
+    and queries that exist."""
+    block, length = plan.block, plan.q_len
     edges = plan.edge_blocks()
     inner = [n for n in range(plan.blocks) if n not in edges]
     calls = []
     for b in range(batch):
         if inner:
-            calls.append((b, inner[0], len(inner), bias[None]))
+            first = inner[0] * block
+            calls.append(_NearCall(b, len(inner), block, first, first - block, plan.width, bias[None]))
         for n in edges:
-            first_key = n * plan.block - plan.block
-            keys = torch.arange(first_key, first_key + plan.width, device=bias.device)
-            valid = (keys >= 0) & (keys < plan.q_len)
-            calls.append((b, n, 1, bias.masked_fill(~valid, torch.finfo(bias.dtype).min)[None]))
+            q0, start = n * block, n * block - block
+            lo, hi = max(0, start), min(length, start + plan.width)
+            rows = min(block, length - q0)
+            calls.append(
+                _NearCall(b, 1, rows, q0, lo, hi - lo, bias[None, :, :rows, lo - start : hi - start])
+            )
     return calls
 
 
@@ -432,27 +447,23 @@ class _NearFarAttention(torch.autograd.Function):
     def forward(ctx, plan: _NearFar, q, k, v, table, sinks, far_before, far_after):
         batch, heads, length, dim = q.shape
         acc = _acc_dtype(q.dtype)
-        block, nb = plan.block, plan.blocks
-        padded = nb * block
-        q_pad = _pad_rows(q, 0, padded - length)
-        k_pad = _pad_rows(k, block, padded + plan.width - 2 * block - length)
-        v_pad = _pad_rows(v, block, padded + plan.width - 2 * block - length)
+        block = plan.block
         bias = plan.near_bias(table, q.dtype)
-        near_out = torch.zeros(batch, heads, padded, dim, dtype=q.dtype, device=q.device)
-        near_lse = torch.zeros(batch, heads, padded, 1, dtype=acc, device=q.device)
-        for b, first, count, mask in _near_calls(plan, bias, batch):
+        lse_total = torch.empty(batch, heads, length, 1, dtype=acc, device=q.device)
+        near = []
+        for c in _near_calls(plan, bias, batch):
             out, lse = _flash(
-                _runs(q_pad, b, first * block, block, count, block),
-                _runs(k_pad, b, first * block, block, count, plan.width),
-                _runs(v_pad, b, first * block, block, count, plan.width),
+                _runs(q, c.b, c.q0, block, c.count, c.rows),
+                _runs(k, c.b, c.k0, block, c.count, c.keys),
+                _runs(v, c.b, c.k0, block, c.count, c.keys),
                 0.0,
                 False,
-                attn_mask=mask,
+                attn_mask=c.mask,
                 scale=plan.scale,
             )
-            _runs(near_out, b, first * block, block, count, block).copy_(out)
-            _runs(near_lse, b, first * block, block, count, block)[..., 0].copy_(lse)
-        lse_total = near_lse[:, :, :length, 0].clone()
+            _runs(lse_total, c.b, c.q0, block, c.count, c.rows)[..., 0].copy_(lse)
+            near.append((c, out, lse.to(acc)))
+        lse_total = lse_total[..., 0]
         far_parts = {}
         for side, constant in (("before", far_before), ("after", far_after)):
             if (side == "after" and not plan.bidirectional) or plan.far >= length:
@@ -465,12 +476,18 @@ class _NearFarAttention(torch.autograd.Function):
             rows = _far_rows(plan, side)
             torch.logaddexp(lse_total[:, :, rows], lse, out=lse_total[:, :, rows])
             far_parts[side] = (out, lse)
-        merged = near_out[:, :, :length].to(acc) * torch.exp(
-            near_lse[:, :, :length, 0] - lse_total
-        ).unsqueeze(-1)
+        merged = torch.empty(batch, heads, length, dim, dtype=acc, device=q.device)
+        for c, out, lse in near:
+            weight = torch.exp(
+                lse - _runs(lse_total.unsqueeze(-1), c.b, c.q0, block, c.count, c.rows)[..., 0]
+            )
+            torch.mul(
+                out, weight.unsqueeze(-1).to(out.dtype), out=_runs(merged, c.b, c.q0, block, c.count, c.rows)
+            )
+        del near
         for side, (out, lse) in far_parts.items():
             rows = _far_rows(plan, side)
-            merged[:, :, rows] += out.to(acc) * torch.exp(lse - lse_total[:, :, rows]).unsqueeze(-1)
+            merged[:, :, rows].addcmul_(out.to(acc), torch.exp(lse - lse_total[:, :, rows]).unsqueeze(-1))
         out, lse = merged.to(q.dtype), lse_total
         if sinks is not None:
             out, lse = merge_sinks(out, lse, sinks)
@@ -487,43 +504,30 @@ class _NearFarAttention(torch.autograd.Function):
         needs = ctx.needs_input_grad  # plan, q, k, v, table, sinks, far_before, far_after
         batch, heads, length, dim = q.shape
         acc = _acc_dtype(q.dtype)
-        block, nb = plan.block, plan.blocks
-        padded = nb * block
+        block = plan.block
         grad_out = grad_out.contiguous()
         lse_kernel = lse.to(acc)
-        dq = torch.zeros(batch, heads, padded, dim, dtype=acc, device=q.device)
-        dk = torch.zeros(batch, heads, padded + plan.width - block, dim, dtype=acc, device=q.device)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros_like(dk)
         want_table = needs[4]
         d_table = torch.zeros(table.shape, dtype=acc, device=q.device) if want_table else None
         d_bias = torch.zeros(heads, block, plan.width, dtype=acc, device=q.device) if want_table else None
-        q_pad = _pad_rows(q, 0, padded - length)
-        k_pad = _pad_rows(k, block, padded + plan.width - 2 * block - length)
-        v_pad = _pad_rows(v, block, padded + plan.width - 2 * block - length)
-        g_pad, o_pad = _pad_rows(grad_out, 0, padded - length), _pad_rows(out, 0, padded - length)
-        l_pad = torch.nn.functional.pad(lse_kernel, (0, padded - length)).unsqueeze(-1)
         bias = plan.near_bias(table, q.dtype)
-        for b, first, count, mask in _near_calls(plan, bias, batch):
-            args = [
-                _runs(x, b, first * block, block, count, n)
-                for x, n in ((g_pad, block), (q_pad, block), (k_pad, plan.width), (v_pad, plan.width))
-            ]
-            args += [
-                _runs(o_pad, b, first * block, block, count, block),
-                _runs(l_pad, b, first * block, block, count, block)[..., 0].contiguous(),
-            ]
+        lse_rows = lse_kernel.unsqueeze(-1)
+        for c in _near_calls(plan, bias, batch):
+            g_b, q_b, o_b = (_runs(x, c.b, c.q0, block, c.count, c.rows) for x in (grad_out, q, out))
+            k_b, v_b = (_runs(x, c.b, c.k0, block, c.count, c.keys) for x in (k, v))
+            l_b = _runs(lse_rows, c.b, c.q0, block, c.count, c.rows)[..., 0].contiguous()
             if want_table:
-                d_q, d_k, d_v = _explicit_backward(*args, mask, plan.scale, d_bias)
+                d_q, d_k, d_v = _explicit_backward(g_b, q_b, k_b, v_b, o_b, l_b, c, plan, d_bias)
             else:
-                g_b, q_b, k_b, v_b, o_b, l_b = args
                 d_q, d_k, d_v = _flash_backward(
-                    g_b, q_b, k_b, v_b, o_b, l_b.to(q.dtype) if q.dtype == torch.float64 else l_b.float(),
-                    0.0, False, attn_mask=mask, scale=plan.scale,
-                )  # fmt: skip
-            _runs(dq, b, first * block, block, count, block).add_(d_q)
-            _add_runs(dk, b, first * block, block, plan.width, d_k.to(acc))
-            _add_runs(dv, b, first * block, block, plan.width, d_v.to(acc))
-        dq, dk, dv = dq[:, :, :length], dk[:, :, block : block + length], dv[:, :, block : block + length]
+                    g_b, q_b, k_b, v_b, o_b, l_b, 0.0, False, attn_mask=c.mask, scale=plan.scale
+                )
+            _runs(dq, c.b, c.q0, block, c.count, c.rows).add_(d_q)
+            _add_runs(dk, c.b, c.k0, block, c.keys, d_k.to(acc))
+            _add_runs(dv, c.b, c.k0, block, c.keys, d_v.to(acc))
         delta = (grad_out.to(acc) * out.to(acc)).sum(-1)  # D_i = dO_i . O_i
         d_far = {}
         for side, constant in (("before", far_before), ("after", far_after)):
@@ -569,19 +573,20 @@ def _pad_last(x: Tensor, extra: int) -> Tensor:
     return torch.nn.functional.pad(x, (0, extra))
 
 
-def _explicit_backward(g, q, k, v, out, lse, mask, scale: float, d_bias: Tensor):
-    """FlashAttention-2's backward written out for one near call (``[n, H, rows, width]`` logits), so
-    the logit gradient can be summed into ``d_bias [H, rows, width]`` for the distance table."""
+def _explicit_backward(g, q, k, v, out, lse, call: _NearCall, plan: _NearFar, d_bias: Tensor):
+    """FlashAttention-2's backward written out for one near call (``[n, H, rows, keys]`` logits), so
+    the logit gradient can be summed into ``d_bias [H, block, width]`` for the distance table."""
     acc = d_bias.dtype
-    logits = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask).to(acc)
+    logits = torch.matmul(q, k.transpose(-1, -2)).mul_(plan.scale).add_(call.mask).to(acc)
     probs = torch.exp(logits - lse.to(acc).unsqueeze(-1))
     d_probs = torch.matmul(g, v.transpose(-1, -2)).to(acc)
     delta = (g.to(acc) * out.to(acc)).sum(-1, keepdim=True)
     d_logits = probs * (d_probs - delta)
-    d_bias += d_logits.sum(0)
+    start = call.k0 - (call.q0 - plan.block)  # where the call's keys sit in the band
+    d_bias[:, : call.rows, start : start + call.keys] += d_logits.sum(0)
     d_logits = d_logits.to(q.dtype)
-    d_q = torch.matmul(d_logits, k) * scale
-    d_k = torch.matmul(d_logits.transpose(-1, -2), q) * scale
+    d_q = torch.matmul(d_logits, k) * plan.scale
+    d_k = torch.matmul(d_logits.transpose(-1, -2), q) * plan.scale
     d_v = torch.matmul(probs.to(q.dtype).transpose(-1, -2), g)
     return d_q, d_k, d_v
 
