@@ -156,18 +156,17 @@ def segment_groups(mask: AttentionMask, batch: int, block: int = SEGMENT_BLOCK) 
         if shared in _GROUP_CACHE:
             mask._memo[key] = _GROUP_CACHE[shared]
             return mask._memo[key]
+    # A block has at most one segment of each pattern, so (batch row, pattern, shape) keeps every
+    # query row at most once per group.
     buckets: dict[tuple, list] = {}
     for i0 in range(0, mask.q_len, block):
         i1 = min(mask.q_len, i0 + block)
-        slots: dict[int | None, int] = {}
         for seg in _block_segments(mask, i0, i1):
-            slot = slots.get(seg.batch, 0)
-            slots[seg.batch] = slot + 1
             for b in range(batch) if seg.batch is None else (seg.batch,):
-                bucket = buckets.setdefault((b, slot, seg.pattern, i1 - i0, seg.k1 - seg.k0), [])
+                bucket = buckets.setdefault((b, seg.pattern, i1 - i0, seg.k1 - seg.k0), [])
                 bucket.append((i0, seg.k0, seg.allowed))
     groups = []
-    for (b, _, pattern, rows, keys), entries in buckets.items():
+    for (b, pattern, rows, keys), entries in buckets.items():
         for run in _arithmetic_runs(entries):
             allowed = torch.stack([e[2] for e in run]) if pattern == "masked" else None
             q_step = run[1][0] - run[0][0] if len(run) > 1 else 0
