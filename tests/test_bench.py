@@ -51,3 +51,18 @@ def test_tiny_bench_runs_outside_the_checkout(tmp_path):
     table = out.read_text()
     assert "RoPE on q and k (1, 2, 16, 8)" in table
     assert "| posenc apply_rotary (out of place) |" in table and "| HF apply_rotary_pos_emb |" in table
+
+
+def test_split_bench_prints_its_rows():
+    done = subprocess.run(
+        [sys.executable, "-m", "posenc.benchmarks.bench_split", "--sizes", "300", "--repeats", "1",
+         "--encodings", "alibi causal", "--window", "64", "--documents", "3"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for row in (
+        "| alibi causal | 300 | fwd+bwd | split (auto now) |",
+        "| window (64) | 300 | fwd |",
+        "| documents (3) |",
+    ):
+        assert row in done.stdout, done.stdout

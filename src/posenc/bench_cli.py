@@ -37,6 +37,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "sliding window, packed documents and sinks vs full causal attention (RoPE layer)",
     ),
+    "split": (
+        "bench_split",
+        [],
+        "exact splits: near/far for T5 and ALiBi, mask segments for windows and documents, vs SDPA floor",
+    ),
     "rope": (
         "bench_rope",
         [],
@@ -49,6 +54,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "shaw": ["--sizes", "512,1024", "--long", "", "--repeats", "2", "--no-memory"],
     "rope": ["--shape", "2,8,1024,128", "--repeats", "3", "--no-compile"],
     "masks": ["--sizes", "1024", "--window", "128", "--repeats", "2", "--no-memory"],
+    "split": ["--sizes", "1024", "--window", "128", "--repeats", "2"],
 }
 
 
