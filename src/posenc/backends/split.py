@@ -147,12 +147,19 @@ def _runs(x: Tensor, batch: int, start: int, step: int, count: int, length: int)
 def segment_groups(mask: AttentionMask, batch: int, block: int = SEGMENT_BLOCK) -> list[_Group]:
     """Every query block's :meth:`~AttentionMask.segments`, grouped into strided runs (memoised on the
     mask, and across calls for masks that read no tensor)."""
-    key = ("split_groups", batch, block)
+    key = ("split_groups", batch, block, SEGMENT_MODE)
     if key in mask._memo:
         return mask._memo[key]
     shared = None
     if not mask.data_dependent and mask.additive is None:
-        shared = (tuple(c.describe() for c in mask.components), mask.q_len, mask.k_len, batch, block)
+        shared = (
+            tuple(c.describe() for c in mask.components),
+            mask.q_len,
+            mask.k_len,
+            batch,
+            block,
+            SEGMENT_MODE,
+        )
         if shared in _GROUP_CACHE:
             mask._memo[key] = _GROUP_CACHE[shared]
             return mask._memo[key]
@@ -161,14 +168,23 @@ def segment_groups(mask: AttentionMask, batch: int, block: int = SEGMENT_BLOCK) 
     buckets: dict[tuple, list] = {}
     for i0 in range(0, mask.q_len, block):
         i1 = min(mask.q_len, i0 + block)
-        for seg in _block_segments(mask, i0, i1):
+        segments = _block_segments(mask, i0, i1)
+        if SEGMENT_MODE == "bands":
+            segments = _as_bands(mask, segments)
+        for seg in segments:
             for b in range(batch) if seg.batch is None else (seg.batch,):
                 bucket = buckets.setdefault((b, seg.pattern, i1 - i0, seg.k1 - seg.k0), [])
                 bucket.append((i0, seg.k0, seg.allowed))
     groups = []
     for (b, pattern, rows, keys), entries in buckets.items():
         for run in _arithmetic_runs(entries):
-            allowed = torch.stack([e[2] for e in run]) if pattern == "masked" else None
+            allowed = None
+            if pattern == "masked":
+                first = run[0][2]
+                same = all(e[2] is first or torch.equal(e[2], first) for e in run[1:])
+                allowed = (
+                    first[None].expand(len(run), *first.shape) if same else torch.stack([e[2] for e in run])
+                )
             q_step = run[1][0] - run[0][0] if len(run) > 1 else 0
             k_step = run[1][1] - run[0][1] if len(run) > 1 else 0
             groups.append(
@@ -183,6 +199,28 @@ def segment_groups(mask: AttentionMask, batch: int, block: int = SEGMENT_BLOCK) 
 
 
 _GROUP_CACHE: dict[tuple, list[_Group]] = {}
+
+
+#: ``"segments"``: maskless anticausal / full / causal parts per block; ``"bands"``: one masked call
+#: per block shape over its whole key range (blocks with the same rows share one mask).
+SEGMENT_MODE = "segments"
+
+
+def _as_bands(mask: AttentionMask, segments: tuple[KeySegment, ...]) -> tuple[KeySegment, ...]:
+    """Each batch row's segments of one block as a single run: full, or masked with its bool rows."""
+    by_batch: dict[int | None, list[KeySegment]] = {}
+    for seg in segments:
+        by_batch.setdefault(seg.batch, []).append(seg)
+    bands = []
+    for b, segs in by_batch.items():
+        i0, i1, lo, hi = segs[0].i0, segs[0].i1, segs[0].k0, segs[-1].k1
+        if len(segs) == 1 and segs[0].pattern in ("full", "masked"):
+            bands.append(segs[0])
+            continue
+        allowed = mask.rows(i0, i1, lo, hi)
+        allowed = allowed[0 if b is None else b]
+        bands.append(KeySegment(b, i0, i1, lo, hi, "masked", allowed))
+    return tuple(bands)
 
 
 def _block_segments(mask: AttentionMask, i0: int, i1: int) -> tuple[KeySegment, ...]:

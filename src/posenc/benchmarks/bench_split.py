@@ -19,7 +19,7 @@ import sys
 import torch
 
 import posenc
-from posenc.backends import AttentionRequest
+from posenc.backends import AttentionRequest, split
 from posenc.backends.blocked import blocked_bias_attention
 from posenc.backends.split import near_far_attention, segment_attention
 from posenc.benchmarks._harness import (
@@ -89,10 +89,18 @@ def build_case(case: str, params: dict):
         mask = AttentionMask.build(q_len=length, k_len=length, batch=1, heads=HEADS, causal=True, **options)
         return AttentionRequest(q=q, k=k, v=v, encoding=nope, q_pos=pos, k_pos=pos, scale=0.125, mask=mask)
 
+    def bands():
+        previous, split.SEGMENT_MODE = split.SEGMENT_MODE, "bands"
+        try:
+            return segment_attention(masked_request())
+        finally:
+            split.SEGMENT_MODE = previous
+
     run = {
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
         "blocked": lambda: blocked_bias_attention(masked_request()),
         "split": lambda: segment_attention(masked_request()),
+        "bands": bands,
     }[impl]
     return _timed(run, train)
 
@@ -102,6 +110,8 @@ IMPL_NAMES = {
     "blocked": "masked blocks (before)",
     "split": "split (auto now)",
 }
+#: Mask rows only: the segment engine with one masked call per block shape (``SEGMENT_MODE="bands"``).
+MASK_ONLY = {"bands": "batched masked bands"}
 
 
 def main() -> None:
@@ -129,10 +139,11 @@ def main() -> None:
                     "window": args.window,
                     "documents": args.documents,
                 }
-                cases = {impl: build_case(f"{label}|{impl}", params) for impl in IMPL_NAMES}
+                impls = IMPL_NAMES if label in ENCODINGS else {**IMPL_NAMES, **MASK_ONLY}
+                cases = {impl: build_case(f"{label}|{impl}", params) for impl in impls}
                 timings = interleaved(cases, args.repeats)
                 floor = timings["sdpa"].median
-                for impl, name in IMPL_NAMES.items():
+                for impl, name in impls.items():
                     memory = "—"
                     if args.memory and train:
                         memory = memory_cell(peak_memory_mb("bench_split", f"{label}|{impl}", **params))
