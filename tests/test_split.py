@@ -15,7 +15,7 @@ import torch
 import posenc
 from posenc.backends import AttentionRequest, get_backend
 from posenc.backends.split import near_far_attention, near_far_plan, segment_attention, split_reason
-from posenc.base import Kind
+from posenc.base import BiasEncoding, Kind, SeparableBias
 from posenc.examples import build_example
 from posenc.masks import AttentionMask
 
@@ -273,3 +273,51 @@ def test_segment_engine_propagates_nothing_from_hidden_rows():
     assert bool((out[0, :, :6] == 0).all())
     (dq,) = torch.autograd.grad(out.sum(), q)
     assert bool((dq[0, :, :6] == 0).all())
+
+
+class _ForgetGates(BiasEncoding):
+    """A FoX-style input-free stand-in: ``b_ij = c_i - c_j`` with ``c = cumsum(logsigmoid(gates))`` per
+    head, learnable, not shift invariant, separable on the causal side (the declaration FoX will use)."""
+
+    causal_only = True
+
+    def __init__(self, num_heads: int = HEADS, max_len: int = 400) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.gates = torch.nn.Parameter(torch.randn(num_heads, max_len) + 2.0)
+
+    def _c(self) -> torch.Tensor:
+        return torch.cumsum(torch.nn.functional.logsigmoid(self.gates), dim=-1)
+
+    def bias_at(self, head, q_pos, k_pos):
+        c = self._c()
+        return c[head, q_pos] - c[head, k_pos]
+
+    def separable(self, q_pos, k_pos):
+        c = self._c()
+        return (SeparableBias("before", c[:, q_pos[0]][None], -c[:, k_pos[0]][None]),)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_near_far_differentiates_input_dependent_separable_terms(sinks, dtype):
+    """Row and key terms that require grad (FoX's form): exact outputs and gradients, the key term's
+    gradient from k''s extra head dimension, the row term's from the sinks' share."""
+    enc = _ForgetGates().to(dtype)
+    length = 2 * 16 + 37
+    req = _request(enc, length, True, dtype, sinks=sinks)
+    plan, why = near_far_plan(req, block=16)
+    assert plan is not None and plan.near_separable, why
+    params = [req.q, req.k, req.v, enc.gates] + ([req.sinks] if sinks else [])
+    out, grads = _out_and_grads(lambda r: near_far_attention(r, block=16), req, params)
+    ref, want = _out_and_grads(lambda r: get_backend("eager").run(r)[0], req, params)
+    tol = {"rtol": 1e-7, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 2e-5}
+    torch.testing.assert_close(out, ref, **tol)
+    for index, (g, w) in enumerate(zip(grads, want)):
+        torch.testing.assert_close(g, w, **tol, msg=lambda m, i=index: f"gradient {i}: {m}")
+
+
+def test_separable_without_a_causal_mask_needs_shift_invariance():
+    enc = _ForgetGates()
+    req = _request(enc, 300, False, torch.float32, grad=False)
+    assert "not shift invariant" in near_far_plan(req, block=16)[1]
