@@ -321,3 +321,20 @@ def test_separable_without_a_causal_mask_needs_shift_invariance():
     enc = _ForgetGates()
     req = _request(enc, 300, False, torch.float32, grad=False)
     assert "not shift invariant" in near_far_plan(req, block=16)[1]
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_near_far_bfloat16_close_to_float32(name):
+    enc = _encoding(name, True, torch.float32)
+    req = _request(enc, 300, True, torch.float32, batch=1)
+    half = AttentionRequest(
+        q=req.q.bfloat16(), k=req.k.bfloat16(), v=req.v.bfloat16(), encoding=enc,
+        q_pos=req.q_pos, k_pos=req.k_pos, scale=req.scale, causal=True,
+    )  # fmt: skip
+    out = near_far_attention(half, block=16)
+    assert out.dtype == torch.bfloat16
+    reference = near_far_attention(req, block=16)
+    torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
+    (grad_half,) = torch.autograd.grad(out.float().sum(), req.q)  # through the bfloat16 backward
+    (grad_full,) = torch.autograd.grad(reference.sum(), req.q)
+    torch.testing.assert_close(grad_half, grad_full, rtol=0.1, atol=0.1)

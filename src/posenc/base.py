@@ -380,6 +380,9 @@ class BiasEncoding(PositionalEncoding):
         The sides together must cover every pair (``"all"``, or ``"before"`` and ``"after"``); a
         causal layer needs only ``"before"`` (or ``"all"``). A backend then carries the key term in one
         extra head dimension and the row term in the log-sum-exp (ALiBi: ``−m(i − j) = −m·i + m·j``).
+        The terms may require grad (an input-dependent bias such as FoX's ``c_i − c_j``): the blocked
+        backend's split returns their gradients for a causal layer. An encoding that is not
+        ``shift_invariant`` is served that way under a causal mask only.
         Default: None (not separable).
         """
         return None
