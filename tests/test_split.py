@@ -338,3 +338,19 @@ def test_near_far_bfloat16_close_to_float32(name):
     (grad_half,) = torch.autograd.grad(out.float().sum(), req.q)  # through the bfloat16 backward
     (grad_full,) = torch.autograd.grad(reference.sum(), req.q)
     torch.testing.assert_close(grad_half, grad_full, rtol=0.1, atol=0.1)
+
+
+def test_segment_analysis_is_shared_by_content_never_by_shape():
+    """Masks with the same document ids reuse one analysis (every layer of a model); other ids of the
+    same shape get their own (a cache keyed by shape alone would attend across documents)."""
+    enc = posenc.build("nope")
+    q, k, v = (torch.randn(1, HEADS, 96, DIM, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(96)[None]
+    for cut in (40, 40, 57):
+        docs = (torch.arange(96) >= cut).long()[None]
+        mask = AttentionMask.build(
+            q_len=96, k_len=96, batch=1, heads=HEADS, causal=True, q_document_ids=docs, k_document_ids=docs
+        )
+        req = AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, mask=mask)
+        expected = get_backend("eager").run(req)[0]
+        torch.testing.assert_close(segment_attention(req, block=16), expected, rtol=1e-10, atol=1e-12)

@@ -42,6 +42,7 @@ Two engines share this:
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -148,20 +149,13 @@ def _runs(x: Tensor, batch: int, start: int, step: int, count: int, length: int)
 
 def segment_groups(mask: AttentionMask, batch: int, block: int = SEGMENT_BLOCK) -> list[_Group]:
     """Every query block's :meth:`~AttentionMask.segments`, grouped into strided runs (memoised on the
-    mask, and across calls for masks that read no tensor)."""
+    mask, and across calls by the mask's content: its components and the bytes of their tensors)."""
     key = ("split_groups", batch, block, SEGMENT_MODE)
     if key in mask._memo:
         return mask._memo[key]
-    shared = None
-    if not mask.data_dependent and mask.additive is None:
-        shared = (
-            tuple(c.describe() for c in mask.components),
-            mask.q_len,
-            mask.k_len,
-            batch,
-            block,
-            SEGMENT_MODE,
-        )
+    shared = _content_key(mask)
+    if shared is not None:
+        shared = (*shared, mask.q_len, mask.k_len, batch, block, SEGMENT_MODE)
         if shared in _GROUP_CACHE:
             mask._memo[key] = _GROUP_CACHE[shared]
             return mask._memo[key]
@@ -201,6 +195,28 @@ def segment_groups(mask: AttentionMask, batch: int, block: int = SEGMENT_BLOCK) 
 
 
 _GROUP_CACHE: dict[tuple, list[_Group]] = {}
+#: Tensors up to this many bytes (document ids, padding, prefix lengths) are hashed into the cache
+#: key, so every layer of a model that sees the same ids reuses one analysis; larger ones (a user's
+#: dense mask) are analysed per call.
+_MAX_HASHED_BYTES = 1 << 20
+
+
+def _content_key(mask: AttentionMask) -> tuple | None:
+    """What the segments depend on: each component's description and the bytes of its tensors
+    (None when a tensor is too large to hash, or with a float mask)."""
+    if mask.additive is not None:
+        return None
+    key: list = []
+    for component in mask.components:
+        key.append(component.describe())
+        for value in vars(component).values():
+            if isinstance(value, Tensor):
+                if value.numel() * value.element_size() > _MAX_HASHED_BYTES:
+                    return None
+                data = value.detach().cpu().contiguous()
+                digest = hashlib.blake2b(data.numpy().tobytes()).digest()
+                key.append((str(data.dtype), tuple(data.shape), digest))
+    return tuple(key)
 
 
 #: ``"segments"``: maskless anticausal / full / causal parts per block; ``"bands"``: one masked call
