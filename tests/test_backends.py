@@ -22,6 +22,7 @@ import torch
 import posenc
 from posenc.backends import AttentionRequest, available_backends, get_backend
 from posenc.backends.flex import flex_bias_attention
+from posenc.backends.split import segment_attention
 from posenc.base import Kind, TokenStates
 from posenc.examples import build_example
 from posenc.masks import AttentionMask
@@ -205,6 +206,41 @@ def test_backend_serves_its_kinds_and_matches_eager(name, backend, scenario, mon
 @pytest.mark.parametrize("name", [n for n in posenc.available() if posenc.get_class(n).kind is Kind.BIAS])
 def test_compiled_flex_matches_eager(name, monkeypatch):
     _check(name, "flex", "causal37_gqa", monkeypatch, compiled=True)
+
+
+def _segment_cases():
+    for name in posenc.available():
+        if posenc.get_class(name).kind in (Kind.ABSOLUTE, Kind.ROTARY):
+            for scenario in SCENARIOS:
+                if _scenario_fits(name, scenario):
+                    yield pytest.param(name, scenario, id=f"{name}-{scenario}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("name,scenario", list(_segment_cases()))
+def test_blocked_split_by_mask_segments_matches_eager(name, scenario, dtype):
+    """The blocked backend's split mode for kinds without a bias (anticausal / full / causal key
+    segments, merged by log-sum-exp) on every scenario, blocks of 8 so each has several segments."""
+    causal, kv_heads = SCENARIOS[scenario][3:5]
+    causal = causal or _example(name, causal) is None  # causal-only encodings run causally, as above
+    layer = _layer(name, causal, kv_heads, dtype)
+    req = _request(layer, scenario, causal, dtype, grad=True)
+    out, got = _run_fn(lambda r: segment_attention(r, block=8), req, layer)
+    ref, want = _run("eager", req, layer, grads=True)
+    tolerance = TOLERANCE[dtype]
+    torch.testing.assert_close(out, ref, **tolerance)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tolerance)
+
+
+def _run_fn(fn, req: AttentionRequest, layer):
+    out = fn(req)
+    inputs = [req.q, req.k, req.v] + [p for p in layer.parameters() if p.requires_grad]
+    if req.sinks is not None:
+        inputs.append(req.sinks)
+    weight = torch.linspace(-1.0, 1.0, out.numel(), dtype=out.dtype).view_as(out)
+    found = torch.autograd.grad((out * weight).sum(), inputs, allow_unused=True)
+    return out.detach(), [torch.zeros_like(i) if g is None else g for i, g in zip(inputs, found)]
 
 
 def test_every_backend_states_its_promise():

@@ -66,3 +66,18 @@ def test_hf_bench_times_the_three_implementations_on_each_mask(capsys, monkeypat
     assert len(rows) == 8
     assert all(row.count("ms") >= 3 and row.count("×") == 2 for row in rows[:6])
     assert all(row.count("ms") >= 2 and row.count("×") == 1 for row in rows[6:])
+
+
+def test_split_bench_prints_its_rows():
+    done = subprocess.run(
+        [sys.executable, "-m", "posenc.benchmarks.bench_split", "--sizes", "300", "--repeats", "1",
+         "--encodings", "alibi causal", "--window", "64", "--documents", "3"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for row in (
+        "| alibi causal | 300 | fwd+bwd | split (auto now) |",
+        "| window (64) | 300 | fwd |",
+        "| documents (3) |",
+    ):
+        assert row in done.stdout, done.stdout

@@ -37,6 +37,7 @@ __all__ = [
     "LayerContext",
     "PositionalEncoding",
     "RotaryEncoding",
+    "SeparableBias",
     "TokenStates",
     "check_positions",
     "checks_values",
@@ -377,6 +378,22 @@ class TokenStates:
         return self.q, self.k
 
 
+@dataclass(frozen=True)
+class SeparableBias:
+    """A bias that is a row term plus a key term on one side of the diagonal.
+
+    ``bias_at(h, q_pos[b, i], k_pos[b, j]) == row[b, h, i] + col[b, h, j]`` for every pair on ``side``:
+    ``"before"`` (``k_pos <= q_pos``), ``"after"`` (``k_pos >= q_pos``) or ``"all"``. ``row [B|1, H, Tq]``
+    and ``col [B|1, H, Tk]`` are float64 when they come from exact integer positions (the attention
+    kernel re-centres them on each query block before rounding to float32), or whatever the encoding
+    computes them in (an input-dependent term such as FoX's cumulative log forget gates).
+    """
+
+    side: str
+    row: Tensor
+    col: Tensor
+
+
 class BiasEncoding(PositionalEncoding):
     """BIAS: a scalar added to each logit; implement :meth:`bias_at` (every backend serves it).
 
@@ -423,6 +440,28 @@ class BiasEncoding(PositionalEncoding):
         float64 biases, so gradcheck sees exact gradients); never bfloat16/float16.
         """
         raise NotImplementedError(f"{type(self).__name__} must implement bias_at()")
+
+    def far_constant_beyond(self) -> int | None:
+        """A distance ``d`` past which the bias is one constant per head and direction, or None.
+
+        Declares that ``bias_at(h, i, j)`` takes one value for every ``j − i <= −d`` and one (maybe
+        another) for every ``j − i >= d``, so a backend can run the far part as maskless attention
+        plus a constant (T5's last bucket). Needs ``shift_invariant``. Default: None (no such ``d``).
+        """
+        return None
+
+    def separable(self, q_pos: Tensor, k_pos: Tensor) -> tuple[SeparableBias, ...] | None:
+        """The bias as row and key terms (:class:`SeparableBias`) for positions ``[B|1, Tq]``, ``[B|1, Tk]``.
+
+        The sides together must cover every pair (``"all"``, or ``"before"`` and ``"after"``); a
+        causal layer needs only ``"before"`` (or ``"all"``). A backend then carries the key term in one
+        extra head dimension and the row term in the log-sum-exp (ALiBi: ``−m(i − j) = −m·i + m·j``).
+        The terms may require grad (an input-dependent bias such as FoX's ``c_i − c_j``): the blocked
+        backend's split returns their gradients for a causal layer. An encoding that is not
+        ``shift_invariant`` is served that way under a causal mask only.
+        Default: None (not separable).
+        """
+        return None
 
     @property
     def num_bias_heads(self) -> int:

@@ -37,6 +37,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "sliding window, packed documents and sinks vs full causal attention (RoPE layer)",
     ),
+    "split": (
+        "bench_split",
+        [],
+        "exact splits: near/far for T5 and ALiBi, mask segments for windows and documents, vs SDPA floor",
+    ),
     "rope": (
         "bench_rope",
         [],
@@ -55,6 +60,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "rope": ["--shape", "2,8,1024,128", "--repeats", "3", "--no-compile"],
     "masks": ["--sizes", "1024", "--window", "128", "--repeats", "2", "--no-memory"],
     "hf": ["--sizes", "512", "--window", "64", "--repeats", "2"],
+    "split": ["--sizes", "1024", "--window", "128", "--repeats", "2"],
 }
 
 

@@ -25,6 +25,12 @@ The bias comes from the encoding's single definition, ``bias_at(head, q_pos, k_p
   evaluated on each block; in the backward pass it is re-evaluated under autograd and
   ``torch.autograd.grad`` carries the block's logit gradients into the encoding's parameters.
 
+**Splits** (:mod:`posenc.backends.split`). Where an exact split into maskless kernel calls is
+cheaper, ``run`` takes it instead of the masked blocks: for a mask that hides most keys (windows,
+documents, chunks), each block's keys split into an anticausal square, a full run and a causal
+square; for a BIAS encoding that declares a far constant (T5) or separable terms (ALiBi), a near band
+and far parts merged through the log-sum-exp (long square self-attention, plain causal or no mask).
+
 Masks come from the request's :class:`~posenc.masks.AttentionMask`: ``key_range`` tells a block
 which keys it can skip, ``rows`` gives its boolean rows (hidden logits become ``finfo(dtype).min``
 and so get probability 0 and no gradient), and rows that see no key are zeroed after the kernel.
@@ -527,6 +533,10 @@ class BlockedBackend:
         return reasons
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
+        from .split import split_attention, split_reason  # split builds on this module's tables
+
+        if split_reason(request, DEFAULT_BLOCK) is None:
+            return split_attention(request), None
         return blocked_bias_attention(request), None
 
 

@@ -125,6 +125,17 @@ class T5Bias(BiasEncoding):
         weight = self.table.weight
         return weight[self.buckets(k_pos - q_pos), head].to(torch.promote_types(weight.dtype, torch.float32))
 
+    def far_constant_beyond(self) -> int:
+        """The distance from which every bucket is the last of its direction (with 32 buckets and
+        ``max_distance=128``: 91 bidirectional, 113 causal); beyond it the bias is one table entry."""
+        n = torch.arange(self.max_distance + 1)
+        last = self.buckets(-n) == self.buckets(torch.tensor([-self.max_distance]))
+        beyond = int(n[~last].max()) + 1
+        if self.bidirectional:
+            last_after = self.buckets(n) == self.buckets(torch.tensor([self.max_distance]))
+            beyond = max(beyond, int(n[~last_after].max()) + 1)
+        return beyond
+
     def preview(self) -> str:
         distances = torch.arange(-20, 21)
         row = self.buckets(distances).tolist()

@@ -1,0 +1,182 @@
+"""Exact splits (near/far for T5 and ALiBi; mask segments for windows and documents) side by side.
+
+Attention alone (no projections), B=1, H=8, d=64, float32, one process, interleaved repeats:
+
+* **bias**: for each encoding, the plain SDPA floor (``is_causal``, or no mask for bidirectional),
+  the blocked path of masked query blocks (``blocked_bias_attention``, the path before the split),
+  and the near/far split (what ``auto`` runs now). T5's table is trainable (its gradient included).
+* **masks**: window 512 and 8 packed documents against one full causal SDPA pass: the masked blocks
+  and the mask segments.
+
+    python -m posenc.benchmarks.bench_split [--sizes 1024,2048,4096,8192] [--repeats 3] [--part bias|masks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+import posenc
+from posenc.backends import AttentionRequest, split
+from posenc.backends.blocked import blocked_bias_attention
+from posenc.backends.split import near_far_attention, segment_attention
+from posenc.benchmarks._harness import (
+    interleaved,
+    machine,
+    markdown_table,
+    memory_cell,
+    memory_main,
+    peak_memory_mb,
+)
+from posenc.masks import AttentionMask
+
+HEADS, HEAD_DIM = 8, 64
+#: encoding label -> (spec, causal)
+ENCODINGS = {
+    "t5 causal": ("t5:bidirectional=false", True),
+    "t5 bidirectional": ("t5:bidirectional=true", False),
+    "alibi causal": ("alibi", True),
+    "alibi symmetric": ("alibi:mode=symmetric", False),
+}
+
+
+def _qkv(length: int, train: bool):
+    torch.manual_seed(0)
+    return [torch.randn(1, HEADS, length, HEAD_DIM, requires_grad=train) for _ in range(3)]
+
+
+def _timed(fn, train: bool):
+    def forward():
+        with torch.no_grad():
+            fn()
+
+    def forward_backward():
+        fn().sum().backward()
+
+    return forward_backward if train else forward
+
+
+def build_case(case: str, params: dict):
+    """One timed call: ``case`` is ``"<label>|<impl>"``."""
+    length, train = params["length"], params["train"]
+    label, impl = case.split("|")
+    q, k, v = _qkv(length, train)
+    pos = torch.arange(length)[None]
+    if label in ENCODINGS:
+        spec, causal = ENCODINGS[label]
+        enc = posenc.build(spec, num_heads=HEADS)
+
+        def request():
+            return AttentionRequest(
+                q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.125, causal=causal
+            )
+
+        run = {
+            "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
+            "blocked": lambda: blocked_bias_attention(request()),
+            "split": lambda: near_far_attention(request()),
+        }[impl]
+        return _timed(run, train)
+    nope = posenc.build("nope")
+    options = {"window": dict(window=params["window"])}.get(label, {})
+    if label == "documents":
+        docs = (torch.arange(length) * params["documents"] // length)[None]
+        options = dict(q_document_ids=docs, k_document_ids=docs)
+
+    def masked_request():
+        mask = AttentionMask.build(q_len=length, k_len=length, batch=1, heads=HEADS, causal=True, **options)
+        return AttentionRequest(q=q, k=k, v=v, encoding=nope, q_pos=pos, k_pos=pos, scale=0.125, mask=mask)
+
+    def bands():
+        previous, split.SEGMENT_MODE = split.SEGMENT_MODE, "bands"
+        try:
+            return segment_attention(masked_request())
+        finally:
+            split.SEGMENT_MODE = previous
+
+    run = {
+        "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+        "blocked": lambda: blocked_bias_attention(masked_request()),
+        "split": lambda: segment_attention(masked_request()),
+        "bands": bands,
+    }[impl]
+    return _timed(run, train)
+
+
+IMPL_NAMES = {
+    "sdpa": "plain causal SDPA (floor)",
+    "blocked": "masked blocks (before)",
+    "split": "split (auto now)",
+}
+#: Mask rows only: the segment engine with one masked call per block shape (``SEGMENT_MODE="bands"``).
+MASK_ONLY = {"bands": "batched masked bands"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1024,2048,4096,8192")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--part", choices=("bias", "masks", "all"), default="all")
+    parser.add_argument("--encodings", default=",".join(ENCODINGS))
+    parser.add_argument("--window", type=int, default=512)
+    parser.add_argument("--documents", type=int, default=8)
+    parser.add_argument("--memory", action="store_true", help="peak memory of fwd+bwd in a fresh process")
+    args = parser.parse_args()
+    labels = []
+    if args.part in ("bias", "all"):
+        labels += [e for e in args.encodings.split(",") if e]
+    if args.part in ("masks", "all"):
+        labels += ["window", "documents"]
+    rows = []
+    for label in labels:
+        for length in (int(s) for s in args.sizes.split(",")):
+            for train in (False, True):
+                params = {
+                    "length": length,
+                    "train": train,
+                    "window": args.window,
+                    "documents": args.documents,
+                }
+                impls = IMPL_NAMES if label in ENCODINGS else {**IMPL_NAMES, **MASK_ONLY}
+                cases = {impl: build_case(f"{label}|{impl}", params) for impl in impls}
+                timings = interleaved(cases, args.repeats)
+                floor = timings["sdpa"].median
+                for impl, name in impls.items():
+                    memory = "—"
+                    if args.memory and train:
+                        memory = memory_cell(peak_memory_mb("bench_split", f"{label}|{impl}", **params))
+                    floor_name = (
+                        "no-mask SDPA (floor)"
+                        if impl == "sdpa" and not ENCODINGS.get(label, ("", True))[1]
+                        else name
+                    )
+                    rows.append(
+                        [
+                            label
+                            if label in ENCODINGS
+                            else f"{label} ({args.window if label == 'window' else args.documents})",
+                            str(length),
+                            "fwd+bwd" if train else "fwd",
+                            floor_name,
+                            timings[impl].cell(),
+                            f"{timings[impl].median / floor:.2f}×",
+                            memory,
+                        ]
+                    )
+    print(
+        f"Exact splits vs the SDPA floor (attention only, B=1, H={HEADS}, d={HEAD_DIM}, float32); {machine()}\n"
+    )
+    print(
+        markdown_table(
+            ["case", "L", "pass", "implementation", "median (min–max)", "× floor", "peak (fwd+bwd)"], rows
+        )
+    )
+
+
+if __name__ == "__main__":
+    if "--memory-case" in sys.argv:
+        memory_main(build_case)
+    else:
+        main()

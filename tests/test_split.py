@@ -1,0 +1,356 @@
+"""Exact splits (posenc.backends.split) against the eager reference, and the declarations they use.
+
+The near/far split serves every registered BIAS encoding that declares a far constant or separable
+terms (found from the registry, so a new declaration is tested here without a new test); the mask
+segments are checked against the mask's own rows and, through ``tests/test_backends.py``, against
+eager on every scenario there. References: the eager backend in float64 (dense logits, softmax),
+and ``bias_at`` itself for the declarations.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from posenc.backends import AttentionRequest, get_backend
+from posenc.backends.split import near_far_attention, near_far_plan, segment_attention, split_reason
+from posenc.base import BiasEncoding, Kind, SeparableBias
+from posenc.examples import build_example
+from posenc.masks import AttentionMask
+
+HEADS, DIM = 2, 8
+
+
+def _declaring():
+    """Registered BIAS encodings whose example declares a far constant or separable terms."""
+    found = []
+    pos = torch.arange(4)[None]
+    for name in posenc.available():
+        enc = build_example(name, num_heads=HEADS, head_dim=DIM)
+        if enc.kind is Kind.BIAS and (enc.far_constant_beyond() is not None or enc.separable(pos, pos)):
+            found.append(name)
+    return found
+
+
+DECLARING = _declaring()
+
+
+def test_alibi_and_t5_declare_what_the_split_needs():
+    assert {"alibi", "t5"} <= set(DECLARING)
+
+
+def _request(enc, length, causal, dtype, *, batch=2, sinks=False, grad=True):
+    def tensor(*shape):
+        return torch.randn(*shape, dtype=dtype, requires_grad=grad)
+
+    q, k, v = (tensor(batch, HEADS, length, DIM) for _ in range(3))
+    pos = torch.arange(length)[None]
+    return AttentionRequest(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=causal,
+        sinks=tensor(HEADS) if sinks else None,
+    )  # fmt: skip
+
+
+def _out_and_grads(run, req, params):
+    out = run(req)
+    weight = torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)
+    grads = torch.autograd.grad((out * weight).sum(), params, allow_unused=True)
+    return out, [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def _encoding(name: str, causal: bool, dtype, **options):
+    """The example of ``name`` for a causal or bidirectional layer (with ``options`` on top)."""
+    enc = build_example(name, num_heads=HEADS, head_dim=DIM)
+    if not causal and enc.causal_only:
+        options = {**enc.noncausal_options, **options}
+    if "bidirectional" in enc.config():
+        options = {"bidirectional": not causal, **options}
+    if options:
+        spec = name + ":" + ",".join(f"{k}={v}" for k, v in options.items())
+        enc = build_example(spec, num_heads=HEADS, head_dim=DIM)
+    with torch.no_grad():
+        for p in enc.parameters():
+            p.normal_(0.0, 0.5)  # distinct table entries, so a wrong bucket shows
+    return enc.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+@pytest.mark.parametrize("name", DECLARING)
+def test_near_far_matches_eager(name, causal, sinks, dtype):
+    enc = _encoding(name, causal, dtype)
+    probe = _request(enc, 600, causal, dtype, grad=False)
+    plan, why = near_far_plan(probe, block=16)
+    assert plan is not None, why
+    length = 2 * plan.block + 37  # odd: a partial last block, and edge blocks at both ends
+    req = _request(enc, length, causal, dtype, sinks=sinks)
+    params = [req.q, req.k, req.v, *enc.parameters()] + ([req.sinks] if sinks else [])
+    out, grads = _out_and_grads(lambda r: near_far_attention(r, block=16), req, params)
+    ref, want = _out_and_grads(lambda r: get_backend("eager").run(r)[0], req, params)
+    tol = {"rtol": 1e-7, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 2e-5}
+    torch.testing.assert_close(out, ref, **tol)
+    for index, (g, w) in enumerate(zip(grads, want)):
+        torch.testing.assert_close(g, w, **tol, msg=lambda m, i=index: f"gradient {i}: {m}")
+
+
+def test_t5_table_gradient_reaches_the_far_bucket():
+    """The far part's constant is the last bucket: its gradient must come from the far rows."""
+    enc = _encoding("t5", True, torch.float64, num_buckets=8, max_distance=16)
+    req = _request(enc, 200, True, torch.float64)
+    (out_grad,) = _out_and_grads(lambda r: near_far_attention(r, block=16), req, [enc.table.weight])[1]
+    (ref_grad,) = _out_and_grads(lambda r: get_backend("eager").run(r)[0], req, [enc.table.weight])[1]
+    last = enc.buckets(torch.tensor([-1000]))
+    assert bool(ref_grad[last].abs().gt(0).all())
+    torch.testing.assert_close(out_grad, ref_grad, rtol=1e-7, atol=1e-10)
+
+
+def test_alibi_float32_keeps_its_precision_at_length():
+    """The far part's key term is centred once for the sequence and the near band's per block; at
+    L=2048 float32 stays within float32 rounding of the float64 reference."""
+    enc = posenc.build("alibi", num_heads=HEADS)
+    req64 = _request(enc, 2048, True, torch.float64, batch=1, grad=False)
+    req32 = AttentionRequest(
+        q=req64.q.float(), k=req64.k.float(), v=req64.v.float(), encoding=enc,
+        q_pos=req64.q_pos, k_pos=req64.k_pos, scale=req64.scale, causal=True,
+    )  # fmt: skip
+    ref = get_backend("eager").run(req64)[0]
+    torch.testing.assert_close(near_far_attention(req32).double(), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", DECLARING)
+def test_far_constant_declaration_holds(name):
+    enc = _encoding(name, True, torch.float64)
+    beyond = enc.far_constant_beyond()
+    if beyond is None:
+        pytest.skip(f"{name} declares no far constant")
+    head = torch.arange(HEADS)[:, None]
+    q = torch.full((1, 400), 500)
+    before = enc.bias_at(head, q, q - torch.arange(beyond, beyond + 400))
+    after = enc.bias_at(head, q, q + torch.arange(beyond, beyond + 400))
+    assert bool((before == before[:, :1]).all()) and bool((after == after[:, :1]).all())
+    # and it is the smallest such distance: one step closer, some direction still differs
+    closer = torch.stack([enc.bias_at(head, q[:, :1], q[:, :1] + s * (beyond - 1)) for s in (-1, 1)])
+    far = torch.stack([before[:, :1], after[:, :1]])
+    assert bool((closer != far).any())
+
+
+@pytest.mark.parametrize("mode", ["causal", "symmetric"])
+def test_alibi_separable_terms_equal_bias_at(mode):
+    enc = posenc.build("alibi", num_heads=3, mode=mode)
+    q_pos, k_pos = torch.arange(5, 45)[None], torch.arange(50)[None]
+    dense = enc.bias_for_positions(q_pos, k_pos).double()  # [1, H, Tq, Tk]
+    for term in enc.separable(q_pos, k_pos):
+        total = term.row[..., :, None] + term.col[..., None, :]
+        side = {"all": torch.ones_like(dense, dtype=torch.bool)[0, 0]}.get(term.side)
+        if side is None:
+            diff = k_pos[0][None, :] - q_pos[0][:, None]
+            side = diff <= 0 if term.side == "before" else diff >= 0
+        torch.testing.assert_close(total[..., side], dense[..., side], rtol=0, atol=1e-12)
+
+
+def test_near_far_states_why_it_does_not_fit():
+    enc = posenc.build("alibi", num_heads=HEADS, mode="symmetric")
+    req = _request(enc, 600, True, torch.float32, grad=False)
+    assert near_far_plan(req)[0] is not None
+    padded = AttentionRequest(
+        q=req.q, k=req.k, v=req.v, encoding=enc, q_pos=req.q_pos, k_pos=req.k_pos, scale=0.4, causal=True,
+        key_padding_mask=torch.zeros(2, 600, dtype=torch.bool),
+    )  # fmt: skip
+    assert "plain causal mask or none" in near_far_plan(padded)[1]
+    kerple = _request(
+        build_example("kerple", num_heads=HEADS, head_dim=DIM), 600, True, torch.float32, grad=False
+    )
+    assert "declares neither" in near_far_plan(kerple)[1]
+    short = _request(enc, 100, True, torch.float32, grad=False)
+    assert "too short" in near_far_plan(short)[1]
+    assert "below" in split_reason(req, 128)  # 600 queries: the blocked path is as fast
+
+
+def test_blocked_takes_the_split_at_length_and_matches_eager():
+    layer = posenc.MultiheadAttention(HEADS * DIM, HEADS, encoding="t5", causal=True).double()
+    x = torch.randn(1, 1100, HEADS * DIM, dtype=torch.float64)
+    out = layer(x)
+    assert layer.last_backend == "blocked"
+    with posenc.use_backend("eager"):
+        torch.testing.assert_close(out, layer(x), rtol=1e-8, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------- mask segments
+
+
+def _segments(mask, i0, i1):
+    return [(s.batch, s.k0, s.k1, s.pattern) for s in mask.segments(i0, i1)]
+
+
+def test_window_block_splits_into_anticausal_full_causal():
+    mask = AttentionMask.build(q_len=64, k_len=64, batch=1, heads=1, causal=True, window=20)
+    # rows 32..39 see keys (i - 20, i]: 13..32 for the first, 20..39 for the last
+    assert _segments(mask, 32, 40) == [
+        (None, 13, 21, "anticausal"),
+        (None, 21, 32, "full"),
+        (None, 32, 40, "causal"),
+    ]
+    # the first block sees keys from 0 only: no anticausal square
+    assert _segments(mask, 0, 8) == [(None, 0, 8, "causal")]
+
+
+def test_document_block_splits_into_full_and_causal():
+    docs = torch.tensor([[0] * 16 + [1] * 32])
+    mask = AttentionMask.build(
+        q_len=48, k_len=48, batch=1, heads=1, causal=True, q_document_ids=docs, k_document_ids=docs
+    )
+    assert _segments(mask, 32, 40) == [(None, 16, 32, "full"), (None, 32, 40, "causal")]
+    assert _segments(mask, 12, 20)[0][3] == "masked"  # a block across the boundary
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"causal": True, "window": 7},
+        {"causal": True, "chunk": 5},
+        {"causal": True, "causal_offset": 9},
+        {"causal": False},
+        {"causal": True, "prefix": True},
+        {"causal": True, "padding": True},
+    ],
+    ids=lambda o: "-".join(sorted(o)),
+)
+def test_segments_cover_exactly_the_visible_keys(options):
+    """Rebuilt from its segments, every block equals the mask's own rows."""
+    options = dict(options)
+    batch, q_len, k_len = 2, 29, 29 + options.get("causal_offset", 0)
+    if options.pop("prefix", False):
+        options["prefix_len"] = torch.tensor([4, 11])
+    if options.pop("padding", False):
+        options["key_padding_mask"] = torch.zeros(batch, k_len, dtype=torch.bool)
+        options["key_padding_mask"][1, :5] = True
+    mask = AttentionMask.build(q_len=q_len, k_len=k_len, batch=batch, heads=1, **options)
+    for i0 in range(0, q_len, 8):
+        i1 = min(q_len, i0 + 8)
+        rebuilt = torch.zeros(batch, i1 - i0, k_len, dtype=torch.bool)
+        for seg in mask.segments(i0, i1):
+            rows = range(batch) if seg.batch is None else [seg.batch]
+            n = seg.k1 - seg.k0
+            square = torch.ones(n, n, dtype=torch.bool)
+            part = {
+                "full": torch.ones(i1 - i0, n, dtype=torch.bool),
+                "causal": square.tril(),
+                "anticausal": square.triu(),
+            }.get(seg.pattern)
+            for b in rows:
+                rebuilt[b, :, seg.k0 : seg.k1] |= part if part is not None else seg.allowed[0]
+        expected = mask.rows(i0, i1)
+        expected = torch.ones_like(rebuilt) if expected is None else expected[:, 0].expand_as(rebuilt)
+        assert torch.equal(rebuilt, expected), (options, i0)
+
+
+def test_segment_engine_is_chosen_for_windows_and_matches_eager():
+    layer = posenc.MultiheadAttention(HEADS * DIM, HEADS, encoding="rope", causal=True, window=64).double()
+    x = torch.randn(2, 700, HEADS * DIM, dtype=torch.float64, requires_grad=True)
+    out = layer(x)
+    assert layer.last_backend == "blocked"
+    (grad,) = torch.autograd.grad(out.sum(), x)
+    with posenc.use_backend("eager"):
+        ref = layer(x)
+        (ref_grad,) = torch.autograd.grad(ref.sum(), x)
+    torch.testing.assert_close(out, ref, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(grad, ref_grad, rtol=1e-8, atol=1e-10)
+
+
+def test_segment_engine_propagates_nothing_from_hidden_rows():
+    """Rows that see no key are zeros and send no gradient (the one rule of every backend)."""
+    enc = posenc.build("nope")
+    q, k, v = (torch.randn(1, HEADS, 40, DIM, requires_grad=True) for _ in range(3))
+    pad = torch.zeros(1, 40, dtype=torch.bool)
+    pad[0, :6] = True
+    pos = torch.arange(40)[None]
+    req = AttentionRequest(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True, key_padding_mask=pad
+    )
+    out = segment_attention(req, block=8)
+    assert bool((out[0, :, :6] == 0).all())
+    (dq,) = torch.autograd.grad(out.sum(), q)
+    assert bool((dq[0, :, :6] == 0).all())
+
+
+class _ForgetGates(BiasEncoding):
+    """A FoX-style input-free stand-in: ``b_ij = c_i - c_j`` with ``c = cumsum(logsigmoid(gates))`` per
+    head, learnable, not shift invariant, separable on the causal side (the declaration FoX will use)."""
+
+    causal_only = True
+
+    def __init__(self, num_heads: int = HEADS, max_len: int = 400) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.gates = torch.nn.Parameter(torch.randn(num_heads, max_len) + 2.0)
+
+    def _c(self) -> torch.Tensor:
+        return torch.cumsum(torch.nn.functional.logsigmoid(self.gates), dim=-1)
+
+    def bias_at(self, head, q_pos, k_pos):
+        c = self._c()
+        return c[head, q_pos] - c[head, k_pos]
+
+    def separable(self, q_pos, k_pos):
+        c = self._c()
+        return (SeparableBias("before", c[:, q_pos[0]][None], -c[:, k_pos[0]][None]),)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("sinks", [False, True], ids=["", "sinks"])
+def test_near_far_differentiates_input_dependent_separable_terms(sinks, dtype):
+    """Row and key terms that require grad (FoX's form): exact outputs and gradients, the key term's
+    gradient from k''s extra head dimension, the row term's from the sinks' share."""
+    enc = _ForgetGates().to(dtype)
+    length = 2 * 16 + 37
+    req = _request(enc, length, True, dtype, sinks=sinks)
+    plan, why = near_far_plan(req, block=16)
+    assert plan is not None and plan.near_separable, why
+    params = [req.q, req.k, req.v, enc.gates] + ([req.sinks] if sinks else [])
+    out, grads = _out_and_grads(lambda r: near_far_attention(r, block=16), req, params)
+    ref, want = _out_and_grads(lambda r: get_backend("eager").run(r)[0], req, params)
+    tol = {"rtol": 1e-7, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 2e-5}
+    torch.testing.assert_close(out, ref, **tol)
+    for index, (g, w) in enumerate(zip(grads, want)):
+        torch.testing.assert_close(g, w, **tol, msg=lambda m, i=index: f"gradient {i}: {m}")
+
+
+def test_separable_without_a_causal_mask_needs_shift_invariance():
+    enc = _ForgetGates()
+    req = _request(enc, 300, False, torch.float32, grad=False)
+    assert "not shift invariant" in near_far_plan(req, block=16)[1]
+
+
+@pytest.mark.parametrize("name", ["alibi", "t5"])
+def test_near_far_bfloat16_close_to_float32(name):
+    enc = _encoding(name, True, torch.float32)
+    req = _request(enc, 300, True, torch.float32, batch=1)
+    half = AttentionRequest(
+        q=req.q.bfloat16(), k=req.k.bfloat16(), v=req.v.bfloat16(), encoding=enc,
+        q_pos=req.q_pos, k_pos=req.k_pos, scale=req.scale, causal=True,
+    )  # fmt: skip
+    out = near_far_attention(half, block=16)
+    assert out.dtype == torch.bfloat16
+    reference = near_far_attention(req, block=16)
+    torch.testing.assert_close(out.float(), reference, rtol=0.05, atol=0.05)
+    (grad_half,) = torch.autograd.grad(out.float().sum(), req.q)  # through the bfloat16 backward
+    (grad_full,) = torch.autograd.grad(reference.sum(), req.q)
+    torch.testing.assert_close(grad_half, grad_full, rtol=0.1, atol=0.1)
+
+
+def test_segment_analysis_is_shared_by_content_never_by_shape():
+    """Masks with the same document ids reuse one analysis (every layer of a model); other ids of the
+    same shape get their own (a cache keyed by shape alone would attend across documents)."""
+    enc = posenc.build("nope")
+    q, k, v = (torch.randn(1, HEADS, 96, DIM, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(96)[None]
+    for cut in (40, 40, 57):
+        docs = (torch.arange(96) >= cut).long()[None]
+        mask = AttentionMask.build(
+            q_len=96, k_len=96, batch=1, heads=HEADS, causal=True, q_document_ids=docs, k_document_ids=docs
+        )
+        req = AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, mask=mask)
+        expected = get_backend("eager").run(req)[0]
+        torch.testing.assert_close(segment_attention(req, block=16), expected, rtol=1e-10, atol=1e-12)
