@@ -245,3 +245,35 @@ def test_spec_string_round_trip():
     again = posenc.build(enc.spec())
     assert again.config() == enc.config()
     torch.testing.assert_close(again.inv_freq, torch.tensor([1.0, 500000.0**-0.5]))
+
+
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_differentiable_fused_rotary_equals_the_reference_and_its_gradient(pairing, inplace):
+    """posenc.kernels.rope.rotary under autograd (the fused kernel; backward rotates by -angle) against
+    the plain expression, values and gradients in float64, partial width, in place on a fresh
+    intermediate (as the layer's projections are)."""
+    from posenc.kernels.rope import rotary, rotary_cos_sin, rotary_reference
+
+    inv_freq = torch.rand(3, dtype=torch.float64)
+    cos, sin = rotary_cos_sin(torch.arange(7)[None], inv_freq)
+    base = torch.randn(2, 3, 7, 10, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 3, 7, 10, dtype=torch.float64)
+    got = rotary(base * 1.0, cos, sin, pairing=pairing, inplace=inplace)
+    (grad_got,) = torch.autograd.grad((got * weight).sum(), base)
+    want = rotary_reference(base, cos, sin, pairing)
+    (grad_want,) = torch.autograd.grad((want * weight).sum(), base)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(grad_got, grad_want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_layer_rotates_its_fresh_projections_in_place():
+    layer = posenc.MultiheadAttention(32, 2, encoding="rope", causal=True)
+    q = torch.randn(1, 2, 5, 16)
+    k = torch.randn(1, 2, 5, 16)
+    pos = torch.arange(5)[None]
+    q_rot, k_rot = layer.encoding.rotate_fresh(q, k, pos, pos)
+    assert q_rot.data_ptr() == q.data_ptr() and k_rot.data_ptr() == k.data_ptr()
+    q2, k2 = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    out_q, _ = layer.encoding.rotate(q2, k2, pos, pos)
+    assert out_q.data_ptr() != q2.data_ptr()  # rotate() never touches its inputs

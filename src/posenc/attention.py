@@ -546,8 +546,8 @@ class MultiheadAttention(nn.Module):
         q = self._heads(self.q_proj(x), self.num_heads)
         k = self._heads(self.k_proj(x), self.num_kv_heads)
         v = self._heads(self.v_proj(x), self.num_kv_heads)
-        if self.encoding.kind is Kind.ROTARY:
-            q, k = self.encoding.rotate(q, k, q_pos, q_pos)
+        if self.encoding.kind is Kind.ROTARY:  # fresh projections: rotated in place where the encoding can
+            q, k = self.encoding.rotate_fresh(q, k, q_pos, q_pos)
         k_pos = q_pos
         if entry is not None:
             k = torch.cat([entry.k, k], dim=2)

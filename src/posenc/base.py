@@ -352,6 +352,11 @@ class RotaryEncoding(PositionalEncoding):
         """Rotate ``q [B, H, Tq, D]`` and ``k [B, Hkv, Tk, D]`` by their positions ``[B, T]``."""
         raise NotImplementedError(f"{type(self).__name__} must implement rotate()")
 
+    def rotate_fresh(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`rotate` for q and k that are fresh projections the caller hands over: an encoding
+        may rotate them in place (RoPE does). Default: :meth:`rotate`."""
+        return self.rotate(q, k, q_pos, k_pos)
+
 
 @dataclass(frozen=True)
 class TokenStates:

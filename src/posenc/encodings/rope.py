@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ..base import RotaryEncoding, check_table_size
-from ..kernels.rope import RotaryTables, apply_rotary, rotary_cos_sin
+from ..kernels.rope import RotaryTables, rotary, rotary_cos_sin
 from ..registry import at_least, greater_than, register
 from ..spec import format_spec
 from .rope_scaling import SCALING_OPTION_RANGES, RopeScaling, rope_scaled_inv_freq
@@ -91,14 +91,14 @@ def _check_pairing(pairing: str) -> None:
         raise ValueError(f"RoPE: pairing must be 'half' or 'interleaved', got {pairing!r}")
 
 
-def _apply_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing) -> Tensor:
+def _apply_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing, inplace: bool = False) -> Tensor:
     """Rotate the first ``2 * cos.shape[-1]`` channels of ``x [B, H, T, D]``; ``cos``/``sin`` ``[B|1, T, d_r/2]`` float32.
 
-    Runs the fused kernel :func:`posenc.kernels.rope.apply_rotary` (chunked, no full-size
-    temporaries; under autograd or ``torch.compile`` the plain expression), which casts the tables
-    to ``x``'s dtype once.
+    Runs the fused kernel (:func:`posenc.kernels.rope.rotary`: chunked, no full-size temporaries,
+    under autograd too; under ``torch.compile`` the plain expression), which casts the tables to
+    ``x``'s dtype once. ``inplace``: rotate ``x`` itself (a fresh projection nobody else holds).
     """
-    return apply_rotary(x, cos, sin, pairing=pairing)
+    return rotary(x, cos, sin, pairing=pairing, inplace=inplace)
 
 
 def apply_rope(
@@ -397,6 +397,15 @@ class RoPE(RotaryEncoding):
 
     # ------------------------------------------------------------------ hook
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        return self._rotate(q, k, q_pos, k_pos, inplace=False)
+
+    def rotate_fresh(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
+        """:meth:`rotate` in place: q and k are fresh projections the caller hands over."""
+        return self._rotate(q, k, q_pos, k_pos, inplace=True)
+
+    def _rotate(
+        self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor, inplace: bool
+    ) -> tuple[Tensor, Tensor]:
         self.bind(q.shape[-1])  # a no-op once bound; an error if q's size differs from head_dim
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
             raise ValueError(
@@ -410,7 +419,10 @@ class RoPE(RotaryEncoding):
             self._refresh_frequencies(int(both.max()) + 1 if both.numel() else 1)
         q_cos, q_sin = self.cos_sin(q_pos)
         k_cos, k_sin = self.cos_sin(k_pos)
-        return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
+        return (
+            _apply_cos_sin(q, q_cos, q_sin, self.pairing, inplace),
+            _apply_cos_sin(k, k_cos, k_sin, self.pairing, inplace),
+        )
 
     @property
     def rotation_dropped(self) -> bool:

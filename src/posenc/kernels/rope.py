@@ -24,7 +24,14 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-__all__ = ["MAX_CACHED_ROWS", "RotaryTables", "apply_rotary", "rotary_cos_sin", "rotary_reference"]
+__all__ = [
+    "MAX_CACHED_ROWS",
+    "RotaryTables",
+    "apply_rotary",
+    "rotary",
+    "rotary_cos_sin",
+    "rotary_reference",
+]
 
 Pairing = Literal["half", "interleaved"]
 
@@ -254,3 +261,42 @@ def _rotate_interleaved(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, inpl
     o1.addcmul_(x2, sin, value=-1.0)
     o2.copy_(x2) if not inplace else None
     o2.mul_(cos).addcmul_(first, sin)
+
+
+class _Rotary(torch.autograd.Function):
+    """The fused kernel under autograd: backward rotates the gradient by the opposite angle (a
+    rotation's transpose), so training runs the kernel too, in place when the caller allows it."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, cos: Tensor, sin: Tensor, pairing: str, inplace: bool) -> Tensor:
+        ctx.save_for_backward(cos, sin)
+        ctx.pairing = pairing
+        if inplace:
+            apply_rotary(x.detach(), cos, sin, pairing=pairing, inplace=True)
+            ctx.mark_dirty(x)
+            return x
+        return apply_rotary(x.detach(), cos, sin, pairing=pairing)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        cos, sin = ctx.saved_tensors
+        return apply_rotary(grad.contiguous(), cos, -sin, pairing=ctx.pairing), None, None, None, None
+
+
+def rotary(
+    x: Tensor, cos: Tensor, sin: Tensor, *, pairing: Pairing = "half", inplace: bool = False
+) -> Tensor:
+    """:func:`apply_rotary` that autograd can differentiate through the fused kernel.
+
+    ``inplace=True`` rotates ``x`` itself, also under autograd, when ``x`` is a fresh intermediate
+    nobody saved for backward (a projection's output: the attention layer's q and k); autograd
+    refuses it on a leaf that requires grad. Tables that require grad (learned frequencies) take the
+    plain expression, which differentiates them.
+    """
+    differentiable = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
+    if not differentiable:
+        return apply_rotary(x, cos, sin, pairing=pairing, inplace=inplace)
+    if cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling():
+        result = rotary_reference(x, cos, sin, pairing)
+        return x.copy_(result) if inplace else result
+    return _Rotary.apply(x, cos, sin, pairing, inplace)
