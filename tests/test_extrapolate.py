@@ -350,8 +350,9 @@ def test_randomized_positions_are_drawn_at_evaluation_too_unless_contiguous(tmp_
             assert (positions[:, 1:] > positions[:, :-1]).all()  # sorted and distinct
     # Drawing from [0, N) needs N at least the longest evaluated input (copy at 4: BOS x SEP y = 10).
     short = ExperimentConfig(
-        task="copy", encodings=["rope"], train_len=3, eval_len=4, randomize_positions=9, **TINY
-    )
+        task="copy", encodings=["rope"], train_len=3, eval_len=4, randomize_positions=9,
+        randomize_eval_positions=True, **TINY,
+    )  # fmt: skip
     with pytest.raises(ValueError, match="longest evaluated sequence, 10"):
         run_experiment(short, tmp_path / "short", workers=1)
     contiguous = ExperimentConfig(
@@ -359,3 +360,21 @@ def test_randomized_positions_are_drawn_at_evaluation_too_unless_contiguous(tmp_
         randomize_eval_positions=False, **TINY,
     )  # fmt: skip
     assert run_experiment(contiguous, tmp_path / "contiguous", workers=1)
+
+
+def test_a_folder_evaluated_at_contiguous_positions_is_not_reused_for_random_ones(tmp_path):
+    """Folders written before --eval-positions evaluated randomized runs at 0..n-1: they read as
+    contiguous, so a run that draws evaluation positions refuses them instead of mixing records."""
+    common = {"task": "copy", "encodings": ["rope"], "train_len": 3, "eval_len": 4, "randomize_positions": 40}
+    run_experiment(ExperimentConfig(**common, **TINY), tmp_path, workers=1)
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["experiment"].pop("randomize_eval_positions") is False  # now as an older folder
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="randomize_eval_positions"):
+        run_experiment(ExperimentConfig(**common, randomize_eval_positions=True, **TINY), tmp_path, workers=1)
+    # Plain runs never compare the option.
+    plain = {**common, "randomize_positions": None}
+    run_experiment(ExperimentConfig(**plain, **TINY), tmp_path / "plain", workers=1)
+    run_experiment(
+        ExperimentConfig(**plain, randomize_eval_positions=True, **TINY), tmp_path / "plain", workers=1
+    )

@@ -188,7 +188,7 @@ def extrapolate(
         backend=backend,
         pack=pack,
         randomize_positions=randomize_positions,
-        randomize_eval_positions=_eval_positions(eval_positions),
+        randomize_eval_positions=_eval_positions(eval_positions) and randomize_positions is not None,
     )
     try:
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results

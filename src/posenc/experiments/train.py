@@ -80,8 +80,9 @@ class ExperimentConfig:
     #: positions drawn uniformly from [0, N) instead of 0..n-1. None: off.
     randomize_positions: int | None = None
     #: With ``randomize_positions``: evaluate at positions drawn the same way (the paper's reference
-    #: code samples at test time too), or at 0..n-1 when False.
-    randomize_eval_positions: bool = True
+    #: code samples at test time too; the CLI's default, ``--eval-positions random``), or at 0..n-1
+    #: when False (this default, what folders written before the option hold).
+    randomize_eval_positions: bool = False
 
     #: Fields that may differ between the first command and a resumed one (they do not change results).
     RUNTIME_FIELDS = ("encodings", "seeds")
@@ -111,7 +112,10 @@ class ExperimentConfig:
 
     def identity(self) -> dict[str, Any]:
         """The settings that must match for a resumed run to reuse this folder's results."""
-        return {k: v for k, v in self.to_dict().items() if k not in self.RUNTIME_FIELDS}
+        settings = {k: v for k, v in self.to_dict().items() if k not in self.RUNTIME_FIELDS}
+        if self.randomize_positions is None:  # how to evaluate randomized positions does not apply
+            settings.pop("randomize_eval_positions")
+        return settings
 
     def make_task(self) -> Task:
         return make_task(self.task, num_symbols=self.num_symbols, distinct=self.distinct, corpus=self.corpus)
