@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from posenc.experiments import ExperimentConfig, run_experiment
+from posenc.experiments import ExperimentConfig, run_experiment, summary_table
 from posenc.experiments.cli import split_specs
 from posenc.experiments.tasks import IGNORE, TASKS, make_task
 from posenc.experiments.train import RunSpec, evaluate
@@ -378,3 +378,43 @@ def test_a_folder_evaluated_at_contiguous_positions_is_not_reused_for_random_one
     run_experiment(
         ExperimentConfig(**plain, randomize_eval_positions=True, **TINY), tmp_path / "plain", workers=1
     )
+
+
+def _records(encoding, seed, values_by_length, task="copy"):
+    return [
+        {"run": f"{encoding}-{seed}", "encoding": encoding, "task": task, "seed": seed, "train_len": 2,
+         "steps": 1, "length": n, "metric": "exact_match", "value": v, "examples": 10}
+        for n, v in values_by_length.items()
+    ]  # fmt: skip
+
+
+def test_summary_ranks_only_encodings_that_fit_and_gives_seed_intervals():
+    """Hand-computed: rope fits on both seeds (in-distribution means 1.0 and 0.95), nope does not
+    (0.5 and 1.0). Beyond L=2 rope's per-seed means are 0.4 and 0.8; a bootstrap of the mean of two
+    values resamples {a, a}, {a, b}, {b, a}, {b, b}, so its 2.5% and 97.5% quantiles are a and b."""
+    from posenc.experiments.results import summarize
+
+    records = (
+        _records("rope", 0, {1: 1.0, 2: 1.0, 3: 0.4, 4: 0.4})
+        + _records("rope", 1, {1: 1.0, 2: 0.9, 3: 0.8, 4: 0.8})
+        + _records("nope", 0, {1: 0.5, 2: 0.5, 3: 0.0, 4: 0.0})
+        + _records("nope", 1, {1: 1.0, 2: 1.0, 3: 0.1, 4: 0.3})
+    )
+    rope, nope = summarize(records, "exact_match", 2, ["rope", "nope"], fit_threshold=0.95)
+    assert rope["iid"] == pytest.approx(0.975) and rope["fit"] == 2
+    assert nope["iid"] == pytest.approx(0.75) and nope["fit"] == 1
+    assert rope["beyond_interval"] == pytest.approx((0.4, 0.8))
+    assert summarize(records, "exact_match", 2, ["rope"])[0]["fit"] is None  # no threshold, no flag
+    config = ExperimentConfig(task="copy", encodings=["rope", "nope"], train_len=2, eval_len=4)
+    table = summary_table(config, records, config.make_task().metric)
+    assert table.rows[0][:4] == ["rope", "2", "97.5%", "2/2"]
+    assert table.rows[0][5] == "60.0% [40.0%, 80.0%]"
+    assert table.rows[1][3] == "1/2"
+    assert len(table.notes) == 1 and "not ranked" in table.notes[0]
+    assert "nope (in-distribution 75.0%)" in table.notes[0] and "rope" not in table.notes[0]
+
+
+@pytest.mark.parametrize("threshold", [0.0, 1.5, -0.1])
+def test_fit_threshold_outside_0_1_is_refused(threshold):
+    with pytest.raises(ValueError, match="fit_threshold"):
+        ExperimentConfig(task="copy", encodings=["rope"], fit_threshold=threshold).validate()

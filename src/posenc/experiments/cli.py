@@ -84,7 +84,7 @@ class _ProgressBars:
 
 def rich_table(summary: SummaryTable) -> Table:
     """A :class:`~posenc.experiments.runner.SummaryTable` as a Rich table (numbers right-aligned)."""
-    table = Table(title=summary.title)
+    table = Table(title=summary.title, caption="\n".join(summary.notes) or None, caption_justify="left")
     for index, column in enumerate(summary.columns):
         table.add_column(column, justify="left" if index == 0 else "right")
     for row in summary.rows:
@@ -152,6 +152,11 @@ def extrapolate(
         help="with --randomize-positions: evaluate at positions drawn the same way (random, the paper's "
         "protocol) or at 0..n-1 (contiguous)",
     ),
+    fit_threshold: float = typer.Option(
+        _DEFAULT.fit_threshold,
+        help="a run fits when its exact match over the training lengths reaches this; encodings whose "
+        "seeds do not all fit are not ranked",
+    ),
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
 
@@ -189,6 +194,7 @@ def extrapolate(
         pack=pack,
         randomize_positions=randomize_positions,
         randomize_eval_positions=_eval_positions(eval_positions) and randomize_positions is not None,
+        fit_threshold=fit_threshold,
     )
     try:
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results

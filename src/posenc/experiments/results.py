@@ -232,19 +232,65 @@ def group_records(records: list[Record]) -> dict[tuple[str, str, str], dict[int,
 
 class SummaryRow(dict):
     """``encoding``, ``at_train`` (metric at the training length), ``beyond`` (mean over lengths
-    above it), ``at_next`` (at L+1), ``at_double`` (at 2L); None where not measured."""
+    above it), ``at_next`` (at L+1), ``at_double`` (at 2L); None where not measured.
+
+    Per seed, then summarised: ``iid`` (the in-distribution score: mean over lengths ``<= L``),
+    ``fit`` (how many seeds reach ``fit_threshold`` there; None when no threshold applies),
+    ``beyond_interval`` (a 95% bootstrap interval of the mean beyond ``L`` across seeds; None with
+    fewer than two seeds)."""
+
+
+#: Resamples of the bootstrap interval across seeds (seeded, so a table is reproducible).
+BOOTSTRAP_RESAMPLES = 2000
+
+
+def seed_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
+    """Percentile bootstrap interval of the mean of per-seed ``values`` (None with fewer than 2)."""
+    if len(values) < 2:
+        return None
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    data = np.asarray(values, dtype=float)
+    means = data[rng.integers(0, len(data), size=(BOOTSTRAP_RESAMPLES, len(data)))].mean(axis=1)
+    tail = (1 - level) / 2
+    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+
+
+def _per_seed(records: list[Record]) -> dict[str, dict[int, dict[int, float]]]:
+    """``{encoding: {seed: {length: value}}}``."""
+    table: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for r in records:
+        table[r.encoding][r.seed][r.length] = r.value
+    return table
 
 
 def summarize(
-    records: list[dict[str, Any]], metric: str, train_len: int, encodings: list[str]
+    records: list[dict[str, Any]],
+    metric: str,
+    train_len: int,
+    encodings: list[str],
+    fit_threshold: float | None = None,
 ) -> list[SummaryRow]:
-    """One :class:`SummaryRow` per encoding (in ``encodings`` order), averaged over seeds."""
+    """One :class:`SummaryRow` per encoding (in ``encodings`` order), averaged over seeds.
+
+    ``fit_threshold``: a seed fits when its in-distribution score reaches it (exact match); None for
+    metrics without one (perplexity).
+    """
     rows_of_metric = [Record.from_dict(record) for record in records if record["metric"] == metric]
     curves = {encoding: cells for (_, _, encoding), cells in group_records(rows_of_metric).items()}
+    seeds = _per_seed(rows_of_metric)
     rows = []
     for encoding in encodings:
         by_length = {length: mean(values) for length, values in curves.get(encoding, {}).items()}
         beyond = [value for length, value in by_length.items() if length > train_len]
+        per_seed = seeds.get(encoding, {})
+        iid = [
+            mean(v for n, v in c.items() if n <= train_len) for c in per_seed.values() if min(c) <= train_len
+        ]
+        beyond_per_seed = [
+            mean(v for n, v in c.items() if n > train_len) for c in per_seed.values() if max(c) > train_len
+        ]
         rows.append(
             SummaryRow(
                 encoding=encoding,
@@ -253,6 +299,9 @@ def summarize(
                 beyond=mean(beyond) if beyond else None,
                 at_next=by_length.get(train_len + 1),
                 at_double=by_length.get(2 * train_len),
+                iid=mean(iid) if iid else None,
+                fit=None if fit_threshold is None or not iid else sum(v >= fit_threshold for v in iid),
+                beyond_interval=seed_interval(beyond_per_seed),
             )
         )
     return rows

@@ -608,33 +608,61 @@ class SummaryTable:
     title: str
     columns: list[str]
     rows: list[list[str]]
+    #: Lines under the table: which rows cannot be ranked, and why.
+    notes: tuple[str, ...] = ()
 
     def __str__(self) -> str:
         widths = [max(len(c), *(len(row[i]) for row in self.rows)) for i, c in enumerate(self.columns)]
         lines = [self.title, "  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in self.rows]
-        return "\n".join(lines)
+        return "\n".join(lines + list(self.notes))
 
 
 def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metric: Metric) -> SummaryTable:
-    """Per encoding: ``metric`` at the training length, mean beyond it, at L+1 and at 2L."""
-    rows = results_io.summarize(records, metric.name, config.train_len, config.encodings)
+    """Per encoding: the in-distribution score and how many seeds fit, then ``metric`` at the
+    training length, mean beyond it (with a 95% interval across seeds), at L+1 and at 2L.
+
+    Fit first: an encoding whose seeds do not all fit their training lengths is marked and listed
+    as not ranked (what it does beyond L says nothing about how it generalizes).
+    """
+    threshold = config.fit_threshold if metric.fits else None
+    rows = results_io.summarize(records, metric.name, config.train_len, config.encodings, threshold)
     L = config.train_len
-    columns = [
-        "encoding",
-        "seeds",
-        f"at L={L}",
-        f"mean {L + 1}..{config.eval_len}",
-        f"at L+1={L + 1}",
-        f"at 2L={2 * L}",
-    ]
-    cells = [
-        [row["encoding"], str(row["seeds"])]
-        + [_cell(row[key], metric) for key in ("at_train", "beyond", "at_next", "at_double")]
-        for row in rows
-    ]
+    columns = ["encoding", "seeds", f"in-dist <={L}", "fit", f"at L={L}", f"mean {L + 1}..{config.eval_len}"]
+    columns += [f"at L+1={L + 1}", f"at 2L={2 * L}"]
+    cells, unfit = [], []
+    for row in rows:
+        fit = "-" if row["fit"] is None else f"{row['fit']}/{row['seeds']}"
+        if row["fit"] is not None and row["fit"] < row["seeds"]:
+            unfit.append(f"{row['encoding']} (in-distribution {_cell(row['iid'], metric)})")
+        cells.append(
+            [
+                row["encoding"],
+                str(row["seeds"]),
+                _cell(row["iid"], metric),
+                fit,
+                _cell(row["at_train"], metric),
+            ]
+            + [_with_interval(row["beyond"], row["beyond_interval"], metric)]
+            + [_cell(row[key], metric) for key in ("at_next", "at_double")]
+        )
+    notes = []
+    if unfit:
+        notes.append(
+            f"not ranked, did not fit (every seed must reach {metric.format(config.fit_threshold)} in-distribution): "
+            + ", ".join(unfit)
+        )
+    if any(row["seeds"] == 1 for row in rows):
+        notes.append("one seed: no interval; several seeds (--seeds 0,1,2) give a 95% interval across seeds")
     title = f"{config.task}: {metric.label} by length (trained on <= {L}, evaluated to {config.eval_len})"
-    return SummaryTable(title, columns, cells)
+    return SummaryTable(title, columns, cells, tuple(notes))
+
+
+def _with_interval(value: float | None, interval: tuple[float, float] | None, metric: Metric) -> str:
+    """``value [low, high]`` (a 95% interval across seeds), or the plain cell."""
+    if interval is None or value is None:
+        return _cell(value, metric)
+    return f"{_cell(value, metric)} [{metric.format(interval[0])}, {metric.format(interval[1])}]"
 
 
 def _cell(value: float | None, metric: Metric) -> str:

@@ -121,6 +121,9 @@ class Metric:
         format: a table cell for one value.
         evaluate: the evaluation loop; it returns every :class:`Score` it measures (the headline
             metric and any companion, such as token accuracy beside exact match).
+        fits: whether a run *fits* its training lengths when its in-distribution score reaches the
+            experiment's ``fit_threshold`` (a fraction, higher is better: exact match); runs that do
+            not fit are never ranked.
     """
 
     name: str
@@ -129,6 +132,7 @@ class Metric:
     log_scale: bool
     format: Callable[[float], str]
     evaluate: Evaluator
+    fits: bool = False
 
 
 @torch.no_grad()
@@ -211,6 +215,7 @@ EXACT_MATCH = Metric(
     log_scale=False,
     format=lambda value: f"{100 * value:.1f}%",
     evaluate=_evaluate_exact_match,
+    fits=True,
 )
 #: Language models: perplexity at each position, two decimals.
 PERPLEXITY = Metric(

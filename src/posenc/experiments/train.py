@@ -83,9 +83,12 @@ class ExperimentConfig:
     #: code samples at test time too; the CLI's default, ``--eval-positions random``), or at 0..n-1
     #: when False (this default, what folders written before the option hold).
     randomize_eval_positions: bool = False
+    #: A run *fits* when its in-distribution score (exact match over lengths <= train_len) reaches
+    #: this; the summary ranks only encodings whose every seed fits. Display only (not compared).
+    fit_threshold: float = 0.95
 
     #: Fields that may differ between the first command and a resumed one (they do not change results).
-    RUNTIME_FIELDS = ("encodings", "seeds")
+    RUNTIME_FIELDS = ("encodings", "seeds", "fit_threshold")
 
     def validate(self) -> None:
         checks = [
@@ -100,6 +103,7 @@ class ExperimentConfig:
             ("encodings", len(self.encodings) > 0 and len(set(self.encodings)) == len(self.encodings)),
             ("seeds", len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds)),
             ("randomize_positions", self.randomize_positions is None or self.randomize_positions >= 1),
+            ("fit_threshold", 0 < self.fit_threshold <= 1),
         ]
         for name, ok in checks:
             if not ok:
