@@ -486,6 +486,20 @@ def _write_outputs(
     results_io.write_csv(out / "results.csv", records)
     title = f"{config.task}: trained on lengths <= {config.train_len}, {config.steps} steps"
     results_io.plot_results(out / "extrapolation.png", records, metric, config.encodings, title)
+    _plot_depths(out, config, records)
+
+
+def _plot_depths(out: Path, config: ExperimentConfig, records: list[dict[str, Any]]) -> None:
+    """``depth.png``: exact match by needle depth and length, for tasks whose records carry depths (passkey)."""
+    from ..viz.depth import depth_heatmap_figure, has_depths
+
+    if not has_depths(records):
+        return
+    title = f"{config.task}: exact match by depth and length (trained on lengths <= {config.train_len})"
+    fig = depth_heatmap_figure(records, config.encodings, title=title)
+    tmp = out / ".depth.png.tmp.png"
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, out / "depth.png")
 
 
 @dataclass(frozen=True)
