@@ -217,11 +217,13 @@ def test_copy_runs_write_no_depth_figure(tmp_path):
     )
     run_experiment(config, tmp_path, workers=1)
     assert not (tmp_path / "depth.png").exists()
+    from posenc.cli import _load_command_modules, app
     from posenc.viz.report import render_report
 
     assert 'id="depth"' not in render_report(tmp_path)
+    _load_command_modules()
     result = CliRunner().invoke(
-        __import__("posenc.cli", fromlist=["app"]).app,
+        app,
         ["plot", "--run", str(tmp_path), "--figure", "depth", "-o", str(tmp_path / "d.png")],
     )
     assert result.exit_code != 0 and "by_depth" in result.output
