@@ -176,3 +176,14 @@ def test_cli_hf_model_prints_the_table_and_refuses_variants_without_it(model_dir
     assert again.exit_code == 2 and "--hf-model only" in " ".join(again.output.split())
     other = CliRunner().invoke(app, [*args[:-2], "--eval-variants", "none", "--seeds", "1"])
     assert other.exit_code == 2 and "holds another experiment" in " ".join(other.output.split())
+
+
+def test_a_model_without_rope_or_past_its_table_is_refused_before_writing(tmp_path):
+    config = transformers.GPT2Config(vocab_size=300, n_embd=16, n_layer=1, n_head=2, n_positions=16)
+    folder = tmp_path / "gpt2"
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel has no rope_parameters"):
+        evaluate_hf_model(folder, tmp_path / "out", task="lm", eval_len=17, variants=["none", "yarn"])
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel cannot run 17 tokens"):
+        evaluate_hf_model(folder, tmp_path / "out", task="lm", eval_len=17)
+    assert not (tmp_path / "out").exists()

@@ -205,6 +205,9 @@ def evaluate_hf_model(
     torch_device = _device(device, Distributed())
     model.to(torch_device)
     original = dict(getattr(model.config, "rope_parameters", None) or {})
+    if not original and any(scalings.values()):
+        raise ValueError(f"--eval-variants: {type(model).__name__} has no rope_parameters to scale")
+    _probe(model, the_task.sequence_length(eval_len), torch_device)
     records: list[dict[str, Any]] = []
     progress = report or (lambda *args: None)
     with folder_lock(out):
@@ -230,6 +233,18 @@ def evaluate_hf_model(
 
         _plot_depths(out, _summary_config(settings), records)
     return records, settings
+
+
+def _probe(model: nn.Module, tokens: int, device: torch.device) -> None:
+    """Run ``tokens`` tokens once, so a model that cannot reach the longest length fails before anything is written."""
+    try:
+        with torch.no_grad():
+            model(input_ids=torch.zeros(1, tokens, dtype=torch.long, device=device))
+    except (IndexError, RuntimeError, ValueError) as err:
+        raise ValueError(
+            f"--hf-model: {type(model).__name__} cannot run {tokens} tokens ({type(err).__name__}: {err}); "
+            "learned absolute positions end at max_position_embeddings: lower --eval-len"
+        ) from err
 
 
 def _check_folder(out: Path, settings: dict[str, Any]) -> None:
@@ -291,8 +306,6 @@ def _apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original
         if original and getattr(model.config, "rope_parameters", None) != original:
             set_rope_scaling(model, dict(original))
         return
-    if not original:
-        raise ValueError(f"--eval-variants: {type(model).__name__} has no rope_parameters to scale")
     set_rope_scaling(model, {**{k: v for k, v in original.items() if k != "rope_type"}, **parameters})
 
 
