@@ -30,7 +30,8 @@ distance to the pair grows.
 Scoring (:data:`RETRIEVAL_EXACT_MATCH`): ``exact_match`` (every answer and ``EOS`` right) and
 ``token_accuracy`` per length like the other tasks; the ``exact_match`` record also carries
 ``query_accuracy`` (the fraction of answers right: for mqar and niah each answer is one symbol) and,
-for passkey, ``by_depth``: exact match per depth bucket. Passkey evaluation is stratified: at each
+for passkey, ``by_depth``: per depth bucket, the fraction of keys retrieved whole (the answer
+without ``EOS``) and the bucket's example count. Passkey evaluation is stratified: at each
 length the examples are spread evenly over :data:`DEPTH_BUCKETS` depth buckets, and within its bucket
 an example's depth is uniform over the integer depths the bucket holds at that length.
 """
@@ -160,7 +161,7 @@ def _evaluate_retrieval(
 
 
 #: Exact match of retrieval tasks: the record of every length also carries ``query_accuracy`` and,
-#: for passkey, ``by_depth`` (exact match per depth bucket, with each bucket's example count).
+#: for passkey, ``by_depth`` (keys retrieved whole per depth bucket, with each bucket's example count).
 RETRIEVAL_EXACT_MATCH = Metric(
     name=EXACT_MATCH.name,
     label=EXACT_MATCH.label,
