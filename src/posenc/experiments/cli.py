@@ -85,8 +85,12 @@ class _ProgressBars:
 def rich_table(summary: SummaryTable) -> Table:
     """A :class:`~posenc.experiments.runner.SummaryTable` as a Rich table (numbers right-aligned)."""
     table = Table(title=summary.title, caption="\n".join(summary.notes) or None, caption_justify="left")
+    names = max((len(row[0]) for row in summary.rows), default=0)
     for index, column in enumerate(summary.columns):
-        table.add_column(column, justify="left" if index == 0 else "right")
+        if index == 0:  # encoding names stay whole; the number columns wrap their headers instead
+            table.add_column(column, justify="left", min_width=min(names, 40))
+        else:
+            table.add_column(column, justify="right")
     for row in summary.rows:
         table.add_row(*row)
     return table
@@ -157,6 +161,16 @@ def extrapolate(
         help="a run fits when its exact match over the training lengths reaches this; encodings whose "
         "seeds do not all fit are not ranked",
     ),
+    hf_model: Path | None = typer.Option(
+        None,
+        help="evaluate a local HF causal LM folder (save_pretrained) without training, on --task lm or "
+        "passkey at lengths 1..--eval-len beyond its max_position_embeddings",
+    ),
+    eval_variants: str | None = typer.Option(
+        None,
+        help="with --hf-model: also evaluate under these RoPE scalings, e.g. none,linear,dynamic,yarn:4 "
+        "(factor: eval-len / trained context unless given)",
+    ),
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
 
@@ -168,6 +182,22 @@ def extrapolate(
     """
     from .runner import Distributed, ExperimentInterrupted, WorkerDied, run_experiment, summary_table
 
+    if hf_model is not None or eval_variants is not None:
+        _extrapolate_hf(
+            hf_model,
+            eval_variants,
+            task,
+            encodings,
+            eval_len,
+            seeds,
+            out,
+            num_symbols,
+            corpus,
+            eval_examples,
+            device,
+            progress,
+        )
+        return
     specs = split_specs(encodings)
     config = ExperimentConfig(
         task=task,
@@ -210,6 +240,52 @@ def extrapolate(
     except ExperimentInterrupted as err:
         console.print(f"[yellow]{err}[/yellow]; run the same command again to resume")
         raise typer.Exit(130) from err
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}")
+        raise typer.Exit(2) from err
+
+
+def _extrapolate_hf(
+    hf_model: Path | None,
+    eval_variants: str | None,
+    task: str,
+    encodings: str,
+    eval_len: int,
+    seeds: str,
+    out: Path,
+    num_symbols: int,
+    corpus: Path | None,
+    eval_examples: int,
+    device: str,
+    progress: bool,
+) -> None:
+    """``--hf-model``: evaluate a local HF causal LM (no training) and print the summary table."""
+    from .hf_eval import evaluate_hf_model, parse_variants, summary
+
+    try:
+        if hf_model is None:
+            raise ValueError(
+                "--eval-variants applies to --hf-model only (trained runs are evaluated as trained)"
+            )
+        if encodings != ",".join(_DEFAULT.encodings):
+            raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
+        with _ProgressBars(console, progress) as bars:
+            records, settings = evaluate_hf_model(
+                hf_model,
+                out,
+                task=task,
+                eval_len=eval_len,
+                eval_examples=eval_examples,
+                eval_batch=min(eval_examples, _DEFAULT.eval_batch),
+                seeds=_int_list(seeds, "--seeds"),
+                num_symbols=num_symbols,
+                corpus=None if corpus is None else str(corpus),
+                variants=parse_variants(eval_variants),
+                device=device,
+                report=bars.report,
+            )
+        console.print(rich_table(summary(settings, records)))
+        console.print(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err

@@ -599,6 +599,20 @@ def _write_outputs(
     results_io.write_csv(out / "results.csv", records)
     title = f"{config.task}: trained on lengths <= {config.train_len}, {config.steps} steps"
     results_io.plot_results(out / "extrapolation.png", records, metric, config.encodings, title)
+    _plot_depths(out, config, records)
+
+
+def _plot_depths(out: Path, config: ExperimentConfig, records: list[dict[str, Any]]) -> None:
+    """``depth.png``: exact match by needle depth and length, for tasks whose records carry depths (passkey)."""
+    from ..viz.depth import depth_heatmap_figure, has_depths
+
+    if not has_depths(records):
+        return
+    title = f"{config.task}: exact match by depth and length (trained on lengths <= {config.train_len})"
+    fig = depth_heatmap_figure(records, config.encodings, title=title)
+    tmp = out / ".depth.png.tmp.png"
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, out / "depth.png")
 
 
 @dataclass(frozen=True)
@@ -619,8 +633,9 @@ class SummaryTable:
 
 
 def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metric: Metric) -> SummaryTable:
-    """Per encoding: the in-distribution score and how many seeds fit, then ``metric`` at the
-    training length, mean beyond it (with a 95% interval across seeds), at L+1 and at 2L.
+    """Per encoding: the in-distribution score (mean over lengths ``<= L``) with how many seeds fit,
+    then ``metric`` at the training length, mean beyond it (with a 95% interval across seeds), at
+    L+1 and at 2L.
 
     Fit first: an encoding whose seeds do not all fit their training lengths is marked and listed
     as not ranked (what it does beyond L says nothing about how it generalizes).
@@ -628,21 +643,17 @@ def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metri
     threshold = config.fit_threshold if metric.fits else None
     rows = results_io.summarize(records, metric.name, config.train_len, config.encodings, threshold)
     L = config.train_len
-    columns = ["encoding", "seeds", f"in-dist <={L}", "fit", f"at L={L}", f"mean {L + 1}..{config.eval_len}"]
+    columns = ["encoding", "seeds", f"<={L} (fit)", f"at L={L}", f"mean {L + 1}..{config.eval_len}"]
     columns += [f"at L+1={L + 1}", f"at 2L={2 * L}"]
     cells, unfit = [], []
     for row in rows:
-        fit = "-" if row["fit"] is None else f"{row['fit']}/{row['seeds']}"
-        if row["fit"] is not None and row["fit"] < row["seeds"]:
-            unfit.append(f"{row['encoding']} (in-distribution {_cell(row['iid'], metric)})")
+        iid = _cell(row["iid"], metric)
+        if row["fit"] is not None:
+            iid += f" ({row['fit']}/{row['seeds']})"
+            if row["fit"] < row["seeds"]:
+                unfit.append(f"{row['encoding']} (in-distribution {_cell(row['iid'], metric)})")
         cells.append(
-            [
-                row["encoding"],
-                str(row["seeds"]),
-                _cell(row["iid"], metric),
-                fit,
-                _cell(row["at_train"], metric),
-            ]
+            [row["encoding"], str(row["seeds"]), iid, _cell(row["at_train"], metric)]
             + [_with_interval(row["beyond"], row["beyond_interval"], metric)]
             + [_cell(row[key], metric) for key in ("at_next", "at_double")]
         )

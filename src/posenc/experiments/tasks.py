@@ -25,6 +25,9 @@ length is the context length and its metric is perplexity per position. The defa
 source of the standard library's ``argparse`` module (:func:`default_corpus`), which exists on
 every CPython install, so nothing is downloaded.
 
+The retrieval tasks ``passkey``, ``mqar`` and ``niah`` (several needles) live in
+:mod:`posenc.experiments.retrieval` and are registered in :data:`TASKS` here.
+
 All randomness comes from the ``torch.Generator`` passed in, so a seed reproduces the data.
 """
 
@@ -35,7 +38,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -88,11 +91,13 @@ def mix_seed(*numbers: int | str) -> int:
 
 
 class Score(NamedTuple):
-    """One evaluated number: ``value`` of ``metric`` at ``length``."""
+    """One evaluated number: ``value`` of ``metric`` at ``length``; ``details``: extra fields of its
+    record (a retrieval task's ``query_accuracy`` and ``by_depth``), or None."""
 
     length: int
     metric: str
     value: float
+    details: dict[str, Any] | None = None
 
 
 #: ``evaluate(model, task, eval_len=, examples=, batch_size=, seed=, progress=)`` -> scores;
@@ -544,8 +549,11 @@ class ByteLM(Task):
         return self._windows(self.train_data, max_length, batch_size, generator)
 
 
+from .retrieval import MQAR, MultiNeedle, Passkey  # noqa: E402  (they build on SequenceTask above)
+
 TASKS: dict[str, type[Task]] = {
-    cls.name: cls for cls in (Copy, Reverse, CountCopy, Addition, Sort, Recall, ByteLM)
+    cls.name: cls
+    for cls in (Copy, Reverse, CountCopy, Addition, Sort, Recall, ByteLM, Passkey, MQAR, MultiNeedle)
 }
 
 

@@ -426,6 +426,7 @@ def evaluate(
             "metric": score.metric,
             "value": score.value,
             "examples": config.eval_examples,
+            **(score.details or {}),
         }
         for score in scores
     ]

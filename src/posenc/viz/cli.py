@@ -33,7 +33,11 @@ def plot(
     spec: str | None = typer.Argument(None, help="encoding name or spec string, e.g. t5 or rope:base=500000"),
     out: Path | None = typer.Option(None, "--out", "-o", help="output image, .png or .svg"),
     figure_name: str | None = typer.Option(
-        None, "--figure", "-f", help="which figure (default: the encoding's first; see --list)"
+        None,
+        "--figure",
+        "-f",
+        help="which figure (default: the encoding's first; see --list); with --run: depth draws a "
+        "passkey run's depth x length heat map",
     ),
     run: Path | None = typer.Option(
         None, "--run", help="experiment directory: plot a trained model's attention maps"
@@ -65,7 +69,11 @@ def plot(
         if out is None:
             raise ValueError("--out FILE.png|FILE.svg is required")
         options = PlotOptions(length=length, max_heads=max_heads, causal=causal)
-        if run is not None:
+        if run is not None and figure_name == "depth":
+            from .depth import run_depth_figure
+
+            fig = run_depth_figure(run)
+        elif run is not None:
             from .runs import run_attention_figure
 
             fig = run_attention_figure(run, encoding=spec, options=options)

@@ -155,6 +155,18 @@ def _attention_html(directory: Path) -> str:
     return "".join(parts)
 
 
+def _depth_section(directory: Path, encodings: list[str]) -> list[tuple[str, str, str]]:
+    """The passkey depth x length heat map, when the records carry depths (none otherwise)."""
+    from ..experiments.results import read_records
+    from .depth import depth_heatmap_figure, has_depths
+
+    raw = read_records(directory / "results.jsonl")
+    if not has_depths(raw):
+        return []
+    figure = _image(depth_heatmap_figure(raw, encodings), "exact match by needle depth and length")
+    return [("depth", "Retrieval by depth and length", figure)]
+
+
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
        color: #222; padding: 0 1em; }
@@ -182,6 +194,7 @@ def render_report(directory: str | Path) -> str:
         ("config", "Configuration", _config_html(config)),
         ("results-section", "Results", _results_html(records, encodings)),
         ("curves", "Metric against length", _curves_html(records, encodings)),
+        *_depth_section(directory, encodings),
         ("encodings", "The encodings", _encoding_figures_html(encodings, config)),
         ("attention", "Attention maps of the trained models", _attention_html(directory)),
     ]

@@ -1,0 +1,103 @@
+"""The depth x length heat map of a retrieval experiment (``passkey``): exact match per depth bucket.
+
+The ``exact_match`` record of each length carries ``by_depth``, a list of ``{"bucket", "depth":
+[low, high], "value", "examples"}`` (:mod:`posenc.experiments.retrieval`); one panel per encoding
+shows depth buckets (rows, needle near the start at the top) against evaluated length (columns),
+the colour the exact match averaged over seeds weighted by example counts. A dashed line marks
+the training length. Drawn into ``depth.png`` by the runner, by ``posenc plot --run DIR --figure
+depth`` and in ``posenc report``.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from ._style import SEQUENTIAL
+from .registry import new_figure, set_title
+
+__all__ = ["depth_grid", "depth_heatmap_figure", "has_depths", "run_depth_figure"]
+
+
+def has_depths(records: Iterable[dict[str, Any]]) -> bool:
+    """Whether any record carries a ``by_depth`` breakdown."""
+    return any(record.get("by_depth") for record in records)
+
+
+def depth_grid(
+    records: Iterable[dict[str, Any]], encoding: str
+) -> tuple[list[int], list[tuple[float, float]], np.ndarray]:
+    """``(lengths, depth bucket bounds, exact match [buckets, lengths])`` of ``encoding`` (NaN where a
+    length has no example in a bucket), pooled over seeds by example counts."""
+    hits: dict[tuple[int, int], float] = defaultdict(float)
+    counts: dict[tuple[int, int], float] = defaultdict(float)
+    bounds: dict[int, tuple[float, float]] = {}
+    for record in records:
+        if record.get("encoding") != encoding or not record.get("by_depth"):
+            continue
+        for cell in record["by_depth"]:
+            key = (int(cell["bucket"]), int(record["length"]))
+            hits[key] += float(cell["value"]) * int(cell["examples"])
+            counts[key] += int(cell["examples"])
+            bounds[int(cell["bucket"])] = (float(cell["depth"][0]), float(cell["depth"][1]))
+    lengths = sorted({length for _, length in counts})
+    buckets = sorted(bounds)
+    grid = np.full((len(buckets), len(lengths)), np.nan)
+    for (bucket, length), count in counts.items():
+        grid[buckets.index(bucket), lengths.index(length)] = hits[(bucket, length)] / count
+    return lengths, [bounds[b] for b in buckets], grid
+
+
+def depth_heatmap_figure(
+    records: list[dict[str, Any]], encodings: list[str], *, title: str | None = None
+) -> Figure:
+    """Exact match by needle depth (rows) and length (columns), one panel per encoding."""
+    shown = [e for e in encodings if depth_grid(records, e)[0]]
+    if not shown:
+        raise ValueError("no record carries a depth breakdown (by_depth): run a passkey experiment")
+    fig = new_figure(min(4.2 * len(shown), 16) + 1.0, 3.6)
+    axes = fig.subplots(1, len(shown), squeeze=False)[0]
+    image = None
+    for ax, encoding in zip(axes, shown):
+        lengths, bounds, grid = depth_grid(records, encoding)
+        image = ax.imshow(
+            np.ma.masked_invalid(grid),
+            cmap=SEQUENTIAL,
+            vmin=0.0,
+            vmax=1.0,
+            aspect="auto",
+            interpolation="nearest",
+        )
+        ax.set_title(encoding, fontsize=9)
+        ax.set_yticks(range(len(bounds)), [f"{low:.0%}-{high:.0%}" for low, high in bounds], fontsize=7)
+        step = max(1, len(lengths) // 8)
+        ax.set_xticks(range(0, len(lengths), step), [str(n) for n in lengths[::step]], fontsize=7)
+        ax.set_xlabel("length (filler symbols)")
+        trained = {r.get("train_len") for r in records if r.get("encoding") == encoding} - {None}
+        for length in trained:
+            if length in lengths:
+                ax.axvline(lengths.index(length) + 0.5, color="white", linestyle="--", linewidth=1.0)
+    axes[0].set_ylabel("needle depth")
+    fig.colorbar(image, ax=list(axes), shrink=0.9, label="exact match")
+    task = next((str(r.get("task")) for r in records if r.get("by_depth")), "")
+    set_title(fig, title if title is not None else f"{task}: exact match by depth and length")
+    return fig
+
+
+def run_depth_figure(directory: str | Path) -> Figure:
+    """The depth x length heat map of the experiment in ``directory`` (``posenc plot --run DIR --figure depth``)."""
+    from ..experiments.results import experiment_settings, load_config, read_records
+
+    directory = Path(directory)
+    path = directory / "results.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: is {directory} an experiment directory?")
+    records = read_records(path)
+    listed = [str(e) for e in experiment_settings(load_config(directory)).get("encodings", [])]
+    encodings = listed + [e for e in dict.fromkeys(r["encoding"] for r in records) if e not in listed]
+    return depth_heatmap_figure(records, encodings)
