@@ -162,7 +162,7 @@ def test_cli_prints_the_summary_table(tmp_path):
     result = CliRunner().invoke(app, args, env={"COLUMNS": "160"})
     assert result.exit_code == 0, result.output
     for text in ("at L=2", "mean 3..5", "at L+1=3", "at 2L=4", "nope", "alibi:mode=symmetric"):
-        assert text in result.output
+        assert text in result.output, result.output
     bad = CliRunner().invoke(
         app, ["extrapolate", "--task", "kopy", "--out", str(tmp_path / "x"), "--no-progress"]
     )

@@ -82,6 +82,15 @@ class _ProgressBars:
         self.progress.update(self.bars[key], completed=done, total=total, note=note)
 
 
+def print_table(table: Table) -> None:
+    """Print ``table``; into a file or pipe at its natural width (nothing there wraps lines), on a
+    terminal at the terminal's."""
+    width = None
+    if not console.is_terminal:
+        width = max(console.width, console.measure(table).maximum)
+    console.print(table, width=width, crop=width is None)
+
+
 def rich_table(summary: SummaryTable) -> Table:
     """A :class:`~posenc.experiments.runner.SummaryTable` as a Rich table (numbers right-aligned)."""
     table = Table(title=summary.title, caption="\n".join(summary.notes) or None, caption_justify="left")
@@ -233,7 +242,7 @@ def extrapolate(
                 config, out, workers=workers, threads=threads, device=device, report=bars.report, log=bars.log
             )
         if writer:
-            console.print(rich_table(summary_table(config, records, config.make_task().metric)))
+            print_table(rich_table(summary_table(config, records, config.make_task().metric)))
     except WorkerDied as err:
         console.print(f"[red]error:[/red] {err}; run the same command again to resume", soft_wrap=True)
         raise typer.Exit(1) from err
@@ -284,7 +293,7 @@ def _extrapolate_hf(
                 device=device,
                 report=bars.report,
             )
-        console.print(rich_table(summary(settings, records)))
+        print_table(rich_table(summary(settings, records)))
         console.print(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
