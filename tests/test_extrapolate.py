@@ -407,9 +407,10 @@ def test_summary_ranks_only_encodings_that_fit_and_gives_seed_intervals():
     assert summarize(records, "exact_match", 2, ["rope"])[0]["fit"] is None  # no threshold, no flag
     config = ExperimentConfig(task="copy", encodings=["rope", "nope"], train_len=2, eval_len=4)
     table = summary_table(config, records, config.make_task().metric)
-    assert table.rows[0][:3] == ["rope", "2", "97.5% (2/2)"]
-    assert table.rows[0][4] == "60.0% [40.0%, 80.0%]"
-    assert table.rows[1][2] == "75.0% (1/2)"
+    assert table.columns[:3] == ["encoding", "<=2, fit", "at L=2"]
+    assert table.rows[0][:2] == ["rope", "97.5%, 2/2"]
+    assert table.rows[0][3] == "60.0% [40.0%, 80.0%]"
+    assert table.rows[1][1] == "75.0%, 1/2"
     assert len(table.notes) == 1 and "not ranked" in table.notes[0]
     assert "nope (in-distribution 75.0%)" in table.notes[0] and "rope" not in table.notes[0]
 

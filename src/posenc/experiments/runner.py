@@ -633,8 +633,9 @@ class SummaryTable:
 
 
 def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metric: Metric) -> SummaryTable:
-    """Per encoding: the in-distribution score (mean over lengths ``<= L``) with how many seeds fit,
-    then ``metric`` at the training length, mean beyond it (with a 95% interval across seeds), at
+    """Per encoding: the in-distribution score (mean over lengths ``<= L``) with how many seeds fit
+    (``"97.5%, 2/2"``; without fit flags, a seeds column and the plain score), then ``metric`` at the
+    training length, mean beyond it (with a 95% interval across seeds), at
     L+1 and at 2L.
 
     Fit first: an encoding whose seeds do not all fit their training lengths is marked and listed
@@ -643,18 +644,21 @@ def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metri
     threshold = config.fit_threshold if metric.fits else None
     rows = results_io.summarize(records, metric.name, config.train_len, config.encodings, threshold)
     L = config.train_len
-    columns = ["encoding", "seeds", f"<={L} (fit)", f"at L={L}", f"mean {L + 1}..{config.eval_len}"]
-    columns += [f"at L+1={L + 1}", f"at 2L={2 * L}"]
+    # With fit flags, "fit k/n" also says how many seeds there are (one column less: 80 columns).
+    seeds_column = threshold is None
+    columns = ["encoding"] + (["seeds", f"<={L}"] if seeds_column else [f"<={L}, fit"])
+    columns += [f"at L={L}", f"mean {L + 1}..{config.eval_len}", f"at L+1={L + 1}", f"at 2L={2 * L}"]
     cells, unfit = [], []
     for row in rows:
         iid = _cell(row["iid"], metric)
         if row["fit"] is not None:
-            iid += f" ({row['fit']}/{row['seeds']})"
+            iid += f", {row['fit']}/{row['seeds']}"
             if row["fit"] < row["seeds"]:
                 unfit.append(f"{row['encoding']} (in-distribution {_cell(row['iid'], metric)})")
         cells.append(
-            [row["encoding"], str(row["seeds"]), iid, _cell(row["at_train"], metric)]
-            + [_with_interval(row["beyond"], row["beyond_interval"], metric)]
+            [row["encoding"]]
+            + ([str(row["seeds"]), iid] if seeds_column else [iid])
+            + [_cell(row["at_train"], metric), _with_interval(row["beyond"], row["beyond_interval"], metric)]
             + [_cell(row[key], metric) for key in ("at_next", "at_double")]
         )
     notes = []
