@@ -57,8 +57,8 @@ from .tasks import (
     Score,
     SequenceTask,
     Task,
-    _positions,
     mix_seed,
+    teacher_forced_hits,
 )
 
 __all__ = [
@@ -123,10 +123,7 @@ def _evaluate_retrieval(
         while done < examples:
             size = min(examples - done, batch_size)
             batch, depths = task.eval_batch(length, size, generator, first=done)
-            predictions = model(batch.inputs.to(device), **_positions(positions, batch.inputs, device))
-            predictions = predictions.argmax(dim=-1).cpu()
-            scored = batch.targets != IGNORE
-            hits = (predictions == batch.targets) & scored
+            hits, scored = teacher_forced_hits(model, batch, device, positions)
             exact += float((hits | ~scored).all(dim=1).sum())
             correct += float(hits.sum())
             counted += float(scored.sum())

@@ -140,6 +140,16 @@ class Metric:
     fits: bool = False
 
 
+def teacher_forced_hits(
+    model: nn.Module, batch: Batch, device: torch.device, positions: PositionSampler | None
+) -> tuple[Tensor, Tensor]:
+    """``(hits, scored)`` ``[B, T]`` bool: the teacher-forced argmax equals a scored target, and which
+    targets are scored (not :data:`IGNORE`)."""
+    predictions = model(batch.inputs.to(device), **_positions(positions, batch.inputs, device))
+    scored = batch.targets != IGNORE
+    return (predictions.argmax(dim=-1).cpu() == batch.targets) & scored, scored
+
+
 @torch.no_grad()
 def _evaluate_exact_match(
     model: nn.Module,
@@ -165,10 +175,7 @@ def _evaluate_exact_match(
         while remaining > 0:
             size = min(remaining, batch_size)
             batch = task.batch(length, size, generator)
-            predictions = model(batch.inputs.to(device), **_positions(positions, batch.inputs, device))
-            predictions = predictions.argmax(dim=-1).cpu()
-            scored = batch.targets != IGNORE
-            hits = (predictions == batch.targets) & scored
+            hits, scored = teacher_forced_hits(model, batch, device, positions)
             exact += float((hits | ~scored).all(dim=1).sum())
             correct += float(hits.sum())
             counted += float(scored.sum())
