@@ -78,7 +78,7 @@ def _scenario_fits(name: str, scenario: str) -> bool:
 def _promised(name: str, backend: str) -> bool:
     """An input-dependent bias (FoX) is promised only by the backends that evaluate token states."""
     cls = posenc.get_class(name)
-    if getattr(cls, "input_dependent", False):
+    if cls.input_dependent:
         return bool(getattr(get_backend(backend), "serves_input_bias", False))
     return cls.kind in EXPECTED_KINDS[backend]
 
@@ -133,7 +133,7 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype, grad: bool)
             q_len=q_len, k_len=k_len, batch=batch, heads=HEADS, causal=causal, window=6,
             q_document_ids=docs, k_document_ids=docs,
         )}  # fmt: skip
-    if getattr(layer.encoding, "input_dependent", False):  # FoX: the states of one sequence's layer input
+    if layer.encoding.input_dependent:  # FoX: the states of one sequence's layer input
         x = torch.randn(batch, q_len, HEADS * HEAD_DIM, dtype=dtype)
         pattern["token_states"] = TokenStates.same_sequence(layer.encoding.token_states(x))
     return AttentionRequest(

@@ -182,7 +182,7 @@ def test_gradcheck_float64(name):
 
 def _request(layer, x, causal=True):
     states = None
-    if layer.encoding.kind is Kind.BIAS and layer.encoding.input_dependent:
+    if layer.encoding.input_dependent:
         states = TokenStates.same_sequence(layer.encoding.token_states(x))
     return AttentionRequest(
         token_states=states,

@@ -448,7 +448,7 @@ class MultiheadAttention(nn.Module):
 
         ``padding [B, past + T]`` covers every key; None for position-only encodings.
         """
-        if not getattr(self.encoding, "input_dependent", False):
+        if not self.encoding.input_dependent:
             return None
         q_len = x.shape[1]
         new_padding = None if padding is None else padding[:, padding.shape[1] - q_len :]

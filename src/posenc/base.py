@@ -148,6 +148,8 @@ class PositionalEncoding(nn.Module):
     * ``noncausal_options``: options that lift ``causal_only`` (ALiBi: ``mode="symmetric"``).
     * ``self_attention_only``: True when queries and keys must come from one sequence (FoX's forget
       gates accumulate along it); the layer refuses cross-attention.
+    * ``input_dependent``: True when the bias depends on the layer input (FoX; see
+      :class:`BiasEncoding`).
     * ``example_options``: options for the contract tests' small layer (head size 16).
     * ``option_ranges``: the documented range of each numeric option, checked at build time.
     * ``layer_sizes`` / :meth:`layer_defaults`: the options a layer supplies (:class:`LayerContext`).
@@ -167,6 +169,8 @@ class PositionalEncoding(nn.Module):
     causal_only: ClassVar[bool] = False
     allows_negative_positions: ClassVar[bool] = False
     self_attention_only: ClassVar[bool] = False
+    #: True when the bias depends on the layer input, not on positions alone (BIAS kinds only: FoX).
+    input_dependent: ClassVar[bool] = False
     #: Options used when the encoding is built for the registry contract tests and ``posenc show``
     #: (e.g. M-RoPE's ``mrope_section`` must fit the small test head size of 16).
     example_options: ClassVar[dict[str, Any]] = {}
@@ -410,8 +414,6 @@ class BiasEncoding(PositionalEncoding):
 
     kind = Kind.BIAS
     hook = "bias_at"
-    #: True when the bias depends on the layer input, not on positions alone.
-    input_dependent: ClassVar[bool] = False
 
     def token_states(
         self, x: Tensor, previous: Tensor | None = None, padding: Tensor | None = None

@@ -76,7 +76,7 @@ def runnable_backends(name: str, seq_len: int = 8, requires_grad: bool = False) 
     q = torch.zeros(b, h, seq_len, d, requires_grad=requires_grad)
     pos = torch.arange(seq_len)[None]
     states = None
-    if getattr(enc, "input_dependent", False):
+    if enc.input_dependent:
         x = torch.zeros(b, seq_len, h * d, requires_grad=requires_grad)
         states = TokenStates.same_sequence(enc.token_states(x))
     request = AttentionRequest(

@@ -99,7 +99,7 @@ class AttentionRequest:
             )
 
     def _check_token_states(self) -> None:
-        needs = bool(getattr(self.encoding, "input_dependent", False))
+        needs = self.encoding.input_dependent
         states = self.token_states
         if needs and states is None:
             raise ValueError(

@@ -49,7 +49,7 @@ def bias_heatmap(enc: PositionalEncoding, options: PlotOptions) -> Figure:
         label_grid(ax, "query i", "key j")
     fig.colorbar(image, ax=axes, shrink=0.8, label="bias added to the logit")
     shown = f"first {heads} of {bias.shape[0]} heads" if heads < bias.shape[0] else f"{heads} heads"
-    at = ", at zero input" if getattr(enc, "input_dependent", False) else ""
+    at = ", at zero input" if enc.input_dependent else ""
     set_title(fig, f"{describe(enc)}: per-head bias ({shown}{', causal' if causal else ''}{at})")
     return fig
 
