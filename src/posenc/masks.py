@@ -291,10 +291,9 @@ class KeySegment:
     """A run of keys ``k0:k1`` that query rows ``i0:i1`` see in one of four shapes.
 
     ``pattern``: ``"full"`` (every row sees every key: a kernel's maskless path), ``"causal"`` (a
-    square, row ``t`` sees key ``k0 + u`` for ``u <= t``: a kernel's ``is_causal``), ``"anticausal"``
-    (a square, ``u >= t``: ``is_causal`` on rows and keys in reverse order) or ``"masked"`` (anything
-    else: :attr:`allowed` holds the bool rows ``[H|1, i1-i0, k1-k0]``). ``batch`` is the batch row the
-    segment belongs to, or None when it holds for every row.
+    square, row ``t`` sees key ``k0 + u`` for ``u <= t``), ``"anticausal"`` (a square, ``u >= t``)
+    or ``"masked"`` (anything else: :attr:`allowed` holds the bool rows ``[H|1, i1-i0, k1-k0]``).
+    ``batch`` is the batch row the segment belongs to, or None when it holds for every row.
     """
 
     batch: int | None

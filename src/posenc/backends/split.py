@@ -23,10 +23,12 @@ Two engines share this:
 * **Mask segments** (kinds without a bias: ABSOLUTE, ROTARY). Each query block's keys come from the
   mask as at most three :class:`~posenc.masks.KeySegment` (an anticausal square, a middle run, a
   causal square; :meth:`AttentionMask.segments`). A sliding window away from the sequence start is
-  (anticausal, full, causal); a block inside one packed document is (full, causal); an anticausal
-  square runs as ``is_causal`` with rows and keys in reverse order. Only irregular runs (a block across
-  a document boundary, padding inside a run, a user mask) take the masked kernel. Segments of the same
-  shape from every block (and batch row) run as one call.
+  (anticausal, full, causal); a block inside one packed document is (full, causal). Full runs take
+  the maskless kernel; the two triangles take the masked kernel with one shared triangular mask (on
+  128-row squares ``is_causal`` saves nothing: its backward is slower than the masked kernel's, and
+  an anticausal square would need reversed copies of every operand), as do irregular runs (a block
+  across a document boundary, padding inside a run, a user mask). Segments of the same shape from
+  every block (and batch row) run as one call.
 * **Near/far** (BIAS encodings that declare a far constant or separable terms, square self-attention
   with a plain causal mask or none). Far from the diagonal the bias is simple: a per-head constant
   (:meth:`~posenc.base.BiasEncoding.far_constant_beyond`, T5) or a row term plus a key term
@@ -87,7 +89,11 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 @dataclass
 class _Group:
     """``n`` segments of one shape and pattern whose first query and first key advance by a fixed
-    step (``q_step``, ``k_step``) in batch row ``batch``: the operands are strided views, no copies."""
+    step (``q_step``, ``k_step``) in batch row ``batch``: the operands are strided views, no copies.
+
+    Causal and anticausal squares run as masked calls with one shared triangular mask: on 128-row
+    squares ``is_causal`` saves no time (its backward is slower than the masked kernel's, measured on
+    torch 2.14), and the anticausal square would need reversed copies of every operand."""
 
     pattern: str
     rows: int
@@ -98,32 +104,24 @@ class _Group:
     q_step: int
     k0: int
     k_step: int
-    allowed: Tensor | None  # masked: [n, H|1, rows, keys] bool
-
-    @property
-    def causal(self) -> bool:
-        return self.pattern in ("causal", "anticausal")
+    allowed: Tensor | None  # full: None; otherwise [n, H|1, rows, keys] bool (a view when shared)
 
     def queries(self, x: Tensor) -> Tensor:
-        """``x [B, H, Tq, *]`` at this group's query rows: ``[n, H, rows, *]`` (reversed if anticausal)."""
-        return self._oriented(_runs(x, self.batch, self.q0, self.q_step, self.n, self.rows))
-
-    def keys_of(self, x: Tensor) -> Tensor:
-        return self._oriented(_runs(x, self.batch, self.k0, self.k_step, self.n, self.keys))
-
-    def query_view(self, x: Tensor) -> Tensor:
-        """The writable (non-overlapping) view of ``x [B, H, Tq, *]`` at this group's query rows."""
+        """``x [B, H, Tq, *]`` at this group's query rows: ``[n, H, rows, *]`` (a view, writable)."""
         return _runs(x, self.batch, self.q0, self.q_step, self.n, self.rows)
 
-    def _oriented(self, x: Tensor) -> Tensor:
-        return x.flip(2) if self.pattern == "anticausal" else x
-
-    def unorient(self, x: Tensor) -> Tensor:
-        return x.flip(2) if self.pattern == "anticausal" else x
+    def keys_of(self, x: Tensor) -> Tensor:
+        return _runs(x, self.batch, self.k0, self.k_step, self.n, self.keys)
 
     def add_to_keys(self, target: Tensor, grad: Tensor) -> None:
         """``target[batch, :, keys of entry e] += grad[e]`` for every entry (key runs may overlap)."""
-        _add_runs(target, self.batch, self.k0, self.k_step, self.keys, self.unorient(grad))
+        _add_runs(target, self.batch, self.k0, self.k_step, self.keys, grad)
+
+
+def _triangle(pattern: str, size: int, device) -> Tensor:
+    """Bool ``[1, size, size]``: row ``t`` sees key ``u`` for ``u <= t`` (causal) or ``u >= t``."""
+    square = torch.ones(size, size, dtype=torch.bool, device=device)
+    return (square.tril() if pattern == "causal" else square.triu())[None]
 
 
 def _add_runs(target: Tensor, batch: int, start: int, step: int, length: int, grad: Tensor) -> None:
@@ -175,7 +173,9 @@ def segment_groups(mask: AttentionMask, batch: int, block: int = SEGMENT_BLOCK) 
     for (b, pattern, rows, keys), entries in buckets.items():
         for run in _arithmetic_runs(entries):
             allowed = None
-            if pattern == "masked":
+            if pattern in ("causal", "anticausal"):
+                allowed = _triangle(pattern, rows, mask.device)[None].expand(len(run), 1, rows, keys)
+            elif pattern == "masked":
                 first = run[0][2]
                 same = all(e[2] is first or torch.equal(e[2], first) for e in run[1:])
                 allowed = (
@@ -318,12 +318,12 @@ class _SegmentAttention(torch.autograd.Function):
                 g.keys_of(k),
                 g.keys_of(v),
                 0.0,
-                g.causal,
+                False,
                 attn_mask=_float_mask(g.allowed, q.dtype),
                 scale=scale,
             )
-            lse_view = g.query_view(acc_lse)[..., 0]
-            parts.append((g.query_view(acc_out), lse_view, g.unorient(out), g.unorient(lse.to(acc))))
+            lse_view = g.queries(acc_lse)[..., 0]
+            parts.append((g.queries(acc_out), lse_view, out, lse.to(acc)))
         _merge_parts(acc_out, acc_lse, parts)
         del parts
         out = acc_out.to(q.dtype)
@@ -353,11 +353,11 @@ class _SegmentAttention(torch.autograd.Function):
                 g.queries(out),
                 g.queries(lse_kernel)[..., 0].contiguous(),
                 0.0,
-                g.causal,
+                False,
                 attn_mask=_float_mask(g.allowed, q.dtype),
                 scale=ctx.scale,
             )
-            g.query_view(dq).add_(g.unorient(d_q))
+            g.queries(dq).add_(d_q)
             g.add_to_keys(dk, d_k)
             g.add_to_keys(dv, d_v)
         d_sinks = (
@@ -792,9 +792,9 @@ def near_far_attention(req: AttentionRequest, block: int = NEAR_BLOCK) -> Tensor
 #: Below this many queries the near band is most of the work and the blocked path is as fast
 #: (measured on 2 cores with T5 and ALiBi).
 NEAR_FAR_MIN_LEN = 1024
-#: The CPU flash kernel's cost per logit with a mask, relative to its maskless path (measured), and
-#: with ``is_causal`` on a square (about half the pairs).
-MASKED_COST, CAUSAL_COST = 1.6, 0.5
+#: The CPU flash kernel's cost per logit with a mask, relative to its maskless path (measured on
+#: torch 2.14: about 1.15; torch 2.13 paid about 1.6, and segments win there by more).
+MASKED_COST = 1.15
 
 
 def _kernel_ready(req: AttentionRequest) -> bool:
@@ -804,7 +804,7 @@ def _kernel_ready(req: AttentionRequest) -> bool:
 def _segment_cost(groups: list[_Group]) -> float:
     cost = 0.0
     for g in groups:
-        per = {"full": 1.0, "masked": MASKED_COST}.get(g.pattern, CAUSAL_COST)
+        per = 1.0 if g.allowed is None else MASKED_COST
         cost += per * g.n * g.rows * g.keys
     return cost
 
