@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.backends import AttentionRequest, available_backends, get_backend
+from posenc.backends import AttentionRequest, available_backends, get_backend, split
 from posenc.backends.flex import flex_bias_attention
 from posenc.backends.split import segment_attention
 from posenc.base import Kind, TokenStates
@@ -216,11 +216,14 @@ def _segment_cases():
                     yield pytest.param(name, scenario, id=f"{name}-{scenario}")
 
 
+@pytest.mark.parametrize("mode", ["bands", "segments"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("name,scenario", list(_segment_cases()))
-def test_blocked_split_by_mask_segments_matches_eager(name, scenario, dtype):
-    """The blocked backend's split mode for kinds without a bias (anticausal / full / causal key
-    segments, merged by log-sum-exp) on every scenario, blocks of 8 so each has several segments."""
+def test_blocked_split_by_mask_segments_matches_eager(name, scenario, dtype, mode, monkeypatch):
+    """The blocked backend's split mode for kinds without a bias (each block's keys as one masked band,
+    or as anticausal / full / causal segments; merged by log-sum-exp) on every scenario, blocks of 8
+    so each has several segments."""
+    monkeypatch.setattr(split, "SEGMENT_MODE", mode)
     causal, kv_heads = SCENARIOS[scenario][3:5]
     causal = causal or _example(name, causal) is None  # causal-only encodings run causally, as above
     layer = _layer(name, causal, kv_heads, dtype)

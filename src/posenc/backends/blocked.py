@@ -462,8 +462,9 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
 #: Below this many logits per head, ``auto`` lets sdpa take bias encodings: measured on 2 CPU
 #: cores (TransformerLM training, ALiBi), blocking pays off from about 256x256.
 MIN_AUTO_LOGITS = 256 * 256
-#: The CPU flash kernel's cost per logit with a mask, relative to its maskless path (measured).
-MASKED_KERNEL_COST = 1.6
+#: The CPU flash kernel's cost per logit with a mask, relative to its maskless path (measured on
+#: torch 2.14: about 1.15; torch 2.13 paid about 1.6).
+MASKED_KERNEL_COST = 1.15
 
 
 #: sdpa materialises any mask but a plain causal one as a dense ``[B|1, H|1, Tq, Tk]`` tensor; past
