@@ -495,11 +495,39 @@ class BiasEncoding(PositionalEncoding):
         return score + self.bias_at(h, q_idx, kv_idx).to(score.dtype)
 
 
+@dataclass(frozen=True)
+class ClippedRelative:
+    """A CONTENT encoding whose position terms are table rows indexed by the distance, constant far away.
+
+    For every pair at distance ``d = j − i`` (key position minus query position), with
+    ``r = index(d)``: the logit gains ``scale · (q_i · key_rows[h, r] + k_j · query_rows[h, r])`` and
+    the value gains ``value_rows[h, r]``. Rows are ``[H|1, R, D]`` (1: shared over heads); a term
+    the encoding lacks is None. ``index`` maps an int64 tensor of distances to rows, and is constant
+    for ``d <= −far_before`` and for ``d >= far_after`` (Shaw: ``clip(d, −k, k) + k``, both ``k``;
+    DeBERTa: its log buckets, saturated past its maximum distance). The relative backend's clipped
+    split uses this (:mod:`posenc.backends.clipped`).
+    """
+
+    index: Callable[[Tensor], Tensor]
+    far_before: int
+    far_after: int
+    key_rows: Tensor | None = None
+    query_rows: Tensor | None = None
+    value_rows: Tensor | None = None
+
+
 class ContentEncoding(PositionalEncoding):
     """CONTENT: computes the logits itself (and optionally a value term); implement :meth:`logits`."""
 
     kind = Kind.CONTENT
     hook = "logits"
+
+    def clipped_relative(self, layer: nn.Module | None, heads: int) -> ClippedRelative | None:
+        """The encoding's tables when its position terms have that form (Shaw, DeBERTa), else None.
+
+        ``layer`` is the attention layer (an encoding may project its tables with the layer's
+        projections), ``heads`` its query heads."""
+        return None
 
     def logits(
         self,

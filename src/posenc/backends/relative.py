@@ -11,6 +11,10 @@ each block only the keys up to its last query.
 
 When the whole problem is small (dense logits below :data:`DENSE_LIMIT` elements) it runs as one
 block without checkpointing: exactly the eager computation, at eager's speed.
+
+Encodings with clipped relative tables (Shaw) on long square self-attention take the clipped split
+instead (:mod:`posenc.backends.clipped`): far keys through PyTorch's fused CPU flash kernel, near
+keys explicitly, merged exactly.
 """
 
 from __future__ import annotations
@@ -92,6 +96,10 @@ class RelativeBackend:
         return []
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
+        from .clipped import clipped_attention, clipped_reason  # clipped builds on blocked's helpers
+
+        if clipped_reason(request) is None:
+            return clipped_attention(request), None
         return relative_attention(request), None
 
 

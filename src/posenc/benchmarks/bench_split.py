@@ -5,6 +5,8 @@ Attention alone (no projections), B=1, H=8, d=64, float32, one process, interlea
 * **bias**: for each encoding, the plain SDPA floor (``is_causal``, or no mask for bidirectional),
   the blocked path of masked query blocks (``blocked_bias_attention``, the path before the split),
   and the near/far split (what ``auto`` runs now). T5's table is trainable (its gradient included).
+  Shaw (k=16, key and value terms, CONTENT): the ``relative`` backend's checkpointed query blocks
+  (before) against the clipped split (``posenc.backends.clipped``, what ``auto`` runs now).
 * **masks**: window 512 and 8 packed documents against one full causal SDPA pass: the masked blocks
   and the mask segments.
 
@@ -21,7 +23,10 @@ import torch
 import posenc
 from posenc.backends import AttentionRequest, split
 from posenc.backends.blocked import blocked_bias_attention
+from posenc.backends.clipped import clipped_attention
+from posenc.backends.relative import relative_attention
 from posenc.backends.split import near_far_attention, segment_attention
+from posenc.base import Kind
 from posenc.benchmarks._harness import (
     interleaved,
     machine,
@@ -39,6 +44,8 @@ ENCODINGS = {
     "t5 bidirectional": ("t5:bidirectional=true", False),
     "alibi causal": ("alibi", True),
     "alibi symmetric": ("alibi:mode=symmetric", False),
+    "shaw k=16 causal": ("shaw:k=16", True),
+    "shaw k=16 bidirectional": ("shaw:k=16", False),
 }
 
 
@@ -66,7 +73,10 @@ def build_case(case: str, params: dict):
     pos = torch.arange(length)[None]
     if label in ENCODINGS:
         spec, causal = ENCODINGS[label]
-        enc = posenc.build(spec, num_heads=HEADS)
+        sizes = {"num_heads": HEADS, "head_dim": HEAD_DIM}
+        layer_sizes = posenc.get_class(spec.split(":")[0]).layer_sizes
+        enc = posenc.build(spec, **{name: sizes[name] for name in layer_sizes if name in sizes})
+        content = enc.kind is Kind.CONTENT
 
         def request():
             return AttentionRequest(
@@ -75,8 +85,8 @@ def build_case(case: str, params: dict):
 
         run = {
             "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal),
-            "blocked": lambda: blocked_bias_attention(request()),
-            "split": lambda: near_far_attention(request()),
+            "blocked": lambda: (relative_attention if content else blocked_bias_attention)(request()),
+            "split": lambda: (clipped_attention if content else near_far_attention)(request()),
         }[impl]
         return _timed(run, train)
     nope = posenc.build("nope")
@@ -107,7 +117,7 @@ def build_case(case: str, params: dict):
 
 IMPL_NAMES = {
     "sdpa": "plain causal SDPA (floor)",
-    "blocked": "masked blocks (before)",
+    "blocked": "masked blocks / query blocks (before)",
     "split": "split (auto now)",
 }
 #: Mask rows only: the segment engine with one masked call per block shape (``SEGMENT_MODE="bands"``).

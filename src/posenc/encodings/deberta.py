@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import ContentEncoding
+from ..base import ClippedRelative, ContentEncoding
 from ..registry import Range, at_least, greater_than, register
 
 __functional__ = ["deberta_log_bucket", "deberta_att_span", "deberta_relative_index"]
@@ -218,6 +218,39 @@ class DebertaDisentangled(ContentEncoding):
         if not hasattr(layer, name):
             raise ValueError(f"deberta: layer has no {name!r}; call encoding.init_layer(layer) first")
         return getattr(layer, name)
+
+    def _row_of(self, distance: Tensor) -> Tensor:
+        """Table row of key-minus-query ``distance`` (any int64 shape)."""
+        zero = torch.zeros((), dtype=torch.long, device=distance.device)
+        return deberta_relative_index(
+            zero[None], distance.reshape(1, -1), self.position_buckets, self.max_relative_positions
+        )[0, 0].view(distance.shape)
+
+    def _saturation(self, sign: int) -> int:
+        """The distance ``D >= 1`` from which the row is constant on one side (``sign·d >= D``); the
+        buckets are monotone in the distance, so the first distance with the saturated row is it."""
+        reach = 2 * max(self.max_relative_positions, self.att_span, 1) + 2
+        distances = torch.arange(1, reach + 1) * sign
+        rows = self._row_of(distances)
+        changed = (rows != rows[-1]).nonzero()
+        return 1 if changed.numel() == 0 else int(changed[-1]) + 2
+
+    def clipped_relative(self, layer: nn.Module | None, heads: int) -> ClippedRelative | None:
+        """The projected tables ``[H, 2·span, D]`` (c2p as key rows, p2c as query rows) and the
+        bucketed index, which saturates past the maximum relative distance on each side."""
+        table = self.relative_embeddings()
+        key_rows = query_rows = None
+        if "c2p" in self.terms:
+            key_rows = self._projected(table, self._projection(layer, "c2p"), heads)
+        if "p2c" in self.terms:
+            query_rows = self._projected(table, self._projection(layer, "p2c"), heads)
+        return ClippedRelative(
+            index=self._row_of,
+            far_before=self._saturation(-1),
+            far_after=self._saturation(1),
+            key_rows=key_rows,
+            query_rows=query_rows,
+        )
 
     # ------------------------------------------------------------------ CONTENT hooks
     def logits(

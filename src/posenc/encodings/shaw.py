@@ -18,7 +18,9 @@ Computation (paper §3.3, never an ``(L, L, D)`` tensor): the key term is ``q @ 
 ``R`` rows (``[B, H, Tq, R]``) gathered by the relative index; the value term sums the attention
 probabilities per relative index (``scatter_add`` into ``[B, H, Tq, R]``) and multiplies by ``wV``.
 Positions are explicit, so cached decoding and cross-attention work. Kind CONTENT: runs on the eager
-backend and on the relative backend (query blocks, checkpointed under autograd).
+backend and on the relative backend: query blocks checkpointed under autograd, or, for long square
+self-attention on CPU, the clipped split (:meth:`ShawRelative.clipped_relative`; beyond distance
+``k`` both terms are constant, so far keys take PyTorch's fused kernel).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import ContentEncoding, LayerContext, check_table_size
+from ..base import ClippedRelative, ContentEncoding, LayerContext, check_table_size
 from ..registry import at_least, register
 
 __functional__ = ["shaw_relative_index", "shaw_relative_logits", "shaw_relative_values"]
@@ -185,6 +187,24 @@ class ShawRelative(ContentEncoding):
         if self.value_table is None:
             return out
         return out + shaw_relative_values(probs, self.value_table, self.relative_index(q_pos, k_pos))
+
+    def clipped_relative(self, layer: nn.Module | None = None, heads: int = 1) -> ClippedRelative | None:
+        """Both tables as ``[H|1, 2k+1, D]`` rows, indexed by ``clip(d, −k, k) + k`` (None for the
+        unclipped ``k=None`` variant)."""
+        k = self.k
+        if k is None:
+            return None
+
+        def rows(table: Tensor | None) -> Tensor | None:
+            return None if table is None else (table if self.per_head else table[None])
+
+        return ClippedRelative(
+            index=lambda distance: distance.clamp(-k, k) + k,
+            far_before=k,
+            far_after=k,
+            key_rows=rows(self.key_table),
+            value_rows=rows(self.value_table),
+        )
 
     def preview(self, length: int = 8) -> str:
         positions = torch.arange(length)[None]

@@ -1,0 +1,224 @@
+"""The clipped split (``posenc.backends.clipped``): Shaw's key and value terms with far keys through
+the fused CPU flash kernel, checked against the eager backend (the paper's formula on dense
+logits) in float64, forward and every gradient (queries, keys, values, both tables)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from posenc.backends import AttentionRequest, clipped, get_backend
+from posenc.backends.clipped import clipped_attention, clipped_reason
+
+HEADS, DIM = 3, 5
+
+
+def _request(enc, length, causal, dtype=torch.float64, kv_heads=None, batch=2, offset=3, **kwargs):
+    q = torch.randn(batch, HEADS, length, DIM, dtype=dtype, requires_grad=True)
+    kv = kv_heads or HEADS
+    k, v = (torch.randn(batch, kv, length, DIM, dtype=dtype, requires_grad=True) for _ in range(2))
+    pos = torch.arange(length)[None] + offset
+    return AttentionRequest(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=causal, **kwargs
+    )
+
+
+def _grads(out, req, enc, seed=0):
+    torch.manual_seed(seed)
+    inputs = [req.q, req.k, req.v, *enc.parameters()]
+    return torch.autograd.grad(out, inputs, torch.randn_like(out))
+
+
+@pytest.mark.parametrize("kv_heads", [None, 1], ids=["mha", "gqa"])
+@pytest.mark.parametrize("value_term", [True, False], ids=["values", "keys-only"])
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("length", [37, 64])
+def test_clipped_split_equals_eager(length, causal, per_head, value_term, kv_heads, monkeypatch):
+    """Blocks of 8 with k=4 (37 leaves a partial block; 64 fills them): several far and near parts."""
+    monkeypatch.setattr(clipped, "CLIPPED_BLOCK", 8)
+    torch.manual_seed(length)
+    enc = posenc.build(
+        f"shaw:k=4,per_head={per_head},value_term={value_term}", head_dim=DIM, num_heads=HEADS
+    ).double()
+    req = _request(enc, length, causal, kv_heads=kv_heads)
+    out = clipped_attention(req)
+    ref = get_backend("eager").run(req)[0]
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for got, want in zip(_grads(out, req, enc), _grads(ref, req, enc)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+def test_block_grows_to_the_clipping_distance(monkeypatch):
+    """With k larger than the block, the far part must still start beyond k (else the far constant
+    would be wrong for distances between the block and k)."""
+    monkeypatch.setattr(clipped, "CLIPPED_BLOCK", 4)
+    torch.manual_seed(1)
+    enc = posenc.build("shaw:k=9", head_dim=DIM, num_heads=HEADS).double()
+    req = _request(enc, 50, causal=False)
+    torch.testing.assert_close(
+        clipped_attention(req), get_backend("eager").run(req)[0], rtol=1e-10, atol=1e-12
+    )
+
+
+def test_float32_at_default_block_matches_eager():
+    torch.manual_seed(2)
+    enc = posenc.build("shaw:k=16", head_dim=DIM, num_heads=HEADS)
+    req = _request(enc, 600, causal=True, dtype=torch.float32, batch=1)
+    assert clipped_reason(req) is None
+    out = clipped_attention(req)
+    ref = get_backend("eager").run(req)[0]
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    for got, want in zip(_grads(out, req, enc), _grads(ref, req, enc)):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_layer_takes_the_split_on_long_sequences(monkeypatch):
+    """``auto`` runs Shaw on the relative backend, which takes the split from 512 queries on."""
+    calls = []
+    original = clipped.clipped_attention
+
+    def spy(req):
+        calls.append(req.q_len)
+        return original(req)
+
+    monkeypatch.setattr(clipped, "clipped_attention", spy)
+    torch.manual_seed(3)
+    layer = posenc.MultiheadAttention(16, 2, encoding="shaw:k=16", causal=True).double()
+    x = torch.randn(1, 520, 16, dtype=torch.float64)
+    out = layer(x)
+    assert layer.last_backend == "relative" and calls == [520]
+    with posenc.use_backend("eager"):
+        ref = layer(x)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    layer(x[:, :100])
+    assert calls == [520], "short sequences keep the query blocks"
+
+
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("unclipped", "declares no clipped"),
+        ("padding", "plain causal mask or none"),
+        ("bfloat16", "float32 or float64"),
+        ("nan", "nan or inf"),
+        ("short", "queries the query blocks are as fast"),
+        ("gaps", "consecutive positions"),
+    ],
+)
+def test_clipped_split_states_why_it_does_not_serve(case, expected):
+    torch.manual_seed(4)
+    spec = "shaw:k=None,max_len=700" if case == "unclipped" else "shaw:k=4"
+    enc = posenc.build(spec, head_dim=DIM, num_heads=HEADS)
+    dtype = torch.bfloat16 if case == "bfloat16" else torch.float32
+    length = 100 if case == "short" else 600
+    extra = {}
+    if case == "padding":
+        pad = torch.ones(2, length, dtype=torch.bool)
+        pad[0, -3:] = False
+        extra["key_padding_mask"] = pad
+    req = _request(enc, length, causal=True, dtype=dtype, **extra)
+    if case == "nan":
+        with torch.no_grad():
+            req.q[0, 0, 5, 0] = float("nan")
+        req = AttentionRequest(
+            q=req.q, k=req.k, v=req.v, encoding=enc, q_pos=req.q_pos, k_pos=req.k_pos, scale=0.4, causal=True
+        )
+    if case == "gaps":
+        pos = torch.arange(length)[None] * 2
+        req = AttentionRequest(
+            q=req.q, k=req.k, v=req.v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True
+        )
+    reason = clipped_reason(req)
+    assert reason is not None and expected in reason, reason
+    if case != "short":  # the length floor is auto's choice; the split itself serves short inputs
+        with pytest.raises(ValueError, match="clipped split"):
+            clipped_attention(req)
+
+
+def test_nan_is_never_turned_finite_on_the_relative_backend():
+    """The flash kernel would return finite numbers for nan inputs: the relative backend must keep
+    the query blocks (which propagate nan) instead of the split."""
+    torch.manual_seed(5)
+    layer = posenc.MultiheadAttention(16, 2, encoding="shaw:k=16", causal=True)
+    x = torch.randn(1, 600, 16)
+    x[0, 7, 3] = float("nan")
+    out = layer(x)
+    assert bool(out[0, 7:].isnan().any())
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("share", [True, False], ids=["shared-proj", "own-proj"])
+@pytest.mark.parametrize("terms", ["c2p|p2c", "c2p", "p2c"])
+def test_deberta_split_equals_eager(terms, share, causal, monkeypatch):
+    """DeBERTa's c2p (a row constant far away) and p2c (a key constant: one extra head dimension in
+    the kernel) on log buckets whose far rows start at different distances on each side (16 before
+    the diagonal, 32 after); every parameter's gradient, projections included."""
+    monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
+    calls = []
+    original = clipped.clipped_attention
+    monkeypatch.setattr(clipped, "clipped_attention", lambda req: calls.append(1) or original(req))
+    torch.manual_seed(6)
+    spec = f"deberta:position_buckets=8,max_relative_positions=32,pos_att_type={terms},share_att_key={share}"
+    layer = posenc.MultiheadAttention(24, 3, spec, causal=causal).double()
+    x = torch.randn(2, 90, 24, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *(p for p in layer.parameters() if p.requires_grad)]
+    with posenc.use_backend("relative"):
+        out = layer(x)
+    assert calls == [1]
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, grad, allow_unused=True)
+    with posenc.use_backend("eager"):
+        ref = layer(x)
+    want = torch.autograd.grad(ref, inputs, grad, allow_unused=True)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "deberta:position_buckets=8,max_relative_positions=32",
+        "deberta:position_buckets=-1,max_relative_positions=20",
+        "deberta",
+    ],
+)
+def test_deberta_far_distances_are_where_its_rows_saturate(spec):
+    """The declared far distances, against the index computed pair by pair: constant from there on,
+    and not one step earlier (an early start would put near pairs in the far part)."""
+    from posenc.encodings.deberta import deberta_relative_index
+
+    layer = posenc.MultiheadAttention(24, 3, spec)
+    enc = layer.encoding
+    terms = enc.clipped_relative(layer, 3)
+    positions = torch.arange(1200)[None]
+    rows = deberta_relative_index(positions, positions, enc.position_buckets, enc.max_relative_positions)[0]
+    distance = positions[0][None] - positions[0][:, None]  # key minus query
+    for side, far in ((-1, terms.far_before), (1, terms.far_after)):
+        beyond = rows[distance * side >= far]
+        assert bool((beyond == beyond[0]).all())
+        assert not bool((rows[distance * side >= far - 1] == beyond[0]).all())
+    assert torch.equal(terms.index(distance), rows)
+
+
+def test_deberta_far_beyond_the_largest_near_block_keeps_the_query_blocks():
+    """DeBERTa's default buckets saturate only past distance 500: the near band would cost more than
+    the query blocks, and the reason says so; a span of 256 takes the split."""
+    for spec, takes_split in (
+        ("deberta", False),
+        ("deberta:position_buckets=-1,max_relative_positions=256", True),
+    ):
+        layer = posenc.MultiheadAttention(24, 3, spec, causal=True)
+        q = torch.randn(1, 3, 1100, 8)
+        pos = torch.arange(1100)[None]
+        req = AttentionRequest(
+            q=q, k=q, v=q, encoding=layer.encoding, q_pos=pos, k_pos=pos, scale=0.3, causal=True, layer=layer
+        )
+        reason = clipped_reason(req)
+        assert (reason is None) == takes_split, reason
+        if not takes_split:
+            assert "near blocks of" in reason
