@@ -174,7 +174,9 @@ def test_cli_hf_model_prints_the_table_and_refuses_variants_without_it(model_dir
         app, ["extrapolate", "--task", "copy", "--eval-variants", "yarn", "--out", str(tmp_path / "x")]
     )
     # Without --hf-model, variants apply to the trained runs (issue 14): yarn is no setting of nope.
-    assert again.exit_code == 2 and "'yarn' does not apply to --encodings 'nope'" in " ".join(again.output.split())
+    assert again.exit_code == 2 and "'yarn' does not apply to --encodings 'nope'" in " ".join(
+        again.output.split()
+    )
     assert not (tmp_path / "x").exists()
     other = CliRunner().invoke(app, [*args[:-2], "--eval-variants", "none", "--seeds", "1"])
     assert other.exit_code == 2 and "holds another experiment" in " ".join(other.output.split())

@@ -308,3 +308,26 @@ def _extrapolate_hf(
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err
+
+
+@app.command("compare")
+def compare(
+    run_dir: Path = typer.Argument(..., help="an experiment folder (posenc extrapolate --out)"),
+    a: str = typer.Argument(..., help="a row of its table: an encoding, or a variant such as 'rope + yarn'"),
+    b: str = typer.Argument(..., help="the row to compare A with"),
+    fit_threshold: float | None = typer.Option(
+        None, help="a row fits when every seed reaches this in-distribution (default: the folder's)"
+    ),
+) -> None:
+    """Whether A beats B beyond the training length L, paired by seed: the mean per-seed difference
+    of the score beyond L with a 95% bootstrap interval; "cannot tell" when it contains 0. Rows
+    that did not fit are not compared."""
+    from .compare import compare_rows
+
+    try:
+        comparison = compare_rows(run_dir, a, b, fit_threshold)
+    except (ValueError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {err}", soft_wrap=True, markup=True, highlight=False)
+        raise typer.Exit(2) from err
+    for line in comparison.lines():
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

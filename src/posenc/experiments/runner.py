@@ -726,21 +726,24 @@ def _seed_count(rows: list[results_io.SummaryRow]) -> str:
     return f"{text} seed{'s' if counts[-1] > 1 else ''}"
 
 
-def _steps_to_fit_notes(records: list[dict[str, Any]], config: ExperimentConfig) -> list[str]:
-    """With ``until_fit``: one line giving, per row, the steps each seed took to fit."""
+def _steps_to_fit_notes(runs: list[dict[str, Any]], config: ExperimentConfig) -> list[str]:
+    """With ``until_fit``: one line giving, per encoding, the step each seed fitted at ("-": not
+    within ``steps``), from the per-run records."""
     if not config.until_fit:
         return []
     taken: dict[str, list[str]] = {}
-    for record in records:
+    for record in runs:
         if record.get("metric") == results_io.IID and "steps_to_fit" in record and "variant" not in record:
             step = record["steps_to_fit"]
-            taken.setdefault(record["encoding"], []).append(
-                f"not in {record.get('steps_trained', config.steps)}" if step is None else str(step)
-            )
+            if record["encoding"] in config.encodings and record.get("seed") in config.seeds:
+                taken.setdefault(record["encoding"], []).append("-" if step is None else str(step))
     if not taken:
         return []
-    cells = [f"{encoding} {'/'.join(steps)}" for encoding, steps in taken.items()]
-    return [f"steps to fit (--until-fit, checked every {config.fit_check_every}): " + ", ".join(cells)]
+    cells = "; ".join(f"{encoding} {', '.join(steps)}" for encoding, steps in taken.items())
+    return [
+        f"steps to fit per seed (--until-fit, checked every {config.fit_check_every}, "
+        f"'-': not within {config.steps}): {cells}"
+    ]
 
 
 def _evaluate_variants(
