@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 transformers = pytest.importorskip("transformers")
 
 from posenc.experiments.hf_eval import HFCausalLM, evaluate_hf_model  # noqa: E402
+from posenc.experiments.results import read_run_records  # noqa: E402
 from posenc.experiments.tasks import ByteLM, mix_seed  # noqa: E402
 
 CONTEXT = 16
@@ -73,6 +74,10 @@ def test_identity_scaling_reproduces_the_records_and_real_scalings_change_them(m
     assert any(ppl[(f"{name} + yarn", n)]["value"] != ppl[(name, n)]["value"] for n in range(1, 33))
     # Dynamic NTK rescales by the length of the call: 32-token windows are past the context, so it acts.
     assert any(ppl[(f"{name} + dynamic", n)]["value"] != ppl[(name, n)]["value"] for n in range(1, 33))
+    # One per-run iid record per variant and seed: the perplexity at the trained context.
+    runs = {r["encoding"]: r for r in read_run_records(tmp_path)}
+    assert len(runs) == 4 and runs[f"{name} + yarn"]["value"] == ppl[(f"{name} + yarn", CONTEXT)]["value"]
+    assert runs[name]["metric"] == "iid" and runs[name]["fit"] is None
     config = json.loads((tmp_path / "config.json").read_text())["experiment"]
     assert config["variants"][f"{name} + yarn"] == {
         "rope_type": "yarn",

@@ -579,10 +579,11 @@ def run_experiment(
         finally:
             if dist.enabled and torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
+        rows = set(row_labels(config))
         records = [
             r
             for r in results_io.read_records(out / "results.jsonl")
-            if r["encoding"] in row_labels(config) and r["seed"] in config.seeds
+            if r["encoding"] in rows and r["seed"] in config.seeds
         ]
         if is_writer:
             _write_outputs(out, config, task.metric, records)
@@ -758,11 +759,11 @@ def _evaluate_variants(
     on_done: Callable[[RunSpec, list[dict[str, Any]]], None],
 ) -> None:
     """Evaluate each trained run's checkpoint again under each inference-time variant (no training);
-    variants whose records exist already are kept."""
+    variants whose records exist already are kept, unless their trained run was (re)trained now."""
     from .variants import evaluate_variant
 
     for run, variant in variant_runs(runs, variants):
-        if variant_run_id(config, run, variant) in finished:
+        if variant_run_id(config, run, variant) in finished and run_id_for(config, run) in finished:
             continue
         checkpoint = out / "checkpoints" / f"{run_id_for(config, run)}.pt"
         on_done(run, evaluate_variant(config, task, run, variant, checkpoint, report, device))
