@@ -125,6 +125,22 @@ def test_until_fit_stops_at_the_first_check_that_fits(tmp_path, monkeypatch):
     assert run["steps_trained"] == 9 and run["steps_to_fit"] is None and len(checked) == 5
 
 
+def test_a_run_that_fitted_resumes_without_training_past_its_fit(tmp_path, monkeypatch):
+    monkeypatch.setattr(train_module, "fit_check_score", lambda *args: 1.0)
+    base = dict(task="copy", encodings=["alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY)
+    config = ExperimentConfig(**{**base, "steps": 9}, until_fit=True, fit_check_every=2)
+    first = run_experiment(config, tmp_path, workers=1)
+    (tmp_path / "results.jsonl").unlink()  # as if killed after the checkpoint, before the records
+
+    def no_more_checks(*args):
+        raise AssertionError("a run that fitted was checked (trained) again")
+
+    monkeypatch.setattr(train_module, "fit_check_score", no_more_checks)
+    assert run_experiment(config, tmp_path, workers=1) == first
+    (run,) = read_run_records(tmp_path)
+    assert run["steps_trained"] == 2 and run["steps_to_fit"] == 2
+
+
 def test_until_fit_checks_on_examples_apart_from_the_evaluation(monkeypatch):
     seen: list[int] = []
     config = ExperimentConfig(
