@@ -379,8 +379,10 @@ def train_and_evaluate(
             _steps_this_process += 1
             report(run.label, "train", step, config.steps, f"loss {loss.item():.3f}")
             if config.until_fit and (step % config.fit_check_every == 0 or step == config.steps):
-                if _any_rank(rank == 0 and fits_now(model, config, task, run), world_size):
+                score = fit_check_score(model, config, task, run) if rank == 0 else 0.0
+                if _any_rank(score >= config.fit_threshold, world_size):
                     fitted_at = step
+                report(run.label, "train", step, config.steps, f"in-distribution {task.metric.format(score)}")
                 model.train()
             stop_now = _any_rank(
                 stop.raised or should_stop() or (interrupt_after and _steps_this_process >= interrupt_after),
@@ -419,11 +421,6 @@ def fit_check_score(model: nn.Module, config: ExperimentConfig, task: Task, run:
         positions=_eval_position_sampler(config, run),
     )
     return statistics.mean(score.value for score in scores if score.metric == task.metric.name)
-
-
-def fits_now(model: nn.Module, config: ExperimentConfig, task: Task, run: RunSpec) -> bool:
-    """Whether ``model`` reaches ``config.fit_threshold`` on the fit-check examples (:func:`fit_check_score`)."""
-    return fit_check_score(model, config, task, run) >= config.fit_threshold
 
 
 def _wrap_ddp(model: nn.Module, world_size: int) -> nn.Module:
