@@ -728,8 +728,9 @@ def _seed_count(rows: list[results_io.SummaryRow]) -> str:
 
 
 def _steps_to_fit_notes(runs: list[dict[str, Any]], config: ExperimentConfig) -> list[str]:
-    """With ``until_fit``: one line giving, per encoding, the step each seed fitted at ("-": not
-    within ``steps``), from the per-run records."""
+    """With ``until_fit``: one line giving, per encoding, the step at which each seed's fit check
+    passed ("-": not within ``steps``), from the per-run records. The check's examples are not the
+    evaluation's, so a run can pass it and score just under the threshold on the evaluation."""
     if not config.until_fit:
         return []
     taken: dict[str, list[str]] = {}
@@ -742,8 +743,9 @@ def _steps_to_fit_notes(runs: list[dict[str, Any]], config: ExperimentConfig) ->
         return []
     cells = "; ".join(f"{encoding} {', '.join(steps)}" for encoding, steps in taken.items())
     return [
-        f"steps to fit per seed (--until-fit, checked every {config.fit_check_every}, "
-        f"'-': not within {config.steps}): {cells}"
+        f"fit check passed at step, per seed (--until-fit, every {config.fit_check_every} steps on examples "
+        f"apart from the evaluation's, so a row may pass it and still not fit here; '-': not within "
+        f"{config.steps}): {cells}"
     ]
 
 
