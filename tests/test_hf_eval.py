@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 transformers = pytest.importorskip("transformers")
 
 from posenc.experiments.hf_eval import HFCausalLM, evaluate_hf_model  # noqa: E402
+from posenc.experiments.results import read_run_records  # noqa: E402
 from posenc.experiments.tasks import ByteLM, mix_seed  # noqa: E402
 
 CONTEXT = 16
@@ -73,6 +74,10 @@ def test_identity_scaling_reproduces_the_records_and_real_scalings_change_them(m
     assert any(ppl[(f"{name} + yarn", n)]["value"] != ppl[(name, n)]["value"] for n in range(1, 33))
     # Dynamic NTK rescales by the length of the call: 32-token windows are past the context, so it acts.
     assert any(ppl[(f"{name} + dynamic", n)]["value"] != ppl[(name, n)]["value"] for n in range(1, 33))
+    # One per-run iid record per variant and seed: the perplexity at the trained context.
+    runs = {r["encoding"]: r for r in read_run_records(tmp_path)}
+    assert len(runs) == 4 and runs[f"{name} + yarn"]["value"] == ppl[(f"{name} + yarn", CONTEXT)]["value"]
+    assert runs[name]["metric"] == "iid" and runs[name]["fit"] is None
     config = json.loads((tmp_path / "config.json").read_text())["experiment"]
     assert config["variants"][f"{name} + yarn"] == {
         "rope_type": "yarn",
@@ -173,7 +178,11 @@ def test_cli_hf_model_prints_the_table_and_refuses_variants_without_it(model_dir
     again = CliRunner().invoke(
         app, ["extrapolate", "--task", "copy", "--eval-variants", "yarn", "--out", str(tmp_path / "x")]
     )
-    assert again.exit_code == 2 and "--hf-model only" in " ".join(again.output.split())
+    # Without --hf-model, variants apply to the trained runs (issue 14): yarn is no setting of nope.
+    assert again.exit_code == 2 and "'yarn' does not apply to --encodings 'nope'" in " ".join(
+        again.output.split()
+    )
+    assert not (tmp_path / "x").exists()
     other = CliRunner().invoke(app, [*args[:-2], "--eval-variants", "none", "--seeds", "1"])
     assert other.exit_code == 2 and "holds another experiment" in " ".join(other.output.split())
 

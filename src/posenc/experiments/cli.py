@@ -170,6 +170,14 @@ def extrapolate(
         help="a run fits when its exact match over the training lengths reaches this; encodings whose "
         "seeds do not all fit are not ranked",
     ),
+    until_fit: bool = typer.Option(
+        _DEFAULT.until_fit,
+        help="train each run until it fits (checked every --fit-check-every steps on held-out examples) "
+        "or --steps run out; the steps it took go into its iid record",
+    ),
+    fit_check_every: int = typer.Option(
+        _DEFAULT.fit_check_every, min=1, help="with --until-fit: steps between two fit checks"
+    ),
     hf_model: Path | None = typer.Option(
         None,
         help="evaluate a local HF causal LM folder (save_pretrained) without training, on --task lm or "
@@ -177,8 +185,9 @@ def extrapolate(
     ),
     eval_variants: str | None = typer.Option(
         None,
-        help="with --hf-model: also evaluate under these RoPE scalings, e.g. none,linear,dynamic,yarn:4 "
-        "(factor: eval-len / trained context unless given)",
+        help="evaluate each trained model (or --hf-model) again under these settings, no retraining: "
+        "RoPE scalings linear,ntk,dynamic,yarn,longrope (NAME:FACTOR; default eval-len / training length), "
+        "prope:P, drop_rotation, temperature:BETA (any encoding); one row each",
     ),
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
@@ -189,9 +198,10 @@ def extrapolate(
     resume when the same command is run again. Under `torchrun --nproc_per_node N` each run
     trains with DistributedDataParallel.
     """
+    from .results import read_run_records
     from .runner import Distributed, ExperimentInterrupted, WorkerDied, run_experiment, summary_table
 
-    if hf_model is not None or eval_variants is not None:
+    if hf_model is not None:
         _extrapolate_hf(
             hf_model,
             eval_variants,
@@ -234,6 +244,9 @@ def extrapolate(
         randomize_positions=randomize_positions,
         randomize_eval_positions=_eval_positions(eval_positions) and randomize_positions is not None,
         fit_threshold=fit_threshold,
+        until_fit=until_fit,
+        fit_check_every=fit_check_every,
+        eval_variants=[item.strip() for item in (eval_variants or "").split(",") if item.strip()],
     )
     try:
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results
@@ -242,7 +255,8 @@ def extrapolate(
                 config, out, workers=workers, threads=threads, device=device, report=bars.report, log=bars.log
             )
         if writer:
-            print_table(rich_table(summary_table(config, records, config.make_task().metric)))
+            runs = read_run_records(out)
+            print_table(rich_table(summary_table(config, records, config.make_task().metric, runs)))
     except WorkerDied as err:
         console.print(f"[red]error:[/red] {err}; run the same command again to resume", soft_wrap=True)
         raise typer.Exit(1) from err
@@ -255,7 +269,7 @@ def extrapolate(
 
 
 def _extrapolate_hf(
-    hf_model: Path | None,
+    hf_model: Path,
     eval_variants: str | None,
     task: str,
     encodings: str,
@@ -272,10 +286,6 @@ def _extrapolate_hf(
     from .hf_eval import evaluate_hf_model, parse_variants, summary
 
     try:
-        if hf_model is None:
-            raise ValueError(
-                "--eval-variants applies to --hf-model only (trained runs are evaluated as trained)"
-            )
         if encodings != ",".join(_DEFAULT.encodings):
             raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
         with _ProgressBars(console, progress) as bars:
@@ -298,3 +308,26 @@ def _extrapolate_hf(
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err
+
+
+@app.command("compare")
+def compare(
+    run_dir: Path = typer.Argument(..., help="an experiment folder (posenc extrapolate --out)"),
+    a: str = typer.Argument(..., help="a row of its table: an encoding, or a variant such as 'rope + yarn'"),
+    b: str = typer.Argument(..., help="the row to compare A with"),
+    fit_threshold: float | None = typer.Option(
+        None, help="a row fits when every seed reaches this in-distribution (default: the folder's)"
+    ),
+) -> None:
+    """Whether A beats B beyond the training length L, paired by seed: the mean per-seed difference
+    of the score beyond L with a 95% bootstrap interval; "cannot tell" when it contains 0. Rows
+    that did not fit are not compared."""
+    from .compare import compare_rows
+
+    try:
+        comparison = compare_rows(run_dir, a, b, fit_threshold)
+    except (ValueError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {err}", soft_wrap=True, markup=True, highlight=False)
+        raise typer.Exit(2) from err
+    for line in comparison.lines():
+        console.print(line, markup=False, highlight=False, soft_wrap=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import tempfile
 import warnings
@@ -35,12 +36,16 @@ __all__ = [
     "atomic_write",
     "atomic_write_text",
     "experiment_settings",
+    "fit_notes",
     "group_records",
+    "iid_record",
     "load_config",
     "load_results",
     "plot_results",
     "read_records",
+    "read_run_records",
     "summarize",
+    "wilson_interval",
     "write_csv",
 ]
 
@@ -115,6 +120,8 @@ class Record:
     value: float
     seed: int
     train_length: int | None
+    #: Examples the value was measured on (None in folders that did not record it).
+    examples: int | None = None
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "record") -> Record:
@@ -131,6 +138,7 @@ class Record:
             value=float(raw["value"]),
             seed=int(raw.get("seed", 0)),
             train_length=None if train is None else int(train),
+            examples=None if raw.get("examples") is None else int(raw["examples"]),
         )
 
 
@@ -257,6 +265,92 @@ def seed_interval(values: list[float], level: float = 0.95) -> tuple[float, floa
     return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
 
 
+def wilson_interval(successes: float, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95% with the default ``z``).
+
+    ``(p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)`` with ``p = successes / trials``
+    (Wilson 1927); unlike the normal interval it stays inside [0, 1] and is not empty at 0 or 1.
+    """
+    if trials < 1:
+        raise ValueError(f"wilson_interval: trials must be >= 1, got {trials}")
+    p = successes / trials
+    z2 = z * z
+    centre = p + z2 / (2 * trials)
+    half = z * math.sqrt(p * (1 - p) / trials + z2 / (4 * trials * trials))
+    scale = 1 + z2 / trials
+    return max(0.0, (centre - half) / scale), min(1.0, (centre + half) / scale)
+
+
+#: The ``metric`` of the one per-run record that gives the run's in-distribution score.
+IID = "iid"
+#: Metrics recorded once per run (at the training length), not at every evaluated length.
+RUN_METRICS = (IID,)
+#: The file of the per-run records (``results.jsonl`` keeps one record per length).
+RUNS_FILE = "runs.jsonl"
+
+
+def split_run_records(records: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(per-length records, per-run records)``: the latter are those of :data:`RUN_METRICS`."""
+    per_run = [record for record in records if record.get("metric") in RUN_METRICS]
+    return [record for record in records if record.get("metric") not in RUN_METRICS], per_run
+
+
+def read_run_records(directory: str | Path) -> list[dict[str, Any]]:
+    """The per-run records (``iid``) of an experiment folder; empty for folders written before them."""
+    return read_records(Path(directory) / RUNS_FILE)
+
+
+def iid_record(
+    records: list[dict[str, Any]], metric: Metric, train_len: int, fit_threshold: float, **extra: Any
+) -> dict[str, Any]:
+    """The run's ``metric: "iid"`` record from its per-length ``records``.
+
+    ``value``: for a metric that ``fits`` (exact match), the mean over lengths ``<= train_len``
+    (every length has the same number of examples, so this is the exact match over all of them);
+    otherwise (perplexity) the value at ``train_len``. ``fit``: ``value >= fit_threshold``, or None
+    for a metric without fit. ``examples``: how many examples the value rests on. ``extra`` (the
+    steps it trained, the step it fitted at) joins the record.
+    """
+    own = [r for r in records if r["metric"] == metric.name]
+    inside = [r for r in own if r["length"] <= train_len]
+    if not inside:
+        raise ValueError(f"no {metric.name} records at lengths <= {train_len} to score in-distribution")
+    if metric.fits:
+        value = float(mean(r["value"] for r in inside))
+        examples = sum(int(r.get("examples") or 0) for r in inside)
+    else:
+        at_train = max(inside, key=lambda r: r["length"])
+        value, examples = float(at_train["value"]), int(at_train.get("examples") or 0)
+    base = {k: v for k, v in own[0].items() if k not in ("length", "metric", "value", "examples")}
+    base = {k: v for k, v in base.items() if k in RECORD_FIELDS or k in ("variant", "trained_encoding")}
+    return {
+        **base,
+        "length": train_len,
+        "metric": IID,
+        "value": value,
+        "examples": examples,
+        "scored_by": metric.name,
+        "fit": value >= fit_threshold if metric.fits else None,
+        "fit_threshold": fit_threshold if metric.fits else None,
+        **extra,
+    }
+
+
+def fit_notes(
+    records: list[dict[str, Any]], metric: Metric, train_len: int, encodings: list[str], fit_threshold: float
+) -> dict[str, str]:
+    """``{encoding: "did not fit: iid 4.0%"}`` for each encoding some seed of which does not reach
+    ``fit_threshold`` in-distribution (empty for a metric without fit: perplexity)."""
+    if not metric.fits:
+        return {}
+    rows = summarize(records, metric.name, train_len, encodings, fit_threshold)
+    return {
+        row["encoding"]: f"did not fit: iid {metric.format(row['iid'])}"
+        for row in rows
+        if row["fit"] is not None and row["fit"] < row["seeds"]
+    }
+
+
 def _per_seed(records: list[Record]) -> dict[str, dict[int, dict[int, float]]]:
     """``{encoding: {seed: {length: value}}}``."""
     table: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
@@ -313,9 +407,12 @@ def plot_results(
     metric: Metric,
     encodings: list[str],
     title: str,
+    unfit: dict[str, str] | None = None,
 ) -> None:
-    """``metric`` against length, one line per encoding (mean over seeds, min-max band, a dashed line
-    at each record's training length), saved as PNG.
+    """``metric`` against length, one line per encoding (mean over seeds, a 95% band: across seeds
+    with several, binomial from the example counts with one; a dashed line at each record's training
+    length), saved as PNG. ``unfit``: ``{encoding: "did not fit: iid 4.0%"}``, drawn dashed and
+    faded with that note in the legend.
 
     Needs matplotlib (the ``plot`` or ``cli`` extra); the figure is :func:`posenc.viz.curves.curve_figure`.
     """
@@ -331,6 +428,8 @@ def plot_results(
         title=title,
         log_scale=metric.log_scale,
         length_label=metric.length_label,
+        binomial=metric.fits,
+        unfit=unfit,
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, lambda handle: fig.savefig(handle, dpi=120, format="png"))

@@ -5,6 +5,8 @@ Folder layout (``out``)::
 
     config.json            the settings (a resumed command must match them)
     results.jsonl          one tidy record per (encoding, task, length, seed, metric), atomic
+    runs.jsonl             one record per run: its in-distribution score (``metric: "iid"``), fit
+                           flag, steps trained (and, with --until-fit, the step it fitted at)
     results.csv            the same records as a table
     extrapolation.png      the metric against length, one line per encoding
     checkpoints/<run>.pt   model + optimizer + scheduler + RNG + step of every run
@@ -51,6 +53,7 @@ from .train import (
     run_id_for,
     train_and_evaluate,
 )
+from .variants import check_variants, row_labels, variant_run_id, variant_runs
 
 __all__ = [
     "Distributed",
@@ -227,6 +230,8 @@ def _finished_runs(out: Path, config: ExperimentConfig, metric: Metric) -> set[s
     seen: dict[str, set[tuple[str, int]]] = {}
     metrics = {metric.name}
     for record in results_io.read_records(out / "results.jsonl"):
+        if record.get("metric") in results_io.RUN_METRICS:
+            continue  # one per run, at the training length (folders written before it have none)
         seen.setdefault(record["run"], set()).add((record.get("metric"), record["length"]))
         metrics.add(record.get("metric"))
     wanted = {(name, length) for name in metrics for length in range(1, config.eval_len + 1)}
@@ -422,6 +427,11 @@ def check_models(config: ExperimentConfig, task: Task, device: torch.device | st
     """Build every encoding's model on the meta device (no memory, no data) so that a bad spec or
     preset fails before anything is written; the error names the encoding. A forced backend must
     also train each encoding on ``device``."""
+    if config.until_fit and not task.metric.fits:
+        raise ValueError(
+            f"--until-fit needs a task scored by exact match; {config.task} is scored by {task.metric.name}, "
+            "which has no fit threshold: drop --until-fit"
+        )
     if config.randomize_positions is not None:
         if config.pack:
             raise ValueError(
@@ -497,6 +507,7 @@ def run_experiment(
     for length in (config.train_len, config.eval_len):
         task.check_length(length)
     check_models(config, task, torch_device)
+    variants = check_variants(config, task)
     runs = [RunSpec(encoding, seed) for seed in config.seeds for encoding in config.encodings]
     workers = _worker_count(workers, len(runs), dist)
     is_writer = dist.rank == 0
@@ -528,7 +539,10 @@ def run_experiment(
 
         def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
             if is_writer and records:
-                results_io.append_records(out / "results.jsonl", records)
+                per_length, per_run = results_io.split_run_records(records)
+                if per_run:  # first: a run whose results.jsonl records are missing is redone anyway
+                    results_io.append_records(out / results_io.RUNS_FILE, per_run)
+                results_io.append_records(out / "results.jsonl", per_length)
 
         try:
             with _sigterm_as_interrupt():
@@ -549,6 +563,10 @@ def run_experiment(
                             log=log,
                         )
                         on_done(run, records)
+                if is_writer:
+                    _evaluate_variants(
+                        config, task, runs, variants, out, finished, torch_device, report, on_done
+                    )
             if dist.enabled:
                 # Rank 0 evaluates after training while the others return at once; tearing the gloo
                 # group down under a peer that is still connected aborts the process
@@ -561,10 +579,11 @@ def run_experiment(
         finally:
             if dist.enabled and torch.distributed.is_initialized():
                 torch.distributed.destroy_process_group()
+        rows = set(row_labels(config))
         records = [
             r
             for r in results_io.read_records(out / "results.jsonl")
-            if r["encoding"] in config.encodings and r["seed"] in config.seeds
+            if r["encoding"] in rows and r["seed"] in config.seeds
         ]
         if is_writer:
             _write_outputs(out, config, task.metric, records)
@@ -598,7 +617,10 @@ def _write_outputs(
 ) -> None:
     results_io.write_csv(out / "results.csv", records)
     title = f"{config.task}: trained on lengths <= {config.train_len}, {config.steps} steps"
-    results_io.plot_results(out / "extrapolation.png", records, metric, config.encodings, title)
+    unfit = results_io.fit_notes(records, metric, config.train_len, row_labels(config), config.fit_threshold)
+    results_io.plot_results(
+        out / "extrapolation.png", records, metric, row_labels(config), title, unfit=unfit
+    )
     _plot_depths(out, config, records)
 
 
@@ -609,7 +631,7 @@ def _plot_depths(out: Path, config: ExperimentConfig, records: list[dict[str, An
     if not has_depths(records):
         return
     title = f"{config.task}: exact match by depth and length (trained on lengths <= {config.train_len})"
-    fig = depth_heatmap_figure(records, config.encodings, title=title)
+    fig = depth_heatmap_figure(records, row_labels(config), title=title)
     tmp = out / ".depth.png.tmp.png"
     fig.savefig(tmp, dpi=120)
     os.replace(tmp, out / "depth.png")
@@ -632,17 +654,24 @@ class SummaryTable:
         return "\n".join(lines + list(self.notes))
 
 
-def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metric: Metric) -> SummaryTable:
+def summary_table(
+    config: ExperimentConfig,
+    records: list[dict[str, Any]],
+    metric: Metric,
+    runs: list[dict[str, Any]] | None = None,
+) -> SummaryTable:
     """Per encoding: the in-distribution score (mean over lengths ``<= L``) with how many seeds fit
     (``"97.5%, 2/2"``; without fit flags, a seeds column and the plain score), then ``metric`` at the
     training length, mean beyond it (with a 95% interval across seeds), at
     L+1 and at 2L.
 
     Fit first: an encoding whose seeds do not all fit their training lengths is marked and listed
-    as not ranked (what it does beyond L says nothing about how it generalizes).
+    as not ranked (what it does beyond L says nothing about how it generalizes). ``runs``: the
+    per-run records (``runs.jsonl``); with ``until_fit`` a note gives the steps each run took.
+    Variants (``eval_variants``) are rows of their own; the title says how many seeds it rests on.
     """
     threshold = config.fit_threshold if metric.fits else None
-    rows = results_io.summarize(records, metric.name, config.train_len, config.encodings, threshold)
+    rows = results_io.summarize(records, metric.name, config.train_len, row_labels(config), threshold)
     L = config.train_len
     # With fit flags, "fit k/n" also says how many seeds there are (one column less: 80 columns).
     seeds_column = threshold is None
@@ -669,7 +698,9 @@ def summary_table(config: ExperimentConfig, records: list[dict[str, Any]], metri
         )
     if any(row["seeds"] == 1 for row in rows):
         notes.append("one seed: no interval; several seeds (--seeds 0,1,2) give a 95% interval across seeds")
-    title = f"{config.task}: {metric.label} by length (trained on <= {L}, evaluated to {config.eval_len})"
+    notes += _steps_to_fit_notes(runs or [], config)
+    title = f"{config.task}: {metric.label} by length (trained on <= {L}, evaluated to {config.eval_len}; "
+    title += _seed_count(rows) + ")"
     return SummaryTable(title, columns, cells, tuple(notes))
 
 
@@ -685,3 +716,56 @@ def _cell(value: float | None, metric: Metric) -> str:
     if value is None or math.isnan(value):
         return "-"
     return metric.format(value)
+
+
+def _seed_count(rows: list[results_io.SummaryRow]) -> str:
+    """What the table rests on: ``"3 seeds"``, or ``"1-3 seeds"`` when rows differ."""
+    counts = sorted({row["seeds"] for row in rows if row["seeds"]})
+    if not counts:
+        return "no seeds"
+    text = str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    return f"{text} seed{'s' if counts[-1] > 1 else ''}"
+
+
+def _steps_to_fit_notes(runs: list[dict[str, Any]], config: ExperimentConfig) -> list[str]:
+    """With ``until_fit``: one line giving, per encoding, the step at which each seed's fit check
+    passed ("-": not within ``steps``), from the per-run records. The check's examples are not the
+    evaluation's, so a run can pass it and score just under the threshold on the evaluation."""
+    if not config.until_fit:
+        return []
+    taken: dict[str, list[str]] = {}
+    for record in runs:
+        if record.get("metric") == results_io.IID and "steps_to_fit" in record and "variant" not in record:
+            step = record["steps_to_fit"]
+            if record["encoding"] in config.encodings and record.get("seed") in config.seeds:
+                taken.setdefault(record["encoding"], []).append("-" if step is None else str(step))
+    if not taken:
+        return []
+    cells = "; ".join(f"{encoding} {', '.join(steps)}" for encoding, steps in taken.items())
+    return [
+        f"fit check passed at step, per seed (--until-fit, every {config.fit_check_every} steps on examples "
+        f"apart from the evaluation's, so a row may pass it and still not fit here; '-': not within "
+        f"{config.steps}): {cells}"
+    ]
+
+
+def _evaluate_variants(
+    config: ExperimentConfig,
+    task: Task,
+    runs: list[RunSpec],
+    variants: list[Any],
+    out: Path,
+    finished: set[str],
+    device: torch.device,
+    report: Reporter,
+    on_done: Callable[[RunSpec, list[dict[str, Any]]], None],
+) -> None:
+    """Evaluate each trained run's checkpoint again under each inference-time variant (no training);
+    variants whose records exist already are kept, unless their trained run was (re)trained now."""
+    from .variants import evaluate_variant
+
+    for run, variant in variant_runs(runs, variants):
+        if variant_run_id(config, run, variant) in finished and run_id_for(config, run) in finished:
+            continue
+        checkpoint = out / "checkpoints" / f"{run_id_for(config, run)}.pt"
+        on_done(run, evaluate_variant(config, task, run, variant, checkpoint, report, device))

@@ -129,6 +129,7 @@ class Metric:
         fits: whether a run *fits* its training lengths when its in-distribution score reaches the
             experiment's ``fit_threshold`` (a fraction, higher is better: exact match); runs that do
             not fit are never ranked.
+        higher_is_better: whether a larger value is better (exact match) or worse (perplexity).
     """
 
     name: str
@@ -138,6 +139,7 @@ class Metric:
     format: Callable[[float], str]
     evaluate: Evaluator
     fits: bool = False
+    higher_is_better: bool = True
 
 
 def teacher_forced_hits(
@@ -237,6 +239,7 @@ PERPLEXITY = Metric(
     log_scale=True,
     format=lambda value: f"{value:.2f}",
     evaluate=_evaluate_perplexity,
+    higher_is_better=False,
 )
 
 

@@ -15,6 +15,7 @@ import hashlib
 import math
 import os
 import signal
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .results import atomic_write
+from .results import atomic_write, iid_record
 from .tasks import IGNORE, Task, make_task, mix_seed
 
 __all__ = ["INTERRUPT_ENV", "ExperimentConfig", "Interrupted", "RunSpec", "run_id_for", "train_and_evaluate"]
@@ -84,11 +85,21 @@ class ExperimentConfig:
     #: when False (this default, what folders written before the option hold).
     randomize_eval_positions: bool = False
     #: A run *fits* when its in-distribution score (exact match over lengths <= train_len) reaches
-    #: this; the summary ranks only encodings whose every seed fits. Display only (not compared).
+    #: this; the summary ranks only encodings whose every seed fits. Display only (not compared),
+    #: unless ``until_fit`` stops training on it.
     fit_threshold: float = 0.95
+    #: Train each run until it fits (its in-distribution exact match, checked every
+    #: ``fit_check_every`` steps on held-out examples, reaches ``fit_threshold``) or ``steps`` run
+    #: out; the steps it took are recorded in its ``iid`` record.
+    until_fit: bool = False
+    #: With ``until_fit``: steps between two fit checks.
+    fit_check_every: int = 250
+    #: Inference-time variants (:mod:`posenc.experiments.variants`) each trained checkpoint is
+    #: evaluated under again, without retraining: ``["yarn", "temperature:0.2"]``.
+    eval_variants: list[str] = field(default_factory=list)
 
     #: Fields that may differ between the first command and a resumed one (they do not change results).
-    RUNTIME_FIELDS = ("encodings", "seeds", "fit_threshold")
+    RUNTIME_FIELDS = ("encodings", "seeds", "fit_threshold", "eval_variants")
 
     def validate(self) -> None:
         checks = [
@@ -104,6 +115,7 @@ class ExperimentConfig:
             ("seeds", len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds)),
             ("randomize_positions", self.randomize_positions is None or self.randomize_positions >= 1),
             ("fit_threshold", 0 < self.fit_threshold <= 1),
+            ("fit_check_every", self.fit_check_every >= 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -119,6 +131,10 @@ class ExperimentConfig:
         settings = {k: v for k, v in self.to_dict().items() if k not in self.RUNTIME_FIELDS}
         if self.randomize_positions is None:  # how to evaluate randomized positions does not apply
             settings.pop("randomize_eval_positions")
+        if self.until_fit:  # training stops when the run fits: the threshold changes the results
+            settings["fit_threshold"] = self.fit_threshold
+        else:
+            settings.pop("fit_check_every")
         return settings
 
     def make_task(self) -> Task:
@@ -306,7 +322,7 @@ def train_and_evaluate(
         model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
-    step = 0
+    step, fitted_at = 0, None
     if checkpoint_path.exists():
         state = load_checkpoint(checkpoint_path, run, device)
         model.load_state_dict(state["model"])
@@ -314,6 +330,7 @@ def train_and_evaluate(
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"].cpu())
         step = int(state["step"])
+        fitted_at = state.get("fitted_at")
         log(f"{run.label}: resumed from its checkpoint at step {step}/{config.steps}")
     trained = _wrap_ddp(model, world_size)
     interrupt_after = int(os.environ.get(INTERRUPT_ENV, "0") or 0)
@@ -328,6 +345,7 @@ def train_and_evaluate(
                     "scheduler": scheduler.state_dict(),
                     "torch_rng": torch.get_rng_state(),
                     "step": step,
+                    "fitted_at": fitted_at,
                     "run": dataclasses.asdict(run),
                     "config": config.to_dict(),
                 },
@@ -338,7 +356,7 @@ def train_and_evaluate(
     report(run.label, "train", step, config.steps, "resumed" if step else "")
     model.train()
     with _StopFlag() as stop:
-        while step < config.steps:
+        while step < config.steps and fitted_at is None:
             data_generator.manual_seed(mix_seed(run.seed, rank, step, "data"))
             torch.manual_seed(mix_seed(run.seed, rank, step, "dropout"))
             make_batch = task.packed_train_batch if config.pack else task.train_batch
@@ -360,17 +378,49 @@ def train_and_evaluate(
             step += 1
             _steps_this_process += 1
             report(run.label, "train", step, config.steps, f"loss {loss.item():.3f}")
+            if config.until_fit and (step % config.fit_check_every == 0 or step == config.steps):
+                score = fit_check_score(model, config, task, run) if rank == 0 else 0.0
+                if _any_rank(score >= config.fit_threshold, world_size):
+                    fitted_at = step
+                report(run.label, "train", step, config.steps, f"in-distribution {task.metric.format(score)}")
+                model.train()
             stop_now = _any_rank(
                 stop.raised or should_stop() or (interrupt_after and _steps_this_process >= interrupt_after),
                 world_size,
             )
-            if step % config.checkpoint_every == 0 or step == config.steps or stop_now:
+            if step % config.checkpoint_every == 0 or step == config.steps or stop_now or fitted_at:
                 checkpoint()
             if stop_now:
                 raise Interrupted(f"{run.label}: stopped at step {step}/{config.steps}; checkpoint saved")
     if rank != 0:
         return []
-    return evaluate(model, config, task, run, report)
+    records = evaluate(model, config, task, run, report)
+    fit_steps = {"steps_trained": step}
+    if config.until_fit:
+        fit_steps["steps_to_fit"] = fitted_at  # None: it did not fit within --steps
+    return [*records, iid_record(records, task.metric, config.train_len, config.fit_threshold, **fit_steps)]
+
+
+#: The seed label of the examples an ``until_fit`` run is checked on: drawn apart from the
+#: evaluation's, so stopping on them does not select the examples the run is scored on.
+FIT_CHECK_STREAM = "fit-check"
+
+
+def fit_check_score(model: nn.Module, config: ExperimentConfig, task: Task, run: RunSpec) -> float:
+    """The in-distribution score (mean exact match over lengths ``1..train_len``) of ``model`` on
+    ``eval_examples`` held-out examples per length of their own seeded stream; leaves it in eval mode."""
+    model.eval()
+    scores = task.metric.evaluate(
+        model,
+        task,
+        eval_len=config.train_len,
+        examples=config.eval_examples,
+        batch_size=config.eval_batch,
+        seed=mix_seed(run.seed, FIT_CHECK_STREAM),
+        progress=lambda done, total: None,
+        positions=_eval_position_sampler(config, run),
+    )
+    return statistics.mean(score.value for score in scores if score.metric == task.metric.name)
 
 
 def _wrap_ddp(model: nn.Module, world_size: int) -> nn.Module:

@@ -10,10 +10,30 @@ from __future__ import annotations
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..experiments.results import Record, group_records
+from ..experiments.results import Record, seed_interval, wilson_interval
 from .registry import new_figure, set_title
 
 __all__ = ["curve_figure"]
+
+
+def _records_by_length(records: list[Record], task: str, metric: str) -> dict[str, dict[int, list[Record]]]:
+    """``{encoding: {length: [record per seed]}}`` of ``task`` and ``metric``."""
+    table: dict[str, dict[int, list[Record]]] = {}
+    for r in records:
+        if r.task == task and r.metric == metric:
+            table.setdefault(r.encoding, {}).setdefault(r.length, []).append(r)
+    return table
+
+
+def _band(cell: list[Record], binomial: bool) -> tuple[float, float] | None:
+    """The 95% band at one length: across seeds (bootstrap of the mean) with several, Wilson from
+    the example count with one seed of a fraction metric, else None."""
+    if len(cell) > 1:
+        return seed_interval([r.value for r in cell])
+    record = cell[0]
+    if binomial and record.examples:
+        return wilson_interval(record.value * record.examples, record.examples)
+    return None
 
 
 def curve_figure(
@@ -25,30 +45,41 @@ def curve_figure(
     title: str | None = None,
     log_scale: bool = False,
     length_label: str = "evaluation length",
+    binomial: bool = False,
+    unfit: dict[str, str] | None = None,
 ) -> Figure:
-    """``metric`` against evaluation length for each encoding (mean over seeds, band = min..max).
+    """``metric`` against evaluation length for each encoding (mean over seeds) with a 95% band.
 
+    The band: with several seeds at a length, the bootstrap interval of the mean across seeds
+    (:func:`~posenc.experiments.results.seed_interval`); with one seed and ``binomial`` (the value
+    is a fraction of examples, exact match) the Wilson interval from the record's example count;
+    otherwise none. ``unfit``: ``{encoding: note}`` for encodings that did not fit their training
+    lengths, drawn dashed and faded, the note in the legend ("did not fit: iid 4.0%").
     A dashed line marks each training length the records name. ``log_scale``: a logarithmic y axis
     (perplexity) when every value is positive. The length axis is logarithmic (base 2) when the
     lengths span a factor of 8 or more. ``title`` defaults to ``"task: metric against length"``.
     """
-    grouped = group_records(records)
+    unfit = unfit or {}
+    cells_of = _records_by_length(records, task, metric)
     fig = new_figure(8, 4.8)
     ax = fig.subplots()
     drawn: list[float] = []
     for index, enc in enumerate(encodings):
-        cells = grouped.get((task, metric, enc))
+        cells = cells_of.get(enc)
         if not cells:
             continue
         lengths = sorted(cells)
-        values = [np.asarray(cells[n]) for n in lengths]
+        values = [np.asarray([r.value for r in cells[n]]) for n in lengths]
         drawn += [float(v) for vs in values for v in vs]
         color = f"C{index % 10}"
-        ax.plot(lengths, [v.mean() for v in values], marker="o", color=color, label=enc)
-        if any(len(v) > 1 for v in values):
-            ax.fill_between(
-                lengths, [v.min() for v in values], [v.max() for v in values], color=color, alpha=0.15
-            )
+        style = dict(linestyle="--", alpha=0.5) if enc in unfit else {}
+        label = f"{enc} ({unfit[enc]})" if enc in unfit else enc
+        ax.plot(lengths, [v.mean() for v in values], marker="o", color=color, label=label, **style)
+        bands = [_band(cells[n], binomial) for n in lengths]
+        if any(band is not None for band in bands):
+            low = [band[0] if band else np.nan for band in bands]
+            high = [band[1] if band else np.nan for band in bands]
+            ax.fill_between(lengths, low, high, color=color, alpha=0.15 if enc not in unfit else 0.07)
     if log_scale and drawn and min(drawn) > 0:
         ax.set_yscale("log")
     trained = {r.train_length for r in records if r.task == task and r.train_length is not None}

@@ -20,6 +20,7 @@ Input (written by the experiment runner and read by :mod:`posenc.experiments.res
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime as _dt
 import html
 import io
@@ -31,7 +32,14 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from ..examples import build_example
-from ..experiments.results import Record, experiment_settings, group_records, load_config, load_results
+from ..experiments.results import (
+    Record,
+    experiment_settings,
+    group_records,
+    load_config,
+    load_results,
+    read_records,
+)
 from .curves import curve_figure
 from .registry import PlotOptions, describe, figures_for, make_figure
 
@@ -106,12 +114,67 @@ def _results_html(records: list[Record], encodings: list[str]) -> str:
     )
 
 
-def _curves_html(records: list[Record], encodings: list[str]) -> str:
+def _curves_html(records: list[Record], encodings: list[str], headline: Any = None, unfit: Any = None) -> str:
+    """One figure per (task, metric); the headline metric's (``headline``, a task's
+    :class:`~posenc.experiments.tasks.Metric`) gets binomial bands and marks the rows in ``unfit``."""
     parts = []
     for task, metric in sorted({(r.task, r.metric) for r in records}):
         label = f"{task + ' · ' if task else ''}{metric} against length"
-        parts.append(_image(curve_figure(records, task, metric, encodings), label))
+        extra = {}
+        if headline is not None and metric == headline.name:
+            extra = {"binomial": headline.fits, "unfit": unfit}
+        parts.append(_image(curve_figure(records, task, metric, encodings, **extra), label))
     return "".join(parts)
+
+
+def _summary(directory: Path, config: dict[str, Any]) -> tuple[Any, Any, dict[str, str]]:
+    """``(summary table, the task's metric, {row: "did not fit: iid 4.0%"})`` of a folder whose
+    config names a known task and whose records score it; ``(None, None, {})`` otherwise."""
+    from ..experiments.results import fit_notes, read_run_records
+    from ..experiments.runner import summary_table
+    from ..experiments.tasks import TASKS
+    from ..experiments.train import ExperimentConfig
+    from ..experiments.variants import row_labels
+
+    settings = experiment_settings(config)
+    task = settings.get("task")
+    if task not in TASKS or "train_len" not in settings:
+        return None, None, {}
+    metric = TASKS[task].metric
+    raw = [r for r in read_records(directory / "results.jsonl") if r.get("metric") == metric.name]
+    if not raw:
+        return None, None, {}
+    known = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    exp = ExperimentConfig(**{k: v for k, v in settings.items() if k in known})
+    seen = list(dict.fromkeys(r["encoding"] for r in raw))
+    listed = row_labels(exp)  # the encodings, each followed by its variants
+    rows = [e for e in listed if e in seen] + [e for e in seen if e not in listed]
+    exp = dataclasses.replace(
+        exp, encodings=rows, eval_variants=[], eval_len=max(exp.eval_len, exp.train_len)
+    )
+    table = summary_table(exp, raw, metric, read_run_records(directory))
+    return table, metric, fit_notes(raw, metric, exp.train_len, rows, exp.fit_threshold)
+
+
+def _summary_html(table: Any, unfit: dict[str, str]) -> str:
+    """The summary table: in-distribution score with fit flags, the score beyond L with its 95%
+    interval across seeds, one row per encoding and variant; rows that did not fit are marked."""
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in [*table.columns, "ranked"])
+    body = []
+    for row in table.rows:
+        mark = unfit.get(row[0])
+        cells = "".join(f"<td>{html.escape(cell)}</td>" for cell in row[1:])
+        status = f"not ranked ({html.escape(mark)})" if mark else "yes"
+        body.append(
+            f'<tr class="{"unfit" if mark else "fit"}"><td><code>{html.escape(row[0])}</code></td>{cells}'
+            f"<td>{status}</td></tr>"
+        )
+    notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in table.notes)
+    return (
+        f"<p>{html.escape(table.title)}</p>"
+        f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>{notes}"
+    )
 
 
 def _encoding_figures_html(encodings: list[str], config: dict[str, Any]) -> str:
@@ -157,7 +220,6 @@ def _attention_html(directory: Path) -> str:
 
 def _depth_section(directory: Path, encodings: list[str]) -> list[tuple[str, str, str]]:
     """The passkey depth x length heat map, when the records carry depths (none otherwise)."""
-    from ..experiments.results import read_records
     from .depth import depth_heatmap_figure, has_depths
 
     raw = read_records(directory / "results.jsonl")
@@ -177,6 +239,7 @@ thead th { background: #f3f3f3; }
 #results td:nth-child(n+4) { text-align: right; font-variant-numeric: tabular-nums; }
 figure { margin: 1em 0; } img { max-width: 100%; height: auto; border: 1px solid #eee; }
 figcaption { font-size: .85em; color: #555; } .note { color: #a33; }
+#summary tr.unfit td { color: #888; } #summary td:nth-child(n+2) { text-align: right; }
 .scroll { overflow-x: auto; }
 code { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: .9em; }
 """
@@ -188,14 +251,24 @@ def render_report(directory: str | Path) -> str:
     records = load_results(directory)
     config = load_config(directory)
     encodings = _encodings_in_order(records, config)
+    table, headline, unfit = _summary(directory, config)
+    summary = (
+        [] if table is None else [("summary", "Fit, intervals and variants", _summary_html(table, unfit))]
+    )
+    variants = {str(r["encoding"]) for r in read_records(directory / "results.jsonl") if "variant" in r}
     title = f"posenc report: {directory.resolve().name}"
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sections = [
         ("config", "Configuration", _config_html(config)),
+        *summary,
         ("results-section", "Results", _results_html(records, encodings)),
-        ("curves", "Metric against length", _curves_html(records, encodings)),
+        ("curves", "Metric against length", _curves_html(records, encodings, headline, unfit)),
         *_depth_section(directory, encodings),
-        ("encodings", "The encodings", _encoding_figures_html(encodings, config)),
+        (
+            "encodings",
+            "The encodings",
+            _encoding_figures_html([e for e in encodings if e not in variants], config),
+        ),
         ("attention", "Attention maps of the trained models", _attention_html(directory)),
     ]
     body = "".join(

@@ -1,0 +1,392 @@
+"""Inference-time variants: evaluate a trained checkpoint again under other settings, no retraining.
+
+``posenc extrapolate --eval-variants yarn,temperature`` evaluates every trained run once more per
+variant, on the same examples, and writes the records under their own row label
+``"<encoding> + <variant>"`` (with ``variant`` and ``trained_encoding`` fields), so the table, the
+plot and the report show each variant as its own row. A variant is ``NAME`` or ``NAME:VALUE``:
+
+=================  ==========================================================  =================
+name               what changes at evaluation                                   VALUE (default)
+=================  ==========================================================  =================
+``none``           nothing: the trained row itself (no extra row)               -
+``linear``         RoPE position interpolation, ``θ / s``                       ``s`` (E / T)
+``ntk``            RoPE static NTK-aware base                                   ``s`` (E / T)
+``dynamic``        RoPE dynamic NTK (unchanged up to ``T`` positions)           ``s`` (E / T)
+``yarn``           RoPE YaRN (NTK-by-parts and attention scale)                 ``s`` (E / T)
+``longrope``       RoPE LongRoPE with uniform factors (short 1, long ``s``)     ``s`` (E / T)
+``prope``          p-RoPE: only the fastest fraction ``p`` of pairs rotates     ``p`` (0.75)
+``drop_rotation``  no rotation at all (RoPE weights evaluated as NoPE)          -
+``temperature``    log-length query temperature on every layer:                 ``β`` (0.1)
+                   ``q · (1 + β · ln(1 + floor(i / T)))`` at position ``i``
+=================  ==========================================================  =================
+
+``T`` is the longest training sequence in tokens (``task.sequence_length(train_len)``) and ``E`` the
+longest evaluated one, so the default factor stretches the trained positions over the evaluated
+ones. The RoPE variants set the scaling options of every layer whose encoding takes them (the
+registry's typed options decide, so M-RoPE takes them too) and replace any scaling it was trained
+with; the temperature is posenc's :class:`~posenc.patterns.QueryTemperature` (Llama 4's form, with
+``floor_scale = T``), so it leaves every position below ``T`` unchanged and applies to any encoding.
+A variant that applies to none of an encoding's layers is refused before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .tasks import Task
+
+__all__ = [
+    "VARIANTS",
+    "Variant",
+    "build_variant_model",
+    "check_variants",
+    "evaluate_variant",
+    "parse_eval_variants",
+    "row_labels",
+    "variant_encoding",
+    "variant_run_id",
+    "variant_runs",
+]
+
+#: Joins an encoding and a variant into the row label of the variant's records.
+LABEL_SEPARATOR = " + "
+
+
+@dataclass(frozen=True)
+class VariantContext:
+    """What a variant's settings are derived from: the trained and evaluated sequence lengths in
+    tokens, and the per-head size."""
+
+    train_tokens: int
+    eval_tokens: int
+    head_dim: int
+
+    @property
+    def default_factor(self) -> float:
+        return max(1.0, self.eval_tokens / self.train_tokens)
+
+
+#: The RoPE options a scaling variant replaces in the trained spec (whatever scaling it was trained with).
+_SCALING_KEYS = (
+    "scaling",
+    "factor",
+    "original_max_position_embeddings",
+    "max_position_embeddings",
+    "beta_fast",
+    "beta_slow",
+    "mscale",
+    "mscale_all_dim",
+    "attention_factor",
+    "truncate",
+    "low_freq_factor",
+    "high_freq_factor",
+    "short_factor",
+    "long_factor",
+)
+
+
+@dataclass(frozen=True)
+class VariantKind:
+    """One kind of variant: the spec options it sets (None: it sets none), what its value means and
+    its default, and whether it sets a query temperature."""
+
+    summary: str
+    options: Callable[[VariantContext, float], dict[str, Any]] | None = None
+    value_name: str | None = None
+    default: Callable[[VariantContext], float] | None = None
+    replaces: tuple[str, ...] = ()
+    temperature: bool = False
+    check_value: Callable[[float], bool] = lambda value: value >= 1.0
+    value_range: str = ">= 1"
+
+
+def _scaling(rope_type: str, original: bool = True) -> Callable[[VariantContext, float], dict[str, Any]]:
+    def options(ctx: VariantContext, factor: float) -> dict[str, Any]:
+        chosen: dict[str, Any] = {"scaling": rope_type, "factor": factor}
+        if original:
+            chosen["original_max_position_embeddings"] = ctx.train_tokens
+        return chosen
+
+    return options
+
+
+def _longrope(ctx: VariantContext, factor: float) -> dict[str, Any]:
+    pairs = ctx.head_dim // 2
+    return {
+        **_scaling("longrope")(ctx, factor),
+        "short_factor": [1.0] * pairs,
+        "long_factor": [factor] * pairs,
+    }
+
+
+def _prope(ctx: VariantContext, proportion: float) -> dict[str, Any]:
+    return {"scaling": "proportional", "rotary_dim": 2 * int(proportion * ctx.head_dim // 2)}
+
+
+def _factor(ctx: VariantContext) -> float:
+    return ctx.default_factor
+
+
+_SCALING = dict(value_name="factor", default=_factor, replaces=_SCALING_KEYS)
+
+#: Every variant ``--eval-variants`` accepts, by name.
+VARIANTS: dict[str, VariantKind] = {
+    "none": VariantKind("as trained"),
+    "linear": VariantKind("RoPE position interpolation", _scaling("linear", original=False), **_SCALING),
+    "ntk": VariantKind("RoPE static NTK", _scaling("ntk", original=False), **_SCALING),
+    "dynamic": VariantKind("RoPE dynamic NTK", _scaling("dynamic"), **_SCALING),
+    "yarn": VariantKind("RoPE YaRN", _scaling("yarn"), **_SCALING),
+    "longrope": VariantKind("RoPE LongRoPE, uniform factors", _longrope, **_SCALING),
+    "prope": VariantKind(
+        "p-RoPE: the fastest fraction of pairs rotates",
+        _prope,
+        value_name="rotating fraction",
+        default=lambda ctx: 0.75,
+        replaces=(*_SCALING_KEYS, "rotary_dim"),
+        check_value=lambda value: 0.0 < value <= 1.0,
+        value_range="in (0, 1]",
+    ),
+    "drop_rotation": VariantKind("no rotation", lambda ctx, value: {"drop_rotation": "always"}),
+    "temperature": VariantKind(
+        "log-length query temperature",
+        value_name="beta",
+        default=lambda ctx: 0.1,
+        temperature=True,
+        check_value=lambda value: value >= 0.0,
+        value_range=">= 0",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One parsed ``--eval-variants`` item: ``text`` as given (``"yarn:4"``), its ``name`` and its
+    ``value`` (None: derived from the lengths or the kind's default)."""
+
+    text: str
+    name: str
+    value: float | None = None
+
+    @property
+    def kind(self) -> VariantKind:
+        return VARIANTS[self.name]
+
+    @property
+    def is_identity(self) -> bool:
+        """``none``: the trained run itself."""
+        return self.name == "none"
+
+    def label(self, encoding: str) -> str:
+        """The row label of this variant's records: ``"rope + yarn"``."""
+        return f"{encoding}{LABEL_SEPARATOR}{self.text}"
+
+    def resolved_value(self, ctx: VariantContext) -> float:
+        """The value it runs with: the one given, else the kind's default (the factor ``E / T``)."""
+        if self.value is not None:
+            return self.value
+        return self.kind.default(ctx) if self.kind.default is not None else math.nan
+
+
+def parse_eval_variants(items: list[str]) -> list[Variant]:
+    """``["none", "yarn:4", "temperature"]`` -> variants; ``ValueError`` naming ``--eval-variants``
+    and the item for an unknown name, a bad value, a value where none is taken, or a duplicate."""
+    variants: list[Variant] = []
+    for item in items:
+        text = item.strip()
+        name, sep, value_text = text.partition(":")
+        if name not in VARIANTS:
+            raise ValueError(
+                f"--eval-variants {text!r}: unknown variant; choose from {', '.join(VARIANTS)} "
+                "(optionally NAME:VALUE, e.g. yarn:4)"
+            )
+        kind = VARIANTS[name]
+        value = None
+        if sep:
+            if kind.value_name is None:
+                raise ValueError(f"--eval-variants {text!r}: {name} takes no value; write {name}")
+            try:
+                value = float(value_text)
+            except ValueError as err:
+                raise ValueError(f"--eval-variants {text!r}: the {kind.value_name} must be a number") from err
+            if not (math.isfinite(value) and kind.check_value(value)):
+                raise ValueError(
+                    f"--eval-variants {text!r}: the {kind.value_name} must be {kind.value_range}"
+                )
+        variants.append(Variant(text, name, value))
+    texts = [variant.text for variant in variants]
+    duplicates = sorted({text for text in texts if texts.count(text) > 1})
+    if duplicates:
+        raise ValueError(f"--eval-variants lists {', '.join(duplicates)} twice")
+    return variants
+
+
+def variant_context(config: Any, task: Task) -> VariantContext:
+    return VariantContext(
+        train_tokens=task.sequence_length(config.train_len),
+        eval_tokens=task.sequence_length(config.eval_len),
+        head_dim=config.d_model // config.num_heads,
+    )
+
+
+def _layer_specs(encoding: str) -> list[str] | None:
+    """The per-layer specs of an experiment encoding, or None for a layer preset (``gemma3``)."""
+    from ..patterns import is_preset
+    from .train import LAYER_SEPARATOR
+
+    if is_preset(encoding):
+        return None
+    return [layer.strip() for layer in encoding.split(LAYER_SEPARATOR)]
+
+
+def _takes(layer: str, options: dict[str, Any]) -> bool:
+    """Whether the encoding of spec ``layer`` has every option in ``options`` (its typed ``__init__``)."""
+    from ..registry import options as registry_options
+    from ..spec import parse_spec
+
+    name, _ = parse_spec(layer)
+    return set(options) <= set(registry_options(name))
+
+
+def variant_encoding(encoding: str, variant: Variant, ctx: VariantContext) -> str:
+    """The encoding string of ``encoding`` under ``variant``'s spec options: every layer that takes
+    them gets them (replacing the options the variant replaces); ``ValueError`` naming the encoding
+    and the variant when no layer does."""
+    kind = variant.kind
+    if kind.options is None:
+        return encoding
+    from ..spec import format_spec, parse_spec
+    from .train import LAYER_SEPARATOR
+
+    wanted = kind.options(ctx, variant.resolved_value(ctx))
+    layers = _layer_specs(encoding)
+    if layers is None or not any(_takes(layer, wanted) for layer in layers):
+        what = "a layer preset" if layers is None else "none of its layers takes " + ", ".join(sorted(wanted))
+        raise ValueError(
+            f"--eval-variants {variant.text!r} does not apply to --encodings {encoding!r} ({what}); "
+            f"{variant.name} is a setting of RoPE-like encodings: give it with those encodings only"
+        )
+    changed = []
+    for layer in layers:
+        if not _takes(layer, wanted):
+            changed.append(layer)
+            continue
+        name, raw = parse_spec(layer)
+        kept = {k: v for k, v in raw.items() if k not in kind.replaces}
+        changed.append(format_spec(name, {**kept, **wanted}))
+    return LAYER_SEPARATOR.join(changed)
+
+
+def _attention_layers(model: nn.Module) -> list[nn.Module]:
+    from ..attention import MultiheadAttention
+
+    return [module for module in model.modules() if isinstance(module, MultiheadAttention)]
+
+
+def build_variant_model(config: Any, task: Task, encoding: str, variant: Variant) -> nn.Module:
+    """The experiment's model for ``encoding`` under ``variant`` (untrained: load the trained
+    weights into it; a variant changes no parameter, only derived tables and settings)."""
+    from ..patterns import QueryTemperature
+    from .train import build_model
+
+    ctx = variant_context(config, task)
+    model = build_model(config, task, variant_encoding(encoding, variant, ctx))
+    if variant.kind.temperature:
+        layers = _attention_layers(model)
+        scaled = [index for index, layer in enumerate(layers) if layer.query_temperature is not None]
+        if scaled:
+            raise ValueError(
+                f"--eval-variants {variant.text!r} does not apply to --encodings {encoding!r}: its attention "
+                f"layer(s) {scaled} already scale their queries by a temperature"
+            )
+        temperature = QueryTemperature(
+            floor_scale=float(ctx.train_tokens), attn_scale=variant.resolved_value(ctx), position_offset=0.0
+        )
+        for layer in layers:
+            layer.query_temperature = temperature
+    return model
+
+
+def check_variants(config: Any, task: Task) -> list[Variant]:
+    """The parsed ``config.eval_variants``, each checked against every encoding on the meta device
+    (no memory): a variant that does not apply is a ``ValueError`` naming encoding and variant,
+    raised before anything is written."""
+    variants = parse_eval_variants(list(config.eval_variants))
+    for variant in variants:
+        for encoding in config.encodings:
+            try:
+                with torch.device("meta"):
+                    build_variant_model(config, task, encoding, variant)
+            except (ValueError, TypeError) as err:
+                if "--eval-variants" in str(err):
+                    raise
+                raise ValueError(
+                    f"--eval-variants {variant.text!r} does not apply to --encodings {encoding!r}: {err}"
+                ) from err
+    return variants
+
+
+def row_labels(config: Any) -> list[str]:
+    """The rows of an experiment: each encoding, then its variants (``"rope + yarn"``); ``none`` is
+    the trained row itself and adds none."""
+    variants = [
+        variant for variant in parse_eval_variants(list(config.eval_variants)) if not variant.is_identity
+    ]
+    return [
+        label for encoding in config.encodings for label in [encoding] + [v.label(encoding) for v in variants]
+    ]
+
+
+def variant_runs(runs: list[Any], variants: list[Variant]) -> list[tuple[Any, Variant]]:
+    """``(trained run, variant)`` pairs to evaluate (``none`` is the trained run: none for it)."""
+    return [(run, variant) for run in runs for variant in variants if not variant.is_identity]
+
+
+def variant_run_id(config: Any, run: Any, variant: Variant) -> str:
+    """``rope__copy__seed0__yarnx4``: the trained run's id and the variant, file-name safe."""
+    from .train import run_id_for
+
+    slug = "".join(c if c.isalnum() or c == "_" else "x" for c in variant.text)
+    return f"{run_id_for(config, run)}__{slug}"
+
+
+def evaluate_variant(
+    config: Any,
+    task: Task,
+    run: Any,
+    variant: Variant,
+    checkpoint: Path,
+    report: Callable[[str, str, int, int, str], None],
+    device: torch.device | str = "cpu",
+) -> list[dict[str, Any]]:
+    """The records of ``run``'s trained checkpoint evaluated under ``variant`` (the same examples
+    as the trained run's), labelled with the variant, plus its ``iid`` record."""
+    from .results import iid_record
+    from .train import RunSpec, evaluate, load_checkpoint
+
+    if not checkpoint.is_file():
+        raise ValueError(
+            f"--eval-variants {variant.text!r}: {run.label} has no checkpoint {checkpoint} to evaluate; "
+            "delete its records from results.jsonl to retrain it"
+        )
+    state = load_checkpoint(checkpoint, run, device)
+    model = build_variant_model(config, task, run.encoding, variant).to(device)
+    model.load_state_dict(state["model"])
+    label = variant.label(run.encoding)
+    records = evaluate(model, config, task, RunSpec(label, run.seed), report)
+    tags = {
+        "run": variant_run_id(config, run, variant),
+        "variant": variant.text,
+        "trained_encoding": run.encoding,
+    }
+    records = [{**record, **tags} for record in records]
+    fit_steps: dict[str, Any] = {"steps_trained": int(state["step"])}
+    if config.until_fit:
+        fit_steps["steps_to_fit"] = state.get("fitted_at")
+    return [*records, iid_record(records, task.metric, config.train_len, config.fit_threshold, **fit_steps)]
