@@ -74,6 +74,16 @@ def test_every_run_writes_an_iid_record_with_its_fit_flag(tmp_path):
         assert run["steps_trained"] == 3 and "steps_to_fit" not in run
 
 
+@pytest.mark.parametrize("task", ["passkey", "mqar", "niah"])
+def test_retrieval_runs_get_fit_flags_too(task, tmp_path):
+    """Retrieval tasks are scored by exact match, so a run fits or not like copy does (without the
+    flag their tables ranked runs that never learned the task)."""
+    config = ExperimentConfig(task=task, encodings=["alibi"], train_len=24, eval_len=30, **TINY)
+    run_experiment(config, tmp_path, workers=1)
+    (run,) = read_run_records(tmp_path)
+    assert run["fit"] is (run["value"] >= 0.95) and run["fit_threshold"] == 0.95
+
+
 def test_lm_iid_is_the_perplexity_at_the_training_length_without_a_fit_flag(tmp_path):
     config = ExperimentConfig(task="lm", encodings=["alibi"], train_len=8, eval_len=10, **TINY)
     records = run_experiment(config, tmp_path, workers=1)

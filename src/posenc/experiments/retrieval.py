@@ -166,6 +166,7 @@ RETRIEVAL_EXACT_MATCH = Metric(
     log_scale=False,
     format=EXACT_MATCH.format,
     evaluate=_evaluate_retrieval,
+    fits=True,
 )
 
 
