@@ -222,3 +222,25 @@ def test_deberta_far_beyond_the_largest_near_block_keeps_the_query_blocks():
         assert (reason is None) == takes_split, reason
         if not takes_split:
             assert "near blocks of" in reason
+
+
+@pytest.mark.parametrize("value_term", [True, False], ids=["values", "keys-only"])
+def test_gradient_of_any_layout_is_read_correctly(value_term, monkeypatch):
+    """The output gradient may come in any strides (``[B, L, H, D]`` memory viewed as ``[B, H, L, D]``,
+    what a layer's head split gives; and a transposed view): the flash kernels under the split must
+    see it laid out as they expect, or the gradient is silently wrong."""
+    monkeypatch.setattr(clipped, "CLIPPED_BLOCK", 8)
+    torch.manual_seed(7)
+    enc = posenc.build(f"shaw:k=4,value_term={value_term}", head_dim=DIM, num_heads=HEADS).double()
+    req = _request(enc, 37, causal=True)  # 37: the last near block is partial
+    inputs = [req.q, req.k, req.v, *enc.parameters()]
+    for grad in (
+        torch.randn(2, 37, HEADS, DIM, dtype=torch.float64).transpose(1, 2),
+        torch.randn(2, HEADS, DIM, 37, dtype=torch.float64).transpose(-1, -2),
+        torch.randn(2, HEADS, 40, DIM, dtype=torch.float64)[:, :, :37],
+    ):
+        assert not grad.is_contiguous()
+        got = torch.autograd.grad(clipped_attention(req), inputs, grad)
+        want = torch.autograd.grad(get_backend("eager").run(req)[0], inputs, grad)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)

@@ -223,6 +223,36 @@ def _near_logits(plan: _Plan, q: Tensor, k: Tensor, terms: _Terms, index: Tensor
     return logits.masked_fill(~valid, torch.finfo(logits.dtype).min), k_band
 
 
+def _near_kernel(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, terms: _Terms, index: Tensor, valid: Tensor):
+    """Without a value term, the near blocks through the flash kernel, the position terms as its float
+    mask: normalised ``out [B, H, L, D]`` and ``lse [B, H, L]``."""
+    batch, heads, length, dim = q.shape
+    bias = None
+    if terms.row is not None:
+        bias = _gather_rows(_query_blocks(terms.row, plan.block), index)
+    if terms.key is not None:
+        key_bias = _gather_keys(_key_bands(terms.key, plan), index) * plan.scale
+        bias = key_bias if bias is None else bias + key_bias
+    bias = bias.masked_fill(~valid, torch.finfo(bias.dtype).min)
+    blocks = bias.shape[2]
+
+    def stacked(x: Tensor) -> Tensor:  # [B, H, n, r, *] -> [B·n, H, r, *]
+        return x.transpose(1, 2).reshape(batch * blocks, heads, *x.shape[3:])
+
+    out, lse = _flash(
+        stacked(_query_blocks(q, plan.block)),
+        stacked(_key_bands(k, plan)),
+        stacked(_key_bands(v, plan)),
+        0.0,
+        False,
+        attn_mask=stacked(bias).to(q.dtype),
+        scale=plan.scale,
+    )
+    out = out.reshape(batch, blocks, heads, plan.block, dim).transpose(1, 2).flatten(2, 3)[:, :, :length]
+    lse = lse.reshape(batch, blocks, heads, plan.block).transpose(1, 2).flatten(2)[:, :, :length]
+    return out, lse
+
+
 def _augmented(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_const: Tensor | None):
     """With a key constant, ``[q, 1]``, ``[k, key_const]`` and ``[v, 0]`` (one extra head dim)."""
     if key_const is None:
@@ -259,12 +289,13 @@ def _far_backward(plan: _Plan, grad, q, k, v, out, lse, delta, row_const, key_co
     if key_const is not None:
         g_a = torch.cat([g, torch.zeros_like(g[..., :1])], -1)
         out_a = torch.cat([adjusted_out, torch.zeros_like(adjusted_out[..., :1])], -1)
+    # The kernel reads the output gradient and the output with one set of strides: both contiguous.
     d_q, d_k, d_v = _flash_backward(
-        g_a.to(q.dtype),
+        g_a.to(q.dtype).contiguous(),
         qa[:, :, rows],
         ka[:, :, keys],
         va[:, :, keys],
-        out_a.to(q.dtype),
+        out_a.to(q.dtype).contiguous(),
         kernel_lse,
         0.0,
         True,
@@ -299,8 +330,13 @@ class _ClippedAttention(torch.autograd.Function):
         acc = torch.float64 if q.dtype == torch.float64 else torch.float32
         index, valid = _near_layout(plan, length, q.device)
         terms = _Terms.of(plan, q, k, key_rows, query_rows)
-        logits, k_band = _near_logits(plan, q, k, terms, index, valid)
-        lse = logits.logsumexp(-1).flatten(2)[:, :, :length].to(acc)
+        if value_rows is None:
+            near_out, lse = _near_kernel(plan, q, k, v, terms, index, valid)
+            near_out, lse = near_out.to(acc), lse.to(acc)
+        else:
+            logits, k_band = _near_logits(plan, q, k, terms, index, valid)
+            lse = logits.logsumexp(-1).flatten(2)[:, :, :length].to(acc)
+        near_lse = lse.clone()
         fars = []  # (flip, far row, out, lse with the row constant)
         for flip in (False,) if plan.causal else (False, True):
             row = plan.far_row(flip)
@@ -314,11 +350,13 @@ class _ClippedAttention(torch.autograd.Function):
         for flip, _, _, lse_far in fars:
             rows = slice(0, length - skip) if flip else slice(skip, None)
             lse[:, :, rows] = torch.logaddexp(lse[:, :, rows], lse_far.flip(2) if flip else lse_far)
-        probs = torch.exp(logits - _query_blocks(lse[..., None], plan.block).to(logits.dtype))
-        out = probs @ _key_bands(v, plan)
-        if value_rows is not None:
-            out = out + _per_row(probs, index, plan.rows) @ value_rows[:, None]
-        out = out.flatten(2, 3)[:, :, :length].to(acc)
+        if value_rows is None:
+            out = (torch.exp(near_lse - lse)[..., None] * near_out).contiguous()
+        else:
+            probs = torch.exp(logits - _query_blocks(lse[..., None], plan.block).to(logits.dtype))
+            out = probs @ _key_bands(v, plan) + _per_row(probs, index, plan.rows) @ value_rows[:, None]
+            out = out.flatten(2, 3)[:, :, :length].to(acc)
+            del logits, probs, k_band
         for flip, row, out_far, lse_far in fars:
             weight = torch.exp(lse_far - (lse.flip(2) if flip else lse)[:, :, skip:])[..., None]
             part = weight * (out_far if value_rows is None else out_far + value_rows[:, row][:, None])
@@ -326,12 +364,11 @@ class _ClippedAttention(torch.autograd.Function):
                 out[:, :, : length - skip] += part.flip(2)
             else:
                 out[:, :, skip:] += part
-        del logits, probs, k_band
         ctx.plan = plan
         ctx.fars = [(flip, row) for flip, row, _, _ in fars]
         far_tensors = [t for _, _, out_far, lse_far in fars for t in (out_far, lse_far)]
         ctx.save_for_backward(q, k, v, key_rows, query_rows, value_rows, out, lse, *far_tensors)
-        return out.to(q.dtype)
+        return out.to(q.dtype).contiguous()
 
     @staticmethod
     @once_differentiable
@@ -340,7 +377,7 @@ class _ClippedAttention(torch.autograd.Function):
         q, k, v, key_rows, query_rows, value_rows, out, lse, *far_tensors = ctx.saved_tensors
         length = q.shape[2]
         acc = out.dtype
-        grad = grad_out.to(acc)
+        grad = grad_out.contiguous().to(acc)
         delta = (grad * out).sum(-1)  # [B, H, L]
         terms = _Terms.of(plan, q.to(acc), k.to(acc), _to(key_rows, acc), _to(query_rows, acc))
         d_row_terms = None if terms.row is None else torch.zeros_like(terms.row)
