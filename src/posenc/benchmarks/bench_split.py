@@ -5,8 +5,9 @@ Attention alone (no projections), B=1, H=8, d=64, float32, one process, interlea
 * **bias**: for each encoding, the plain SDPA floor (``is_causal``, or no mask for bidirectional),
   the blocked path of masked query blocks (``blocked_bias_attention``, the path before the split),
   and the near/far split (what ``auto`` runs now). T5's table is trainable (its gradient included).
-  Shaw (k=16, key and value terms, CONTENT): the ``relative`` backend's checkpointed query blocks
-  (before) against the clipped split (``posenc.backends.clipped``, what ``auto`` runs now).
+  Shaw (k=16, key and value terms) and DeBERTa (c2p and p2c, span 256 without buckets), CONTENT:
+  the ``relative`` backend's checkpointed query blocks (before) against the clipped split
+  (``posenc.backends.clipped``, what ``auto`` runs now).
 * **masks**: window 512 and 8 packed documents against one full causal SDPA pass: the masked blocks
   and the mask segments.
 
@@ -46,6 +47,8 @@ ENCODINGS = {
     "alibi symmetric": ("alibi:mode=symmetric", False),
     "shaw k=16 causal": ("shaw:k=16", True),
     "shaw k=16 bidirectional": ("shaw:k=16", False),
+    "deberta span 256 causal": ("deberta:position_buckets=-1,max_relative_positions=256", True),
+    "deberta span 256 bidirectional": ("deberta:position_buckets=-1,max_relative_positions=256", False),
 }
 
 
@@ -73,14 +76,23 @@ def build_case(case: str, params: dict):
     pos = torch.arange(length)[None]
     if label in ENCODINGS:
         spec, causal = ENCODINGS[label]
-        sizes = {"num_heads": HEADS, "head_dim": HEAD_DIM}
-        layer_sizes = posenc.get_class(spec.split(":")[0]).layer_sizes
-        enc = posenc.build(spec, **{name: sizes[name] for name in layer_sizes if name in sizes})
+        # Through a layer: it fills in the encoding's sizes, and DeBERTa projects its table with the
+        # layer's own projections.
+        layer = posenc.MultiheadAttention(HEADS * HEAD_DIM, HEADS, spec, causal=causal)
+        enc = layer.encoding
         content = enc.kind is Kind.CONTENT
 
         def request():
             return AttentionRequest(
-                q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.125, causal=causal
+                q=q,
+                k=k,
+                v=v,
+                encoding=enc,
+                q_pos=pos,
+                k_pos=pos,
+                scale=layer.scale,
+                causal=causal,
+                layer=layer,
             )
 
         run = {
