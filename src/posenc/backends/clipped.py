@@ -90,6 +90,8 @@ def clipped_reason(req: AttentionRequest, min_len: int | None = None) -> str | N
         return f"the clipped split needs square self-attention with a plain causal mask or none ({mask.describe()})"
     if req.sinks is not None:
         return "the clipped split has no attention sinks"
+    if req.q_len < min_len:  # before the declaration, which may project the encoding's tables
+        return f"below {min_len} queries the query blocks are as fast"
     terms = _declaration(req)
     if terms is None:
         return f"{req.encoding.name} declares no clipped relative tables"
@@ -99,8 +101,8 @@ def clipped_reason(req: AttentionRequest, min_len: int | None = None) -> str | N
             f"{req.encoding.name}'s rows are constant only from distance {block + 1} on: near blocks of "
             f"{block} rows cost more than the query blocks (the split takes at most {CLIPPED_MAX_BLOCK})"
         )
-    if req.q_len < max(min_len, 2 * block + 2):
-        return f"below {max(min_len, 2 * block + 2)} queries the query blocks are as fast"
+    if req.q_len < 2 * block + 2:
+        return f"below {2 * block + 2} queries the near blocks of {block} rows leave no far part"
     q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
     if not (_consecutive(q_pos) and torch.equal(q_pos[:1], k_pos[:1])):
         return "the clipped split needs queries and keys at the same consecutive positions"
