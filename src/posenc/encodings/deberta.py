@@ -22,7 +22,9 @@ Computation: c2p is ``q @ K_rᵀ`` on the ``2·att_span`` rows (``[B, H, Tq, 2·
 by ``idx``; p2c is ``k @ Q_rᵀ`` gathered by ``idxᵀ`` and transposed; never an ``(L, L, D)``
 tensor. Positions are explicit, so ``Tq ≠ Tk`` (cached decoding, cross-attention) works; HF v2
 raises for ``Tq ≠ Tk`` (docs/conventions.md §5.5). Kind CONTENT: runs on the eager backend and on
-the relative backend (query blocks, checkpointed under autograd).
+the relative backend: query blocks checkpointed under autograd, or, for long square self-attention
+on CPU whose rows saturate within 257 positions, the clipped split
+(:meth:`DebertaDisentangled.clipped_relative`: c2p is a row constant far away, p2c a key constant).
 """
 
 from __future__ import annotations
