@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..cli import app, console
+from .shards import parse_shard
 from .tasks import TASKS
 from .train import ExperimentConfig
 
@@ -114,6 +115,7 @@ def _int_list(text: str, option: str) -> list[int]:
 
 @app.command("extrapolate")
 def extrapolate(
+    ctx: typer.Context,
     task: str = typer.Option(_DEFAULT.task, help=f"task: {', '.join(TASKS)}"),
     encodings: str = typer.Option(
         ",".join(_DEFAULT.encodings),
@@ -180,6 +182,17 @@ def extrapolate(
         help="with --hf-model: also evaluate under these RoPE scalings, e.g. none,linear,dynamic,yarn:4 "
         "(factor: eval-len / trained context unless given)",
     ),
+    preset: str | None = typer.Option(
+        None,
+        help="run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
+        "2023: copy, count_copy, reverse) or alibi-paper (Press et al. 2022: LM perplexity at 2x/4x/8x L); "
+        "one folder per task under --out; --steps, --d-model etc. set the scale",
+    ),
+    shard: str | None = typer.Option(
+        None,
+        help="i/n: run only the i-th of n disjoint parts of the (encoding x seed) grid (0 <= i < n), e.g. "
+        "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT; combine the folders with posenc merge",
+    ),
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
 
@@ -191,6 +204,9 @@ def extrapolate(
     """
     from .runner import Distributed, ExperimentInterrupted, WorkerDied, run_experiment, summary_table
 
+    if hf_model is not None and (preset is not None or shard is not None):
+        console.print("[red]error:[/red] --preset and --shard train models; they do not apply to --hf-model")
+        raise typer.Exit(2)
     if hf_model is not None or eval_variants is not None:
         _extrapolate_hf(
             hf_model,
@@ -236,13 +252,28 @@ def extrapolate(
         fit_threshold=fit_threshold,
     )
     try:
+        part = None if shard is None else parse_shard(shard)
+        planned = [(config, out)] if preset is None else _preset_plan(ctx, preset, config, out)
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results
-        with _ProgressBars(console, progress and writer) as bars:
-            records = run_experiment(
-                config, out, workers=workers, threads=threads, device=device, report=bars.report, log=bars.log
-            )
-        if writer:
-            print_table(rich_table(summary_table(config, records, config.make_task().metric)))
+        for one, folder in planned:
+            with _ProgressBars(console, progress and writer) as bars:
+                records = run_experiment(
+                    one,
+                    folder,
+                    workers=workers,
+                    threads=threads,
+                    device=device,
+                    report=bars.report,
+                    log=bars.log,
+                    shard=part,
+                    preset=preset,
+                )
+            if writer:
+                print_table(rich_table(summary_table(one, records, one.make_task().metric)))
+        if preset is not None and writer:
+            from .presets import comparison_for_folder
+
+            print_table(rich_table(comparison_for_folder(planned[0][1])))
     except WorkerDied as err:
         console.print(f"[red]error:[/red] {err}; run the same command again to resume", soft_wrap=True)
         raise typer.Exit(1) from err
@@ -252,6 +283,32 @@ def extrapolate(
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err
+
+
+def _preset_plan(
+    ctx: typer.Context, name: str, config: ExperimentConfig, out: Path
+) -> list[tuple[ExperimentConfig, Path]]:
+    """``(config, folder)`` per task of preset ``name`` (``OUT/<task>``), every one checked before
+    anything is written: an option given on the command line that contradicts the preset, a bad
+    setting, or a folder holding other settings is a ``ValueError``."""
+    from click.core import ParameterSource
+
+    from .presets import apply_preset
+    from .runner import _check_config, check_models
+
+    given = {param for param in ctx.params if ctx.get_parameter_source(param) is ParameterSource.COMMANDLINE}
+    explicit = {key: getattr(config, key) for key in given if key != "task" and hasattr(config, key)}
+    configs = apply_preset(name, config, explicit, task=config.task if "task" in given else None)
+    planned = []
+    for one in configs:
+        one.validate()
+        task = one.make_task()
+        for length in (one.train_len, one.eval_len):
+            task.check_length(length)
+        check_models(one, task)
+        _check_config(out / one.task, one, task)
+        planned.append((one, out / one.task))
+    return planned
 
 
 def _extrapolate_hf(
