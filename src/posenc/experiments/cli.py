@@ -291,12 +291,13 @@ def _preset_plan(
     """``(config, folder)`` per task of preset ``name`` (``OUT/<task>``), every one checked before
     anything is written: an option given on the command line that contradicts the preset, a bad
     setting, or a folder holding other settings is a ``ValueError``."""
-    from click.core import ParameterSource
-
     from .presets import apply_preset
     from .runner import _check_config, check_models
 
-    given = {param for param in ctx.params if ctx.get_parameter_source(param) is ParameterSource.COMMANDLINE}
+    # By name: typer may bring its own copy of click's ParameterSource enum.
+    given = {
+        param for param in ctx.params if getattr(ctx.get_parameter_source(param), "name", "") == "COMMANDLINE"
+    }
     explicit = {key: getattr(config, key) for key in given if key != "task" and hasattr(config, key)}
     configs = apply_preset(name, config, explicit, task=config.task if "task" in given else None)
     planned = []

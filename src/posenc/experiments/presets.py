@@ -243,10 +243,10 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
     missing = [task for task in preset.tasks if task not in runs]
     notes = [
         f"paper: {citation_line(entry)}; {entry['source']}"
-        + (" (approximate: read off the figure)" if entry.get("approximate") else ""),
+        + (" (approximate: bar values of a figure)" if entry.get("approximate") else ""),
         f"ours: mean reciprocal rank over {', '.join(tasks)} at lengths {train_len + 1}..{preset.settings['eval_len']} "
         f"(exact match, mean over seeds {preset.settings['seeds']}; ties share their ranks), d_model "
-        f"{_setting(runs, 'd_model')}, {_setting(runs, 'num_layers')} layers, {', '.join(map(str, steps))} steps; "
+        f"{_setting(runs, 'd_model')}, {_setting(runs, 'num_layers')} layer(s), {', '.join(map(str, steps))} steps; "
         "the paper's MRR spans ten tasks at 107M parameters: compare the order, not the values",
     ]
     if missing:
@@ -327,7 +327,7 @@ def _compare_alibi(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[di
         f"perplexity at L = {paper_l} (those lengths are 1.98x, 3.93x, 7.84x L)",
         f"ours: byte-level LM on {settings.get('corpus') or 'the embedded corpus (stdlib argparse source)'}, "
         f"L = {train_len} bytes, perplexity of windows of k x L bytes over windows of L, d_model "
-        f"{settings.get('d_model')}, {settings.get('num_layers')} layers, {settings.get('steps')} steps, "
+        f"{settings.get('d_model')}, {settings.get('num_layers')} layer(s), {settings.get('steps')} steps, "
         f"mean over seeds {sorted({int(r.get('seed', 0)) for r in records}) or '-'}",
         "a ratio below 1 means the longer context helped; far above 1, the encoding broke down past L",
     )
