@@ -127,7 +127,7 @@ def test_apply_preset_sets_the_published_setup_and_refuses_contradictions():
 )
 def test_cli_preset_with_conflicting_options_is_an_error_before_anything_is_written(tmp_path, args, message):
     result = _cli(["extrapolate", "--preset", "nope-paper", *args, "--out", str(tmp_path / "out")])
-    assert result.exit_code == 2 and message in result.output.replace("\n", " "), result.output
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
     assert not (tmp_path / "out").exists()
 
 
@@ -138,7 +138,7 @@ def test_cli_nope_paper_prints_published_beside_ours_and_the_report_shows_it(tmp
     assert "nope-paper: published beside ours" in out and "Kazemnejad" in out and "Figure 1" in out
     for cells in (("nope (NoPE)", "0.69"), ("sinusoidal (APE, sinusoidal)", "0.22"), ("t5", "0.55")):
         assert all(cell in out for cell in cells)
-    assert "not run here: count_copy, reverse" in out.replace("\n", " ")
+    assert "not run here: count_copy, reverse" in " ".join(out.split())
     config = json.loads((tmp_path / "copy" / "config.json").read_text())
     assert config["preset"] == "nope-paper" and config["experiment"]["train_len"] == 20
     records = [json.loads(line) for line in (tmp_path / "copy" / "results.jsonl").read_text().splitlines()]
@@ -172,3 +172,16 @@ def test_cli_alibi_paper_prints_paper_ratios_from_table_3(tmp_path):
     )  # attention maps at 512 positions take seconds; not tested here
     page = render_report(tmp_path / "lm")
     assert 'id="published"' in page and "14.73" in page and "Press, Smith, Lewis (2022)" in page
+
+
+def test_the_published_table_says_when_ours_rests_on_a_shard(tmp_path):
+    from posenc.experiments.presets import comparison_for_folder
+
+    args = ["extrapolate", "--preset", "alibi-paper", *SCALE, "--shard", "0/2", "--out", str(tmp_path)]
+    result = _cli(args)
+    assert result.exit_code == 0, result.output
+    notes = " ".join(comparison_for_folder(tmp_path / "lm").notes)
+    # Grid order sinusoidal, rope, t5, alibi: shard 0/2 holds sinusoidal and t5.
+    assert (
+        "incomplete, ours rests on part of the grid: lm lacks 2 run(s) (rope seed 0, alibi seed 0)" in notes
+    )

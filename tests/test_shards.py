@@ -148,8 +148,12 @@ def test_merge_refuses_folders_that_are_not_experiments_and_an_out_holding_resul
         merge_folders(tmp_path / "out", [tmp_path / "a", tmp_path / "empty"])
     with pytest.raises(ValueError, match=r"is not a folder"):
         merge_folders(tmp_path / "out", [tmp_path / "a", tmp_path / "nowhere"])
-    with pytest.raises(ValueError, match=r"already holds results"):
+    with pytest.raises(ValueError, match=r"already holds an experiment \(results\.jsonl\)"):
         merge_folders(tmp_path / "a", [tmp_path / "empty"])
+    (tmp_path / "configured").mkdir()
+    (tmp_path / "configured" / "config.json").write_text("{}")
+    with pytest.raises(ValueError, match=r"already holds an experiment \(config\.json\)"):
+        merge_folders(tmp_path / "configured", [tmp_path / "a"])
     with pytest.raises(ValueError, match=r"named twice"):
         merge_folders(tmp_path / "out", [tmp_path / "a", tmp_path / "a"])
     assert not (tmp_path / "out").exists()
@@ -181,3 +185,21 @@ def test_cli_shard_and_merge(tmp_path):
     assert not (tmp_path / "bad").exists()
     refused = CliRunner().invoke(app, ["merge", str(tmp_path / "m2"), str(tmp_path / "s0"), str(tmp_path)])
     assert refused.exit_code == 2 and "no config.json" in refused.output
+
+
+def test_merge_refuses_a_folder_that_a_running_process_still_writes(tmp_path):
+    import os
+    import socket
+
+    from posenc.experiments.runner import LOCK_NAME
+
+    run_experiment(ExperimentConfig(**TINY), tmp_path / "a", workers=1, shard=Shard(0, 2))
+    (tmp_path / "a" / LOCK_NAME).write_text(f"{os.getpid()} {socket.gethostname()}\n")  # this process: alive
+    with pytest.raises(ValueError, match=r"is being written by a running posenc process"):
+        merge_folders(tmp_path / "out", [tmp_path / "a"])
+    # A lock from another host is assumed alive; one from a dead local pid is not.
+    (tmp_path / "a" / LOCK_NAME).write_text("999999999 nohost-that-exists\n")
+    with pytest.raises(ValueError, match=r"running posenc process"):
+        merge_folders(tmp_path / "out", [tmp_path / "a"])
+    (tmp_path / "a" / LOCK_NAME).write_text(f"999999999 {socket.gethostname()}\n")
+    assert merge_folders(tmp_path / "out", [tmp_path / "a"]).records > 0

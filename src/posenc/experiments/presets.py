@@ -36,6 +36,7 @@ from statistics import mean
 from typing import Any
 
 from . import results as results_io
+from .shards import missing_runs
 from .train import ExperimentConfig
 
 __all__ = [
@@ -177,7 +178,21 @@ def compare_folders(name: str, folders: dict[str, Path]) -> Table:
         )
         for task, folder in folders.items()
     }
-    return preset.compare(preset, runs)
+    table = preset.compare(preset, runs)
+    incomplete = []
+    for task, (settings, records) in runs.items():
+        missing = missing_runs(task, settings.get("encodings", []), settings.get("seeds", []), records)
+        if missing:
+            shown = ", ".join(run.label for run in missing[:4]) + (", ..." if len(missing) > 4 else "")
+            incomplete.append(f"{task} lacks {len(missing)} run(s) ({shown})")
+    if incomplete:
+        note = (
+            "incomplete, ours rests on part of the grid: "
+            + "; ".join(incomplete)
+            + " (merge the shards first)"
+        )
+        table = dataclasses.replace(table, notes=(*table.notes, note))
+    return table
 
 
 # ---------------------------------------------------------------------------- nope-paper

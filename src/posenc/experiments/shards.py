@@ -124,6 +124,8 @@ class _Source:
 
 
 def _read_source(folder: Path) -> _Source:
+    from .runner import LOCK_NAME, _lock_owner_alive
+
     if not folder.is_dir():
         raise ValueError(
             f"posenc merge: {folder} is not a folder; give the --out folders of the runs to merge"
@@ -132,6 +134,13 @@ def _read_source(folder: Path) -> _Source:
         raise ValueError(
             f"posenc merge: {folder} has no config.json, so it is not a posenc extrapolate folder; "
             "give the --out folders of the runs to merge"
+        )
+    lock = folder / LOCK_NAME
+    owner = lock.read_text(encoding="utf-8").strip() if lock.exists() else ""
+    if owner and _lock_owner_alive(owner):
+        raise ValueError(
+            f"posenc merge: {folder} is being written by a running posenc process ({owner}); wait for it "
+            "to finish (its results are not complete yet), then merge"
         )
     config = results_io.load_config(folder)
     return _Source(folder, config, results_io.read_records(folder / "results.jsonl"))
@@ -228,10 +237,11 @@ def merge_folders(out: str | Path, folders: Sequence[str | Path]) -> MergeSummar
     resolved = [path.resolve() for path in paths]
     if len(set(resolved)) != len(resolved):
         raise ValueError("posenc merge: a folder is named twice; name each folder once")
-    if (out / "results.jsonl").exists() and out.resolve() not in resolved:
+    holds = [name for name in ("results.jsonl", "config.json") if (out / name).exists()]
+    if holds and out.resolve() not in resolved:
         raise ValueError(
-            f"posenc merge: {out} already holds results; give an empty or new output folder, or name {out} "
-            "among the folders to merge into it"
+            f"posenc merge: {out} already holds an experiment ({holds[0]}); give an empty or new output "
+            f"folder, or name {out} among the folders to merge into it"
         )
     _check_writable_folder(out)
     sources = [_read_source(path) for path in paths]
