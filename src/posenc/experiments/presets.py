@@ -36,6 +36,7 @@ from statistics import mean
 from typing import Any
 
 from . import results as results_io
+from .runner import SummaryTable as Table  # the same plain-text table as the summary
 from .shards import missing_runs
 from .train import ExperimentConfig
 
@@ -69,22 +70,6 @@ def citation_line(entry: dict[str, Any]) -> str:
     cite = entry["citation"]
     surnames = [author.split()[-1] for author in cite["authors"]]
     return f"{', '.join(surnames)} ({cite['year']}). {cite['title']}. {cite['venue']}. arXiv:{cite['arxiv']}"
-
-
-@dataclass(frozen=True)
-class Table:
-    """A plain-text table (the CLI draws it with Rich, the report as HTML)."""
-
-    title: str
-    columns: list[str]
-    rows: list[list[str]]
-    notes: tuple[str, ...] = ()
-
-    def __str__(self) -> str:
-        widths = [max(len(c), *(len(row[i]) for row in self.rows)) for i, c in enumerate(self.columns)]
-        lines = [self.title, "  ".join(c.ljust(w) for c, w in zip(self.columns, widths))]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in self.rows]
-        return "\n".join(lines + list(self.notes))
 
 
 #: ``compare(preset, {task: (settings, records)})`` -> the published-vs-ours table.
