@@ -200,7 +200,9 @@ def extrapolate(
     position); lm by perplexity at each position. Writes results.jsonl, results.csv, config.json,
     checkpoints/ and extrapolation.png into --out and prints a summary table. Interrupted runs
     resume when the same command is run again. Under `torchrun --nproc_per_node N` each run
-    trains with DistributedDataParallel.
+    trains with DistributedDataParallel. `--preset NAME` runs a published setup (one folder per
+    task) and prints the paper's numbers beside ours; `--shard i/n` runs one part of the grid
+    (combine the parts with `posenc merge`).
     """
     from .runner import Distributed, ExperimentInterrupted, WorkerDied, run_experiment, summary_table
 
