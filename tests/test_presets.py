@@ -185,3 +185,25 @@ def test_the_published_table_says_when_ours_rests_on_a_shard(tmp_path):
     assert (
         "incomplete, ours rests on part of the grid: lm lacks 2 run(s) (rope seed 0, alibi seed 0)" in notes
     )
+
+
+def test_nope_paper_table_ranks_only_encodings_that_fit():
+    preset = PRESETS["nope-paper"]
+    iid = {"rope": 1.0, "t5": 1.0, "nope": 0.5, "alibi": 0.5, "sinusoidal": 0.0}
+    beyond = {"rope": 0.3, "t5": 0.6, "nope": 0.9, "alibi": 0.0, "sinusoidal": 0.0}
+    records = [
+        {"encoding": e, "task": "copy", "seed": seed, "metric": "exact_match", "length": n}
+        | {"value": iid[e] if n <= 20 else beyond[e]}
+        for e in iid
+        for seed in (0, 1, 2)
+        for n in range(1, 41)
+    ]
+    table = preset.compare(preset, {"copy": ({"fit_threshold": 0.95}, records)})
+    rows = {row[0].split()[0]: row for row in table.rows}
+    # Only rope and t5 fit (in-distribution 100% >= 95%): t5 ranks first at every length past 20.
+    assert rows["t5"][2:4] == ["1.00", "3/3"] and rows["rope"][2:4] == ["0.50", "3/3"]
+    assert rows["nope"][2:4] == ["not ranked", "0/3"]  # best beyond L, but it did not fit
+    assert rows["nope"][4] == "90.0%"
+    assert any(
+        "not ranked, did not fit" in note and "nope, alibi, sinusoidal" in note for note in table.notes
+    )

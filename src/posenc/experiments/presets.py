@@ -229,14 +229,18 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
     train_len = preset.settings["train_len"]
     tasks = [task for task in preset.tasks if task in runs]
     curves = {task: _per_length_means(runs[task][1], "exact_match") for task in tasks}
-    ours = mean_reciprocal_rank(curves, encodings, train_len)
-    columns = ["encoding", "paper MRR", "ours MRR"] + [f"{task} >{train_len}" for task in tasks]
+    fits = {task: _seeds_fit(runs[task], encodings, train_len) for task in tasks}
+    # Fit first: an encoding is ranked only when every seed fits every task it ran.
+    ranked = [encoding for encoding in encodings if tasks and _fits_everywhere(fits, encoding)]
+    ours = mean_reciprocal_rank(curves, ranked, train_len) if ranked else {}
+    columns = ["encoding", "paper MRR", "ours MRR", "fit"] + [f"{task} >{train_len}" for task in tasks]
     rows = []
     for encoding in encodings:
         beyond = [_mean_beyond(curves[task].get(encoding, {}), train_len) for task in tasks]
+        fit, seeds = (sum(fits[t].get(encoding, (0, 0))[i] for t in tasks) for i in (0, 1))
         rows.append(
             [f"{encoding} ({entry['paper_names'][encoding]})", f"{entry['values'][encoding]:.2f}"]
-            + [_fmt(ours[encoding], "{:.2f}")]
+            + [_fmt(ours.get(encoding), "{:.2f}") if encoding in ranked else "not ranked", f"{fit}/{seeds}"]
             + [_fmt(value, "{:.1%}") for value in beyond]
         )
     steps = sorted({settings.get("steps") for settings, _ in runs.values()})
@@ -249,6 +253,12 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
         f"{_setting(runs, 'd_model')}, {_setting(runs, 'num_layers')} layer(s), {', '.join(map(str, steps))} steps; "
         "the paper's MRR spans ten tasks at 107M parameters: compare the order, not the values",
     ]
+    unfit = [encoding for encoding in encodings if encoding not in ranked]
+    if unfit:
+        notes.append(
+            f"not ranked, did not fit (every seed of every task must reach the fit threshold in-distribution): "
+            f"{', '.join(unfit)}; ours ranks the {len(ranked)} that fit among themselves"
+        )
     if missing:
         notes.append(f"not run here: {', '.join(missing)} (its folder is missing beside this one)")
     return Table(
@@ -257,6 +267,24 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
         rows,
         tuple(notes),
     )
+
+
+def _fits_everywhere(fits: dict[str, dict[str, tuple[int, int]]], encoding: str) -> bool:
+    """Every seed of ``encoding`` fits in every task of ``fits`` (``{task: {encoding: (fit, seeds)}}``)."""
+    return all(
+        0 < seeds == fit for fit, seeds in (by_task.get(encoding, (0, 0)) for by_task in fits.values())
+    )
+
+
+def _seeds_fit(
+    run: tuple[dict[str, Any], list[dict[str, Any]]], encodings: list[str], train_len: int
+) -> dict[str, tuple[int, int]]:
+    """``{encoding: (seeds that fit, seeds)}`` of one task folder (exact match over lengths <= L
+    against the folder's ``fit_threshold``)."""
+    settings, records = run
+    threshold = settings.get("fit_threshold", ExperimentConfig().fit_threshold)
+    rows = results_io.summarize(records, "exact_match", train_len, encodings, threshold)
+    return {row["encoding"]: (row["fit"] or 0, row["seeds"]) for row in rows if row["seeds"]}
 
 
 def _mean_beyond(curve: dict[int, float], train_len: int) -> float | None:
