@@ -99,7 +99,12 @@ def test_a_shard_says_which_runs_it_lacks(tmp_path):
     assert lacking == [RunSpec("nope", 0), RunSpec("alibi", 0), RunSpec("rope", 1)]
     notes = "\n".join(summary_table(config, records, config.make_task().metric).notes)
     assert "incomplete: 3 of 6 runs" in notes and "nope seed 0, alibi seed 0, rope seed 1" in notes
+    from posenc.viz.report import render_report
+
+    page = render_report(tmp_path)
+    assert 'id="missing"' in page and "incomplete: 3 of 6 runs" in page
     complete = run_experiment(config, tmp_path, workers=1)  # the same folder, unsharded: completes it
+    assert 'id="missing"' not in render_report(tmp_path)
     assert "incomplete" not in "\n".join(summary_table(config, complete, config.make_task().metric).notes)
 
 
