@@ -1,4 +1,4 @@
-"""The ``posenc`` command line: ``posenc list | show | plot | extrapolate | report | bench``.
+"""The ``posenc`` command line: ``posenc list | show | plot | extrapolate | merge | report | bench``.
 
 Typer + Rich. Sub-commands owned by other modules register themselves on :data:`app` when their
 module is imported (see :data:`COMMAND_MODULES`), so this file stays small.
@@ -23,7 +23,12 @@ app = typer.Typer(
 console = Console()
 
 #: Modules that add sub-commands to :data:`app` when imported (skipped if not present yet).
-COMMAND_MODULES = ["posenc.experiments.cli", "posenc.viz.cli", "posenc.bench_cli"]
+COMMAND_MODULES = [
+    "posenc.experiments.cli",
+    "posenc.experiments.merge_cli",
+    "posenc.viz.cli",
+    "posenc.bench_cli",
+]
 
 
 @app.command("list")

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from ..cli import app, console
+from .shards import parse_shard
 from .tasks import TASKS
 from .train import ExperimentConfig
 
@@ -114,6 +115,7 @@ def _int_list(text: str, option: str) -> list[int]:
 
 @app.command("extrapolate")
 def extrapolate(
+    ctx: typer.Context,
     task: str = typer.Option(_DEFAULT.task, help=f"task: {', '.join(TASKS)}"),
     encodings: str = typer.Option(
         ",".join(_DEFAULT.encodings),
@@ -189,6 +191,17 @@ def extrapolate(
         "RoPE scalings linear,ntk,dynamic,yarn,longrope (NAME:FACTOR; default eval-len / training length), "
         "prope:P, drop_rotation, temperature:BETA (any encoding); one row each",
     ),
+    preset: str | None = typer.Option(
+        None,
+        help="run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
+        "2023: copy, count_copy, reverse) or alibi-paper (Press et al. 2022: LM perplexity at 2x/4x/8x L); "
+        "one folder per task under --out; --steps, --d-model etc. set the scale",
+    ),
+    shard: str | None = typer.Option(
+        None,
+        help="i/n: run only the i-th of n disjoint parts of the (encoding x seed) grid (0 <= i < n), e.g. "
+        "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT; combine the folders with posenc merge",
+    ),
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
 
@@ -196,11 +209,16 @@ def extrapolate(
     position); lm by perplexity at each position. Writes results.jsonl, results.csv, config.json,
     checkpoints/ and extrapolation.png into --out and prints a summary table. Interrupted runs
     resume when the same command is run again. Under `torchrun --nproc_per_node N` each run
-    trains with DistributedDataParallel.
+    trains with DistributedDataParallel. `--preset NAME` runs a published setup (one folder per
+    task) and prints the paper's numbers beside ours; `--shard i/n` runs one part of the grid
+    (combine the parts with `posenc merge`).
     """
     from .results import read_run_records
     from .runner import Distributed, ExperimentInterrupted, WorkerDied, run_experiment, summary_table
 
+    if hf_model is not None and (preset is not None or shard is not None):
+        console.print("[red]error:[/red] --preset and --shard train models; they do not apply to --hf-model")
+        raise typer.Exit(2)
     if hf_model is not None:
         _extrapolate_hf(
             hf_model,
@@ -249,14 +267,29 @@ def extrapolate(
         eval_variants=[item.strip() for item in (eval_variants or "").split(",") if item.strip()],
     )
     try:
+        part = None if shard is None else parse_shard(shard)
+        planned = [(config, out)] if preset is None else _preset_plan(ctx, preset, config, out)
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results
-        with _ProgressBars(console, progress and writer) as bars:
-            records = run_experiment(
-                config, out, workers=workers, threads=threads, device=device, report=bars.report, log=bars.log
-            )
-        if writer:
-            runs = read_run_records(out)
-            print_table(rich_table(summary_table(config, records, config.make_task().metric, runs)))
+        for one, folder in planned:
+            with _ProgressBars(console, progress and writer) as bars:
+                records = run_experiment(
+                    one,
+                    folder,
+                    workers=workers,
+                    threads=threads,
+                    device=device,
+                    report=bars.report,
+                    log=bars.log,
+                    shard=part,
+                    preset=preset,
+                )
+            if writer:
+                runs = read_run_records(folder)
+                print_table(rich_table(summary_table(one, records, one.make_task().metric, runs)))
+        if preset is not None and writer:
+            from .presets import comparison_for_folder
+
+            print_table(rich_table(comparison_for_folder(planned[0][1])))
     except WorkerDied as err:
         console.print(f"[red]error:[/red] {err}; run the same command again to resume", soft_wrap=True)
         raise typer.Exit(1) from err
@@ -266,6 +299,33 @@ def extrapolate(
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}")
         raise typer.Exit(2) from err
+
+
+def _preset_plan(
+    ctx: typer.Context, name: str, config: ExperimentConfig, out: Path
+) -> list[tuple[ExperimentConfig, Path]]:
+    """``(config, folder)`` per task of preset ``name`` (``OUT/<task>``), every one checked before
+    anything is written: an option given on the command line that contradicts the preset, a bad
+    setting, or a folder holding other settings is a ``ValueError``."""
+    from .presets import apply_preset
+    from .runner import _check_config, check_models
+
+    # By name: typer may bring its own copy of click's ParameterSource enum.
+    given = {
+        param for param in ctx.params if getattr(ctx.get_parameter_source(param), "name", "") == "COMMANDLINE"
+    }
+    explicit = {key: getattr(config, key) for key in given if key != "task" and hasattr(config, key)}
+    configs = apply_preset(name, config, explicit, task=config.task if "task" in given else None)
+    planned = []
+    for one in configs:
+        one.validate()
+        task = one.make_task()
+        for length in (one.train_len, one.eval_len):
+            task.check_length(length)
+        check_models(one, task)
+        _check_config(out / one.task, one, task)
+        planned.append((one, out / one.task))
+    return planned
 
 
 def _extrapolate_hf(

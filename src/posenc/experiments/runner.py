@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from . import results as results_io
+from .shards import Shard, missing_runs_note
 from .tasks import Metric, Task
 from .train import (
     ExperimentConfig,
@@ -216,11 +217,17 @@ def _lock_owner_alive(owner: str) -> bool:
 
 
 def _write_config(
-    out: Path, config: ExperimentConfig, runtime: dict[str, Any], data: dict[str, str] | None
+    out: Path,
+    config: ExperimentConfig,
+    runtime: dict[str, Any],
+    data: dict[str, str] | None,
+    preset: str | None = None,
 ) -> None:
     payload: dict[str, Any] = {"experiment": config.to_dict(), "runtime": runtime}
     if data is not None:
         payload["data"] = data  # the corpus's path and sha256: a rerun on edited data is refused
+    if preset is not None:
+        payload["preset"] = preset  # the report puts the published numbers beside these results
     results_io.atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
 
 
@@ -484,6 +491,8 @@ def run_experiment(
     device: str = "cpu",
     report: Reporter | None = None,
     log: Log | None = None,
+    shard: Shard | None = None,
+    preset: str | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) the experiment into ``out`` and return all its records.
 
@@ -494,6 +503,8 @@ def run_experiment(
     evaluated (``"eval"``); ``log(message)`` for one-line news (a finished run kept, a run resumed
     from its checkpoint, where the results are). :func:`summary_table` summarizes the records.
     Raises :class:`ExperimentInterrupted` after Ctrl-C/SIGTERM (everything finished is saved).
+    ``shard``: run only that part of the (encoding x seed) grid (:mod:`posenc.experiments.shards`);
+    ``preset``: the published setup these settings come from, recorded in ``config.json``.
     """
     config.validate()
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
@@ -509,6 +520,8 @@ def run_experiment(
     check_models(config, task, torch_device)
     variants = check_variants(config, task)
     runs = [RunSpec(encoding, seed) for seed in config.seeds for encoding in config.encodings]
+    if shard is not None:
+        runs = shard.select(runs)
     workers = _worker_count(workers, len(runs), dist)
     is_writer = dist.rank == 0
     report = report if report is not None and is_writer else _quiet_report
@@ -524,7 +537,9 @@ def run_experiment(
                 "world_size": dist.world_size,
                 "device": str(torch_device),
             }
-            _write_config(out, config, runtime, task.data_fingerprint())
+            if shard is not None:
+                runtime["shard"] = str(shard)
+            _write_config(out, config, runtime, task.data_fingerprint(), preset)
         finished = _finished_runs(out, config, task.metric)
         todo = [run for run in runs if run_id_for(config, run) not in finished]
         for run in runs:
@@ -535,7 +550,12 @@ def run_experiment(
             if dist.enabled
             else f"{workers} worker(s) x {threads} thread(s)"
         )
-        log(f"{config.task}: {len(todo)} run(s) to do on {torch_device} with {mode}")
+        part = (
+            f" (shard {shard}: {len(runs)} of {len(config.seeds) * len(config.encodings)} runs)"
+            if shard
+            else ""
+        )
+        log(f"{config.task}: {len(todo)} run(s) to do{part} on {torch_device} with {mode}")
 
         def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
             if is_writer and records:
@@ -699,6 +719,9 @@ def summary_table(
     if any(row["seeds"] == 1 for row in rows):
         notes.append("one seed: no interval; several seeds (--seeds 0,1,2) give a 95% interval across seeds")
     notes += _steps_to_fit_notes(runs or [], config)
+    incomplete = missing_runs_note(config.task, config.encodings, config.seeds, records)
+    if incomplete:
+        notes.append(incomplete)
     title = f"{config.task}: {metric.label} by length (trained on <= {L}, evaluated to {config.eval_len}; "
     title += _seed_count(rows) + ")"
     return SummaryTable(title, columns, cells, tuple(notes))

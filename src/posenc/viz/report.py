@@ -229,6 +229,41 @@ def _depth_section(directory: Path, encodings: list[str]) -> list[tuple[str, str
     return [("depth", "Retrieval by depth and length", figure)]
 
 
+def _missing_html(directory: Path, config: dict[str, Any]) -> str:
+    """A warning naming the runs of the (encoding x seed) grid that have no results (a shard)."""
+    from ..experiments.results import read_records
+    from ..experiments.shards import missing_runs_note
+
+    settings = experiment_settings(config)
+    if not {"task", "encodings", "seeds"} <= settings.keys():
+        return ""
+    raw = read_records(directory / "results.jsonl")
+    note = missing_runs_note(settings["task"], settings["encodings"], settings["seeds"], raw)
+    return f'<p class="note" id="missing">{html.escape(note)}</p>' if note else ""
+
+
+def _published_section(directory: Path, config: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """For a ``--preset`` run: the paper's numbers beside ours, with the source."""
+    if not config.get("preset"):
+        return []
+    from ..experiments.presets import comparison_for_folder
+
+    try:
+        table = comparison_for_folder(directory)
+    except ValueError as err:
+        return [("published", "Published beside ours", f'<p class="note">{html.escape(str(err))}</p>')]
+    head = "".join(f"<th>{html.escape(column)}</th>" for column in table.columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in table.rows
+    )
+    notes = "".join(f"<p>{html.escape(note)}</p>" for note in table.notes)
+    content = (
+        f'<p>{html.escape(table.title)}</p><table id="published"><thead><tr>{head}</tr></thead>'
+        f"<tbody>{body}</tbody></table>{notes}"
+    )
+    return [("published", "Published beside ours", content)]
+
+
 STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
        color: #222; padding: 0 1em; }
@@ -261,9 +296,10 @@ def render_report(directory: str | Path) -> str:
     sections = [
         ("config", "Configuration", _config_html(config)),
         *summary,
-        ("results-section", "Results", _results_html(records, encodings)),
+        ("results-section", "Results", _missing_html(directory, config) + _results_html(records, encodings)),
         ("curves", "Metric against length", _curves_html(records, encodings, headline, unfit)),
         *_depth_section(directory, encodings),
+        *_published_section(directory, config),
         (
             "encodings",
             "The encodings",

@@ -1,0 +1,396 @@
+"""Published setups at CPU scale: ``posenc extrapolate --preset NAME``.
+
+A preset fixes what defines a published experiment (tasks, encodings, training and evaluation
+lengths, seeds) and leaves the scale (model size, steps, examples) to the command line. It runs
+one experiment folder per task, ``OUT/<task>``, records its name in each folder's
+``config.json``, and compares the result with the paper's numbers, which live with their
+citations in one data file, ``posenc/data/published.json`` (:func:`published`).
+
+=============  ==========================================  =========================================
+preset         published experiment                        compared
+=============  ==========================================  =========================================
+nope-paper     Kazemnejad et al. 2023 (NeurIPS): copy,     mean reciprocal rank of the five
+               count_copy, reverse; train <= 20, test      encodings (nope, rope, alibi, t5,
+               21..40; three seeds                         sinusoidal) over the lengths past L
+alibi-paper    Press et al. 2022 (ICLR): LM perplexity     perplexity at 2x, 4x, 8x L over
+               at 2x, 4x, 8x the training length           perplexity at L (ours: byte-level LM on
+                                                           the embedded corpus, L = 64)
+=============  ==========================================  =========================================
+
+An option given on the command line that contradicts the preset (``--preset nope-paper --task
+lm``, ``--train-len 16``) is an error before anything is written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+from . import results as results_io
+from .runner import SummaryTable as Table  # the same plain-text table as the summary
+from .shards import missing_runs
+from .train import ExperimentConfig
+
+__all__ = [
+    "PRESETS",
+    "Preset",
+    "apply_preset",
+    "compare_folders",
+    "comparison_for_folder",
+    "preset_folders",
+    "published",
+]
+
+
+@cache
+def _published_file() -> dict[str, Any]:
+    text = resources.files("posenc").joinpath("data/published.json").read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def published(name: str) -> dict[str, Any]:
+    """The published numbers of preset ``name`` with their citation (from ``published.json``)."""
+    data = _published_file()
+    if name not in data or not isinstance(data[name], dict):
+        raise ValueError(f"no published numbers for preset {name!r} in posenc/data/published.json")
+    return data[name]
+
+
+def citation_line(entry: dict[str, Any]) -> str:
+    """``"Kazemnejad, Padhi, ... (2023). Title. Venue. arXiv:2305.19466"``."""
+    cite = entry["citation"]
+    surnames = [author.split()[-1] for author in cite["authors"]]
+    return f"{', '.join(surnames)} ({cite['year']}). {cite['title']}. {cite['venue']}. arXiv:{cite['arxiv']}"
+
+
+#: ``compare(preset, {task: (settings, records)})`` -> the published-vs-ours table.
+Comparison = Callable[["Preset", dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]], Table]
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A published experiment: the settings it fixes, the tasks it runs, how ours is compared."""
+
+    name: str
+    summary: str
+    tasks: tuple[str, ...]
+    #: ExperimentConfig fields the preset sets (the others keep the command line's values).
+    settings: dict[str, Any]
+    #: Fields an explicit option may not change (they define the published setup).
+    fixed: tuple[str, ...]
+    compare: Comparison = field(repr=False)
+
+
+def apply_preset(
+    name: str, config: ExperimentConfig, explicit: dict[str, Any], task: str | None = None
+) -> list[ExperimentConfig]:
+    """One config per task of preset ``name``: ``config`` with the preset's settings.
+
+    ``explicit`` maps the fields given on the command line to their values; one that contradicts
+    the preset is a ``ValueError`` naming both. ``task`` (an explicit ``--task``) runs only that
+    task, which must be one of the preset's.
+    """
+    preset = PRESETS.get(name)
+    if preset is None:
+        raise ValueError(f"unknown --preset {name!r}; available: {', '.join(PRESETS)}")
+    if task is not None and task not in preset.tasks:
+        raise ValueError(
+            f"--preset {name} runs --task {', '.join(preset.tasks)}; --task {task} is not one of them "
+            "(drop --task, or run without --preset)"
+        )
+    for key, value in explicit.items():
+        if key in preset.fixed and value != preset.settings[key]:
+            option = "--" + key.replace("_", "-")
+            raise ValueError(
+                f"--preset {name} sets {option} {_option_text(preset.settings[key])} (the published setup); "
+                f"drop {option} {_option_text(value)}, or run without --preset"
+            )
+    tasks = (task,) if task is not None else preset.tasks
+    return [dataclasses.replace(config, **preset.settings, task=one) for one in tasks]
+
+
+def _option_text(value: Any) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+# ---------------------------------------------------------------------------- reading folders
+
+
+def preset_folders(directory: str | Path) -> dict[str, Path]:
+    """``{task: folder}`` of the preset run ``directory`` belongs to: ``directory`` itself and the
+    sibling folders (``OUT/<task>``) that ran the same preset on its other tasks."""
+    directory = Path(directory)
+    name = results_io.load_config(directory).get("preset")
+    if name is None:
+        raise ValueError(f"{directory} was not run with --preset (its config.json names no preset)")
+    own = results_io.experiment_settings(results_io.load_config(directory)).get("task")
+    folders = {own: directory}
+    for sibling in sorted(directory.parent.iterdir()):
+        if sibling == directory or not (sibling / "config.json").is_file():
+            continue
+        config = results_io.load_config(sibling)
+        task = results_io.experiment_settings(config).get("task")
+        if config.get("preset") == name and task not in folders:
+            folders[task] = sibling
+    return folders
+
+
+def comparison_for_folder(directory: str | Path) -> Table:
+    """The published-vs-ours table of the preset run ``directory`` belongs to."""
+    folders = preset_folders(directory)
+    name = results_io.load_config(directory)["preset"]
+    return compare_folders(name, folders)
+
+
+def compare_folders(name: str, folders: dict[str, Path]) -> Table:
+    """The published-vs-ours table of preset ``name`` from its task folders ``{task: folder}``."""
+    preset = PRESETS.get(name)
+    if preset is None:
+        raise ValueError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+    runs = {
+        task: (
+            results_io.experiment_settings(results_io.load_config(folder)),
+            results_io.read_records(folder / "results.jsonl"),
+        )
+        for task, folder in folders.items()
+    }
+    table = preset.compare(preset, runs)
+    incomplete = []
+    for task, (settings, records) in runs.items():
+        missing = missing_runs(task, settings.get("encodings", []), settings.get("seeds", []), records)
+        if missing:
+            shown = ", ".join(run.label for run in missing[:4]) + (", ..." if len(missing) > 4 else "")
+            incomplete.append(f"{task} lacks {len(missing)} run(s) ({shown})")
+    if incomplete:
+        note = (
+            "incomplete, ours rests on part of the grid: "
+            + "; ".join(incomplete)
+            + " (merge the shards first)"
+        )
+        table = dataclasses.replace(table, notes=(*table.notes, note))
+    return table
+
+
+# ---------------------------------------------------------------------------- nope-paper
+
+
+def _per_length_means(records: list[dict[str, Any]], metric: str) -> dict[str, dict[int, float]]:
+    """``{encoding: {length: mean over seeds}}`` of ``metric``."""
+    values: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        if record.get("metric") == metric and not record.get("variant"):
+            values[record["encoding"]][int(record["length"])].append(float(record["value"]))
+    return {enc: {n: mean(v) for n, v in by_length.items()} for enc, by_length in values.items()}
+
+
+def reciprocal_ranks(scores: dict[str, float]) -> dict[str, float]:
+    """``1 / rank`` of each key, highest score first; tied keys share the mean of the reciprocal
+    ranks they span (so the values always sum to 1/1 + ... + 1/n)."""
+    ordered = sorted(scores, key=lambda key: -scores[key])
+    result: dict[str, float] = {}
+    position = 0
+    while position < len(ordered):
+        tied = [key for key in ordered[position:] if scores[key] == scores[ordered[position]]]
+        share = mean(1 / (rank + 1) for rank in range(position, position + len(tied)))
+        result.update(dict.fromkeys(tied, share))
+        position += len(tied)
+    return result
+
+
+def mean_reciprocal_rank(
+    curves: dict[str, dict[str, dict[int, float]]], encodings: list[str], train_len: int
+) -> dict[str, float | None]:
+    """Per encoding: the mean over (task, length > ``train_len``) of its reciprocal rank among
+    ``encodings`` by exact match (mean over seeds). A scenario counts when every encoding has it."""
+    totals: dict[str, list[float]] = {encoding: [] for encoding in encodings}
+    for by_encoding in curves.values():
+        if not all(encoding in by_encoding for encoding in encodings):
+            continue
+        lengths = set.intersection(*(set(by_encoding[e]) for e in encodings))
+        for length in sorted(n for n in lengths if n > train_len):
+            ranks = reciprocal_ranks({e: by_encoding[e][length] for e in encodings})
+            for encoding, value in ranks.items():
+                totals[encoding].append(value)
+    return {encoding: mean(values) if values else None for encoding, values in totals.items()}
+
+
+def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]) -> Table:
+    entry = published(preset.name)
+    encodings = list(preset.settings["encodings"])
+    train_len = preset.settings["train_len"]
+    tasks = [task for task in preset.tasks if task in runs]
+    curves = {task: _per_length_means(runs[task][1], "exact_match") for task in tasks}
+    fits = {task: _seeds_fit(runs[task], encodings, train_len) for task in tasks}
+    # Fit first: an encoding is ranked only when every seed fits every task it ran.
+    ranked = [encoding for encoding in encodings if tasks and _fits_everywhere(fits, encoding)]
+    ours = mean_reciprocal_rank(curves, ranked, train_len) if ranked else {}
+    columns = ["encoding", "paper MRR", "ours MRR", "fit"] + [f"{task} >{train_len}" for task in tasks]
+    rows = []
+    for encoding in encodings:
+        beyond = [_mean_beyond(curves[task].get(encoding, {}), train_len) for task in tasks]
+        fit, seeds = (sum(fits[t].get(encoding, (0, 0))[i] for t in tasks) for i in (0, 1))
+        rows.append(
+            [f"{encoding} ({entry['paper_names'][encoding]})", f"{entry['values'][encoding]:.2f}"]
+            + [_fmt(ours.get(encoding), "{:.2f}") if encoding in ranked else "not ranked", f"{fit}/{seeds}"]
+            + [_fmt(value, "{:.1%}") for value in beyond]
+        )
+    steps = sorted({settings.get("steps") for settings, _ in runs.values()})
+    missing = [task for task in preset.tasks if task not in runs]
+    notes = [
+        f"paper: {citation_line(entry)}; {entry['source']}"
+        + (" (approximate: bar values of a figure)" if entry.get("approximate") else ""),
+        f"ours: mean reciprocal rank over {', '.join(tasks)} at lengths {train_len + 1}..{preset.settings['eval_len']} "
+        f"(exact match, mean over seeds {preset.settings['seeds']}; ties share their ranks), d_model "
+        f"{_setting(runs, 'd_model')}, {_setting(runs, 'num_layers')} layer(s), {', '.join(map(str, steps))} steps; "
+        "the paper's MRR spans ten tasks at 107M parameters: compare the order, not the values",
+    ]
+    unfit = [encoding for encoding in encodings if encoding not in ranked]
+    if unfit:
+        notes.append(
+            f"not ranked, did not fit (every seed of every task must reach the fit threshold in-distribution): "
+            f"{', '.join(unfit)}; ours ranks the {len(ranked)} that fit among themselves"
+        )
+    if missing:
+        notes.append(f"not run here: {', '.join(missing)} (its folder is missing beside this one)")
+    return Table(
+        f"{preset.name}: published beside ours (train <= {train_len}, test {train_len + 1}..{preset.settings['eval_len']})",
+        columns,
+        rows,
+        tuple(notes),
+    )
+
+
+def _fits_everywhere(fits: dict[str, dict[str, tuple[int, int]]], encoding: str) -> bool:
+    """Every seed of ``encoding`` fits in every task of ``fits`` (``{task: {encoding: (fit, seeds)}}``)."""
+    return all(
+        0 < seeds == fit for fit, seeds in (by_task.get(encoding, (0, 0)) for by_task in fits.values())
+    )
+
+
+def _seeds_fit(
+    run: tuple[dict[str, Any], list[dict[str, Any]]], encodings: list[str], train_len: int
+) -> dict[str, tuple[int, int]]:
+    """``{encoding: (seeds that fit, seeds)}`` of one task folder (exact match over lengths <= L
+    against the folder's ``fit_threshold``)."""
+    settings, records = run
+    threshold = settings.get("fit_threshold", ExperimentConfig().fit_threshold)
+    rows = results_io.summarize(records, "exact_match", train_len, encodings, threshold)
+    return {row["encoding"]: (row["fit"] or 0, row["seeds"]) for row in rows if row["seeds"]}
+
+
+def _mean_beyond(curve: dict[int, float], train_len: int) -> float | None:
+    beyond = [value for length, value in curve.items() if length > train_len]
+    return mean(beyond) if beyond else None
+
+
+def _setting(runs: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]], key: str) -> str:
+    values = sorted({str(settings.get(key)) for settings, _ in runs.values()})
+    return "/".join(values)
+
+
+def _fmt(value: float | None, form: str) -> str:
+    return "-" if value is None or math.isnan(value) else form.format(value)
+
+
+# ---------------------------------------------------------------------------- alibi-paper
+
+
+def window_perplexity(curve: dict[int, float], length: int) -> float | None:
+    """Perplexity of a window of ``length`` tokens from per-position perplexities ``{position: ppl}``
+    (positions 1..length): ``exp`` of the mean log perplexity, as a non-overlapping evaluation
+    scores every token of each window. None when a position is missing."""
+    if any(position not in curve for position in range(1, length + 1)):
+        return None
+    return math.exp(mean(math.log(curve[position]) for position in range(1, length + 1)))
+
+
+def perplexity_ratios(
+    records: list[dict[str, Any]], encoding: str, train_len: int, factors: list[int]
+) -> dict[int, float | None]:
+    """``{k: window perplexity at k x train_len / at train_len}`` for ``encoding``, mean over seeds."""
+    per_seed: dict[int, dict[int, float]] = defaultdict(dict)
+    for record in records:
+        wanted = record.get("metric") == "perplexity" and record.get("encoding") == encoding
+        if wanted and not record.get("variant"):
+            per_seed[int(record.get("seed", 0))][int(record["length"])] = float(record["value"])
+    ratios: dict[int, float | None] = {}
+    for factor in factors:
+        values = []
+        for curve in per_seed.values():
+            base, longer = window_perplexity(curve, train_len), window_perplexity(curve, factor * train_len)
+            if base is not None and longer is not None:
+                values.append(longer / base)
+        ratios[factor] = mean(values) if values else None
+    return ratios
+
+
+def _compare_alibi(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]]) -> Table:
+    entry = published(preset.name)
+    factors = sorted(int(k) for k in entry["eval_lengths"])
+    paper_l = str(entry["train_length"])
+    settings, records = runs.get("lm", ({}, []))
+    train_len = preset.settings["train_len"]
+    columns = ["encoding"] + [f"{who} {k}x" for k in factors for who in ("paper", "ours")]
+    rows = []
+    for encoding in preset.settings["encodings"]:
+        ppl = entry["perplexity"][encoding]
+        ours = perplexity_ratios(records, encoding, train_len, factors)
+        cells = [f"{encoding} ({entry['paper_names'][encoding]})"]
+        for factor in factors:
+            cells.append(f"{ppl[str(entry['eval_lengths'][str(factor)])] / ppl[paper_l]:.2f}")
+            cells.append(_fmt(ours[factor], "{:.2f}"))
+        rows.append(cells)
+    lengths = ", ".join(f"{entry['eval_lengths'][str(k)]}" for k in factors)
+    notes = (
+        f"paper: {citation_line(entry)}; {entry['source']}; WikiText-103 perplexity at {lengths} tokens over "
+        f"perplexity at L = {paper_l} (those lengths are 1.98x, 3.93x, 7.84x L)",
+        f"ours: byte-level LM on {settings.get('corpus') or 'the embedded corpus (stdlib argparse source)'}, "
+        f"L = {train_len} bytes, perplexity of windows of k x L bytes over windows of L, d_model "
+        f"{settings.get('d_model')}, {settings.get('num_layers')} layer(s), {settings.get('steps')} steps, "
+        f"mean over seeds {sorted({int(r.get('seed', 0)) for r in records}) or '-'}",
+        "a ratio below 1 means the longer context helped; far above 1, the encoding broke down past L",
+    )
+    return Table(
+        f"{preset.name}: perplexity ratio at k x the training length, published beside ours",
+        columns,
+        rows,
+        notes,
+    )
+
+
+PRESETS: dict[str, Preset] = {
+    preset.name: preset
+    for preset in (
+        Preset(
+            name="nope-paper",
+            summary="Kazemnejad et al. 2023: copy, count_copy, reverse; train <= 20, test 21..40; 3 seeds",
+            tasks=("copy", "count_copy", "reverse"),
+            settings={
+                "encodings": ["nope", "rope", "alibi", "t5", "sinusoidal"],
+                "train_len": 20,
+                "eval_len": 40,
+                "min_train_len": 1,
+                "seeds": [0, 1, 2],
+            },
+            fixed=("encodings", "train_len", "eval_len", "min_train_len", "seeds"),
+            compare=_compare_nope,
+        ),
+        Preset(
+            name="alibi-paper",
+            summary="Press et al. 2022: LM perplexity at 2x, 4x, 8x the training length (byte-level, L = 64)",
+            tasks=("lm",),
+            settings={"encodings": ["sinusoidal", "rope", "t5", "alibi"], "train_len": 64, "eval_len": 512},
+            fixed=("encodings", "train_len", "eval_len"),
+            compare=_compare_alibi,
+        ),
+    )
+}

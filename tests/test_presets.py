@@ -1,0 +1,209 @@
+"""``--preset``: published setups, their numbers with citations, and the published-vs-ours table.
+
+The runs here are tiny (a few steps): they test the wiring and the table, not the numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc.experiments import ExperimentConfig
+from posenc.experiments.presets import (
+    PRESETS,
+    apply_preset,
+    mean_reciprocal_rank,
+    perplexity_ratios,
+    published,
+    reciprocal_ranks,
+    window_perplexity,
+)
+
+SCALE = ["--steps", "1", "--d-model", "16", "--num-layers", "1", "--num-heads", "2", "--d-ff", "16"]
+SCALE += ["--batch-size", "4", "--eval-examples", "1", "--workers", "1", "--no-progress"]
+
+
+def _cli(args):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+
+
+def test_every_preset_has_published_numbers_with_a_full_citation():
+    for name, preset in PRESETS.items():
+        entry = published(name)  # read through importlib.resources: the file ships as package data
+        cite = entry["citation"]
+        assert cite["authors"] and all(
+            isinstance(author, str) and " " in author for author in cite["authors"]
+        )
+        assert cite["title"] and cite["venue"] and isinstance(cite["year"], int) and cite["arxiv"]
+        assert ("Table" in entry["source"] or "Figure" in entry["source"]) and isinstance(
+            entry["approximate"], bool
+        )
+        assert set(entry["paper_names"]) == set(preset.settings["encodings"])
+    nope = published("nope-paper")
+    assert set(nope["values"]) == set(PRESETS["nope-paper"].settings["encodings"])
+    # Reciprocal ranks of five methods sum to 1/1 + ... + 1/5 = 2.283 (two-decimal values: within 0.02).
+    assert abs(sum(nope["values"].values()) - sum(1 / k for k in range(1, 6))) < 0.02
+    alibi = published("alibi-paper")
+    for curve in alibi["perplexity"].values():
+        assert set(curve) == {str(alibi["train_length"]), *map(str, alibi["eval_lengths"].values())}
+
+
+def test_window_perplexity_is_exp_of_the_mean_log_perplexity():
+    curve = {1: math.e, 2: math.e, 3: math.e**3, 4: math.e**3}
+    assert window_perplexity(curve, 2) == pytest.approx(math.e)
+    assert window_perplexity(curve, 4) == pytest.approx(math.e**2)  # exp((1 + 1 + 3 + 3) / 4)
+    assert window_perplexity(curve, 5) is None  # position 5 was not measured
+
+
+def test_perplexity_ratios_average_the_ratio_of_each_seed():
+    records = [
+        {"metric": "perplexity", "encoding": "alibi", "seed": seed, "length": n, "value": value}
+        for seed, values in ((0, [2.0, 2.0, 8.0, 8.0]), (1, [4.0, 4.0, 4.0, 4.0]))
+        for n, value in enumerate(values, start=1)
+    ]
+    records.append({"metric": "perplexity", "encoding": "rope", "seed": 0, "length": 1, "value": 100.0})
+    ratios = perplexity_ratios(records, "alibi", 2, [2, 4])
+    # seed 0: window(4) = exp(mean(log 2, log 2, log 8, log 8)) = 4, window(2) = 2 -> 2; seed 1: 1.
+    assert ratios[2] == pytest.approx((2.0 + 1.0) / 2)
+    assert ratios[4] is None  # 8 positions were not measured
+
+
+def test_reciprocal_ranks_share_ties():
+    ranks = reciprocal_ranks({"a": 1.0, "b": 0.5, "c": 0.5, "d": 0.0})
+    assert ranks == pytest.approx({"a": 1.0, "b": (1 / 2 + 1 / 3) / 2, "c": (1 / 2 + 1 / 3) / 2, "d": 1 / 4})
+    assert sum(reciprocal_ranks({"x": 0.0, "y": 0.0, "z": 0.0}).values()) == pytest.approx(1 + 1 / 2 + 1 / 3)
+
+
+def test_mean_reciprocal_rank_counts_lengths_past_l_only():
+    curves = {
+        "copy": {"p": {1: 0.0, 3: 1.0, 4: 0.2}, "q": {1: 1.0, 3: 0.5, 4: 0.9}},
+        "reverse": {"p": {3: 0.1}, "q": {3: 0.3}},
+    }
+    mrr = mean_reciprocal_rank(curves, ["p", "q"], train_len=2)
+    # scenarios: copy@3 (p first), copy@4 (q first), reverse@3 (q first); length 1 is in-distribution.
+    assert mrr == pytest.approx({"p": (1 + 0.5 + 0.5) / 3, "q": (0.5 + 1 + 1) / 3})
+
+
+def test_apply_preset_sets_the_published_setup_and_refuses_contradictions():
+    base = ExperimentConfig(steps=7, d_model=32)
+    configs = apply_preset("nope-paper", base, explicit={"steps": 7, "d_model": 32})
+    assert [c.task for c in configs] == ["copy", "count_copy", "reverse"]
+    for config in configs:
+        assert (config.train_len, config.eval_len, config.seeds) == (20, 40, [0, 1, 2])
+        assert config.encodings == ["nope", "rope", "alibi", "t5", "sinusoidal"]
+        assert (config.steps, config.d_model) == (7, 32)  # the scale stays the command line's
+    assert [c.task for c in apply_preset("nope-paper", base, {"train_len": 20}, task="reverse")] == [
+        "reverse"
+    ]
+    with pytest.raises(
+        ValueError, match=r"--preset nope-paper runs --task copy, count_copy, reverse; --task lm"
+    ):
+        apply_preset("nope-paper", base, {}, task="lm")
+    with pytest.raises(ValueError, match=r"sets --train-len 20 .*drop --train-len 16"):
+        apply_preset("nope-paper", base, {"train_len": 16})
+    with pytest.raises(ValueError, match=r"sets --encodings sinusoidal,rope,t5,alibi"):
+        apply_preset("alibi-paper", base, {"encodings": ["rope"]})
+    with pytest.raises(ValueError, match=r"unknown --preset 'gpt'; available: nope-paper, alibi-paper"):
+        apply_preset("gpt", base, {})
+    alibi = apply_preset("alibi-paper", base, {"seeds": [3]})
+    assert [(c.task, c.train_len, c.eval_len) for c in alibi] == [("lm", 64, 512)]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task", "lm"], "--task lm is not one of them"),
+        (["--train-len", "16"], "sets --train-len 20"),
+        (["--seeds", "0"], "sets --seeds 0,1,2"),
+        (["--corpus", "README.md"], "corpus is only used by the lm task"),
+        (["--shard", "3/3"], "--shard 3/3"),
+    ],
+)
+def test_cli_preset_with_conflicting_options_is_an_error_before_anything_is_written(tmp_path, args, message):
+    result = _cli(["extrapolate", "--preset", "nope-paper", *args, "--out", str(tmp_path / "out")])
+    assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_nope_paper_prints_published_beside_ours_and_the_report_shows_it(tmp_path):
+    result = _cli(["extrapolate", "--preset", "nope-paper", "--task", "copy", *SCALE, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "nope-paper: published beside ours" in out and "Kazemnejad" in out and "Figure 1" in out
+    for cells in (("nope (NoPE)", "0.69"), ("sinusoidal (APE, sinusoidal)", "0.22"), ("t5", "0.55")):
+        assert all(cell in out for cell in cells)
+    assert "not run here: count_copy, reverse" in " ".join(out.split())
+    config = json.loads((tmp_path / "copy" / "config.json").read_text())
+    assert config["preset"] == "nope-paper" and config["experiment"]["train_len"] == 20
+    records = [json.loads(line) for line in (tmp_path / "copy" / "results.jsonl").read_text().splitlines()]
+    assert {(r["encoding"], r["seed"]) for r in records} == {
+        (e, s) for e in ("nope", "rope", "alibi", "t5", "sinusoidal") for s in (0, 1, 2)
+    }
+    assert max(r["length"] for r in records) == 40
+    from posenc.experiments.presets import comparison_for_folder
+
+    table = comparison_for_folder(tmp_path / "copy")  # what posenc report shows for this folder
+    assert table.rows[0][:2] == ["nope (NoPE)", "0.69"] and table.columns[-1] == "copy >20"
+
+
+def test_cli_alibi_paper_prints_paper_ratios_from_table_3(tmp_path):
+    result = _cli(["extrapolate", "--preset", "alibi-paper", *SCALE, "--out", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert "alibi-paper: perplexity ratio" in out and "Table 3" in out and "Press" in out
+    # Table 3 by hand: sinusoidal 51.09 / 19.34 = 2.64, 284.88 / 19.34 = 14.73; ALiBi 18.05 / 18.66 = 0.97.
+    for text in ("2.64", "14.73", "0.97", "paper 8x", "ours 8x"):
+        assert text in out
+    ours_row = next(line for line in out.splitlines() if "alibi (ALiBi)" in line)
+    assert ours_row.count("-") < 2  # our ratios were measured (not '-')
+    assert json.loads((tmp_path / "lm" / "config.json").read_text())["preset"] == "alibi-paper"
+    import shutil
+
+    from posenc.viz.report import render_report
+
+    shutil.rmtree(
+        tmp_path / "lm" / "checkpoints"
+    )  # attention maps at 512 positions take seconds; not tested here
+    page = render_report(tmp_path / "lm")
+    assert 'id="published"' in page and "14.73" in page and "Press, Smith, Lewis (2022)" in page
+
+
+def test_the_published_table_says_when_ours_rests_on_a_shard(tmp_path):
+    from posenc.experiments.presets import comparison_for_folder
+
+    args = ["extrapolate", "--preset", "alibi-paper", *SCALE, "--shard", "0/2", "--out", str(tmp_path)]
+    result = _cli(args)
+    assert result.exit_code == 0, result.output
+    notes = " ".join(comparison_for_folder(tmp_path / "lm").notes)
+    # Grid order sinusoidal, rope, t5, alibi: shard 0/2 holds sinusoidal and t5.
+    assert (
+        "incomplete, ours rests on part of the grid: lm lacks 2 run(s) (rope seed 0, alibi seed 0)" in notes
+    )
+
+
+def test_nope_paper_table_ranks_only_encodings_that_fit():
+    preset = PRESETS["nope-paper"]
+    iid = {"rope": 1.0, "t5": 1.0, "nope": 0.5, "alibi": 0.5, "sinusoidal": 0.0}
+    beyond = {"rope": 0.3, "t5": 0.6, "nope": 0.9, "alibi": 0.0, "sinusoidal": 0.0}
+    records = [
+        {"encoding": e, "task": "copy", "seed": seed, "metric": "exact_match", "length": n}
+        | {"value": iid[e] if n <= 20 else beyond[e]}
+        for e in iid
+        for seed in (0, 1, 2)
+        for n in range(1, 41)
+    ]
+    table = preset.compare(preset, {"copy": ({"fit_threshold": 0.95}, records)})
+    rows = {row[0].split()[0]: row for row in table.rows}
+    # Only rope and t5 fit (in-distribution 100% >= 95%): t5 ranks first at every length past 20.
+    assert rows["t5"][2:4] == ["1.00", "3/3"] and rows["rope"][2:4] == ["0.50", "3/3"]
+    assert rows["nope"][2:4] == ["not ranked", "0/3"]  # best beyond L, but it did not fit
+    assert rows["nope"][4] == "90.0%"
+    assert any(
+        "not ranked, did not fit" in note and "nope, alibi, sinusoidal" in note for note in table.notes
+    )
