@@ -111,8 +111,8 @@ def build_case(case: str, params: dict):
         mask = AttentionMask.build(q_len=length, k_len=length, batch=1, heads=HEADS, causal=True, **options)
         return AttentionRequest(q=q, k=k, v=v, encoding=nope, q_pos=pos, k_pos=pos, scale=0.125, mask=mask)
 
-    def bands():
-        previous, split.SEGMENT_MODE = split.SEGMENT_MODE, "bands"
+    def segments():
+        previous, split.SEGMENT_MODE = split.SEGMENT_MODE, "segments"
         try:
             return segment_attention(masked_request())
         finally:
@@ -122,7 +122,7 @@ def build_case(case: str, params: dict):
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
         "blocked": lambda: blocked_bias_attention(masked_request()),
         "split": lambda: segment_attention(masked_request()),
-        "bands": bands,
+        "segments": segments,
     }[impl]
     return _timed(run, train)
 
@@ -132,8 +132,9 @@ IMPL_NAMES = {
     "blocked": "masked blocks / query blocks (before)",
     "split": "split (auto now)",
 }
-#: Mask rows only: the segment engine with one masked call per block shape (``SEGMENT_MODE="bands"``).
-MASK_ONLY = {"bands": "batched masked bands"}
+#: Mask rows only: the segment engine's other mode, anticausal / full / causal parts per block
+#: (``SEGMENT_MODE="segments"``; auto runs ``"bands"``, one masked call per block shape).
+MASK_ONLY = {"segments": "maskless segments + triangles"}
 
 
 def main() -> None:
