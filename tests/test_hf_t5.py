@@ -112,6 +112,8 @@ def test_the_bias_table_is_hf_s_own_parameter_and_the_state_dict_is_unchanged():
         reference.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.mul_(3.0)
     batch = _batch()
     torch.testing.assert_close(patched(**batch).logits, reference(**batch).logits, **EXACT)
+    patched.set_attn_implementation("eager")  # HF's float masks, dense even without padding
+    torch.testing.assert_close(patched(**batch).logits, reference(**batch).logits, **EXACT)
 
 
 @pytest.mark.parametrize("num_beams", [1, 2])
@@ -138,6 +140,18 @@ def test_encoder_model_and_attention_weights_equal_hf():
     assert len(got.attentions) == len(want.attentions) == 2
     for g, w in zip(got.attentions, want.attentions, strict=True):
         torch.testing.assert_close(g, w, **EXACT)
+
+
+def test_a_t5_inside_a_plain_container_gets_posenc_masks_too():
+    reference, _ = _pair(transformers.T5EncoderModel)
+    container = torch.nn.ModuleDict({"t5": copy.deepcopy(reference)})  # no set_attn_implementation
+    posenc_hf.use_posenc_attention(container)
+    assert container["t5"].encoder.config._attn_implementation == posenc_hf.ATTN_IMPLEMENTATION
+    batch = _batch()
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    torch.testing.assert_close(
+        container["t5"](**inputs).last_hidden_state, reference(**inputs).last_hidden_state, **EXACT
+    )
 
 
 def test_mt5_equals_hf():
@@ -199,6 +213,10 @@ def test_what_is_not_served_is_refused():
                 _config(relative_attention_num_buckets=8, relative_attention_max_distance=2)
             )
         )
+    old_style = transformers.T5EncoderModel(_config())
+    del old_style.encoder.block[0].layer[0].SelfAttention.is_causal  # as before transformers 5
+    with pytest.raises(ValueError, match=r"this T5Attention \(transformers .*\) predates"):
+        posenc_hf.use_posenc_attention(old_style)
     _, patched = _pair(transformers.T5EncoderModel)
     attention = patched.encoder.block[0].layer[0].SelfAttention
     with pytest.raises(ValueError, match="position_bias must be None"):

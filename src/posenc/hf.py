@@ -12,7 +12,8 @@ encoding is NoPE), and the mask HF's ``sdpa_mask`` builds from the model's own m
 sliding window, chunks, packed sequences, padding), a bool ``[B, 1, Tq, Tk]`` (True = attend) or None for
 a plain causal mask. The rules for None follow HF's sdpa implementation: causal when ``Tq > 1`` (keys
 past the first ``Tq`` are empty static-cache slots), no mask for a single query. T5's relative bias
-arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask.
+arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask; for
+T5's structured path (no dense bias) use :func:`use_posenc_attention`.
 
 transformers is optional (``pip install posenc[hf]``): importing this module does not import it;
 :func:`register` does, and says how to install it when it is missing.
@@ -27,6 +28,10 @@ layer's attention applies its posenc encoding inside :func:`attention_forward` (
 k, biases, relative terms) at the positions HF gives (``position_ids``). Keys then sit in HF's cache
 unrotated; the layer remembers their positions. :func:`set_rope_scaling` changes the RoPE scaling
 of a loaded model in place, as if it had been loaded with those ``rope_parameters``.
+
+:func:`use_posenc_attention` serves bias models whose bias HF computes outside the attention
+function, BLOOM (ALiBi) and T5 / mT5 (relative buckets), through posenc's own encodings: the bias is
+never a dense ``[B, H, L, L]`` tensor, and T5's table stays HF's parameter.
 """
 
 from __future__ import annotations
@@ -359,8 +364,8 @@ def _bloom_attention_forward(
 
 
 def _allowed_keys(mask: Tensor | None) -> Tensor | None:
-    """HF's 4-D attention mask as a bool mask (True = attend): a bool mask as it is, HF's eager float
-    mask (0, or the dtype's minimum) by its sign."""
+    """HF's 4-D attention mask as a bool mask (True = attend): a bool mask as it is; HF's eager float
+    mask (0 where allowed, the dtype's minimum or -inf where not) compared with half that minimum."""
     if mask is None or mask.dtype == torch.bool:
         return mask
     return mask > torch.finfo(mask.dtype).min / 2
@@ -471,6 +476,20 @@ def _t5_encoding(owner: nn.Module, model: nn.Module) -> PositionalEncoding:
     return encoding
 
 
+def _check_t5_interface(attention: nn.Module) -> None:
+    """The T5 attention :func:`_t5_attention_forward` replaces: HF 5's (``is_causal``, a separate
+    ``mask``, ``past_key_values``, three outputs). Older ones add the mask into ``position_bias``."""
+    import inspect
+
+    parameters = inspect.signature(type(attention).forward).parameters
+    if not hasattr(attention, "is_causal") or "past_key_values" not in parameters or "mask" not in parameters:
+        raise ValueError(
+            f"use_posenc_attention: this {type(attention).__name__} (transformers "
+            f"{_transformers().__version__}) predates the T5 attention posenc serves; upgrade transformers "
+            "to 5.x, or use attn_implementation='posenc' (dense position_bias)"
+        )
+
+
 def _use_attribute(module: nn.Module, encoding: PositionalEncoding) -> None:
     """``module.posenc_encoding = encoding`` without registering it as a submodule: the table it holds is
     the stack owner's parameter, which must not appear twice in HF's state dict."""
@@ -481,12 +500,10 @@ def _patch_t5(model: nn.Module) -> int:
     """Serve every T5 attention of ``model`` (:func:`_t5_attention_forward`); returns how many."""
     import types
 
-    stacks = {stack for stack in _T5_CLASSES.values()}
     patched = []
-    for stack in model.modules():
-        if type(stack).__name__ not in stacks:
-            continue
+    for stack in _t5_stacks(model):
         owner = stack.block[0].layer[0].SelfAttention
+        _check_t5_interface(owner)
         if not getattr(owner, "has_relative_attention_bias", False):
             raise ValueError(
                 f"use_posenc_attention: the first block of {type(stack).__name__} has no relative_attention_bias"
@@ -509,9 +526,17 @@ def _patch_t5(model: nn.Module) -> int:
             f"use_posenc_attention: {type(model).__name__} has T5 attention outside a T5 stack ({missed[0]}); "
             "only attention built the way T5Stack builds it is served"
         )
-    if patched:
-        model.set_attn_implementation(register(_backend["name"]))  # bool masks, None without padding
+    if patched:  # HF then builds bool masks, and none without padding
+        implementation = register(_backend["name"])
+        owners = [model] if hasattr(model, "set_attn_implementation") else _t5_stacks(model)
+        for owner in owners:
+            owner.set_attn_implementation(implementation)
     return len(patched)
+
+
+def _t5_stacks(model: nn.Module) -> list[nn.Module]:
+    names = set(_T5_CLASSES.values())
+    return [module for module in model.modules() if type(module).__name__ in names]
 
 
 #: Attention classes (by class name) that have no AttentionInterface hook, and how posenc serves them.
