@@ -97,6 +97,20 @@ def test_seq2seq_logits_loss_and_gradients_equal_hf(impl):
         torch.testing.assert_close(grad, want_grads[name], rtol=1e-8, atol=1e-9, msg=name)
 
 
+def test_training_with_gradient_checkpointing_equals_hf():
+    reference, patched = _pair(impl="sdpa")
+    for model in (reference, patched):
+        model.gradient_checkpointing_enable()
+        model.train()  # dropout_rate is 0: training mode changes nothing but the checkpointing
+    batch = _batch()
+    want, want_grads = _outputs_and_grads(reference, batch)
+    got, got_grads = _outputs_and_grads(patched, batch)
+    torch.testing.assert_close(got.loss, want.loss, **EXACT)
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in got_grads.items():
+        torch.testing.assert_close(grad, want_grads[name], rtol=1e-8, atol=1e-9, msg=name)
+
+
 def test_the_bias_table_is_hf_s_own_parameter_and_the_state_dict_is_unchanged():
     reference, patched = _pair()
     for stack in (patched.encoder, patched.decoder):
