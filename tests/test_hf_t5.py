@@ -232,6 +232,10 @@ def test_what_is_not_served_is_refused():
     with pytest.raises(ValueError, match=r"this T5Attention \(transformers .*\) predates"):
         posenc_hf.use_posenc_attention(old_style)
     _, patched = _pair(transformers.T5EncoderModel)
+    patched.set_attn_implementation("flex_attention")  # HF then builds a BlockMask
+    batch = _batch()
+    with pytest.raises(ValueError, match="passed its attention a BlockMask mask"):
+        patched(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     attention = patched.encoder.block[0].layer[0].SelfAttention
     with pytest.raises(ValueError, match="position_bias must be None"):
         attention(torch.zeros(1, 3, 32, dtype=torch.float64), position_bias=torch.zeros(1, 4, 3, 3))

@@ -366,6 +366,11 @@ def _bloom_attention_forward(
 def _allowed_keys(mask: Tensor | None) -> Tensor | None:
     """HF's 4-D attention mask as a bool mask (True = attend): a bool mask as it is; HF's eager float
     mask (0 where allowed, the dtype's minimum or -inf where not) compared with half that minimum."""
+    if mask is not None and not isinstance(mask, Tensor):
+        raise ValueError(
+            f"use_posenc_attention: the model passed its attention a {type(mask).__name__} mask; posenc reads "
+            "tensor masks: set the model's attn_implementation to 'posenc' (or 'sdpa' / 'eager')"
+        )
     if mask is None or mask.dtype == torch.bool:
         return mask
     return mask > torch.finfo(mask.dtype).min / 2
