@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import posenc.benchmarks
 
 POSENC = str(Path(sys.executable).with_name("posenc"))
@@ -66,6 +68,23 @@ def test_hf_bench_times_the_three_implementations_on_each_mask(capsys, monkeypat
     assert len(rows) == 8
     assert all(row.count("ms") >= 3 and row.count("×") == 2 for row in rows[:6])
     assert all(row.count("ms") >= 2 and row.count("×") == 1 for row in rows[6:])
+
+
+def test_hf_bench_times_t5_stacks_three_ways(capsys, monkeypatch):
+    from posenc.benchmarks import bench_hf
+
+    monkeypatch.setattr("sys.argv", ["bench_hf", "--sizes", "40", "--repeats", "1", "--tables", "t5"])
+    bench_hf.main()
+    table = capsys.readouterr().out
+    assert "BLOOM" not in table and "Mistral" not in table
+    for stack in ("encoder", "decoder (causal)"):
+        rows = [line for line in table.splitlines() if line.startswith(f"| {stack} | 40 |")]
+        assert [row.split(" | ")[2] for row in rows] == ["fwd", "fwd+bwd"]  # HF eager, HF sdpa, posenc
+        assert all(row.count("ms") >= 3 and row.count("×") == 2 for row in rows)
+    monkeypatch.setattr("sys.argv", ["bench_hf", "--tables", "t5,gpt2"])
+    with pytest.raises(SystemExit):
+        bench_hf.main()
+    assert "unknown ['gpt2']" in capsys.readouterr().err
 
 
 def test_split_bench_prints_its_rows():

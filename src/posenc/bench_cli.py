@@ -50,7 +50,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "hf": (
         "bench_hf",
         [],
-        "HF eager / sdpa vs attn_implementation='posenc' on HF's own masks (window, documents)",
+        "HF eager / sdpa vs attn_implementation='posenc' on HF's masks; BLOOM and T5 via use_posenc_attention",
     ),
 }
 QUICK_ARGS: dict[str, list[str]] = {

@@ -12,7 +12,8 @@ encoding is NoPE), and the mask HF's ``sdpa_mask`` builds from the model's own m
 sliding window, chunks, packed sequences, padding), a bool ``[B, 1, Tq, Tk]`` (True = attend) or None for
 a plain causal mask. The rules for None follow HF's sdpa implementation: causal when ``Tq > 1`` (keys
 past the first ``Tq`` are empty static-cache slots), no mask for a single query. T5's relative bias
-arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask.
+arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask; for
+T5's structured path (no dense bias) use :func:`use_posenc_attention`.
 
 transformers is optional (``pip install posenc[hf]``): importing this module does not import it;
 :func:`register` does, and says how to install it when it is missing.
@@ -27,6 +28,10 @@ layer's attention applies its posenc encoding inside :func:`attention_forward` (
 k, biases, relative terms) at the positions HF gives (``position_ids``). Keys then sit in HF's cache
 unrotated; the layer remembers their positions. :func:`set_rope_scaling` changes the RoPE scaling
 of a loaded model in place, as if it had been loaded with those ``rope_parameters``.
+
+:func:`use_posenc_attention` serves bias models whose bias HF computes outside the attention
+function, BLOOM (ALiBi) and T5 / mT5 (relative buckets), through posenc's own encodings: the bias is
+never a dense ``[B, H, L, L]`` tensor, and T5's table stays HF's parameter.
 """
 
 from __future__ import annotations
@@ -336,9 +341,7 @@ def _bloom_attention_forward(
     if layer_past is not None:
         key, value = layer_past.update(key, value, self.layer_idx)
     k_len = key.shape[2]
-    allowed = attention_mask
-    if allowed is not None and allowed.dtype != torch.bool:  # HF's eager mask: 0 or the dtype's minimum
-        allowed = allowed > torch.finfo(allowed.dtype).min / 2
+    allowed = _allowed_keys(attention_mask)
     request = AttentionRequest(
         q=query,
         k=key,
@@ -360,9 +363,185 @@ def _bloom_attention_forward(
     return residual + output, weights
 
 
+def _allowed_keys(mask: Tensor | None) -> Tensor | None:
+    """HF's 4-D attention mask as a bool mask (True = attend): a bool mask as it is; HF's eager float
+    mask (0 where allowed, the dtype's minimum or -inf where not) compared with half that minimum."""
+    if mask is not None and not isinstance(mask, Tensor):
+        raise ValueError(
+            f"use_posenc_attention: the model passed its attention a {type(mask).__name__} mask; posenc reads "
+            "tensor masks: set the model's attn_implementation to 'posenc' (or 'sdpa' / 'eager')"
+        )
+    if mask is None or mask.dtype == torch.bool:
+        return mask
+    return mask > torch.finfo(mask.dtype).min / 2
+
+
 def _bloom_encoding(module: nn.Module) -> PositionalEncoding:
     reference = next(module.parameters())
     return build("alibi", num_heads=module.num_heads).to(reference.device)
+
+
+# ---------------------------------------------------------------------------- T5
+#: HF's T5 relatives with T5's attention, stack and bias sharing, by class name: attention, stack.
+_T5_CLASSES = {"T5Attention": "T5Stack", "MT5Attention": "MT5Stack"}
+
+
+def _t5_attention_forward(
+    self: nn.Module,
+    hidden_states: Tensor,
+    mask: Tensor | None = None,
+    key_value_states: Tensor | None = None,
+    position_bias: Tensor | None = None,
+    past_key_values: Any = None,
+    **kwargs: Any,
+) -> tuple[Tensor, None, Tensor | None]:
+    """``T5Attention.forward`` on posenc's backends, with the relative bias as posenc's ``t5`` encoding.
+
+    Self-attention reads the stack's one bias table (``relative_attention_bias`` of its first layer,
+    shared, not copied) through ``bias_at``, so no backend builds a dense ``[B, H, L, L]`` bias (the
+    blocked backend's near/far split runs long unpadded sequences); cross-attention has no bias. T5
+    does not scale ``q·k``. Shapes: ``hidden_states [B, Tq, d_model]``, ``key_value_states [B, Tk,
+    d_model]`` (cross-attention), ``mask`` HF's ``[B, 1, Tq, Tk]`` (bool, or eager's float) or None.
+    Returns ``(out [B, Tq, d_model], None, weights)``: the None stands for HF's dense position bias,
+    which the stack hands to the next layers, and which they do not need.
+    """
+    if position_bias is not None:
+        raise ValueError(
+            "use_posenc_attention: a T5 attention served by posenc computes its bias from the shared table; "
+            "position_bias must be None"
+        )
+    batch, q_len, _ = hidden_states.shape
+    cross = key_value_states is not None
+    query = self.q(hidden_states).view(batch, q_len, -1, self.key_value_proj_dim).transpose(1, 2)
+    key, value, past = _t5_keys_values(
+        self, key_value_states if cross else hidden_states, cross, past_key_values
+    )
+    k_len = key.shape[2]
+    causal = bool(self.is_causal) and not cross and mask is None and q_len > 1
+    device = query.device
+    request = AttentionRequest(
+        q=query,
+        k=key,
+        v=value,
+        encoding=_nope if cross else self.posenc_encoding,
+        q_pos=torch.arange(past, past + q_len, device=device)[None],  # HF's cache_position
+        k_pos=torch.arange(k_len, device=device)[None],
+        scale=1.0,
+        causal=causal,
+        causal_offset=past if causal else 0,
+        attn_mask=_allowed_keys(mask),
+        dropout_p=self.dropout if self.training else 0.0,
+        need_weights=bool(kwargs.get("output_attentions", False)),
+    )
+    name, out, weights = run_attention(request, _backend["name"])
+    _state.last_backend = name
+    return self.o(out.transpose(1, 2).reshape(batch, q_len, -1)), None, weights
+
+
+def _t5_keys_values(module: nn.Module, source: Tensor, cross: bool, cache: Any) -> tuple[Tensor, Tensor, int]:
+    """Keys and values ``[B, H, Tk, D]`` of ``source``, through HF's cache, and the number of tokens the
+    self-attention cache held before this call (the first query's position)."""
+    from transformers.cache_utils import EncoderDecoderCache
+
+    layer = module.layer_idx
+    past = 0 if cache is None or cross else int(cache.get_seq_length(layer))
+    own_cache, reuse = cache, False
+    if isinstance(cache, EncoderDecoderCache):
+        own_cache = cache.cross_attention_cache if cross else cache.self_attention_cache
+        reuse = cross and bool(cache.is_updated.get(layer))
+    if reuse:  # the encoder's keys and values, projected at the first decoding step
+        return own_cache.layers[layer].keys, own_cache.layers[layer].values, past
+    batch, length, _ = source.shape
+    key = module.k(source).view(batch, length, -1, module.key_value_proj_dim).transpose(1, 2)
+    value = module.v(source).view(batch, length, -1, module.key_value_proj_dim).transpose(1, 2)
+    if own_cache is not None:
+        key, value = own_cache.update(key, value, layer)
+        if cross and isinstance(cache, EncoderDecoderCache):
+            cache.is_updated[layer] = True
+    return key, value, past
+
+
+def _t5_encoding(owner: nn.Module, model: nn.Module) -> PositionalEncoding:
+    """posenc's ``t5`` encoding on ``owner``'s bias table: HF's ``relative_attention_bias`` module itself
+    (one parameter: HF's state dict, optimiser and gradients see it as before)."""
+    try:
+        encoding = build(
+            "t5",
+            num_heads=owner.n_heads,
+            num_buckets=owner.relative_attention_num_buckets,
+            max_distance=owner.relative_attention_max_distance,
+            bidirectional=not owner.is_decoder,  # HF's rule: decoder stacks bucket causally
+        )
+    except ValueError as err:
+        raise ValueError(
+            f"use_posenc_attention: {type(model).__name__}'s relative_attention_num_buckets / "
+            f"relative_attention_max_distance are outside what posenc's t5 bucket function serves: {err}"
+        ) from err
+    encoding.table = owner.relative_attention_bias
+    return encoding
+
+
+def _check_t5_interface(attention: nn.Module) -> None:
+    """The T5 attention :func:`_t5_attention_forward` replaces: HF 5's (``is_causal``, a separate
+    ``mask``, ``past_key_values``, three outputs). Older ones add the mask into ``position_bias``."""
+    import inspect
+
+    parameters = inspect.signature(type(attention).forward).parameters
+    if not hasattr(attention, "is_causal") or "past_key_values" not in parameters or "mask" not in parameters:
+        raise ValueError(
+            f"use_posenc_attention: this {type(attention).__name__} (transformers "
+            f"{_transformers().__version__}) predates the T5 attention posenc serves; upgrade transformers "
+            "to 5.x, or use attn_implementation='posenc' (dense position_bias)"
+        )
+
+
+def _use_attribute(module: nn.Module, encoding: PositionalEncoding) -> None:
+    """``module.posenc_encoding = encoding`` without registering it as a submodule: the table it holds is
+    the stack owner's parameter, which must not appear twice in HF's state dict."""
+    module.__dict__["posenc_encoding"] = encoding
+
+
+def _patch_t5(model: nn.Module) -> int:
+    """Serve every T5 attention of ``model`` (:func:`_t5_attention_forward`); returns how many."""
+    import types
+
+    patched = []
+    for stack in _t5_stacks(model):
+        owner = stack.block[0].layer[0].SelfAttention
+        _check_t5_interface(owner)
+        if not getattr(owner, "has_relative_attention_bias", False):
+            raise ValueError(
+                f"use_posenc_attention: the first block of {type(stack).__name__} has no relative_attention_bias"
+            )
+        encoding = _t5_encoding(owner, model)
+        for block in stack.block:
+            _use_attribute(block.layer[0].SelfAttention, encoding)
+            patched.append(block.layer[0].SelfAttention)
+            if stack.is_decoder:
+                patched.append(block.layer[1].EncDecAttention)
+    for module in patched:
+        module.forward = types.MethodType(_t5_attention_forward, module)
+    missed = [
+        name
+        for name, module in model.named_modules()
+        if type(module).__name__ in _T5_CLASSES and module not in patched
+    ]
+    if missed:
+        raise ValueError(
+            f"use_posenc_attention: {type(model).__name__} has T5 attention outside a T5 stack ({missed[0]}); "
+            "only attention built the way T5Stack builds it is served"
+        )
+    if patched:  # HF then builds bool masks, and none without padding
+        implementation = register(_backend["name"])
+        owners = [model] if hasattr(model, "set_attn_implementation") else _t5_stacks(model)
+        for owner in owners:
+            owner.set_attn_implementation(implementation)
+    return len(patched)
+
+
+def _t5_stacks(model: nn.Module) -> list[nn.Module]:
+    names = set(_T5_CLASSES.values())
+    return [module for module in model.modules() if type(module).__name__ in names]
 
 
 #: Attention classes (by class name) that have no AttentionInterface hook, and how posenc serves them.
@@ -370,16 +549,26 @@ _PATCHED = {"BloomAttention": (_bloom_attention_forward, _bloom_encoding)}
 
 
 def use_posenc_attention(model: nn.Module) -> nn.Module:
-    """Run the attention of a model that has no ``AttentionInterface`` hook on posenc's backends.
+    """Run the attention of a bias model (BLOOM, T5) on posenc's backends and structured biases, in place.
 
-    Served: BLOOM (ALiBi): each ``BloomAttention`` gets posenc's ``alibi`` (equal slopes) and a
-    forward that builds an :class:`~posenc.backends.AttentionRequest`, so the dispatcher picks the
-    backend (the blocked and split paths for long sequences). Models with the hook use
-    ``attn_implementation="posenc"`` (:func:`register`) instead.
+    Served:
+
+    * BLOOM (ALiBi): each ``BloomAttention`` gets posenc's ``alibi`` (equal slopes) and a forward that
+      builds an :class:`~posenc.backends.AttentionRequest`, so the dispatcher picks the backend (the
+      blocked and split paths for long sequences).
+    * T5 and mT5 (``T5ForConditionalGeneration``, ``T5EncoderModel``, ``T5Model``, ...): each stack's
+      self-attention runs posenc's ``t5`` encoding (bidirectional buckets in the encoder, causal in
+      the decoder, HF's ``relative_attention_num_buckets`` and ``relative_attention_max_distance``)
+      on the stack's ``relative_attention_bias`` table, shared with HF (gradients reach it, the state
+      dict is unchanged); cross-attention has no bias. The model's attention implementation becomes
+      ``"posenc"`` (:func:`register`), so HF passes bool masks, and none without padding.
+
+    Models with HF's ``AttentionInterface`` and no bias of their own take ``attn_implementation="posenc"``
+    (:func:`register`) instead. Raises ``ValueError`` naming the model class when nothing is served.
     """
     import types
 
-    patched = 0
+    patched = _patch_t5(model)
     for module in model.modules():
         entry = _PATCHED.get(type(module).__name__)
         if entry is not None:
@@ -388,8 +577,9 @@ def use_posenc_attention(model: nn.Module) -> nn.Module:
             module.forward = types.MethodType(forward, module)
             patched += 1
     if not patched:
+        served = ", ".join([*_PATCHED, *_T5_CLASSES])
         raise ValueError(
             f"use_posenc_attention: {type(model).__name__} has no attention posenc patches (served: "
-            f"{', '.join(_PATCHED)}); models with HF's AttentionInterface take attn_implementation='posenc'"
+            f"{served}); models with HF's AttentionInterface take attn_implementation='posenc'"
         )
     return model
