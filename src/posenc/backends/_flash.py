@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["FLASH_DTYPES", "NONFINITE_REASON", "cpu_flash_available"]
+__all__ = [
+    "FLASH_DTYPES",
+    "NONFINITE_REASON",
+    "accumulation_dtype",
+    "cpu_flash_available",
+    "flash_backward",
+    "flash_forward",
+]
 
 #: The dtypes the CPU flash kernel takes.
 FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
@@ -19,3 +26,21 @@ def cpu_flash_available() -> bool:
     return hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
         ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
     )
+
+
+def flash_forward(*args, **kwargs):
+    """``aten::_scaled_dot_product_flash_attention_for_cpu``: ``(out, logsumexp)``.
+
+    Looked up at call time, so importing a backend never needs the op (:func:`cpu_flash_available`
+    guards the calls)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*args, **kwargs)
+
+
+def flash_backward(*args, **kwargs):
+    """``aten::_scaled_dot_product_flash_attention_for_cpu_backward``: ``(dq, dk, dv)``."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(*args, **kwargs)
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What the kernels' row statistics and the merges accumulate in: float64 for float64, else float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ._flash import accumulation_dtype
+
 __all__ = ["merge_sinks", "sink_grad", "softmax_with_sinks"]
 
 
@@ -41,7 +43,7 @@ def merge_sinks(out: Tensor, lse: Tensor, sinks: Tensor) -> tuple[Tensor, Tensor
 
 def sink_grad(grad_out: Tensor, out_sink: Tensor, lse_total: Tensor, sinks: Tensor) -> Tensor:
     """The gradient of the sink logits ``[H]`` given the output gradient and the merged row stats."""
-    acc = torch.float64 if out_sink.dtype == torch.float64 else torch.float32
+    acc = accumulation_dtype(out_sink.dtype)
     delta = (grad_out.to(acc) * out_sink.to(acc)).sum(-1)  # [B, H, Tq]
     mass = torch.exp(sinks.to(acc).view(1, -1, 1) - lse_total.to(acc))
     return -(mass * delta).sum(dim=(0, 2)).to(sinks.dtype)

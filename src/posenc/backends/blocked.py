@@ -48,7 +48,7 @@ from ..base import Kind
 from ..masks import AttentionMask, CausalMask
 from . import AttentionRequest, register_backend
 from ._flash import FLASH_DTYPES as _FLASH_DTYPES
-from ._flash import NONFINITE_REASON
+from ._flash import NONFINITE_REASON, accumulation_dtype, flash_backward, flash_forward
 from ._flash import cpu_flash_available as _cpu_flash_available
 from ._sinks import merge_sinks, sink_grad
 
@@ -246,7 +246,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
             bias = _block_bias(plan, table, i0, i1, k0, k1, q.dtype)
             q_blk, k_blk, v_blk = q[:, :, i0:i1], k[:, :, k0:k1], v[:, :, k0:k1]
             if plan.use_flash:
-                o_blk, l_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                o_blk, l_blk = flash_forward(
                     q_blk,
                     k_blk,
                     v_blk,
@@ -278,7 +278,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
         want_bias = want_table or any(needs[6:])
         grad_out = grad_out.contiguous()
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(q.dtype)
         d_table = torch.zeros(table.shape, dtype=acc, device=q.device) if want_table else None
         d_params: list[Tensor | None] = [None] * len(params)
         delta = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # rowsum(dO ∘ O) = rowsum(P ∘ dP)
@@ -295,7 +295,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
             )
             bias = _block_bias(plan, table, i0, i1, k0, k1, q.dtype, state)
             if plan.use_flash and not want_bias:
-                dq_blk, dk_blk, dv_blk = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+                dq_blk, dk_blk, dv_blk = flash_backward(
                     g_blk,
                     q_blk,
                     k_blk,

@@ -42,7 +42,7 @@ from torch.autograd.function import once_differentiable
 
 from ..base import ClippedRelative, Kind
 from . import AttentionRequest
-from ._flash import NONFINITE_REASON, cpu_flash_available
+from ._flash import NONFINITE_REASON, accumulation_dtype, cpu_flash_available, flash_backward, flash_forward
 from .blocked import _consecutive
 
 __all__ = ["CLIPPED_BLOCK", "CLIPPED_MAX_BLOCK", "CLIPPED_MIN_LEN", "clipped_attention", "clipped_reason"]
@@ -60,9 +60,6 @@ CLIPPED_MIN_LEN = 512
 CLIPPED_MAX_BLOCK = 256
 #: The dtypes the split runs in (its near blocks are explicit; bfloat16 would lose the exactness).
 CLIPPED_DTYPES = (torch.float32, torch.float64)
-
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
 
 
 def _block_for(terms: ClippedRelative, causal: bool) -> int:
@@ -241,7 +238,7 @@ def _near_kernel(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, terms: _Terms, in
     def stacked(x: Tensor) -> Tensor:  # [B, H, n, r, *] -> [B·n, H, r, *]
         return x.transpose(1, 2).reshape(batch * blocks, heads, *x.shape[3:])
 
-    out, lse = _flash(
+    out, lse = flash_forward(
         stacked(_query_blocks(q, plan.block)),
         stacked(_key_bands(k, plan)),
         stacked(_key_bands(v, plan)),
@@ -270,7 +267,7 @@ def _far(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_const: Tensor | None)
     """Rows ``b+1:`` against keys at distance ``b+1`` or more before them: ``out [.., D], lse``."""
     skip, length, dim = plan.skip, q.shape[2], q.shape[-1]
     qa, ka, va = _augmented(plan, q, k, v, key_const)
-    out, lse = _flash(
+    out, lse = flash_forward(
         qa[:, :, skip:], ka[:, :, : length - skip], va[:, :, : length - skip], 0.0, True, scale=plan.scale
     )
     return out[..., :dim], lse
@@ -292,7 +289,7 @@ def _far_backward(plan: _Plan, grad, q, k, v, out, lse, delta, row_const, key_co
         g_a = torch.cat([g, torch.zeros_like(g[..., :1])], -1)
         out_a = torch.cat([adjusted_out, torch.zeros_like(adjusted_out[..., :1])], -1)
     # The kernel reads the output gradient and the output with one set of strides: both contiguous.
-    d_q, d_k, d_v = _flash_backward(
+    d_q, d_k, d_v = flash_backward(
         g_a.to(q.dtype).contiguous(),
         qa[:, :, rows],
         ka[:, :, keys],
@@ -329,7 +326,7 @@ class _ClippedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_rows, query_rows, value_rows):
         length, skip = q.shape[2], plan.skip
-        acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+        acc = accumulation_dtype(q.dtype)
         index, valid = _near_layout(plan, length, q.device)
         terms = _Terms.of(plan, q, k, key_rows, query_rows)
         if value_rows is None:

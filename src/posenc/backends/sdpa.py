@@ -19,7 +19,7 @@ from torch.autograd.function import once_differentiable
 
 from ..base import Kind
 from . import AttentionRequest, register_backend
-from ._flash import FLASH_DTYPES, NONFINITE_REASON, cpu_flash_available
+from ._flash import FLASH_DTYPES, NONFINITE_REASON, cpu_flash_available, flash_backward, flash_forward
 from ._sinks import merge_sinks, sink_grad
 
 
@@ -28,9 +28,7 @@ class _FlashWithSinks(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, sinks, mask, is_causal: bool, scale: float):
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale
-        )
+        out, lse = flash_forward(q, k, v, 0.0, is_causal, attn_mask=mask, scale=scale)
         out, lse = merge_sinks(out, lse, sinks)
         ctx.is_causal, ctx.scale = is_causal, scale
         ctx.save_for_backward(q, k, v, sinks, mask, out, lse)
@@ -41,7 +39,7 @@ class _FlashWithSinks(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, sinks, mask, out, lse = ctx.saved_tensors
         grad_out = grad_out.contiguous()
-        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        dq, dk, dv = flash_backward(
             grad_out, q, k, v, out, lse, 0.0, ctx.is_causal, attn_mask=mask, scale=ctx.scale
         )
         d_sinks = sink_grad(grad_out, out, lse, sinks) if ctx.needs_input_grad[3] else None

@@ -54,7 +54,7 @@ from torch.autograd.function import once_differentiable
 from ..base import Kind, SeparableBias
 from ..masks import AttentionMask, KeySegment
 from . import AttentionRequest
-from ._flash import FLASH_DTYPES, cpu_flash_available
+from ._flash import FLASH_DTYPES, accumulation_dtype, cpu_flash_available, flash_backward, flash_forward
 from ._sinks import merge_sinks, sink_grad
 from .blocked import MASKED_KERNEL_COST, _consecutive, _distance_table
 
@@ -74,13 +74,6 @@ SEGMENT_BLOCK = 128
 #: Query rows per block of the near band (the near band spans ``block`` keys back, and forward
 #: without a causal mask; an encoding's far constant must start within it).
 NEAR_BLOCK = 128
-
-_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 # ---------------------------------------------------------------------------- mask segments
@@ -318,12 +311,12 @@ class _SegmentAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, groups: list[_Group], scale: float, q: Tensor, k: Tensor, v: Tensor, sinks):
         batch, heads, q_len, dim = q.shape
-        acc = _acc_dtype(q.dtype)
+        acc = accumulation_dtype(q.dtype)
         acc_out = torch.zeros(batch, heads, q_len, dim, dtype=acc, device=q.device)
         acc_lse = torch.full((batch, heads, q_len, 1), float("-inf"), dtype=acc, device=q.device)
         parts = []
         for g in groups:
-            out, lse = _flash(
+            out, lse = flash_forward(
                 g.queries(q),
                 g.keys_of(k),
                 g.keys_of(v),
@@ -348,14 +341,14 @@ class _SegmentAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor):
         q, k, v, out, lse, sinks = ctx.saved_tensors
-        acc = _acc_dtype(q.dtype)
+        acc = accumulation_dtype(q.dtype)
         grad_out = grad_out.contiguous()
         dq = torch.zeros(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros_like(dk)
         lse_kernel = (lse.to(torch.float32) if q.dtype != torch.float64 else lse).unsqueeze(-1)
         for g in ctx.groups:
-            d_q, d_k, d_v = _flash_backward(
+            d_q, d_k, d_v = flash_backward(
                 g.queries(grad_out),
                 g.queries(q),
                 g.keys_of(k),
@@ -494,13 +487,13 @@ def _far_operands(plan: _NearFar, side: str, q: Tensor, k: Tensor, v: Tensor, co
     keys = slice(0, length - far) if side == "before" else slice(far, length)
     if constant is not None:
         qf, kf, vf, scale = q[:, :, rows], k[:, :, keys], v[:, :, keys], plan.scale
-        shift = constant.view(1, -1, 1).to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        shift = constant.view(1, -1, 1).to(accumulation_dtype(q.dtype))
     else:
         terms = plan.separable[side]
         centre = length // 2
         col = terms.col - terms.col[..., centre : centre + 1]
         shift = (terms.row + terms.col[..., centre : centre + 1])[..., rows]
-        shift = shift.to(torch.float64 if q.dtype == torch.float64 else torch.float32)
+        shift = shift.to(accumulation_dtype(q.dtype))
         batch = q.shape[0]
         one = q.new_ones(batch, q.shape[1], length - far, 1)
         qf = torch.cat((q[:, :, rows] * plan.scale, one), dim=-1)
@@ -535,7 +528,7 @@ def _near_operands(plan: _NearFar, c: _NearCall, q: Tensor, k: Tensor, v: Tensor
     k_aug = torch.cat((kn, relative), dim=-1)
     v_aug = torch.cat((vn, torch.zeros_like(relative)), dim=-1)
     shift = _runs(row[..., None], b_row, c.q0, block, c.count, c.rows)[..., 0] + centre[..., 0]
-    return q_aug, k_aug, v_aug, 1.0, shift.to(_acc_dtype(q.dtype))
+    return q_aug, k_aug, v_aug, 1.0, shift.to(accumulation_dtype(q.dtype))
 
 
 class _NearFarAttention(torch.autograd.Function):
@@ -546,7 +539,7 @@ class _NearFarAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: _NearFar, q, k, v, table, sinks, far_before, far_after, row, col):
         batch, heads, length, dim = q.shape
-        acc = _acc_dtype(q.dtype)
+        acc = accumulation_dtype(q.dtype)
         block = plan.block
         terms = None if row is None else (row, col)
         if terms is not None:
@@ -556,7 +549,7 @@ class _NearFarAttention(torch.autograd.Function):
         near = []
         for c in _near_calls(plan, bias, batch):
             qn, kn, vn, scale, shift = _near_operands(plan, c, q, k, v, terms)
-            out, lse = _flash(qn, kn, vn, 0.0, False, attn_mask=c.mask, scale=scale)
+            out, lse = flash_forward(qn, kn, vn, 0.0, False, attn_mask=c.mask, scale=scale)
             out, lse = out[..., :dim], lse.to(acc)
             if shift is not None:
                 lse = lse + shift
@@ -568,7 +561,7 @@ class _NearFarAttention(torch.autograd.Function):
             if (side == "after" and not plan.bidirectional) or plan.far >= length:
                 continue
             qf, kf, vf, scale, shift = _far_operands(plan, side, q, k, v, constant)
-            out, lse = _flash(qf, kf, vf, 0.0, True, scale=scale)
+            out, lse = flash_forward(qf, kf, vf, 0.0, True, scale=scale)
             out, lse = out[..., :dim], lse.to(acc) + shift
             if side == "after":
                 out, lse = out.flip(2), lse.flip(-1)
@@ -604,7 +597,7 @@ class _NearFarAttention(torch.autograd.Function):
         terms = None if row is None else (row, col)
         want_terms = terms is not None and (needs[8] or needs[9])
         batch, heads, length, dim = q.shape
-        acc = _acc_dtype(q.dtype)
+        acc = accumulation_dtype(q.dtype)
         block = plan.block
         grad_out = grad_out.contiguous()
         lse_kernel = lse.to(acc)
@@ -627,7 +620,7 @@ class _NearFarAttention(torch.autograd.Function):
                 extra = q_b.shape[-1] - dim
                 g_b, o_b = _pad_last(g_b, extra), _pad_last(o_b, extra)
                 l_b = l_b - shift
-                d_q, d_k, d_v = _flash_backward(
+                d_q, d_k, d_v = flash_backward(
                     g_b, q_b, k_b, v_b, o_b, l_b.contiguous(), 0.0, False, attn_mask=c.mask, scale=scale
                 )
                 if d_col is not None:
@@ -636,7 +629,7 @@ class _NearFarAttention(torch.autograd.Function):
             elif want_table:
                 d_q, d_k, d_v = _explicit_backward(g_b, q_b, k_b, v_b, o_b, l_b, c, plan, d_bias)
             else:
-                d_q, d_k, d_v = _flash_backward(
+                d_q, d_k, d_v = flash_backward(
                     g_b, q_b, k_b, v_b, o_b, l_b.contiguous(), 0.0, False, attn_mask=c.mask, scale=plan.scale
                 )
             _runs(dq, c.b, c.q0, block, c.count, c.rows).add_(d_q)
@@ -657,8 +650,8 @@ class _NearFarAttention(torch.autograd.Function):
             l_f = lse_kernel[:, :, rows]
             if side == "after":
                 g_f, o_f, l_f = g_f.flip(2), o_f.flip(2), l_f.flip(-1)
-            l_f = (l_f - shift).to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous()
-            d_q, d_k, d_v = _flash_backward(
+            l_f = (l_f - shift).to(accumulation_dtype(q.dtype)).contiguous()
+            d_q, d_k, d_v = flash_backward(
                 g_f.contiguous(), qf, kf, vf, o_f.contiguous(), l_f, 0.0, True, scale=scale
             )
             if side == "after":
