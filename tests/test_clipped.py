@@ -79,9 +79,9 @@ def test_layer_takes_the_split_on_long_sequences(monkeypatch):
     calls = []
     original = clipped.clipped_attention
 
-    def spy(req):
+    def spy(req, terms=None):
         calls.append(req.q_len)
-        return original(req)
+        return original(req, terms)
 
     monkeypatch.setattr(clipped, "clipped_attention", spy)
     torch.manual_seed(3)
@@ -158,7 +158,9 @@ def test_deberta_split_equals_eager(terms, share, causal, monkeypatch):
     monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
     calls = []
     original = clipped.clipped_attention
-    monkeypatch.setattr(clipped, "clipped_attention", lambda req: calls.append(1) or original(req))
+    monkeypatch.setattr(
+        clipped, "clipped_attention", lambda req, terms=None: calls.append(1) or original(req, terms)
+    )
     torch.manual_seed(6)
     spec = f"deberta:position_buckets=8,max_relative_positions=32,pos_att_type={terms},share_att_key={share}"
     layer = posenc.MultiheadAttention(24, 3, spec, causal=causal).double()

@@ -407,6 +407,13 @@ def _consecutive(pos: Tensor) -> bool:
     return bool((pos == expected).all())
 
 
+def same_consecutive_positions(q_pos: Tensor, k_pos: Tensor) -> bool:
+    """True when the queries sit at one run of consecutive positions in every row and the keys'
+    first row is that run (square self-attention without gaps: what the exact splits need)."""
+    q_pos, k_pos = q_pos.long(), k_pos.long()
+    return _consecutive(q_pos) and torch.equal(q_pos[:1], k_pos[:1])
+
+
 def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]:
     enc = req.encoding
     q_pos, k_pos = req.q_pos.long(), req.k_pos.long()

@@ -43,9 +43,16 @@ from torch.autograd.function import once_differentiable
 from ..base import ClippedRelative, Kind
 from . import AttentionRequest
 from ._flash import NONFINITE_REASON, accumulation_dtype, cpu_flash_available, flash_backward, flash_forward
-from .blocked import _consecutive
+from .blocked import same_consecutive_positions
 
-__all__ = ["CLIPPED_BLOCK", "CLIPPED_MAX_BLOCK", "CLIPPED_MIN_LEN", "clipped_attention", "clipped_reason"]
+__all__ = [
+    "CLIPPED_BLOCK",
+    "CLIPPED_MAX_BLOCK",
+    "CLIPPED_MIN_LEN",
+    "clipped_attention",
+    "clipped_reason",
+    "clipped_terms",
+]
 
 #: Query rows per near block (raised to the clipping distance when that is larger): the near work
 #: per row is ``2b`` or ``3b`` keys, so small blocks keep it small (measured with Shaw k=16 at
@@ -68,44 +75,50 @@ def _block_for(terms: ClippedRelative, causal: bool) -> int:
     return max(CLIPPED_BLOCK, max(terms.far_before, 1 if causal else terms.far_after) - 1)
 
 
-def _declaration(req: AttentionRequest) -> ClippedRelative | None:
-    return req.encoding.clipped_relative(req.layer, req.num_heads)
-
-
-def clipped_reason(req: AttentionRequest, min_len: int | None = None) -> str | None:
-    """None when the clipped split serves ``req``; otherwise why not (one sentence). ``min_len``:
-    the fewest queries worth the split (:data:`CLIPPED_MIN_LEN` when None)."""
+def clipped_terms(
+    req: AttentionRequest, min_len: int | None = None
+) -> tuple[ClippedRelative | None, str | None]:
+    """The encoding's declared tables when the clipped split serves ``req`` (and None), or None and
+    why not (one sentence). ``min_len``: the fewest queries worth the split (:data:`CLIPPED_MIN_LEN`
+    when None). The declaration is read once: the relative backend hands it to
+    :func:`clipped_attention` (DeBERTa projects its table to declare it)."""
     min_len = CLIPPED_MIN_LEN if min_len is None else min_len
     if req.kind is not Kind.CONTENT:
-        return "the clipped split serves CONTENT encodings"
+        return None, "the clipped split serves CONTENT encodings"
     if req.q.device.type != "cpu" or not cpu_flash_available():
-        return "the clipped split runs PyTorch's CPU flash kernel (CPU only)"
+        return None, "the clipped split runs PyTorch's CPU flash kernel (CPU only)"
     if req.q.dtype not in CLIPPED_DTYPES:
-        return f"the clipped split runs in float32 or float64, not {req.q.dtype}"
+        return None, f"the clipped split runs in float32 or float64, not {req.q.dtype}"
     mask = req.mask
     if not (mask.is_plain_causal or mask.is_trivial) or req.q_len != req.k_len:
-        return f"the clipped split needs square self-attention with a plain causal mask or none ({mask.describe()})"
+        return None, (
+            f"the clipped split needs square self-attention with a plain causal mask or none ({mask.describe()})"
+        )
     if req.sinks is not None:
-        return "the clipped split has no attention sinks"
+        return None, "the clipped split has no attention sinks"
     if req.q_len < min_len:  # before the declaration, which may project the encoding's tables
-        return f"below {min_len} queries the query blocks are as fast"
-    terms = _declaration(req)
+        return None, f"below {min_len} queries the query blocks are as fast"
+    terms = req.encoding.clipped_relative(req.layer, req.num_heads)
     if terms is None:
-        return f"{req.encoding.name} declares no clipped relative tables"
+        return None, f"{req.encoding.name} declares no clipped relative tables"
     block = _block_for(terms, mask.is_plain_causal)
     if block > CLIPPED_MAX_BLOCK:
-        return (
+        return None, (
             f"{req.encoding.name}'s rows are constant only from distance {block + 1} on: near blocks of "
             f"{block} rows cost more than the query blocks (the split takes at most {CLIPPED_MAX_BLOCK})"
         )
     if req.q_len < 2 * block + 2:
-        return f"below {2 * block + 2} queries the near blocks of {block} rows leave no far part"
-    q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
-    if not (_consecutive(q_pos) and torch.equal(q_pos[:1], k_pos[:1])):
-        return "the clipped split needs queries and keys at the same consecutive positions"
+        return None, f"below {2 * block + 2} queries the near blocks of {block} rows leave no far part"
+    if not same_consecutive_positions(req.q_pos, req.k_pos):
+        return None, "the clipped split needs queries and keys at the same consecutive positions"
     if req.has_nonfinite:
-        return NONFINITE_REASON
-    return None
+        return None, NONFINITE_REASON
+    return terms, None
+
+
+def clipped_reason(req: AttentionRequest, min_len: int | None = None) -> str | None:
+    """None when the clipped split serves ``req``; otherwise why not (see :func:`clipped_terms`)."""
+    return clipped_terms(req, min_len)[1]
 
 
 @dataclass(frozen=True)
@@ -470,12 +483,15 @@ def _to(x: Tensor | None, dtype) -> Tensor | None:
     return None if x is None else x.to(dtype)
 
 
-def clipped_attention(req: AttentionRequest) -> Tensor:
-    """Attention ``[B, H, L, D]`` of a CONTENT request with clipped tables, by the clipped split."""
-    reason = clipped_reason(req, min_len=0)
-    if reason is not None:
-        raise ValueError(f"clipped split: {reason}")
-    terms = _declaration(req)
+def clipped_attention(req: AttentionRequest, terms: ClippedRelative | None = None) -> Tensor:
+    """Attention ``[B, H, L, D]`` of a CONTENT request with clipped tables, by the clipped split.
+
+    ``terms``: the declaration :func:`clipped_terms` returned for ``req`` (checked and read here when
+    None)."""
+    if terms is None:
+        terms, reason = clipped_terms(req, min_len=0)
+        if reason is not None:
+            raise ValueError(f"clipped split: {reason}")
     causal = req.mask.is_plain_causal
     tables = [t for t in (terms.key_rows, terms.query_rows, terms.value_rows) if t is not None]
     plan = _Plan(req.scale, _block_for(terms, causal), causal, terms.index, tables[0].shape[-2])

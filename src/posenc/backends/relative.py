@@ -96,10 +96,11 @@ class RelativeBackend:
         return []
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
-        from .clipped import clipped_attention, clipped_reason  # clipped builds on blocked's helpers
+        from .clipped import clipped_attention, clipped_terms  # clipped builds on blocked's helpers
 
-        if clipped_reason(request) is None:
-            return clipped_attention(request), None
+        terms, _ = clipped_terms(request)
+        if terms is not None:
+            return clipped_attention(request, terms), None
         return relative_attention(request), None
 
 

@@ -56,7 +56,7 @@ from ..masks import AttentionMask, KeySegment
 from . import AttentionRequest
 from ._flash import FLASH_DTYPES, accumulation_dtype, cpu_flash_available, flash_backward, flash_forward
 from ._sinks import merge_sinks, sink_grad
-from .blocked import MASKED_KERNEL_COST, _consecutive, _distance_table
+from .blocked import MASKED_KERNEL_COST, _distance_table, same_consecutive_positions
 
 __all__ = [
     "NEAR_BLOCK",
@@ -743,9 +743,9 @@ def near_far_plan(req: AttentionRequest, block: int = NEAR_BLOCK) -> tuple[_Near
         block = max(block, -(-(beyond - 1) // 32) * 32)
     if req.q_len < 2 * block + 2:
         return None, f"sequence of {req.q_len} is too short for near blocks of {block}"
-    q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
-    if not (_consecutive(q_pos) and torch.equal(q_pos[:1], k_pos[:1])):
+    if not same_consecutive_positions(req.q_pos, req.k_pos):
         return None, "near/far needs queries and keys at the same consecutive positions"
+    q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
     separable = {}
     if beyond is None:
         terms = enc.separable(q_pos[:1], k_pos[:1])
