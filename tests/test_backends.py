@@ -236,6 +236,44 @@ def test_blocked_split_by_mask_segments_matches_eager(name, scenario, dtype, mod
         torch.testing.assert_close(g, w, **tolerance)
 
 
+@pytest.mark.parametrize("mode", ["bands", "segments"])
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if _scenario_fits("rope", s)])
+def test_segment_groups_in_pieces_match_eager(scenario, mode, monkeypatch):
+    """In the backward, a group of blocks larger than MAX_CALL_BYTES runs as several kernel calls (here
+    one block per call); forward and gradients stay those of eager. Bands cover each row once and
+    skip the forward's merge."""
+    monkeypatch.setattr(split, "SEGMENT_MODE", mode)
+    monkeypatch.setattr(split, "MAX_CALL_BYTES", 1)
+    calls = []
+    real = split.flash_backward
+    monkeypatch.setattr(
+        split, "flash_backward", lambda *a, **kw: calls.append(a[1].shape[0]) or real(*a, **kw)
+    )
+    causal, kv_heads = SCENARIOS[scenario][3:5]
+    layer = _layer("rope", causal, kv_heads, torch.float64)
+    req = _request(layer, scenario, causal, torch.float64, grad=True)
+    out, got = _run_fn(lambda r: segment_attention(r, block=8), req, layer)
+    ref, want = _run("eager", req, layer, grads=True)
+    assert calls and max(calls) == 1  # every call is one block
+    torch.testing.assert_close(out, ref, **TOLERANCE[torch.float64])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **TOLERANCE[torch.float64])
+
+
+def test_window_bands_cover_each_row_once():
+    """A window's bands give each query row one part (no merge); the segments mode gives it several."""
+    mask = AttentionMask.build(q_len=64, k_len=64, batch=1, heads=1, causal=True, window=12)
+    bands = split.segment_groups(mask, 1, block=8)
+    assert split._each_row_once(bands, 1, 64)
+    mask = AttentionMask.build(q_len=64, k_len=64, batch=1, heads=1, causal=True, window=12)
+    previous, split.SEGMENT_MODE = split.SEGMENT_MODE, "segments"
+    try:
+        segments = split.segment_groups(mask, 1, block=8)
+    finally:
+        split.SEGMENT_MODE = previous
+    assert not split._each_row_once(segments, 1, 64)
+
+
 def _run_fn(fn, req: AttentionRequest, layer):
     out = fn(req)
     inputs = [req.q, req.k, req.v] + [p for p in layer.parameters() if p.requires_grad]

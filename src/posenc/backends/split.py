@@ -71,6 +71,13 @@ __all__ = [
 #: Query rows per block for mask segments (measured on 2 cores: 128 and 256 are close; 128 wastes
 #: less at window edges).
 SEGMENT_BLOCK = 128
+#: Bytes of one batched backward call's key operands (and so of the ``dk``/``dv`` it allocates) at
+#: most; a group of blocks beyond it runs as several calls (the forward allocates only outputs of
+#: the queries' size, and one call is fastest there). glibc hands blocks over
+#: 32 MiB back to the system when freed, so larger ones are fresh pages on every call: for a window
+#: of 512 at L=8192 (one call of 60 blocks, 78 MiB each for ``dk`` and ``dv``) first-touching them was
+#: 40% of the backward (profiled, torch 2.14, 2 threads); pieces of 8 MiB fault about 5x less.
+MAX_CALL_BYTES = 8 << 20
 #: Query rows per block of the near band (the near band spans ``block`` keys back, and forward
 #: without a causal mask; an encoding's far constant must start within it).
 NEAR_BLOCK = 128
@@ -109,6 +116,29 @@ class _Group:
     def add_to_keys(self, target: Tensor, grad: Tensor) -> None:
         """``target[batch, :, keys of entry e] += grad[e]`` for every entry (key runs may overlap)."""
         _add_runs(target, self.batch, self.k0, self.k_step, self.keys, grad)
+
+    def pieces(self, key_row_bytes: int) -> list[_Group]:
+        """This group as consecutive groups whose key operands take at most :data:`MAX_CALL_BYTES`
+        (``key_row_bytes``: bytes of one key row over all heads), views of the same runs."""
+        per_entry = max(1, key_row_bytes * self.keys)
+        size = max(1, MAX_CALL_BYTES // per_entry)
+        if self.n <= size:
+            return [self]
+        return [
+            _Group(
+                self.pattern,
+                self.rows,
+                self.keys,
+                self.batch,
+                min(size, self.n - e0),
+                self.q0 + e0 * self.q_step,
+                self.q_step,
+                self.k0 + e0 * self.k_step,
+                self.k_step,
+                None if self.allowed is None else self.allowed[e0 : e0 + size],
+            )
+            for e0 in range(0, self.n, size)
+        ]
 
 
 def _triangle(pattern: str, rows: int, keys: int, device) -> Tensor:
@@ -314,6 +344,8 @@ class _SegmentAttention(torch.autograd.Function):
         acc = accumulation_dtype(q.dtype)
         acc_out = torch.zeros(batch, heads, q_len, dim, dtype=acc, device=q.device)
         acc_lse = torch.full((batch, heads, q_len, 1), float("-inf"), dtype=acc, device=q.device)
+        # One part per row (a window's bands, documents): the kernel's results are the answer.
+        single = _each_row_once(groups, batch, q_len)
         parts = []
         for g in groups:
             out, lse = flash_forward(
@@ -326,7 +358,11 @@ class _SegmentAttention(torch.autograd.Function):
                 scale=scale,
             )
             lse_view = g.queries(acc_lse)[..., 0]
-            parts.append((g.queries(acc_out), lse_view, out, lse.to(acc)))
+            if single:
+                g.queries(acc_out).copy_(out)
+                lse_view.copy_(lse)
+            else:
+                parts.append((g.queries(acc_out), lse_view, out, lse.to(acc)))
         _merge_parts(acc_out, acc_lse, parts)
         del parts
         out = acc_out.to(q.dtype)
@@ -347,7 +383,7 @@ class _SegmentAttention(torch.autograd.Function):
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros_like(dk)
         lse_kernel = (lse.to(torch.float32) if q.dtype != torch.float64 else lse).unsqueeze(-1)
-        for g in ctx.groups:
+        for g in (p for group in ctx.groups for p in group.pieces(_key_row_bytes(k))):
             d_q, d_k, d_v = flash_backward(
                 g.queries(grad_out),
                 g.queries(q),
@@ -367,6 +403,23 @@ class _SegmentAttention(torch.autograd.Function):
             sink_grad(grad_out, out, lse, sinks) if sinks is not None and ctx.needs_input_grad[5] else None
         )
         return None, None, dq.to(q.dtype), dk.to(q.dtype), dv.to(q.dtype), d_sinks
+
+
+def _key_row_bytes(k: Tensor) -> int:
+    """Bytes of one key row over all heads of ``k [B, H, T, D]``."""
+    return k.shape[1] * k.shape[3] * k.element_size()
+
+
+def _each_row_once(groups: list[_Group], batch: int, q_len: int) -> bool:
+    """Whether every query row is in exactly one group entry (then nothing needs merging)."""
+    if sum(g.n * g.rows for g in groups) != batch * q_len:
+        return False
+    if any(g.n > 1 and g.q_step < g.rows for g in groups):
+        return False  # entries that share rows
+    seen = torch.zeros(batch, 1, q_len, 1, dtype=torch.int32)
+    for g in groups:
+        g.queries(seen).add_(1)
+    return bool((seen == 1).all())
 
 
 def segment_attention(req: AttentionRequest, block: int = SEGMENT_BLOCK) -> Tensor:
