@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.backends import AttentionRequest, get_backend
+from posenc.backends import AttentionRequest, get_backend, split
 from posenc.backends.split import near_far_attention, near_far_plan, segment_attention, split_reason
 from posenc.base import BiasEncoding, Kind, SeparableBias
 from posenc.examples import build_example
@@ -90,6 +90,29 @@ def test_near_far_matches_eager(name, causal, sinks, dtype):
     out, grads = _out_and_grads(lambda r: near_far_attention(r, block=16), req, params)
     ref, want = _out_and_grads(lambda r: get_backend("eager").run(r)[0], req, params)
     tol = {"rtol": 1e-7, "atol": 1e-9} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 2e-5}
+    torch.testing.assert_close(out, ref, **tol)
+    for index, (g, w) in enumerate(zip(grads, want)):
+        torch.testing.assert_close(g, w, **tol, msg=lambda m, i=index: f"gradient {i}: {m}")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("name", DECLARING)
+def test_near_far_backward_in_pieces_matches_eager(name, causal, monkeypatch):
+    """The backward runs the near band's blocks in pieces of at most MAX_CALL_BYTES of logits (here one
+    block per piece): the gradients stay eager's."""
+    monkeypatch.setattr(split, "MAX_CALL_BYTES", 1)
+    counts = []
+    real = split._NearCall.pieces
+    monkeypatch.setattr(split._NearCall, "pieces", lambda c, *a: counts.append(c.count) or real(c, *a))
+    enc = _encoding(name, causal, torch.float64)
+    plan, why = near_far_plan(_request(enc, 600, causal, torch.float64, grad=False), block=16)
+    assert plan is not None, why
+    req = _request(enc, 6 * plan.block + 5, causal, torch.float64)
+    params = [req.q, req.k, req.v, *enc.parameters()]
+    out, grads = _out_and_grads(lambda r: near_far_attention(r, block=16), req, params)
+    ref, want = _out_and_grads(lambda r: get_backend("eager").run(r)[0], req, params)
+    assert max(counts) > 1  # an inner call of several blocks was cut
+    tol = {"rtol": 1e-7, "atol": 1e-9}
     torch.testing.assert_close(out, ref, **tol)
     for index, (g, w) in enumerate(zip(grads, want)):
         torch.testing.assert_close(g, w, **tol, msg=lambda m, i=index: f"gradient {i}: {m}")

@@ -71,12 +71,14 @@ __all__ = [
 #: Query rows per block for mask segments (measured on 2 cores: 128 and 256 are close; 128 wastes
 #: less at window edges).
 SEGMENT_BLOCK = 128
-#: Bytes of one batched backward call's key operands (and so of the ``dk``/``dv`` it allocates) at
-#: most; a group of blocks beyond it runs as several calls (the forward allocates only outputs of
-#: the queries' size, and one call is fastest there). glibc hands blocks over
-#: 32 MiB back to the system when freed, so larger ones are fresh pages on every call: for a window
-#: of 512 at L=8192 (one call of 60 blocks, 78 MiB each for ``dk`` and ``dv``) first-touching them was
-#: 40% of the backward (profiled, torch 2.14, 2 threads); pieces of 8 MiB fault about 5x less.
+#: Bytes of one batched backward call's key operands (mask segments: the ``dk``/``dv`` it allocates)
+#: or float32 logits (the near band: the explicit backward's temporaries) at most; a call of more
+#: blocks runs as several. glibc hands blocks over 32 MiB back to the system when freed, so larger
+#: ones are fresh pages on every call. For a window of 512 at L=8192 (one call of 60 blocks, 78 MiB
+#: each for ``dk`` and ``dv``) first-touching them was 40% of the backward (profiled, torch 2.14,
+#: 2 threads); pieces of 8 MiB fault about 5x less. T5's near band (31 blocks, 31 MiB temporaries)
+#: went from 1.35x to about 1.25x plain SDPA forward+backward at L=4096 (one thread, CPU time). The
+#: forward keeps one call: it allocates only outputs of the queries' size.
 MAX_CALL_BYTES = 8 << 20
 #: Query rows per block of the near band (the near band spans ``block`` keys back, and forward
 #: without a causal mask; an encoding's far constant must start within it).
@@ -498,6 +500,18 @@ class _NearCall:
     keys: int
     mask: Tensor
 
+    def pieces(self, heads: int, step: int) -> list[_NearCall]:
+        """This call as consecutive calls whose float32 logits take at most :data:`MAX_CALL_BYTES`
+        (the explicit backward's temporaries have that size; blocks ``step`` queries apart)."""
+        size = max(1, MAX_CALL_BYTES // (4 * heads * self.rows * self.keys))
+        if self.count <= size:
+            return [self]
+        return [
+            _NearCall(self.b, min(size, self.count - e0), self.rows, self.q0 + e0 * step, self.k0 + e0 * step,
+                      self.keys, self.mask)
+            for e0 in range(0, self.count, size)
+        ]  # fmt: skip
+
 
 def _near_calls(plan: _NearFar, bias: Tensor, batch: int) -> list[_NearCall]:
     """The near band as kernel calls: the inner blocks together, each edge block clipped to the keys
@@ -665,7 +679,8 @@ class _NearFarAttention(torch.autograd.Function):
         d_col = torch.zeros(batch, heads, length, 1, dtype=acc, device=q.device) if want_terms else None
         bias = plan.near_bias(table, q.dtype, q.device)
         lse_rows = lse_kernel.unsqueeze(-1)
-        for c in _near_calls(plan, bias, batch):
+        pieces = (p for call in _near_calls(plan, bias, batch) for p in call.pieces(heads, block))
+        for c in pieces:
             g_b, o_b = (_runs(x, c.b, c.q0, block, c.count, c.rows) for x in (grad_out, out))
             q_b, k_b, v_b, scale, shift = _near_operands(plan, c, q, k, v, terms)
             l_b = _runs(lse_rows, c.b, c.q0, block, c.count, c.rows)[..., 0]
