@@ -277,3 +277,42 @@ def test_the_layer_rotates_its_fresh_projections_in_place():
     q2, k2 = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
     out_q, _ = layer.encoding.rotate(q2, k2, pos, pos)
     assert out_q.data_ptr() != q2.data_ptr()  # rotate() never touches its inputs
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layout", ["contiguous", "projection_view", "odd_offset"])
+@pytest.mark.parametrize("tables", ["shared", "per_batch"])
+@pytest.mark.parametrize("mode", ["inplace", "out_of_place", "out"])
+def test_fused_rotary_on_every_layout_equals_the_reference(dtype, layout, tables, mode):
+    """apply_rotary against the plain expression for both pairings: the complex multiply (interleaved
+    float32/64 whose pairs are adjacent), the generic path (bfloat16, an odd storage offset), the
+    layer's transposed projection views, per-batch tables, partial width, ``out=`` and in place."""
+    from posenc.kernels.rope import apply_rotary, rotary_cos_sin, rotary_reference
+
+    batch, heads, length, dim = 2, 3, 37, 10
+    positions = torch.randint(0, 500, (batch if tables == "per_batch" else 1, length))
+    cos, sin = rotary_cos_sin(positions, torch.rand(4, dtype=torch.float64) + 0.01)  # 8 of 10 channels turn
+    base = torch.randn(batch, length, heads * dim + 1, dtype=torch.float64).to(dtype)
+    if layout == "odd_offset":  # pairs start at an odd element: no complex view
+        x = base[..., 1:].unflatten(-1, (heads, dim)).transpose(1, 2)
+    else:
+        x = base[..., :-1].unflatten(-1, (heads, dim)).transpose(1, 2)
+        if layout == "contiguous":
+            x = x.contiguous()
+    for pairing in ("half", "interleaved"):
+        want = rotary_reference(x.double(), cos.double(), sin.double(), pairing)
+        source = x.clone()
+        if mode == "inplace":
+            got = apply_rotary(source, cos, sin, pairing=pairing, inplace=True)
+            assert got.data_ptr() == source.data_ptr()
+        elif mode == "out":
+            out = torch.empty_like(x)
+            got = apply_rotary(source, cos, sin, pairing=pairing, out=out)
+            assert got.data_ptr() == out.data_ptr()
+        else:
+            got = apply_rotary(source, cos, sin, pairing=pairing)
+            torch.testing.assert_close(source, x, rtol=0, atol=0)  # the input is left alone
+        tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 2e-2, "atol": 2e-2}
+        if dtype == torch.float32:
+            tol = {"rtol": 1e-5, "atol": 1e-5}
+        torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, p=pairing: f"{p}: {m}")

@@ -206,6 +206,8 @@ def apply_rotary(
         result = rotary_reference(x, cos, sin, pairing)  # autograd-friendly expression
         return result if out is None else out.copy_(result)
     width = 2 * half
+    if pairing == "interleaved" and _complex_ready(x) and _complex_ready(target):
+        return _rotate_complex(x, target, cos, sin, width, inplace)
     if not inplace and width < x.shape[-1]:
         target[..., width:] = x[..., width:]
     for b0, b1, h0, h1 in _chunks(x, cos.shape[0]):
@@ -244,16 +246,35 @@ def _rotate_half_pairs(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, half:
         torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
 
 
+def _complex_ready(x: Tensor) -> bool:
+    """Whether ``x``'s pairs can be viewed as complex numbers (float32/64, pairs adjacent in memory)."""
+    return (
+        x.dtype in (torch.float32, torch.float64)
+        and x.stride(-1) == 1
+        and x.storage_offset() % 2 == 0
+        and all(s % 2 == 0 for s in x.stride()[:-1])
+    )
+
+
+def _rotate_complex(x: Tensor, target: Tensor, cos: Tensor, sin: Tensor, width: int, inplace: bool) -> Tensor:
+    """Interleaved pairs as ``(x_{2k} + i x_{2k+1}) · (cos + i sin)``: in place, one pass over ``x`` and no
+    temporary but the ``[B|1, 1, T, d_r/2]`` complex table (built once per call, not per chunk)."""
+    rotation = torch.complex(cos, sin)[:, None]
+    value = torch.view_as_complex(x[..., :width].unflatten(-1, (-1, 2)))
+    if inplace:
+        value.mul_(rotation)
+        return x
+    if width < x.shape[-1]:
+        target[..., width:] = x[..., width:]
+    for b0, b1, h0, h1 in _chunks(x, cos.shape[0]):  # the product's temporary stays in cache
+        r = rotation[b0 if rotation.shape[0] > 1 else 0]
+        dst = torch.view_as_complex(target[b0:b1, h0:h1, :, :width].unflatten(-1, (-1, 2)))
+        torch.mul(value[b0:b1, h0:h1], r, out=dst)
+    return target
+
+
 def _rotate_interleaved(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, inplace: bool) -> None:
-    if src.dtype in (torch.float32, torch.float64) and src.stride(-1) == 1:
-        # (x_{2k} + i x_{2k+1}) * (cos + i sin): one complex multiply.
-        rotation = torch.complex(cos, sin)
-        value = torch.view_as_complex(src.unflatten(-1, (-1, 2)))
-        if inplace:
-            value.mul_(rotation)
-        else:
-            torch.view_as_complex(dst.unflatten(-1, (-1, 2))).copy_(value * rotation)
-        return
+    """Interleaved pairs of a tensor that cannot be viewed as complex (half precision, odd strides)."""
     x1, x2 = src[..., 0::2], src[..., 1::2]
     first = x1.clone()
     o1, o2 = dst[..., 0::2], dst[..., 1::2]
