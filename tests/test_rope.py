@@ -316,3 +316,65 @@ def test_fused_rotary_on_every_layout_equals_the_reference(dtype, layout, tables
         if dtype == torch.float32:
             tol = {"rtol": 1e-5, "atol": 1e-5}
         torch.testing.assert_close(got.double(), want, **tol, msg=lambda m, p=pairing: f"{p}: {m}")
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "rope",
+        "rope:rotary_dim=4",
+        "rope:scaling=proportional,rotary_dim=4",
+        "rope:scaling=yarn,factor=2,original_max_position_embeddings=8",
+    ],
+)
+def test_switching_a_layer_to_interleaved_pairs_keeps_its_outputs(spec):
+    """switch_rope_pairing_ permutes q/k rows and switches the pairing: the layer (GQA, biases, partial
+    rotary, p-RoPE, scaled) gives the outputs and input gradients it gave before; switching back
+    restores the weights bit for bit."""
+    torch.manual_seed(0)
+    layer = posenc.MultiheadAttention(32, 4, spec, num_kv_heads=2, causal=True, bias=True).double()
+    before = {k: v.clone() for k, v in layer.state_dict().items()}
+    x = torch.randn(2, 11, 32, dtype=torch.float64, requires_grad=True)
+    want = layer(x)
+    (want_grad,) = torch.autograd.grad(want.square().sum(), x)
+    assert posenc.switch_rope_pairing_(layer) == 1
+    assert layer.encoding.pairing == "interleaved" and "pairing=interleaved" in layer.encoding.spec()
+    assert not torch.equal(layer.q_proj.weight, before["q_proj.weight"])  # the rows moved
+    got = layer(x)
+    (got_grad,) = torch.autograd.grad(got.square().sum(), x)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-12, atol=1e-12)
+    assert posenc.switch_rope_pairing_(layer) == 0  # already interleaved
+    assert posenc.switch_rope_pairing_(layer, "half") == 1
+    for key, value in layer.state_dict().items():
+        assert torch.equal(value, before[key]), key
+
+
+def test_switching_a_model_switches_its_shared_encoding_once():
+    torch.manual_seed(0)
+    model = posenc.TransformerLM(
+        vocab_size=13, d_model=32, num_heads=4, num_layers=3, encoding="rope"
+    ).double()
+    tokens = torch.randint(0, 13, (2, 9))
+    want = model(tokens)
+    assert posenc.switch_rope_pairing_(model) == 3
+    torch.testing.assert_close(model(tokens), want, rtol=1e-12, atol=1e-12)
+
+
+def test_switching_refuses_a_cache_written_before_and_encodings_serving_other_modules():
+    torch.manual_seed(0)
+    layer = posenc.MultiheadAttention(16, 2, "rope", causal=True)
+    cache = posenc.KVCache()
+    layer(torch.randn(1, 4, 16), cache=cache)
+    posenc.switch_rope_pairing_(layer)
+    with pytest.raises(ValueError, match="switch_rope_pairing_"):
+        layer(torch.randn(1, 1, 16), cache=cache)
+    other = posenc.MultiheadAttention(16, 2, "rope", causal=True)
+    holder = torch.nn.Module()
+    holder.layer, holder.elsewhere = other, other.encoding
+    weight = other.q_proj.weight.clone()
+    with pytest.raises(ValueError, match=r"'elsewhere'.*also serves"):
+        posenc.switch_rope_pairing_(holder)
+    assert other.encoding.pairing == "half" and torch.equal(other.q_proj.weight, weight)  # nothing changed
+    with pytest.raises(ValueError, match="pairing"):
+        posenc.switch_rope_pairing_(other, "paired")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import functional
-from .attention import KVCache, MultiheadAttention
+from .attention import KVCache, MultiheadAttention, switch_rope_pairing_
 from .backends import use_backend
 from .base import (
     AbsoluteEncoding,
@@ -44,6 +44,7 @@ __all__ = [
     "functional",
     "get_class",
     "register",
+    "switch_rope_pairing_",
     "use_backend",
 ]
 

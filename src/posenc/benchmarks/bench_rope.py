@@ -3,7 +3,9 @@
 Rows: the machine's copy bandwidth (``copy_`` of q and k into preallocated tensors: the floor),
 HF ``apply_rotary_pos_emb`` (Llama, full-width cos/sin as HF's rotary embedding returns them),
 ``rotary_embedding_torch.RotaryEmbedding.rotate_queries_or_keys`` (interleaved pairs, cached
-frequencies), posenc's ``rope`` encoding ``rotate`` as it is, and the fused kernel
+frequencies), posenc's ``rope`` encoding ``rotate`` as it is, the attention layer's path (the
+encoding's ``rotate_fresh`` in place on ``[B, H, T, D]`` views of the projections, half pairs, and
+interleaved pairs as :func:`posenc.switch_rope_pairing_` makes them), and the fused kernel
 ``posenc.kernels.rope.apply_rotary`` (out of place, in place, interleaved, and under
 ``torch.compile``). Effective bandwidth counts reading and writing q and k once.
 
@@ -43,6 +45,16 @@ def build_cases(shape: tuple[int, int, int, int], compile_too: bool) -> dict:
         q_out.copy_(q)
         k_out.copy_(k)
 
+    # The attention layer's path: q and k are [B, H, T, D] views of the fresh projections [B, T, H·D],
+    # rotated in place (a rotation keeps norms, so rotating the same tensors again is a fair repeat).
+    projections = [x.transpose(1, 2).contiguous().transpose(1, 2) for x in (q, k)]
+    assert projections[0].stride(1) == dim  # heads interleaved in memory, as the layer's views are
+    layer_encodings = {
+        pairing: posenc.build(f"rope:pairing={pairing}", head_dim=dim) for pairing in ("half", "interleaved")
+    }
+    for layer_enc in layer_encodings.values():
+        layer_enc.cos_sin(positions)
+
     cases = {
         "copy q,k (bandwidth floor)": copy,
         "HF apply_rotary_pos_emb": lambda: apply_rotary_pos_emb(q, k, hf_cos, hf_sin),
@@ -51,6 +63,12 @@ def build_cases(shape: tuple[int, int, int, int], compile_too: bool) -> dict:
             ret.rotate_queries_or_keys(k),
         ),
         "posenc rope encoding .rotate": lambda: enc.rotate(q, k, positions, positions),
+        "layer path: half pairs in place on the projection views": lambda: layer_encodings[
+            "half"
+        ].rotate_fresh(*projections, positions, positions),
+        "layer path: interleaved pairs (posenc.switch_rope_pairing_)": lambda: layer_encodings[
+            "interleaved"
+        ].rotate_fresh(*projections, positions, positions),
         "posenc apply_rotary (out of place)": lambda: (apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)),
         "posenc apply_rotary (out=, preallocated)": lambda: (
             apply_rotary(q, cos, sin, out=q_out),

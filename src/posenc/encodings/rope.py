@@ -395,6 +395,13 @@ class RoPE(RotaryEncoding):
         """Float32 ``cos``/``sin`` ``[B, T, rotary_dim/2]`` for integer ``positions [B, T]``."""
         return self.tables.tables(positions)
 
+    def switch_pairing_(self, pairing: Pairing) -> None:
+        """Rotate with ``pairing`` from now on. Half of a switch: the layers that use this encoding
+        must permute their q/k projections to match, as :func:`posenc.switch_rope_pairing_` does."""
+        _check_pairing(pairing)
+        self.pairing = pairing
+        self._config["pairing"] = pairing
+
     # ------------------------------------------------------------------ hook
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         return self._rotate(q, k, q_pos, k_pos, inplace=False)
