@@ -344,10 +344,16 @@ class _SegmentAttention(torch.autograd.Function):
     def forward(ctx, groups: list[_Group], scale: float, q: Tensor, k: Tensor, v: Tensor, sinks):
         batch, heads, q_len, dim = q.shape
         acc = accumulation_dtype(q.dtype)
-        acc_out = torch.zeros(batch, heads, q_len, dim, dtype=acc, device=q.device)
-        acc_lse = torch.full((batch, heads, q_len, 1), float("-inf"), dtype=acc, device=q.device)
-        # One part per row (a window's bands, documents): the kernel's results are the answer.
+        # One part per row (a window's bands, documents): the kernel's results are the answer, and
+        # every row is written (no zero fill first).
         single = _each_row_once(groups, batch, q_len)
+        shape = (batch, heads, q_len)
+        if single:
+            acc_out = torch.empty(*shape, dim, dtype=acc, device=q.device)
+            acc_lse = torch.empty(*shape, 1, dtype=acc, device=q.device)
+        else:
+            acc_out = torch.zeros(*shape, dim, dtype=acc, device=q.device)
+            acc_lse = torch.full((*shape, 1), float("-inf"), dtype=acc, device=q.device)
         parts = []
         for g in groups:
             out, lse = flash_forward(
@@ -371,7 +377,7 @@ class _SegmentAttention(torch.autograd.Function):
         lse = acc_lse[..., 0]
         if sinks is not None:
             out, lse = merge_sinks(out, lse, sinks)
-        ctx.groups, ctx.scale = groups, scale
+        ctx.groups, ctx.scale, ctx.single = groups, scale, single
         ctx.save_for_backward(q, k, v, out, lse, sinks)
         return out
 
@@ -381,7 +387,7 @@ class _SegmentAttention(torch.autograd.Function):
         q, k, v, out, lse, sinks = ctx.saved_tensors
         acc = accumulation_dtype(q.dtype)
         grad_out = grad_out.contiguous()
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dq = (torch.empty if ctx.single else torch.zeros)(q.shape, dtype=acc, device=q.device)
         dk = torch.zeros(k.shape, dtype=acc, device=q.device)
         dv = torch.zeros_like(dk)
         lse_kernel = (lse.to(torch.float32) if q.dtype != torch.float64 else lse).unsqueeze(-1)
@@ -398,7 +404,7 @@ class _SegmentAttention(torch.autograd.Function):
                 attn_mask=_float_mask(g.allowed, q.dtype),
                 scale=ctx.scale,
             )
-            g.queries(dq).add_(d_q)
+            g.queries(dq).copy_(d_q) if ctx.single else g.queries(dq).add_(d_q)
             g.add_to_keys(dk, d_k)
             g.add_to_keys(dv, d_v)
         d_sinks = (
