@@ -235,25 +235,40 @@ class _Near:
         self.flip_key = plan.slope == 1
         self.c_row = plan.rows - 1 - zero_row if self.flip_row else zero_row
         self.c_key = plan.rows - 1 - zero_row if self.flip_key else zero_row
-        self.declared_heads = [None if t is None else t.shape[0] for t in (key_rows, query_rows, value_rows)]
-        self.key_rows = self._oriented(key_rows, self.flip_row)
-        self.query_rows = self._oriented(query_rows, self.flip_key)
-        self.value_rows = self._oriented(value_rows, self.flip_row)
+        # The strided path keeps only the oriented rows its band reads (d = −b .. 0 under the causal
+        # mask: half of DeBERTa's table, whose product with every query is a quarter of the work).
+        self.rows = plan.rows
+        self.row_window = self.key_window = slice(0, plan.rows)
+        if plan.slope is not None:
+            after = 0 if plan.causal else b
+            self.row_window = slice(self.c_row - b, self.c_row + after + 1)
+            self.key_window = slice(self.c_key - after, self.c_key + b + 1)
+            self.c_row, self.c_key, self.rows = b, after, b + after + 1
+        self.declared = (key_rows, query_rows, value_rows)
+        # Tables as read: oriented, windowed, the logit scale folded into the key and query rows.
+        self.key_rows = self._oriented(key_rows, self.flip_row, self.row_window, plan.scale)
+        self.query_rows = self._oriented(query_rows, self.flip_key, self.key_window, plan.scale)
+        self.value_rows = self._oriented(value_rows, self.flip_row, self.row_window, 1.0)
 
-    def _oriented(self, rows: Tensor | None, flip: bool) -> Tensor | None:
+    def _oriented(self, rows: Tensor | None, flip: bool, window: slice, scale: float) -> Tensor | None:
+        if rows is None:
+            return None
         rows = _per_group(rows, self.batch)
-        return rows.flip(-2) if rows is not None and flip else rows
+        rows = (rows.flip(-2) if flip else rows)[:, window]
+        return rows * scale if scale != 1.0 else rows
 
-    def unoriented(self, grad: Tensor, flip: bool, heads: int) -> Tensor:
-        """A gradient of oriented tables ``[G|1, R, D]`` as the declared tables' ``[H|1, R, D]``."""
-        grad = _to_heads(grad, self.batch, heads)
-        return grad.flip(-2) if flip else grad
+    def unoriented(self, grad: Tensor, declared: Tensor, flip: bool, window: slice) -> Tensor:
+        """A gradient of read tables ``[G|1, r, D]`` as the declared tables' ``[H|1, R, D]``."""
+        full = grad.new_zeros(grad.shape[0], self.plan.rows, grad.shape[-1])
+        full[:, window] = grad
+        full = _to_heads(full, self.batch, declared.shape[0])
+        return full.flip(-2) if flip else full
 
     def pieces(self, itemsize: int) -> list[tuple[slice, slice]]:
         """``(groups, blocks)`` slices whose logits and tables take at most about
         :data:`NEAR_PIECE_BYTES` (one block of one head at least)."""
         plan = self.plan
-        per_block = plan.block * max(plan.width, plan.rows) * itemsize
+        per_block = plan.block * max(plan.width, self.rows) * itemsize
         if per_block * self.groups <= NEAR_PIECE_BYTES:
             group_step, block_step = self.groups, max(1, NEAR_PIECE_BYTES // (per_block * self.groups))
         else:
@@ -296,7 +311,7 @@ class _Near:
     def _row_view(self, table: Tensor, chunk: int | None = None) -> Tensor:
         """Pair ``(t, u)`` of row-type ``table [g, P·b, R]`` (contiguous) at column ``c_row + d``:
         ``[g, P, b, W]`` (one key block ``[g, P, b, b]`` when ``chunk`` is given)."""
-        b, rows = self.plan.block, self.plan.rows
+        b, rows = self.plan.block, self.rows
         groups, length, _ = table.shape
         offset = self.c_row - b + (0 if chunk is None else chunk * b)
         size = (groups, length // b, b, self.plan.width if chunk is None else b)
@@ -305,7 +320,7 @@ class _Near:
     def _key_view(self, table: Tensor, chunk: int | None = None) -> Tensor:
         """Pair ``(t, u)`` of key-type ``table [g, (P + chunks − 1)·b, R]`` (contiguous) at column
         ``c_key − d``: ``[g, P, b, W]`` (or one key block)."""
-        b, rows, chunks = self.plan.block, self.plan.rows, self.plan.chunks
+        b, rows, chunks = self.plan.block, self.rows, self.plan.chunks
         groups, length, _ = table.shape
         offset = self.c_key + b + (0 if chunk is None else chunk * b * (rows - 1))
         size = (groups, length // b - chunks + 1, b, self.plan.width if chunk is None else b)
@@ -332,7 +347,7 @@ class _Near:
     def sum_rows(self, pairs: Tensor) -> Tensor:
         """The adjoint of :meth:`read_rows`: ``pairs [g, P, b, W]`` summed into ``[g, P·b, R]``."""
         groups, count, b, _ = pairs.shape
-        out = pairs.new_zeros(groups, count * b, self.plan.rows)
+        out = pairs.new_zeros(groups, count * b, self.rows)
         if self.plan.slope is not None:
             for c in range(self.plan.chunks):
                 self._row_view(out, c).add_(pairs[..., c * b : (c + 1) * b])
@@ -345,15 +360,15 @@ class _Near:
         1)·b, R]``."""
         groups, count, b, width = pairs.shape
         chunks = self.plan.chunks
-        out = pairs.new_zeros(groups, (count + chunks - 1) * b, self.plan.rows)
+        out = pairs.new_zeros(groups, (count + chunks - 1) * b, self.rows)
         if self.plan.slope is not None:
             for c in range(chunks):
                 self._key_view(out, c).add_(pairs[..., c * b : (c + 1) * b])
             return out
-        per_key = pairs.new_zeros(groups, count, width, self.plan.rows)
+        per_key = pairs.new_zeros(groups, count, width, self.rows)
         index_t = self.index.transpose(0, 1)
         per_key.scatter_add_(-1, index_t.expand(groups, count, *index_t.shape), pairs.transpose(-1, -2))
-        folded = out.view(groups, -1, b, self.plan.rows)
+        folded = out.view(groups, -1, b, self.rows)
         for c in range(chunks):
             folded[:, c : c + count] += per_key[:, :, c * b : (c + 1) * b]
         return out
@@ -362,26 +377,29 @@ class _Near:
     def bias(self, groups: slice, blocks: slice, logits: Tensor | None = None) -> Tensor:
         """The piece's position terms added to ``logits [g, P, b, W]`` (zeros when None), ``finfo.min``
         off the band."""
-        plan = self.plan
         count = blocks.stop - blocks.start
+        terms = []
         if self.key_rows is not None:
-            table = (
-                self.query_rows_of(self.q, groups, blocks) @ self._table(self.key_rows, groups)
-            ) * plan.scale
-            row_terms = self.read_rows(table)
-            logits = (
-                row_terms.clone(memory_format=torch.contiguous_format)
-                if logits is None
-                else logits.add_(row_terms)
+            terms.append(
+                self.read_rows(
+                    self.query_rows_of(self.q, groups, blocks) @ self._table(self.key_rows, groups)
+                )
             )
         if self.query_rows is not None:
-            table = self.key_rows_of(self.k, groups, blocks) @ self._table(self.query_rows, groups)
-            key_terms = self.read_keys(table.mul_(plan.scale))
-            logits = (
-                key_terms.clone(memory_format=torch.contiguous_format)
-                if logits is None
-                else logits.add_(key_terms)
+            terms.append(
+                self.read_keys(
+                    self.key_rows_of(self.k, groups, blocks) @ self._table(self.query_rows, groups)
+                )
             )
+        if logits is None:
+            logits = (
+                terms.pop().clone(memory_format=torch.contiguous_format)
+                if len(terms) == 1
+                else torch.add(*terms)
+            )
+            terms = []
+        for term in terms:
+            logits.add_(term)
         valid = self.valid[blocks.start : blocks.start + count]
         return logits.masked_fill_(~valid, torch.finfo(logits.dtype).min)
 
@@ -390,11 +408,12 @@ class _Near:
         """Oriented rows ``[g|1, D, R]`` for a piece."""
         return (rows if rows.shape[0] == 1 else rows[groups]).transpose(-1, -2)
 
-    def logits(self, groups: slice, blocks: slice) -> Tensor:
-        """The piece's masked logits ``[g, P, b, W]``."""
+    def logits(self, groups: slice, blocks: slice, k_band: Tensor | None = None) -> Tensor:
+        """The piece's masked logits ``[g, P, b, W]`` (``k_band``: :meth:`band` of the keys, when at hand)."""
         b = self.plan.block
         q_blocks = self.query_rows_of(self.q, groups, blocks).unflatten(1, (-1, b))
-        content = (q_blocks @ self.band(self.k, groups, blocks).transpose(-1, -2)).mul_(self.plan.scale)
+        k_band = self.band(self.k, groups, blocks) if k_band is None else k_band
+        content = (q_blocks @ k_band.transpose(-1, -2)).mul_(self.plan.scale)
         return self.bias(groups, blocks, content)
 
     # ------------------------------------------------------------------ forward and backward
@@ -446,9 +465,10 @@ class _Near:
         per_row = self.sum_rows(probs) @ self._table(self.value_rows, groups).transpose(-1, -2)
         return out.add_(per_row.view(out.shape)), lse
 
-    def backward(self, grad: Tensor, lse: Tensor, delta: Tensor, dq: Tensor, dk: Tensor, dv: Tensor):
-        """Add the near band's ``dq, dk, dv`` (``[B, H, L, D]``) and return the gradients of the
-        key, query and value rows (``[H|1, R, D]`` as declared, None when absent).
+    def backward(self, grad: Tensor, lse: Tensor, delta: Tensor):
+        """The near band's ``dq, dk, dv`` (``[B, H, L, D]``, views of padded buffers the far parts add
+        into) and the gradients of the key, query and value rows (``[H|1, R, D]`` as declared, None
+        when absent).
         ``grad [B, H, L, D]``, ``lse`` and ``delta = dO · O`` ``[B, H, L]``: the whole call's."""
         plan, b = self.plan, self.plan.block
         groups_all, dim = self.groups, self.q.shape[-1]
@@ -476,7 +496,8 @@ class _Near:
             q_rows = self.query_rows_of(self.q, groups, blocks)
             g_rows = self.query_rows_of(grad, groups, blocks)
             g_blocks = g_rows.unflatten(1, (-1, b))
-            logits = self.logits(groups, blocks)
+            k_band = self.band(self.k, groups, blocks).contiguous()  # read twice
+            logits = self.logits(groups, blocks, k_band)
             probs = logits.sub_(self.query_rows_of(lse, groups, blocks).unflatten(1, (-1, b))).exp_()
             d_probs = g_blocks @ self.band(self.v, groups, blocks).transpose(-1, -2)
             if self.value_rows is not None:
@@ -487,16 +508,16 @@ class _Near:
                 d_probs.sub_(self.query_rows_of(delta, groups, blocks).unflatten(1, (-1, b)))
             )
             del d_probs
-            d_q_rows = (d_logits @ self.band(self.k, groups, blocks)).flatten(1, 2).mul_(plan.scale)
+            d_q_rows = (d_logits @ k_band).flatten(1, 2).mul_(plan.scale)
             self.fold(
                 d_k, groups, blocks, (d_logits.transpose(-1, -2) @ q_rows.unflatten(1, (-1, b))) * plan.scale
             )
             if self.key_rows is not None:
-                d_rows = self.sum_rows(d_logits).mul_(plan.scale)  # of the row terms / scale
+                d_rows = self.sum_rows(d_logits)
                 d_q_rows += d_rows @ self._table(self.key_rows, groups).transpose(-1, -2)
                 add_table("key", groups, d_rows.transpose(-1, -2) @ q_rows)
             if self.query_rows is not None:
-                d_keys = self.sum_keys(d_logits).mul_(plan.scale)
+                d_keys = self.sum_keys(d_logits)
                 k_rows = self.key_rows_of(self.k, groups, blocks)
                 self.key_rows_of(d_k, groups, blocks).add_(
                     d_keys @ self._table(self.query_rows, groups).transpose(-1, -2)
@@ -504,14 +525,22 @@ class _Near:
                 add_table("query", groups, d_keys.transpose(-1, -2) @ k_rows)
             self.query_rows_of(d_q, groups, blocks).add_(d_q_rows)
         shape = (self.batch, self.heads, self.length, dim)
-        dq += d_q[:, : self.length].view(shape)
-        dk += d_k[:, b : b + self.length].view(shape)
-        dv += d_v[:, b : b + self.length].view(shape)
-        flips = (self.flip_row, self.flip_key, self.flip_row)
-        return tuple(
-            None if d_tables[name] is None else self.unoriented(d_tables[name], flip, heads)
-            for name, flip, heads in zip(("key", "query", "value"), flips, self.declared_heads)
+        dq, dk, dv = (
+            x[:, start : start + self.length].view(shape) for x, start in ((d_q, 0), (d_k, b), (d_v, b))
         )
+        # The key and query rows were read scaled: their gradients take the scale once here.
+        layout = (
+            ("key", self.flip_row, self.row_window, plan.scale),
+            ("query", self.flip_key, self.key_window, plan.scale),
+            ("value", self.flip_row, self.row_window, 1.0),
+        )
+        d_rows = tuple(
+            None
+            if d_tables[name] is None
+            else self.unoriented(d_tables[name] * scale, declared, flip, window)
+            for (name, flip, window, scale), declared in zip(layout, self.declared)
+        )
+        return (dq, dk, dv), d_rows
 
 
 def _augmented(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_const: Tensor | None):
@@ -636,13 +665,11 @@ class _ClippedAttention(torch.autograd.Function):
         delta = (grad * out).sum(-1)  # [B, H, L]
         q_acc, k_acc, v_acc = q.to(acc), k.to(acc), v.to(acc)
         key_rows, query_rows, value_rows = (_to(t, acc) for t in (key_rows, query_rows, value_rows))
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
         skip = plan.skip
 
         # Near blocks, explicitly, in pieces.
         near = _Near(plan, q_acc, k_acc, v_acc, key_rows, query_rows, value_rows)
-        d_key_rows, d_query_rows, d_value = near.backward(grad, lse, delta, dq, dk, dv)
+        (dq, dk, dv), (d_key_rows, d_query_rows, d_value) = near.backward(grad, lse, delta)
 
         # Far parts, each in its own orientation.
         for i, (flip, row) in enumerate(ctx.fars):
