@@ -14,8 +14,14 @@ none), with near blocks of ``b`` query rows (``b + 1`` at least the far distance
   ``v' = [v, 0]``);
 * **far after** (``j >= i + b + 1``, bidirectional only): the same on reversed copies;
 * **near** (``|j − i| <= b``): explicit logits on blocks of ``b`` queries against the ``2b`` (causal)
-  or ``3b`` keys around them, with the tables gathered by ``r`` (``[B, H, L/b, b, 3b]``, never
-  ``L × L``).
+  or ``3b`` keys around them (never ``L × L``), in pieces of a few blocks and heads whose
+  temporaries stay under :data:`NEAR_PIECE_BYTES`, with the position terms projected per piece
+  (``q @ key_rowsᵀ`` for its queries, ``k @ query_rowsᵀ`` for its keys). Where the declared
+  index is ``index(0) ± d`` on the whole band (Shaw when the block is ``k``, DeBERTa without
+  buckets: tested on the band's distances, :func:`_slope_over_band`), the pair ``(i, j)`` reads
+  those tables through a skewed strided view (a relative shift; the tables flipped so the strides
+  are positive, and only the rows the band reads projected) and the backward adds into the same
+  views; otherwise (DeBERTa's log buckets) they are gathered by ``r``.
 
 The parts merge exactly through their log-sum-exp; a far part's value term is its softmax mass times
 the constant row. **Backward** (no ``L × L`` tensor either): the flash backward kernel gets the
