@@ -261,7 +261,13 @@ def _spy_slopes(monkeypatch) -> list:
     return slopes
 
 
-@pytest.mark.parametrize("pieces", ["whole", "tiny"])
+#: Piece sizes that force the near band through each way of cutting it (``HEADS`` = 3, batch 2, float64,
+#: blocks of 8 against 16 or 24 keys): one piece; several blocks of all heads; two heads at a time
+#: (causal); one block of one head.
+PIECES = {"whole": None, "blocks": 20_000, "heads": 2_100, "tiny": 1}
+
+
+@pytest.mark.parametrize("pieces", list(PIECES))
 @pytest.mark.parametrize("path", ["strided", "gather"])
 @pytest.mark.parametrize("value_term", [True, False], ids=["values", "keys-only"])
 @pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
@@ -272,10 +278,11 @@ def test_near_band_paths_and_pieces_equal_eager(
 ):
     """Shaw with k equal to the block (8) is ``d + k`` on the whole near band: the strided views; k=4
     saturates inside it: the gathers. ``tiny`` forces pieces of one block of one head (each piece's
-    tables and adjoints must line up with its own rows and keys); 37 and 53 leave partial blocks."""
+    tables and adjoints must line up with its own rows and keys; ``blocks`` and ``heads`` cut it
+    into several blocks of all heads and into groups of heads); 37 and 53 leave partial blocks."""
     monkeypatch.setattr(clipped, "CLIPPED_BLOCK", 8)
-    if pieces == "tiny":
-        monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", 1)
+    if PIECES[pieces] is not None:
+        monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", PIECES[pieces])
     slopes = _spy_slopes(monkeypatch)
     torch.manual_seed(length + 10 * causal)
     k = 8 if path == "strided" else 4
