@@ -77,7 +77,10 @@ CLIPPED_MIN_LEN = 512
 #: Above this many rows per near block the explicit near band costs more than the query blocks'
 #: forward (measured at L=4096 with DeBERTa: far distance 256 runs the split's forward 1.2x and its
 #: forward+backward 1.8x faster than the query blocks; far distance 512, its log buckets' default,
-#: the forward 1.25x slower).
+#: the forward 1.25x slower). Measured before the near band ran in pieces: since then DeBERTa's
+#: default (far distance 512, log buckets, gathered) runs the split 3.0x faster forward and 1.8x
+#: forward+backward causal, 2.0x / 1.9x bidirectional, than the query blocks (L=4096, the layer,
+#: one thread), so this limit can rise.
 CLIPPED_MAX_BLOCK = 256
 #: The dtypes the split runs in (its near blocks are explicit; bfloat16 would lose the exactness).
 CLIPPED_DTYPES = (torch.float32, torch.float64)
