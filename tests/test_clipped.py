@@ -246,3 +246,101 @@ def test_gradient_of_any_layout_is_read_correctly(value_term, monkeypatch):
         want = torch.autograd.grad(get_backend("eager").run(req)[0], inputs, grad)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+
+
+def _spy_slopes(monkeypatch) -> list:
+    """Record the slope each call's near band takes (None: it gathers by the index)."""
+    slopes = []
+    original = clipped._slope_over_band
+
+    def spy(index, block, causal):
+        slopes.append(original(index, block, causal))
+        return slopes[-1]
+
+    monkeypatch.setattr(clipped, "_slope_over_band", spy)
+    return slopes
+
+
+#: Piece sizes that force the near band through each way of cutting it (``HEADS`` = 3, batch 2, float64,
+#: blocks of 8 against 16 or 24 keys): one piece; several blocks of all heads; two heads at a time
+#: (causal); one block of one head.
+PIECES = {"whole": None, "blocks": 20_000, "heads": 2_100, "tiny": 1}
+
+
+@pytest.mark.parametrize("pieces", list(PIECES))
+@pytest.mark.parametrize("path", ["strided", "gather"])
+@pytest.mark.parametrize("value_term", [True, False], ids=["values", "keys-only"])
+@pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("length", [37, 53])
+def test_near_band_paths_and_pieces_equal_eager(
+    length, causal, per_head, value_term, path, pieces, monkeypatch
+):
+    """Shaw with k equal to the block (8) is ``d + k`` on the whole near band: the strided views; k=4
+    saturates inside it: the gathers. ``tiny`` forces pieces of one block of one head (each piece's
+    tables and adjoints must line up with its own rows and keys; ``blocks`` and ``heads`` cut it
+    into several blocks of all heads and into groups of heads); 37 and 53 leave partial blocks."""
+    monkeypatch.setattr(clipped, "CLIPPED_BLOCK", 8)
+    if PIECES[pieces] is not None:
+        monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", PIECES[pieces])
+    slopes = _spy_slopes(monkeypatch)
+    torch.manual_seed(length + 10 * causal)
+    k = 8 if path == "strided" else 4
+    enc = posenc.build(
+        f"shaw:k={k},per_head={per_head},value_term={value_term}", head_dim=DIM, num_heads=HEADS
+    ).double()
+    req = _request(enc, length, causal, kv_heads=1 if per_head else None)
+    out = clipped_attention(req)
+    assert slopes == ([1] if path == "strided" else [None])
+    ref = get_backend("eager").run(req)[0]
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for got, want in zip(_grads(out, req, enc), _grads(ref, req, enc)):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("pieces", ["whole", "tiny"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("terms", ["c2p|p2c", "c2p", "p2c"])
+@pytest.mark.parametrize("buckets", [-1, 8], ids=["linear", "log-buckets"])
+def test_deberta_near_band_paths_equal_eager(buckets, terms, causal, pieces, monkeypatch):
+    """DeBERTa without buckets reads row ``span − d`` on the near band (slope −1: the tables are
+    flipped for c2p, not for p2c); with log buckets it gathers. Every gradient, projections included,
+    with pieces of the whole band and of one block of one head."""
+    monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
+    if pieces == "tiny":
+        monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", 1)
+    slopes = _spy_slopes(monkeypatch)
+    torch.manual_seed(8)
+    spec = f"deberta:position_buckets={buckets},max_relative_positions=20,pos_att_type={terms}"
+    layer = posenc.MultiheadAttention(24, 3, spec, causal=causal).double()
+    x = torch.randn(2, 87, 24, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *(p for p in layer.parameters() if p.requires_grad)]
+    with posenc.use_backend("relative"):
+        out = layer(x)
+    assert slopes == ([-1] if buckets == -1 else [None])
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, grad, allow_unused=True)
+    with posenc.use_backend("eager"):
+        ref = layer(x)
+    want = torch.autograd.grad(ref, inputs, grad, allow_unused=True)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize(
+    "index, block, causal, expected",
+    [
+        (lambda d: d.clamp(-8, 8) + 8, 8, False, 1),  # Shaw k = block: d + 8 throughout
+        (lambda d: d.clamp(-8, 8) + 8, 8, True, 1),
+        (lambda d: d.clamp(-4, 4) + 4, 8, False, None),  # saturates inside the band
+        (lambda d: d.clamp(-8, 3) + 8, 8, True, 1),  # only d <= 0 is near under the causal mask
+        (lambda d: d.clamp(-8, 3) + 8, 8, False, None),
+        (lambda d: (20 - d).clamp(0, 39), 19, False, -1),  # DeBERTa without buckets
+        (lambda d: 2 * d + 20, 8, False, None),  # affine but not one row per unit of distance
+    ],
+)
+def test_slope_over_band_is_read_from_the_index(index, block, causal, expected):
+    assert clipped._slope_over_band(index, block, causal) == expected

@@ -14,8 +14,14 @@ none), with near blocks of ``b`` query rows (``b + 1`` at least the far distance
   ``v' = [v, 0]``);
 * **far after** (``j >= i + b + 1``, bidirectional only): the same on reversed copies;
 * **near** (``|j − i| <= b``): explicit logits on blocks of ``b`` queries against the ``2b`` (causal)
-  or ``3b`` keys around them, with the tables gathered by ``r`` (``[B, H, L/b, b, 3b]``, never
-  ``L × L``).
+  or ``3b`` keys around them (never ``L × L``), in pieces of a few blocks and heads whose
+  temporaries stay under :data:`NEAR_PIECE_BYTES`, with the position terms projected per piece
+  (``q @ key_rowsᵀ`` for its queries, ``k @ query_rowsᵀ`` for its keys). Where the declared
+  index is ``index(0) ± d`` on the whole band (Shaw when the block is ``k``, DeBERTa without
+  buckets: tested on the band's distances, :func:`_slope_over_band`), the pair ``(i, j)`` reads
+  those tables through a skewed strided view (a relative shift; the tables flipped so the strides
+  are positive, and only the rows the band reads projected) and the backward adds into the same
+  views; otherwise (DeBERTa's log buckets) they are gathered by ``r``.
 
 The parts merge exactly through their log-sum-exp; a far part's value term is its softmax mass times
 the constant row. **Backward** (no ``L × L`` tensor either): the flash backward kernel gets the
@@ -25,6 +31,14 @@ it: ``dS_ij = p_ij (dO_i · (v_j + a) − D_i)``). A row constant's gradient is
 ``w_i (dO_i · Ô_i − D_i + dO_i · a)``, with ``w_i`` the part's softmax mass and ``Ô_i`` its own
 normalised output; a key constant's is the extra column of the kernel's ``dk``; the near blocks
 differentiate explicitly.
+
+**Cost** (L=4096, B=1, H=8, d=64, float32; one thread, CPU time, 7 interleaved repeats, ratio to
+plain SDPA causal or maskless, forward / forward+backward): DeBERTa span 256 causal 1.76x / 1.91x
+and bidirectional 1.89x / 2.03x (the near band gathered whole-sequence tables before: 3.62x / 3.64x
+and 3.16x / 3.12x, with 207k / 675k minor page faults per causal call, now none to 1.6k); Shaw k=16
+causal 1.17x / 1.13x, bidirectional 1.26x / 1.23x (before 1.23x / 1.23x and 1.26x / 1.27x). On two
+threads (``posenc bench split``, load 1.9) DeBERTa runs 2.07x / 1.88x causal, 2.15x / 1.96x
+bidirectional, Shaw 1.33x / 1.19x and 1.32x / 1.31x.
 
 The ``relative`` backend takes this split when :func:`clipped_reason` is None, and its query blocks
 otherwise.
@@ -63,10 +77,17 @@ CLIPPED_MIN_LEN = 512
 #: Above this many rows per near block the explicit near band costs more than the query blocks'
 #: forward (measured at L=4096 with DeBERTa: far distance 256 runs the split's forward 1.2x and its
 #: forward+backward 1.8x faster than the query blocks; far distance 512, its log buckets' default,
-#: the forward 1.25x slower).
+#: the forward 1.25x slower). Measured before the near band ran in pieces: since then DeBERTa's
+#: default (far distance 512, log buckets, gathered) runs the split 3.0x faster forward and 1.8x
+#: forward+backward causal, 2.0x / 1.9x bidirectional, than the query blocks (L=4096, the layer,
+#: one thread), so this limit can rise.
 CLIPPED_MAX_BLOCK = 256
 #: The dtypes the split runs in (its near blocks are explicit; bfloat16 would lose the exactness).
 CLIPPED_DTYPES = (torch.float32, torch.float64)
+#: Bytes of the near band's largest temporaries in one piece (logits and position tables of a few
+#: query blocks over a few heads): larger ones come from the allocator on fresh pages every call
+#: (glibc returns blocks over 32 MiB to the system when freed), and a piece this small stays in cache.
+NEAR_PIECE_BYTES = 4 << 20
 
 
 def _block_for(terms: ClippedRelative, causal: bool) -> int:
@@ -128,11 +149,19 @@ class _Plan:
     causal: bool
     index: Callable[[Tensor], Tensor]
     rows: int  # R, the tables' rows
+    #: 1 or −1 when ``index(d) = index(0) + slope · d`` at every near distance (the near band then reads
+    #: the tables through skewed strided views); None: it gathers by the index.
+    slope: int | None = None
 
     @property
     def chunks(self) -> int:
         """Key blocks around each query block: the one before, its own (and the one after)."""
         return 2 if self.causal else 3
+
+    @property
+    def width(self) -> int:
+        """Keys ``W`` around each query block."""
+        return self.chunks * self.block
 
     @property
     def skip(self) -> int:
@@ -143,12 +172,25 @@ class _Plan:
         return int(self.index(torch.tensor(self.skip if flip else -self.skip)))
 
 
+def _slope_over_band(index: Callable[[Tensor], Tensor], block: int, causal: bool) -> int | None:
+    """1 or −1 when the declared ``index`` is ``index(0) + slope · d`` at every near distance ``d``
+    (``−block ..  0``, or ``.. block`` without the causal mask), else None. Read from the declaration
+    itself: Shaw's ``clip(d, −k, k) + k`` is ``d + k`` on its near band when the block is ``k``,
+    DeBERTa's rows without buckets ``span − d``; log buckets are not affine."""
+    distance = torch.arange(-block, (0 if causal else block) + 1)
+    rows = index(distance).cpu().long()
+    for slope in (1, -1):
+        if torch.equal(rows, rows[block] + slope * distance):
+            return slope
+    return None
+
+
 def _near_layout(plan: _Plan, length: int, device) -> tuple[Tensor, Tensor]:
     """``index [b, W]`` (table row of near key ``u`` for row ``t``) and ``valid [n, b, W]`` (bool)."""
     b = plan.block
     blocks = -(-length // b)
     t = torch.arange(b, device=device)[:, None]
-    u = torch.arange(plan.chunks * b, device=device)[None]
+    u = torch.arange(plan.width, device=device)[None]
     distance = u - b - t  # key minus query
     index = plan.index(distance).to(device)
     near = (distance >= -b) & ((distance <= 0) if plan.causal else (distance <= b))
@@ -159,110 +201,363 @@ def _near_layout(plan: _Plan, length: int, device) -> tuple[Tensor, Tensor]:
     return index, valid
 
 
-def _query_blocks(x: Tensor, b: int) -> Tensor:
-    """``[B, H, L, *]`` to ``[B, H, n, b, *]``, zero padded at the end."""
-    batch, heads, length, dim = x.shape
-    blocks = -(-length // b)
-    return F.pad(x, (0, 0, 0, blocks * b - length)).view(batch, heads, blocks, b, dim)
+def _per_group(rows: Tensor | None, batch: int) -> Tensor | None:
+    """Tables ``[H|1, R, D]`` for the flattened ``G = B·H`` rows: ``[G|1, R, D]``."""
+    if rows is None or rows.shape[0] == 1:
+        return rows
+    return rows.expand(batch, *rows.shape).reshape(-1, *rows.shape[1:])
 
 
-def _key_bands(x: Tensor, plan: _Plan) -> Tensor:
-    """``[B, H, n, W, *]``: the ``chunks`` key blocks around each query block (zeros off the ends)."""
-    b = plan.block
-    batch, heads, length, dim = x.shape
-    blocks = -(-length // b)
-    total = (blocks + plan.chunks - 1) * b
-    padded = F.pad(x, (0, 0, b, total - b - length)).view(batch, heads, -1, b, dim)
-    return torch.cat([padded[:, :, c : c + blocks] for c in range(plan.chunks)], dim=3)
+def _to_heads(grad: Tensor, batch: int, heads: int) -> Tensor:
+    """A table gradient ``[G|1, R, D]`` summed to the tables' ``[H|1, R, D]``."""
+    if heads == 1 or grad.shape[0] == 1:
+        return grad.sum(0, keepdim=True)
+    return grad.view(batch, heads, *grad.shape[1:]).sum(0)
 
 
-def _fold_bands(grad: Tensor, plan: _Plan, length: int) -> Tensor:
-    """The adjoint of :func:`_key_bands`: ``[B, H, n, W, *]`` summed back to ``[B, H, L, *]``."""
-    b = plan.block
-    batch, heads, blocks, _, dim = grad.shape
-    padded = grad.new_zeros(batch, heads, blocks + plan.chunks - 1, b, dim)
-    for c in range(plan.chunks):
-        padded[:, :, c : c + blocks] += grad[:, :, :, c * b : (c + 1) * b]
-    return padded.view(batch, heads, -1, dim)[:, :, b : b + length]
+class _Near:
+    """The near band of one call, computed in pieces of a few query blocks over a few heads (every
+    temporary at most about :data:`NEAR_PIECE_BYTES`: larger ones come back from the allocator on
+    fresh pages each call). Operands are flattened to ``G = B·H`` rows and zero padded to whole
+    blocks: queries ``[G, n·b, D]``, keys and values ``[G, (n + chunks − 1)·b, D]`` with one block
+    of zeros in front, so block ``n``'s keys are rows ``n·b ..`` of the padded keys.
 
+    The position terms of a piece are per-row tables: row terms ``scale · q_i · key_rows[r]`` for
+    its queries ``[g, P·b, R]`` and key terms ``k_j · query_rows[r]`` for its keys ``[g, (P +
+    chunks − 1)·b, R]``. With an affine index (:func:`_slope_over_band`) the tables are oriented
+    (rows flipped where needed) so that the row term of pair ``(t, u)`` sits at column
+    ``c_row + d`` and the key term at ``c_key − d``: both are then strided views of the table
+    (a relative shift; off the band the views read other finite entries, which the mask
+    replaces), and their adjoints add into the same views one key block at a time (within a key
+    block the views do not overlap: ``b < R``). Otherwise they gather by the index.
+    """
 
-def _gather_rows(terms: Tensor, index: Tensor) -> Tensor:
-    """Row terms ``[B, H, n, b, R]`` at ``index [b, W]``: ``[B, H, n, b, W]``."""
-    return terms.gather(-1, index.expand(*terms.shape[:3], *index.shape))
+    def __init__(self, plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_rows, query_rows, value_rows):
+        batch, heads, length, dim = q.shape
+        b = plan.block
+        self.plan, self.batch, self.heads, self.length = plan, batch, heads, length
+        self.groups = batch * heads
+        self.blocks = -(-length // b)
+        self.key_len = (self.blocks + plan.chunks - 1) * b
 
+        def keys(x: Tensor) -> Tensor:
+            return F.pad(x.reshape(self.groups, length, dim), (0, 0, b, self.key_len - b - length))
 
-def _gather_keys(bands: Tensor, index: Tensor) -> Tensor:
-    """Key terms ``[B, H, n, W, R]`` at ``index [b, W]`` (transposed): ``[B, H, n, b, W]``."""
-    index_t = index.transpose(0, 1)
-    return bands.gather(-1, index_t.expand(*bands.shape[:3], *index_t.shape)).transpose(-1, -2)
+        self.q = F.pad(q.reshape(self.groups, length, dim), (0, 0, 0, self.blocks * b - length))
+        self.k, self.v = keys(k), keys(v)
+        self.index, self.valid = _near_layout(plan, length, q.device)
+        zero_row = int(plan.index(torch.tensor(0)))
+        # Row-type tables (key rows, value rows) read column c_row + d, key-type ones c_key − d.
+        self.flip_row = plan.slope == -1
+        self.flip_key = plan.slope == 1
+        self.c_row = plan.rows - 1 - zero_row if self.flip_row else zero_row
+        self.c_key = plan.rows - 1 - zero_row if self.flip_key else zero_row
+        # The strided path keeps only the oriented rows its band reads (d = −b .. 0 under the causal
+        # mask: half of DeBERTa's table, whose product with every query is a quarter of the work).
+        self.rows = plan.rows
+        self.row_window = self.key_window = slice(0, plan.rows)
+        if plan.slope is not None:
+            after = 0 if plan.causal else b
+            self.row_window = slice(self.c_row - b, self.c_row + after + 1)
+            self.key_window = slice(self.c_key - after, self.c_key + b + 1)
+            self.c_row, self.c_key, self.rows = b, after, b + after + 1
+        self.declared = (key_rows, query_rows, value_rows)
+        # Tables as read: oriented, windowed, the logit scale folded into the key and query rows.
+        self.key_rows = self._oriented(key_rows, self.flip_row, self.row_window, plan.scale)
+        self.query_rows = self._oriented(query_rows, self.flip_key, self.key_window, plan.scale)
+        self.value_rows = self._oriented(value_rows, self.flip_row, self.row_window, 1.0)
 
+    def _oriented(self, rows: Tensor | None, flip: bool, window: slice, scale: float) -> Tensor | None:
+        if rows is None:
+            return None
+        rows = _per_group(rows, self.batch)
+        rows = (rows.flip(-2) if flip else rows)[:, window]
+        return rows * scale if scale != 1.0 else rows
 
-def _per_row(values: Tensor, index: Tensor, rows: int) -> Tensor:
-    """Sum ``values [..., b, W]`` into table rows by ``index [b, W]``: ``[..., b, rows]``."""
-    out = values.new_zeros(*values.shape[:-1], rows)
-    return out.scatter_add_(-1, index.expand(values.shape), values)
+    def unoriented(self, grad: Tensor, declared: Tensor, flip: bool, window: slice) -> Tensor:
+        """A gradient of read tables ``[G|1, r, D]`` as the declared tables' ``[H|1, R, D]``."""
+        full = grad.new_zeros(grad.shape[0], self.plan.rows, grad.shape[-1])
+        full[:, window] = grad
+        full = _to_heads(full, self.batch, declared.shape[0])
+        return full.flip(-2) if flip else full
 
+    def pieces(self, itemsize: int) -> list[tuple[slice, slice]]:
+        """``(groups, blocks)`` slices whose logits and tables take at most about
+        :data:`NEAR_PIECE_BYTES` (one block of one head at least)."""
+        plan = self.plan
+        per_block = plan.block * max(plan.width, self.rows) * itemsize
+        if per_block * self.groups <= NEAR_PIECE_BYTES:
+            group_step, block_step = self.groups, max(1, NEAR_PIECE_BYTES // (per_block * self.groups))
+        else:
+            group_step, block_step = max(1, NEAR_PIECE_BYTES // per_block), 1
+        return [
+            (slice(g, min(g + group_step, self.groups)), slice(n, min(n + block_step, self.blocks)))
+            for g in range(0, self.groups, group_step)
+            for n in range(0, self.blocks, block_step)
+        ]
 
-def _reduce_heads(grad: Tensor, heads: int) -> Tensor:
-    """``[B, H, R, D]`` summed to the tables' ``[H|1, R, D]``."""
-    grad = grad.sum(0)
-    return grad if heads > 1 else grad.sum(0, keepdim=True)
+    # ------------------------------------------------------------------ operands of a piece
+    def query_rows_of(self, x: Tensor, groups: slice, blocks: slice) -> Tensor:
+        """Rows of the piece's query blocks of ``x [G, n·b, *]``: ``[g, P·b, *]``."""
+        b = self.plan.block
+        return x[groups, blocks.start * b : blocks.stop * b]
 
+    def key_rows_of(self, x: Tensor, groups: slice, blocks: slice) -> Tensor:
+        """Rows of the piece's key blocks of padded ``x [G, key_len, *]``: ``[g, (P + chunks − 1)·b, *]``."""
+        b = self.plan.block
+        return x[groups, blocks.start * b : (blocks.stop + self.plan.chunks - 1) * b]
 
-@dataclass
-class _Terms:
-    """The position terms of one call, in the accumulation dtype: row terms ``scale · q @ key_rowsᵀ``
-    and key terms ``k @ query_rowsᵀ`` (``[B, H, L, R]``, None when absent)."""
+    def band(self, x: Tensor, groups: slice, blocks: slice) -> Tensor:
+        """The ``W`` keys around each query block of padded ``x [G, key_len, D]``: ``[g, P, W, D]``
+        (an overlapping view)."""
+        b, rows = self.plan.block, self.key_rows_of(x, groups, blocks)
+        size = (rows.shape[0], blocks.stop - blocks.start, self.plan.width, rows.shape[-1])
+        stride = (rows.stride(0), b * rows.stride(1), rows.stride(1), rows.stride(2))
+        return rows.as_strided(size, stride, rows.storage_offset())
 
-    row: Tensor | None
-    key: Tensor | None
+    def fold(self, target: Tensor, groups: slice, blocks: slice, band: Tensor) -> None:
+        """The adjoint of :meth:`band`: add ``band [g, P, W, D]`` into padded ``target``."""
+        b, chunks = self.plan.block, self.plan.chunks
+        rows = self.key_rows_of(target, groups, blocks)
+        rows = rows.view(rows.shape[0], -1, b, rows.shape[-1])
+        count = band.shape[1]
+        for c in range(chunks):
+            rows[:, c : c + count] += band[:, :, c * b : (c + 1) * b]
 
-    @classmethod
-    def of(cls, plan: _Plan, q: Tensor, k: Tensor, key_rows, query_rows) -> _Terms:
-        row = None if key_rows is None else (q @ key_rows.transpose(-1, -2)) * plan.scale
-        key = None if query_rows is None else k @ query_rows.transpose(-1, -2)
-        return cls(row, key)
+    # ------------------------------------------------------------------ position tables
+    def _row_view(self, table: Tensor, chunk: int | None = None) -> Tensor:
+        """Pair ``(t, u)`` of row-type ``table [g, P·b, R]`` (contiguous) at column ``c_row + d``:
+        ``[g, P, b, W]`` (one key block ``[g, P, b, b]`` when ``chunk`` is given)."""
+        b, rows = self.plan.block, self.rows
+        groups, length, _ = table.shape
+        offset = self.c_row - b + (0 if chunk is None else chunk * b)
+        size = (groups, length // b, b, self.plan.width if chunk is None else b)
+        return table.as_strided(size, (length * rows, b * rows, rows - 1, 1), table.storage_offset() + offset)
 
+    def _key_view(self, table: Tensor, chunk: int | None = None) -> Tensor:
+        """Pair ``(t, u)`` of key-type ``table [g, (P + chunks − 1)·b, R]`` (contiguous) at column
+        ``c_key − d``: ``[g, P, b, W]`` (or one key block)."""
+        b, rows, chunks = self.plan.block, self.rows, self.plan.chunks
+        groups, length, _ = table.shape
+        offset = self.c_key + b + (0 if chunk is None else chunk * b * (rows - 1))
+        size = (groups, length // b - chunks + 1, b, self.plan.width if chunk is None else b)
+        return table.as_strided(size, (length * rows, b * rows, 1, rows - 1), table.storage_offset() + offset)
 
-def _near_logits(plan: _Plan, q: Tensor, k: Tensor, terms: _Terms, index: Tensor, valid: Tensor):
-    """Near logits ``[B, H, n, b, W]`` (``finfo.min`` off the band) and the key bands."""
-    k_band = _key_bands(k, plan)
-    logits = (_query_blocks(q, plan.block) @ k_band.transpose(-1, -2)) * plan.scale
-    if terms.row is not None:
-        logits = logits + _gather_rows(_query_blocks(terms.row, plan.block), index)
-    if terms.key is not None:
-        logits = logits + _gather_keys(_key_bands(terms.key, plan), index) * plan.scale
-    return logits.masked_fill(~valid, torch.finfo(logits.dtype).min), k_band
+    def read_rows(self, table: Tensor) -> Tensor:
+        """Row-type ``table [g, P·b, R]`` at each pair: ``[g, P, b, W]``."""
+        if self.plan.slope is not None:
+            return self._row_view(table)
+        groups, _, rows = table.shape
+        blocked = table.view(groups, -1, self.plan.block, rows)
+        return blocked.gather(-1, self.index.expand(*blocked.shape[:2], *self.index.shape))
 
+    def read_keys(self, table: Tensor) -> Tensor:
+        """Key-type ``table [g, (P + chunks − 1)·b, R]`` at each pair: ``[g, P, b, W]``."""
+        if self.plan.slope is not None:
+            return self._key_view(table)
+        bands = self.band(
+            table, slice(None), slice(0, table.shape[1] // self.plan.block - self.plan.chunks + 1)
+        )
+        index_t = self.index.transpose(0, 1)
+        return bands.gather(-1, index_t.expand(*bands.shape[:2], *index_t.shape)).transpose(-1, -2)
 
-def _near_kernel(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, terms: _Terms, index: Tensor, valid: Tensor):
-    """Without a value term, the near blocks through the flash kernel, the position terms as its float
-    mask: normalised ``out [B, H, L, D]`` and ``lse [B, H, L]``."""
-    batch, heads, length, dim = q.shape
-    bias = None
-    if terms.row is not None:
-        bias = _gather_rows(_query_blocks(terms.row, plan.block), index)
-    if terms.key is not None:
-        key_bias = _gather_keys(_key_bands(terms.key, plan), index) * plan.scale
-        bias = key_bias if bias is None else bias + key_bias
-    bias = bias.masked_fill(~valid, torch.finfo(bias.dtype).min)
-    blocks = bias.shape[2]
+    def sum_rows(self, pairs: Tensor) -> Tensor:
+        """The adjoint of :meth:`read_rows`: ``pairs [g, P, b, W]`` summed into ``[g, P·b, R]``."""
+        groups, count, b, _ = pairs.shape
+        out = pairs.new_zeros(groups, count * b, self.rows)
+        if self.plan.slope is not None:
+            for c in range(self.plan.chunks):
+                self._row_view(out, c).add_(pairs[..., c * b : (c + 1) * b])
+            return out
+        out.view(groups, count, b, -1).scatter_add_(-1, self.index.expand(pairs.shape), pairs)
+        return out
 
-    def stacked(x: Tensor) -> Tensor:  # [B, H, n, r, *] -> [B·n, H, r, *]
-        return x.transpose(1, 2).reshape(batch * blocks, heads, *x.shape[3:])
+    def sum_keys(self, pairs: Tensor) -> Tensor:
+        """The adjoint of :meth:`read_keys`: ``pairs [g, P, b, W]`` summed into ``[g, (P + chunks −
+        1)·b, R]``."""
+        groups, count, b, width = pairs.shape
+        chunks = self.plan.chunks
+        out = pairs.new_zeros(groups, (count + chunks - 1) * b, self.rows)
+        if self.plan.slope is not None:
+            for c in range(chunks):
+                self._key_view(out, c).add_(pairs[..., c * b : (c + 1) * b])
+            return out
+        per_key = pairs.new_zeros(groups, count, width, self.rows)
+        index_t = self.index.transpose(0, 1)
+        per_key.scatter_add_(-1, index_t.expand(groups, count, *index_t.shape), pairs.transpose(-1, -2))
+        folded = out.view(groups, -1, b, self.rows)
+        for c in range(chunks):
+            folded[:, c : c + count] += per_key[:, :, c * b : (c + 1) * b]
+        return out
 
-    out, lse = flash_forward(
-        stacked(_query_blocks(q, plan.block)),
-        stacked(_key_bands(k, plan)),
-        stacked(_key_bands(v, plan)),
-        0.0,
-        False,
-        attn_mask=stacked(bias).to(q.dtype),
-        scale=plan.scale,
-    )
-    out = out.reshape(batch, blocks, heads, plan.block, dim).transpose(1, 2).flatten(2, 3)[:, :, :length]
-    lse = lse.reshape(batch, blocks, heads, plan.block).transpose(1, 2).flatten(2)[:, :, :length]
-    return out, lse
+    # ------------------------------------------------------------------ logits
+    def bias(self, groups: slice, blocks: slice, logits: Tensor | None = None) -> Tensor:
+        """The piece's position terms added to ``logits [g, P, b, W]`` (zeros when None), ``finfo.min``
+        off the band."""
+        count = blocks.stop - blocks.start
+        terms = []
+        if self.key_rows is not None:
+            terms.append(
+                self.read_rows(
+                    self.query_rows_of(self.q, groups, blocks) @ self._table(self.key_rows, groups)
+                )
+            )
+        if self.query_rows is not None:
+            terms.append(
+                self.read_keys(
+                    self.key_rows_of(self.k, groups, blocks) @ self._table(self.query_rows, groups)
+                )
+            )
+        if logits is None:
+            logits = (
+                terms.pop().clone(memory_format=torch.contiguous_format)
+                if len(terms) == 1
+                else torch.add(*terms)
+            )
+            terms = []
+        for term in terms:
+            logits.add_(term)
+        valid = self.valid[blocks.start : blocks.start + count]
+        return logits.masked_fill_(~valid, torch.finfo(logits.dtype).min)
+
+    @staticmethod
+    def _table(rows: Tensor, groups: slice) -> Tensor:
+        """Oriented rows ``[g|1, D, R]`` for a piece."""
+        return (rows if rows.shape[0] == 1 else rows[groups]).transpose(-1, -2)
+
+    def logits(self, groups: slice, blocks: slice, k_band: Tensor | None = None) -> Tensor:
+        """The piece's masked logits ``[g, P, b, W]`` (``k_band``: :meth:`band` of the keys, when at hand)."""
+        b = self.plan.block
+        q_blocks = self.query_rows_of(self.q, groups, blocks).unflatten(1, (-1, b))
+        k_band = self.band(self.k, groups, blocks) if k_band is None else k_band
+        content = (q_blocks @ k_band.transpose(-1, -2)).mul_(self.plan.scale)
+        return self.bias(groups, blocks, content)
+
+    # ------------------------------------------------------------------ forward and backward
+    def forward(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The near band's own normalised output ``[B, H, L, D]`` and log-sum-exp ``[B, H, L]``."""
+        b, dim = self.plan.block, self.q.shape[-1]
+        out = self.q.new_zeros(self.groups, self.blocks * b, dim, dtype=dtype)
+        lse = self.q.new_zeros(self.groups, self.blocks * b, dtype=dtype)
+        for groups, blocks in self.pieces(self.q.element_size()):
+            part_out, part_lse = (self._kernel if self.value_rows is None else self._explicit)(groups, blocks)
+            self.query_rows_of(out, groups, blocks).copy_(part_out.flatten(1, 2))
+            self.query_rows_of(lse, groups, blocks).copy_(part_lse.flatten(1, 2))
+        shape = (self.batch, self.heads, self.length)
+        return out[:, : self.length].view(*shape, dim), lse[:, : self.length].view(shape)
+
+    def _kernel(self, groups: slice, blocks: slice) -> tuple[Tensor, Tensor]:
+        """Without a value term, through the flash kernel with the position terms as its float mask:
+        ``[g, P, b, D]`` and ``[g, P, b]``."""
+        b = self.plan.block
+        bias = self.bias(groups, blocks)
+        count = bias.shape[0] * bias.shape[1]
+
+        def stacked(x: Tensor) -> Tensor:  # [g, P, r, *] -> [g·P, 1, r, *]
+            return x.reshape(count, 1, *x.shape[2:])
+
+        q_blocks = self.query_rows_of(self.q, groups, blocks).unflatten(1, (-1, b))
+        out, lse = flash_forward(
+            stacked(q_blocks),
+            stacked(self.band(self.k, groups, blocks)),
+            stacked(self.band(self.v, groups, blocks)),
+            0.0,
+            False,
+            attn_mask=stacked(bias).to(self.q.dtype),
+            scale=self.plan.scale,
+        )
+        return out.view(bias.shape[:3] + out.shape[-1:]), lse.view(bias.shape[:3])
+
+    def _explicit(self, groups: slice, blocks: slice) -> tuple[Tensor, Tensor]:
+        """With a value term, explicitly: ``[g, P, b, D]`` and ``[g, P, b]``."""
+        logits = self.logits(groups, blocks)
+        lse = logits.logsumexp(-1)
+        probs = logits.sub_(lse[..., None]).exp_()
+        padding = self.blocks * self.plan.block - self.length
+        if blocks.stop == self.blocks and padding:
+            # Rows past the end have no key on their band (uniform probabilities): the value rows'
+            # strided adjoint would add them into real rows' entries.
+            probs[:, -1, self.plan.block - padding :] = 0
+        out = probs @ self.band(self.v, groups, blocks)
+        per_row = self.sum_rows(probs) @ self._table(self.value_rows, groups).transpose(-1, -2)
+        return out.add_(per_row.view(out.shape)), lse
+
+    def backward(self, grad: Tensor, lse: Tensor, delta: Tensor):
+        """The near band's ``dq, dk, dv`` (``[B, H, L, D]``, views of padded buffers the far parts add
+        into) and the gradients of the key, query and value rows (``[H|1, R, D]`` as declared, None
+        when absent).
+        ``grad [B, H, L, D]``, ``lse`` and ``delta = dO · O`` ``[B, H, L]``: the whole call's."""
+        plan, b = self.plan, self.plan.block
+        groups_all, dim = self.groups, self.q.shape[-1]
+
+        def rows_padded(x: Tensor) -> Tensor:  # [B, H, L, *] -> [G, n·b, *]
+            x = x.reshape(groups_all, self.length, -1)
+            return F.pad(x, (0, 0, 0, self.blocks * b - self.length))
+
+        grad, lse, delta = rows_padded(grad), rows_padded(lse[..., None]), rows_padded(delta[..., None])
+        d_q = torch.zeros_like(self.q)
+        d_k, d_v = torch.zeros_like(self.k), torch.zeros_like(self.v)
+        d_tables = {
+            name: None if rows is None else torch.zeros_like(rows)
+            for name, rows in (("key", self.key_rows), ("query", self.query_rows), ("value", self.value_rows))
+        }
+
+        def add_table(name: str, groups: slice, grad_rows: Tensor) -> None:  # grad_rows [g, R, D]
+            target = d_tables[name]
+            if target.shape[0] == 1:
+                target += grad_rows.sum(0, keepdim=True)
+            else:
+                target[groups] += grad_rows
+
+        for groups, blocks in self.pieces(self.q.element_size()):
+            q_rows = self.query_rows_of(self.q, groups, blocks)
+            g_rows = self.query_rows_of(grad, groups, blocks)
+            g_blocks = g_rows.unflatten(1, (-1, b))
+            k_band = self.band(self.k, groups, blocks).contiguous()  # read twice
+            logits = self.logits(groups, blocks, k_band)
+            probs = logits.sub_(self.query_rows_of(lse, groups, blocks).unflatten(1, (-1, b))).exp_()
+            d_probs = g_blocks @ self.band(self.v, groups, blocks).transpose(-1, -2)
+            if self.value_rows is not None:
+                d_probs += self.read_rows(g_rows @ self._table(self.value_rows, groups))
+                add_table("value", groups, self.sum_rows(probs).transpose(-1, -2) @ g_rows)
+            self.fold(d_v, groups, blocks, probs.transpose(-1, -2) @ g_blocks)
+            d_logits = probs.mul_(
+                d_probs.sub_(self.query_rows_of(delta, groups, blocks).unflatten(1, (-1, b)))
+            )
+            del d_probs
+            d_q_rows = (d_logits @ k_band).flatten(1, 2).mul_(plan.scale)
+            self.fold(
+                d_k, groups, blocks, (d_logits.transpose(-1, -2) @ q_rows.unflatten(1, (-1, b))) * plan.scale
+            )
+            if self.key_rows is not None:
+                d_rows = self.sum_rows(d_logits)
+                d_q_rows += d_rows @ self._table(self.key_rows, groups).transpose(-1, -2)
+                add_table("key", groups, d_rows.transpose(-1, -2) @ q_rows)
+            if self.query_rows is not None:
+                d_keys = self.sum_keys(d_logits)
+                k_rows = self.key_rows_of(self.k, groups, blocks)
+                self.key_rows_of(d_k, groups, blocks).add_(
+                    d_keys @ self._table(self.query_rows, groups).transpose(-1, -2)
+                )
+                add_table("query", groups, d_keys.transpose(-1, -2) @ k_rows)
+            self.query_rows_of(d_q, groups, blocks).add_(d_q_rows)
+        shape = (self.batch, self.heads, self.length, dim)
+        dq, dk, dv = (
+            x[:, start : start + self.length].view(shape) for x, start in ((d_q, 0), (d_k, b), (d_v, b))
+        )
+        # The key and query rows were read scaled: their gradients take the scale once here.
+        layout = (
+            ("key", self.flip_row, self.row_window, plan.scale),
+            ("query", self.flip_key, self.key_window, plan.scale),
+            ("value", self.flip_row, self.row_window, 1.0),
+        )
+        d_rows = tuple(
+            None
+            if d_tables[name] is None
+            else self.unoriented(d_tables[name] * scale, declared, flip, window)
+            for (name, flip, window, scale), declared in zip(layout, self.declared)
+        )
+        return (dq, dk, dv), d_rows
 
 
 def _augmented(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_const: Tensor | None):
@@ -327,12 +622,18 @@ def _flip(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.flip(2)
 
 
-def _column(terms: Tensor | None, row: int, flip: bool) -> Tensor | None:
-    """``terms[..., row]`` ``[B, H, L]`` in the part's orientation."""
-    if terms is None:
-        return None
-    column = terms[..., row]
-    return column.flip(2) if flip else column
+def _far_constants(plan: _Plan, q: Tensor, k: Tensor, key_rows, query_rows, row: int, flip: bool):
+    """The far part's row constants ``scale · q_i · key_rows[row]`` and key constants
+    ``k_j · query_rows[row]`` (``[B, H, L]``, None when absent), in the part's orientation."""
+
+    def column(x: Tensor, rows: Tensor | None) -> Tensor | None:
+        if rows is None:
+            return None
+        values = (x @ rows[:, row, :, None])[..., 0]
+        return values.flip(2) if flip else values
+
+    row_const = column(q, key_rows)
+    return (None if row_const is None else row_const * plan.scale), column(k, query_rows)
 
 
 class _ClippedAttention(torch.autograd.Function):
@@ -340,35 +641,23 @@ class _ClippedAttention(torch.autograd.Function):
     def forward(ctx, plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_rows, query_rows, value_rows):
         length, skip = q.shape[2], plan.skip
         acc = accumulation_dtype(q.dtype)
-        index, valid = _near_layout(plan, length, q.device)
-        terms = _Terms.of(plan, q, k, key_rows, query_rows)
-        if value_rows is None:
-            near_out, lse = _near_kernel(plan, q, k, v, terms, index, valid)
-            near_out, lse = near_out.to(acc), lse.to(acc)
-        else:
-            logits, k_band = _near_logits(plan, q, k, terms, index, valid)
-            lse = logits.logsumexp(-1).flatten(2)[:, :, :length].to(acc)
-        near_lse = lse.clone()
+        near_out, near_lse = _Near(plan, q, k, v, key_rows, query_rows, value_rows).forward(acc)
+        lse = near_lse.clone()
         fars = []  # (flip, far row, out, lse with the row constant)
         for flip in (False,) if plan.causal else (False, True):
             row = plan.far_row(flip)
             orient = _flip if flip else (lambda x: x)
-            out_far, lse_far = _far(plan, orient(q), orient(k), orient(v), _column(terms.key, row, flip))
+            row_const, key_const = _far_constants(plan, q, k, key_rows, query_rows, row, flip)
+            out_far, lse_far = _far(plan, orient(q), orient(k), orient(v), key_const)
             lse_far = lse_far.to(acc)
-            row_const = _column(terms.row, row, flip)
             if row_const is not None:
                 lse_far = lse_far + row_const[:, :, skip:].to(acc)
             fars.append((flip, row, out_far.to(acc), lse_far))
         for flip, _, _, lse_far in fars:
             rows = slice(0, length - skip) if flip else slice(skip, None)
             lse[:, :, rows] = torch.logaddexp(lse[:, :, rows], lse_far.flip(2) if flip else lse_far)
-        if value_rows is None:
-            out = (torch.exp(near_lse - lse)[..., None] * near_out).contiguous()
-        else:
-            probs = torch.exp(logits - _query_blocks(lse[..., None], plan.block).to(logits.dtype))
-            out = probs @ _key_bands(v, plan) + _per_row(probs, index, plan.rows) @ value_rows[:, None]
-            out = out.flatten(2, 3)[:, :, :length].to(acc)
-            del logits, probs, k_band
+        out = (torch.exp(near_lse - lse)[..., None] * near_out).contiguous()
+        del near_out
         for flip, row, out_far, lse_far in fars:
             weight = torch.exp(lse_far - (lse.flip(2) if flip else lse)[:, :, skip:])[..., None]
             part = weight * (out_far if value_rows is None else out_far + value_rows[:, row][:, None])
@@ -391,18 +680,19 @@ class _ClippedAttention(torch.autograd.Function):
         acc = out.dtype
         grad = grad_out.contiguous().to(acc)
         delta = (grad * out).sum(-1)  # [B, H, L]
-        terms = _Terms.of(plan, q.to(acc), k.to(acc), _to(key_rows, acc), _to(query_rows, acc))
-        d_row_terms = None if terms.row is None else torch.zeros_like(terms.row)
-        d_key_terms = None if terms.key is None else torch.zeros_like(terms.key)
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        dk, dv = torch.zeros_like(dq), torch.zeros_like(dq)
-        d_value = None if value_rows is None else torch.zeros(value_rows.shape, dtype=acc, device=q.device)
+        q_acc, k_acc, v_acc = q.to(acc), k.to(acc), v.to(acc)
+        key_rows, query_rows, value_rows = (_to(t, acc) for t in (key_rows, query_rows, value_rows))
         skip = plan.skip
+
+        # Near blocks, explicitly, in pieces.
+        near = _Near(plan, q_acc, k_acc, v_acc, key_rows, query_rows, value_rows)
+        (dq, dk, dv), (d_key_rows, d_query_rows, d_value) = near.backward(grad, lse, delta)
 
         # Far parts, each in its own orientation.
         for i, (flip, row) in enumerate(ctx.fars):
             orient = _flip if flip else (lambda x: x)
-            value_row = None if value_rows is None else value_rows[:, row][:, None].to(acc)
+            value_row = None if value_rows is None else value_rows[:, row][:, None]
+            row_const, key_const = _far_constants(plan, q_acc, k_acc, key_rows, query_rows, row, flip)
             d_q, d_k, d_v, d_row, d_key, d_val = _far_backward(
                 plan,
                 orient(grad),
@@ -412,8 +702,8 @@ class _ClippedAttention(torch.autograd.Function):
                 orient(out),
                 orient(lse[..., None])[..., 0],
                 orient(delta[..., None])[..., 0],
-                _column(terms.row, row, flip),
-                _column(terms.key, row, flip),
+                row_const,
+                key_const,
                 value_row,
                 (far_tensors[2 * i], far_tensors[2 * i + 1]),
             )
@@ -425,58 +715,31 @@ class _ClippedAttention(torch.autograd.Function):
             dq[:, :, rows] += d_q
             dk[:, :, keys] += d_k
             dv[:, :, keys] += d_v
-            if d_row is not None:
-                d_row_terms[:, :, rows, row] += d_row
-            if d_key is not None:
-                d_key_terms[:, :, keys, row] += d_key
+            if d_row is not None:  # the row constants scale · q_i · key_rows[row]
+                d_row = d_row[..., None] * plan.scale
+                dq[:, :, rows] += d_row * key_rows[:, row][:, None]
+                d_key_rows[:, row] += _head_sum(d_row * q_acc[:, :, rows], key_rows.shape[0])
+            if d_key is not None:  # the key constants k_j · query_rows[row]
+                d_key = d_key[..., None]
+                dk[:, :, keys] += d_key * query_rows[:, row][:, None]
+                d_query_rows[:, row] += _head_sum(d_key * k_acc[:, :, keys], query_rows.shape[0])
             if d_val is not None:
                 d_value[:, row] += d_val.sum(0) if value_rows.shape[0] > 1 else d_val.sum((0, 1))[None]
-
-        # Near blocks, explicitly.
-        index, valid = _near_layout(plan, length, q.device)
-        q_acc, k_acc = q.to(acc), k.to(acc)
-        logits, k_band = _near_logits(plan, q_acc, k_acc, terms, index, valid)
-        lse_blocks = _query_blocks(lse[..., None], plan.block)
-        probs = torch.exp(logits - lse_blocks)
-        del logits
-        g_blocks = _query_blocks(grad, plan.block)
-        d_probs = g_blocks @ _key_bands(v.to(acc), plan).transpose(-1, -2)
-        if value_rows is not None:
-            per_row_grad = g_blocks @ value_rows.to(acc).transpose(-1, -2)[:, None]  # [B, H, n, b, R]
-            d_probs = d_probs + _gather_rows(per_row_grad, index)
-            weights = _per_row(probs, index, plan.rows)  # [B, H, n, b, R]
-            d_value += _reduce_heads((weights.transpose(-1, -2) @ g_blocks).sum(2), value_rows.shape[0])
-        dv += _fold_bands(probs.transpose(-1, -2) @ g_blocks, plan, length)
-        d_logits = probs * (d_probs - _query_blocks(delta[..., None], plan.block))
-        del probs, d_probs
-        dq += ((d_logits @ k_band) * plan.scale).flatten(2, 3)[:, :, :length]
-        q_blocks = _query_blocks(q_acc, plan.block)
-        dk += _fold_bands((d_logits.transpose(-1, -2) @ q_blocks) * plan.scale, plan, length)
-        if d_row_terms is not None:
-            d_row_terms += _per_row(d_logits, index, plan.rows).flatten(2, 3)[:, :, :length]
-        if d_key_terms is not None:
-            per_key = _per_row(d_logits.transpose(-1, -2), index.transpose(0, 1), plan.rows) * plan.scale
-            d_key_terms += _fold_bands(per_key, plan, length)
-
-        # The row terms scale · q @ key_rowsᵀ and the key terms k @ query_rowsᵀ.
-        d_key_rows = d_query_rows = None
-        if d_row_terms is not None:
-            dq += (d_row_terms @ key_rows.to(acc)) * plan.scale
-            d_key_rows = _reduce_heads(
-                (d_row_terms.transpose(-1, -2) @ q_acc) * plan.scale, key_rows.shape[0]
-            )
-        if d_key_terms is not None:
-            dk += d_key_terms @ query_rows.to(acc)
-            d_query_rows = _reduce_heads(d_key_terms.transpose(-1, -2) @ k_acc, query_rows.shape[0])
         return (
             None,
             dq.to(q.dtype),
             dk.to(k.dtype),
             dv.to(v.dtype),
-            _to(d_key_rows, None if key_rows is None else key_rows.dtype),
-            _to(d_query_rows, None if query_rows is None else query_rows.dtype),
-            _to(d_value, None if value_rows is None else value_rows.dtype),
+            _to(d_key_rows, None if key_rows is None else ctx.saved_tensors[3].dtype),
+            _to(d_query_rows, None if query_rows is None else ctx.saved_tensors[4].dtype),
+            _to(d_value, None if value_rows is None else ctx.saved_tensors[5].dtype),
         )
+
+
+def _head_sum(x: Tensor, heads: int) -> Tensor:
+    """``[B, H, L, D]`` summed over batch and positions to ``[H, D]`` (``[1, D]`` for shared tables)."""
+    x = x.sum((0, 2))
+    return x if heads > 1 else x.sum(0, keepdim=True)
 
 
 def _to(x: Tensor | None, dtype) -> Tensor | None:
@@ -494,7 +757,9 @@ def clipped_attention(req: AttentionRequest, terms: ClippedRelative | None = Non
             raise ValueError(f"clipped split: {reason}")
     causal = req.mask.is_plain_causal
     tables = [t for t in (terms.key_rows, terms.query_rows, terms.value_rows) if t is not None]
-    plan = _Plan(req.scale, _block_for(terms, causal), causal, terms.index, tables[0].shape[-2])
+    block = _block_for(terms, causal)
+    slope = _slope_over_band(terms.index, block, causal)
+    plan = _Plan(req.scale, block, causal, terms.index, tables[0].shape[-2], slope)
     k, v = req.kv_per_query_head()
     key_rows, query_rows, value_rows = (
         _to(t, req.q.dtype) for t in (terms.key_rows, terms.query_rows, terms.value_rows)
