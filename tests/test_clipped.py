@@ -156,6 +156,7 @@ def test_deberta_split_equals_eager(terms, share, causal, monkeypatch):
     the kernel) on log buckets whose far rows start at different distances on each side (16 before
     the diagonal, 32 after); every parameter's gradient, projections included."""
     monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
+    monkeypatch.setattr(clipped, "CLIPPED_MIN_BLOCKS", 0)
     calls = []
     original = clipped.clipped_attention
     monkeypatch.setattr(
@@ -207,23 +208,28 @@ def test_deberta_far_distances_are_where_its_rows_saturate(spec):
     assert torch.equal(terms.index(distance), rows)
 
 
-def test_deberta_far_beyond_the_largest_near_block_keeps_the_query_blocks():
-    """DeBERTa's default buckets saturate only past distance 500: the near band would cost more than
-    the query blocks, and the reason says so; a span of 256 takes the split."""
-    for spec, takes_split in (
-        ("deberta", False),
-        ("deberta:position_buckets=-1,max_relative_positions=256", True),
+def test_auto_takes_the_split_from_eight_near_blocks():
+    """DeBERTa's default buckets saturate only past distance 500 (near blocks of 505 rows): below
+    eight such blocks the query blocks are as fast and the reason says so; from eight on, and for a
+    span of 256 (blocks of 255) from 2040 queries, the split serves. Forcing the split (min_len=0)
+    skips the rule."""
+    for spec, length, takes_split in (
+        ("deberta", 1100, False),
+        ("deberta", 4040, True),
+        ("deberta:position_buckets=-1,max_relative_positions=256", 1100, False),
+        ("deberta:position_buckets=-1,max_relative_positions=256", 2040, True),
     ):
         layer = posenc.MultiheadAttention(24, 3, spec, causal=True)
-        q = torch.randn(1, 3, 1100, 8)
-        pos = torch.arange(1100)[None]
+        q = torch.randn(1, 3, length, 8)
+        pos = torch.arange(length)[None]
         req = AttentionRequest(
             q=q, k=q, v=q, encoding=layer.encoding, q_pos=pos, k_pos=pos, scale=0.3, causal=True, layer=layer
         )
         reason = clipped_reason(req)
-        assert (reason is None) == takes_split, reason
+        assert (reason is None) == takes_split, (spec, length, reason)
         if not takes_split:
-            assert "near blocks of" in reason
+            assert "8 near blocks of" in reason
+            assert clipped_reason(req, min_len=0) is None
 
 
 @pytest.mark.parametrize("value_term", [True, False], ids=["values", "keys-only"])
@@ -307,6 +313,7 @@ def test_deberta_near_band_paths_equal_eager(buckets, terms, causal, pieces, mon
     flipped for c2p, not for p2c); with log buckets it gathers. Every gradient, projections included,
     with pieces of the whole band and of one block of one head."""
     monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
+    monkeypatch.setattr(clipped, "CLIPPED_MIN_BLOCKS", 0)
     if pieces == "tiny":
         monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", 1)
     slopes = _spy_slopes(monkeypatch)

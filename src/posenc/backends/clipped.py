@@ -61,7 +61,7 @@ from .blocked import same_consecutive_positions
 
 __all__ = [
     "CLIPPED_BLOCK",
-    "CLIPPED_MAX_BLOCK",
+    "CLIPPED_MIN_BLOCKS",
     "CLIPPED_MIN_LEN",
     "clipped_attention",
     "clipped_reason",
@@ -74,14 +74,14 @@ __all__ = [
 CLIPPED_BLOCK = 16
 #: Below this many queries the relative backend's query blocks are about as fast.
 CLIPPED_MIN_LEN = 512
-#: Above this many rows per near block the explicit near band costs more than the query blocks'
-#: forward (measured at L=4096 with DeBERTa: far distance 256 runs the split's forward 1.2x and its
-#: forward+backward 1.8x faster than the query blocks; far distance 512, its log buckets' default,
-#: the forward 1.25x slower). Measured before the near band ran in pieces: since then DeBERTa's
-#: default (far distance 512, log buckets, gathered) runs the split 3.0x faster forward and 1.8x
-#: forward+backward causal, 2.0x / 1.9x bidirectional, than the query blocks (L=4096, the layer,
-#: one thread), so this limit can rise.
-CLIPPED_MAX_BLOCK = 256
+#: Auto takes the split from this many near blocks on (``L >= CLIPPED_MIN_BLOCKS · b``): a near block
+#: of ``b`` rows reads ``2b`` or ``3b`` keys, which pays off once the far part is most of the work.
+#: Measured against the query blocks (the layer, one thread, CPU time, forward / forward+backward):
+#: DeBERTa's default (log buckets, far distance 506, blocks of 505 rows) runs the split 0.82x / 1.55x
+#: the query blocks' time causal and 1.06x / 2.40x bidirectional at L=1024 (2 blocks), 0.94x / 0.98x
+#: and 0.81x / 1.00x at L=2048 (4 blocks), 0.55x / 0.56x and 0.52x / 0.38x at L=4096 (8 blocks); span
+#: 256 (blocks of 255) 0.29x / 0.55x and 0.59x / 1.26x at L=1024 (4 blocks), 0.42x-0.49x at L=2048.
+CLIPPED_MIN_BLOCKS = 8
 #: The dtypes the split runs in (its near blocks are explicit; bfloat16 would lose the exactness).
 CLIPPED_DTYPES = (torch.float32, torch.float64)
 #: Bytes of the near band's largest temporaries in one piece (logits and position tables of a few
@@ -100,10 +100,10 @@ def clipped_terms(
     req: AttentionRequest, min_len: int | None = None
 ) -> tuple[ClippedRelative | None, str | None]:
     """The encoding's declared tables when the clipped split serves ``req`` (and None), or None and
-    why not (one sentence). ``min_len``: the fewest queries worth the split (:data:`CLIPPED_MIN_LEN`
-    when None). The declaration is read once: the relative backend hands it to
+    why not (one sentence). ``min_len``: the fewest queries worth the split (when None,
+    :data:`CLIPPED_MIN_LEN` and :data:`CLIPPED_MIN_BLOCKS` near blocks). The declaration is read once: the relative backend hands it to
     :func:`clipped_attention` (DeBERTa projects its table to declare it)."""
-    min_len = CLIPPED_MIN_LEN if min_len is None else min_len
+    explicit_min, min_len = min_len, CLIPPED_MIN_LEN if min_len is None else min_len
     if req.kind is not Kind.CONTENT:
         return None, "the clipped split serves CONTENT encodings"
     if req.q.device.type != "cpu" or not cpu_flash_available():
@@ -123,10 +123,11 @@ def clipped_terms(
     if terms is None:
         return None, f"{req.encoding.name} declares no clipped relative tables"
     block = _block_for(terms, mask.is_plain_causal)
-    if block > CLIPPED_MAX_BLOCK:
+    if explicit_min is None and req.q_len < CLIPPED_MIN_BLOCKS * block:
         return None, (
-            f"{req.encoding.name}'s rows are constant only from distance {block + 1} on: near blocks of "
-            f"{block} rows cost more than the query blocks (the split takes at most {CLIPPED_MAX_BLOCK})"
+            f"{req.encoding.name}'s rows are constant only from distance {block + 1} on: below "
+            f"{CLIPPED_MIN_BLOCKS * block} queries ({CLIPPED_MIN_BLOCKS} near blocks of {block} rows) the "
+            "query blocks are as fast"
         )
     if req.q_len < 2 * block + 2:
         return None, f"below {2 * block + 2} queries the near blocks of {block} rows leave no far part"
