@@ -170,16 +170,7 @@ def test_deberta_split_equals_eager(terms, share, causal, monkeypatch):
     with posenc.use_backend("relative"):
         out = layer(x)
     assert calls == [1]
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad(out, inputs, grad, allow_unused=True)
-    with posenc.use_backend("eager"):
-        ref = layer(x)
-    want = torch.autograd.grad(ref, inputs, grad, allow_unused=True)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
-    for g, w in zip(got, want):
-        assert (g is None) == (w is None)
-        if g is not None:
-            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+    _assert_layer_equals_eager(layer, x, out, inputs)
 
 
 @pytest.mark.parametrize(
@@ -325,16 +316,7 @@ def test_deberta_near_band_paths_equal_eager(buckets, terms, causal, pieces, mon
     with posenc.use_backend("relative"):
         out = layer(x)
     assert slopes == ([-1] if buckets == -1 else [None])
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad(out, inputs, grad, allow_unused=True)
-    with posenc.use_backend("eager"):
-        ref = layer(x)
-    want = torch.autograd.grad(ref, inputs, grad, allow_unused=True)
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
-    for g, w in zip(got, want):
-        assert (g is None) == (w is None)
-        if g is not None:
-            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+    _assert_layer_equals_eager(layer, x, out, inputs)
 
 
 @pytest.mark.parametrize(
@@ -351,3 +333,18 @@ def test_deberta_near_band_paths_equal_eager(buckets, terms, causal, pieces, mon
 )
 def test_slope_over_band_is_read_from_the_index(index, block, causal, expected):
     assert clipped._slope_over_band(index, block, causal) == expected
+
+
+def _assert_layer_equals_eager(layer, x: torch.Tensor, out: torch.Tensor, inputs: list) -> None:
+    """``out = layer(x)`` (taken on the split) and its gradients into ``inputs`` against the eager
+    backend's, float64 tolerances."""
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, inputs, grad, allow_unused=True)
+    with posenc.use_backend("eager"):
+        ref = layer(x)
+    want = torch.autograd.grad(ref, inputs, grad, allow_unused=True)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for g, w in zip(got, want):
+        assert (g is None) == (w is None)
+        if g is not None:
+            torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
