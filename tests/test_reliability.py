@@ -735,3 +735,34 @@ def test_a_backend_that_cannot_train_an_encoding_fails_before_anything_is_writte
     with pytest.raises(ValueError, match=r"--backend 'flex' cannot train --encodings 'rope': .*serves BIAS"):
         run_experiment(config, tmp_path / "out", workers=1)
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "values, finite",
+    [
+        ([1.0, -2.0, 3.0], True),
+        ([1.0, float("nan"), 3.0], False),
+        ([1.0, float("inf"), 3.0], False),
+        ([float("-inf"), 2.0, 3.0], False),
+        ([float("inf"), float("-inf"), 3.0], False),  # their sum is nan, not a cancellation
+        ([1e308, 1e308, -1.0], True),  # float64: a sum that overflows, every element finite
+    ],
+)
+def test_the_nonfinite_check_sees_every_nan_and_inf_and_no_overflow(values, finite, dtype):
+    """has_nonfinite decides whether fused kernels (which would turn nan rows finite) may serve a
+    request; it reduces with one float64 sum and tests element by element only when that sum is not
+    finite."""
+    from posenc.backends import AttentionRequest
+
+    x = torch.zeros(1, 1, 5, 2, dtype=torch.float64)
+    x.view(-1)[: len(values)] = torch.tensor(values, dtype=torch.float64)
+    x = x.to(dtype)  # 1e308 becomes inf in float32 and bfloat16
+    finite = finite and bool(torch.isfinite(x).all())
+    pos = torch.arange(5)[None]
+    for name in ("q", "k", "v"):
+        q, k, v = (x if name == which else torch.ones_like(x) for which in ("q", "k", "v"))
+        req = AttentionRequest(
+            q=q, k=k, v=v, encoding=posenc.build("nope"), q_pos=pos, k_pos=pos, scale=1.0, causal=True
+        )
+        assert req.has_nonfinite is (not finite), (name, values)

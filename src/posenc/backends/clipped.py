@@ -50,7 +50,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
@@ -242,9 +241,9 @@ class _Near:
         self.key_len = (self.blocks + plan.chunks - 1) * b
 
         def keys(x: Tensor) -> Tensor:
-            return F.pad(x.reshape(self.groups, length, dim), (0, 0, b, self.key_len - b - length))
+            return _padded_rows(x.reshape(self.groups, length, dim), b, self.key_len - b - length)
 
-        self.q = F.pad(q.reshape(self.groups, length, dim), (0, 0, 0, self.blocks * b - length))
+        self.q = _padded_rows(q.reshape(self.groups, length, dim), 0, self.blocks * b - length)
         self.k, self.v = keys(k), keys(v)
         self.index, self.valid = _near_layout(plan, length, q.device)
         zero_row = int(plan.index(torch.tensor(0)))
@@ -492,8 +491,7 @@ class _Near:
         groups_all, dim = self.groups, self.q.shape[-1]
 
         def rows_padded(x: Tensor) -> Tensor:  # [B, H, L, *] -> [G, n·b, *]
-            x = x.reshape(groups_all, self.length, -1)
-            return F.pad(x, (0, 0, 0, self.blocks * b - self.length))
+            return _padded_rows(x.reshape(groups_all, self.length, -1), 0, self.blocks * b - self.length)
 
         grad, lse, delta = rows_padded(grad), rows_padded(lse[..., None]), rows_padded(delta[..., None])
         d_q = torch.zeros_like(self.q)
@@ -617,6 +615,18 @@ def _far_backward(plan: _Plan, grad, q, k, v, out, lse, delta, row_const, key_co
     d_key = None if key_const is None else d_k[..., dim]
     d_value = None if value_row is None else (weight[..., None] * g).sum(2)  # [B, H, D]
     return d_q[..., :dim], d_k[..., :dim], d_v[..., :dim], d_row, d_key, d_value
+
+
+def _padded_rows(x: Tensor, before: int, after: int) -> Tensor:
+    """``x [G, L, D]`` with ``before`` zero rows in front and ``after`` behind. ``F.pad`` fills the
+    whole output and then copies ``x`` in: two passes over fresh pages (15% of a long DeBERTa
+    forward on two threads); here the margins are zeroed and ``x`` is copied once."""
+    groups, length, dim = x.shape
+    out = x.new_empty(groups, before + length + after, dim)
+    out[:, :before].zero_()
+    out[:, before + length :].zero_()
+    out[:, before : before + length].copy_(x)
+    return out
 
 
 def _flip(x: Tensor | None) -> Tensor | None:
