@@ -45,7 +45,7 @@ Two engines share this:
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -122,25 +122,23 @@ class _Group:
     def pieces(self, key_row_bytes: int) -> list[_Group]:
         """This group as consecutive groups whose key operands take at most :data:`MAX_CALL_BYTES`
         (``key_row_bytes``: bytes of one key row over all heads), views of the same runs."""
-        per_entry = max(1, key_row_bytes * self.keys)
-        size = max(1, MAX_CALL_BYTES // per_entry)
-        if self.n <= size:
-            return [self]
         return [
-            _Group(
-                self.pattern,
-                self.rows,
-                self.keys,
-                self.batch,
-                min(size, self.n - e0),
-                self.q0 + e0 * self.q_step,
-                self.q_step,
-                self.k0 + e0 * self.k_step,
-                self.k_step,
-                None if self.allowed is None else self.allowed[e0 : e0 + size],
+            replace(
+                self,
+                n=n,
+                q0=self.q0 + e0 * self.q_step,
+                k0=self.k0 + e0 * self.k_step,
+                allowed=None if self.allowed is None else self.allowed[e0 : e0 + n],
             )
-            for e0 in range(0, self.n, size)
+            for e0, n in _piece_ranges(self.n, key_row_bytes * self.keys)
         ]
+
+
+def _piece_ranges(count: int, entry_bytes: int) -> list[tuple[int, int]]:
+    """``(first, n)`` runs of consecutive entries, ``entry_bytes`` each, of at most
+    :data:`MAX_CALL_BYTES` (one entry at least)."""
+    size = max(1, MAX_CALL_BYTES // max(1, entry_bytes))
+    return [(e0, min(size, count - e0)) for e0 in range(0, count, size)]
 
 
 def _triangle(pattern: str, rows: int, keys: int, device) -> Tensor:
@@ -509,14 +507,10 @@ class _NearCall:
     def pieces(self, heads: int, step: int) -> list[_NearCall]:
         """This call as consecutive calls whose float32 logits take at most :data:`MAX_CALL_BYTES`
         (the explicit backward's temporaries have that size; blocks ``step`` queries apart)."""
-        size = max(1, MAX_CALL_BYTES // (4 * heads * self.rows * self.keys))
-        if self.count <= size:
-            return [self]
         return [
-            _NearCall(self.b, min(size, self.count - e0), self.rows, self.q0 + e0 * step, self.k0 + e0 * step,
-                      self.keys, self.mask)
-            for e0 in range(0, self.count, size)
-        ]  # fmt: skip
+            replace(self, count=n, q0=self.q0 + e0 * step, k0=self.k0 + e0 * step)
+            for e0, n in _piece_ranges(self.count, 4 * heads * self.rows * self.keys)
+        ]
 
 
 def _near_calls(plan: _NearFar, bias: Tensor, batch: int) -> list[_NearCall]:
