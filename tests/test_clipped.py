@@ -30,6 +30,18 @@ def _grads(out, req, enc, seed=0):
     return torch.autograd.grad(out, inputs, torch.randn_like(out))
 
 
+def _assert_equals_eager(out, req, enc, out_tol: dict, grad_tol: dict) -> None:
+    """``out`` (the split's result for ``req``) and its gradients into q, k, v and ``enc``'s tables
+    against the eager backend's."""
+    ref = get_backend("eager").run(req)[0]
+    torch.testing.assert_close(out, ref, **out_tol)
+    for got, want in zip(_grads(out, req, enc), _grads(ref, req, enc)):
+        torch.testing.assert_close(got, want, **grad_tol)
+
+
+F64 = ({"rtol": 1e-10, "atol": 1e-12}, {"rtol": 1e-9, "atol": 1e-11})
+
+
 @pytest.mark.parametrize("kv_heads", [None, 1], ids=["mha", "gqa"])
 @pytest.mark.parametrize("value_term", [True, False], ids=["values", "keys-only"])
 @pytest.mark.parametrize("per_head", [False, True], ids=["shared", "per-head"])
@@ -44,10 +56,7 @@ def test_clipped_split_equals_eager(length, causal, per_head, value_term, kv_hea
     ).double()
     req = _request(enc, length, causal, kv_heads=kv_heads)
     out = clipped_attention(req)
-    ref = get_backend("eager").run(req)[0]
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
-    for got, want in zip(_grads(out, req, enc), _grads(ref, req, enc)):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    _assert_equals_eager(out, req, enc, *F64)
 
 
 def test_block_grows_to_the_clipping_distance(monkeypatch):
@@ -68,10 +77,7 @@ def test_float32_at_default_block_matches_eager():
     req = _request(enc, 600, causal=True, dtype=torch.float32, batch=1)
     assert clipped_reason(req) is None
     out = clipped_attention(req)
-    ref = get_backend("eager").run(req)[0]
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
-    for got, want in zip(_grads(out, req, enc), _grads(ref, req, enc)):
-        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+    _assert_equals_eager(out, req, enc, {"rtol": 1e-4, "atol": 1e-5}, {"rtol": 1e-3, "atol": 1e-4})
 
 
 def test_layer_takes_the_split_on_long_sequences(monkeypatch):
@@ -289,10 +295,7 @@ def test_near_band_paths_and_pieces_equal_eager(
     req = _request(enc, length, causal, kv_heads=1 if per_head else None)
     out = clipped_attention(req)
     assert slopes == ([1] if path == "strided" else [None])
-    ref = get_backend("eager").run(req)[0]
-    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
-    for got, want in zip(_grads(out, req, enc), _grads(ref, req, enc)):
-        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+    _assert_equals_eager(out, req, enc, *F64)
 
 
 @pytest.mark.parametrize("pieces", ["whole", "tiny"])
