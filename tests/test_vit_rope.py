@@ -1,5 +1,9 @@
-"""ViT 2-D RoPE: RoPE-Mixed against timm ``RotaryEmbeddingMixed`` and DINOv3's RoPE against HF ``dinov3_vit``.
+"""ViT 2-D RoPE: RoPE-Mixed against the paper's rotation written out here, DINOv3's RoPE against HF ``dinov3_vit``.
 
+RoPE-Mixed's reference is its definition (Heo et al. 2024, as timm's ``RotaryEmbeddingMixed`` and
+naver-ai's rope-vit compute it): patch ``(row, col)`` turns pair ``(2k, 2k+1)`` of head ``h`` by
+``col · fx[h, k] + row · fy[h, k]``. It is written below as explicit 2x2 rotations in float64;
+timm itself is not a test dependency, because its package pulls torchvision, which re-pins torch.
 Tiny configs built here; nothing is downloaded. docs/conventions.md §9.5-§9.6.
 """
 
@@ -9,7 +13,6 @@ import math
 
 import pytest
 import torch
-from timm.layers.pos_embed_sincos import RotaryEmbeddingMixed, apply_rot_embed_cat
 from transformers import DINOv3ViTConfig
 from transformers.models.dinov3_vit.modeling_dinov3_vit import (
     DINOv3ViTRopePositionEmbedding,
@@ -22,26 +25,55 @@ from posenc import functional as F
 # ---------------------------------------------------------------------------- RoPE-Mixed
 
 
-@pytest.mark.parametrize(("grid", "prefix"), [((3, 4), 0), ((4, 4), 1), ((2, 5), 5)])
-def test_rope_mixed_matches_timm_with_copied_frequencies(grid, prefix):
+def _rope_mixed_reference(x: torch.Tensor, freqs: torch.Tensor, grid_width: int, prefix: int) -> torch.Tensor:
+    """The paper's rotation, token by token: ``x [B, H, T, D]``, ``freqs [2, H, D/2]`` (fx, fy).
+
+    Token ``t >= prefix`` is patch ``p = t - prefix`` at ``row = p // grid_width``, ``col = p % grid_width``
+    (row-major, timm's ``xy`` grid); pair ``k`` of head ``h`` is multiplied by the rotation matrix of
+    angle ``col * fx[h, k] + row * fy[h, k]``. Prefix tokens (class token, registers) are not rotated.
+    """
+    out = x.clone()
+    for t in range(prefix, x.shape[2]):
+        row, col = divmod(t - prefix, grid_width)
+        for h in range(x.shape[1]):
+            for k in range(x.shape[3] // 2):
+                angle = col * freqs[0, h, k].item() + row * freqs[1, h, k].item()
+                rotation = torch.tensor(
+                    [[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]], dtype=x.dtype
+                )
+                out[:, h, t, 2 * k : 2 * k + 2] = x[:, h, t, 2 * k : 2 * k + 2] @ rotation.T
+    return out
+
+
+@pytest.mark.parametrize(("grid_width", "tokens", "prefix"), [(4, 12, 0), (4, 17, 1), (5, 15, 5), (1, 3, 0)])
+def test_rope_mixed_equals_the_papers_rotation(grid_width, tokens, prefix):
     torch.manual_seed(0)
-    heads, head_dim, depth = 3, 16, 2
-    timm_rope = RotaryEmbeddingMixed(heads * head_dim, depth=depth, num_heads=heads, temperature=10.0)
-    embed = timm_rope.get_embed(list(grid))  # [depth, H, N, 2D]
-    tokens = prefix + grid[0] * grid[1]
-    q, k = torch.randn(2, heads, tokens, head_dim), torch.randn(2, heads, tokens, head_dim)
+    heads, head_dim = 3, 8
+    enc = posenc.build(
+        "rope_mixed", num_heads=heads, head_dim=head_dim, grid_width=grid_width, prefix_tokens=prefix
+    ).double()
+    with torch.no_grad():  # arbitrary learned frequencies, not the initial ones
+        enc.freqs.copy_(torch.randn(2, heads, head_dim // 2, dtype=torch.float64))
+    q = torch.randn(2, heads, tokens, head_dim, dtype=torch.float64)
+    k = torch.randn(2, heads, tokens, head_dim, dtype=torch.float64)
     positions = torch.arange(tokens)[None]
-    for layer in range(depth):
-        enc = posenc.build(
-            "rope_mixed", num_heads=heads, head_dim=head_dim, grid_width=grid[1], prefix_tokens=prefix
-        )
-        with torch.no_grad():
-            enc.freqs.copy_(timm_rope.freqs[:, layer])
-        got_q, got_k = enc.rotate(q, k, positions, positions)
-        for got, x in ((got_q, q), (got_k, k)):
-            want = apply_rot_embed_cat(x[:, :, prefix:], embed[layer], half=False)
-            torch.testing.assert_close(got[:, :, prefix:], want, rtol=1e-5, atol=1e-5)
-            torch.testing.assert_close(got[:, :, :prefix], x[:, :, :prefix], rtol=0, atol=0)
+    got_q, got_k = enc.rotate(q, k, positions, positions)
+    freqs = enc.freqs.detach()
+    torch.testing.assert_close(
+        got_q, _rope_mixed_reference(q, freqs, grid_width, prefix), rtol=1e-12, atol=1e-12
+    )
+    torch.testing.assert_close(
+        got_k, _rope_mixed_reference(k, freqs, grid_width, prefix), rtol=1e-12, atol=1e-12
+    )
+
+
+def test_rope_mixed_float32_rotation_is_close_to_float64():
+    torch.manual_seed(1)
+    enc = posenc.build("rope_mixed", num_heads=2, head_dim=8, grid_width=3, prefix_tokens=1)
+    q = torch.randn(1, 2, 10, 8)
+    got, _ = enc.rotate(q, q, torch.arange(10)[None], torch.arange(10)[None])
+    want = _rope_mixed_reference(q.double(), enc.freqs.detach().double(), 3, 1)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_rope_mixed_scores_depend_on_the_2d_offset_and_frequencies_learn():
