@@ -55,6 +55,7 @@ def test_tiny_bench_runs_outside_the_checkout(tmp_path):
     assert "| posenc apply_rotary (out of place) |" in table and "| HF apply_rotary_pos_emb |" in table
 
 
+@pytest.mark.hf
 def test_hf_bench_times_the_three_implementations_on_each_mask(capsys, monkeypatch):
     from posenc.benchmarks import bench_hf
 
@@ -70,6 +71,7 @@ def test_hf_bench_times_the_three_implementations_on_each_mask(capsys, monkeypat
     assert all(row.count("ms") >= 2 and row.count("×") == 1 for row in rows[6:])
 
 
+@pytest.mark.hf
 def test_hf_bench_times_t5_stacks_three_ways(capsys, monkeypatch):
     from posenc.benchmarks import bench_hf
 

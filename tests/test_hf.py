@@ -11,6 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+pytestmark = pytest.mark.hf  # the posenc.hf seam: CI runs these at both ends of the transformers range
+
 transformers = pytest.importorskip("transformers")
 import posenc.hf as posenc_hf  # noqa: E402
 

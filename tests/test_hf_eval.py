@@ -10,6 +10,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+pytestmark = pytest.mark.hf  # the posenc.hf seam: CI runs these at both ends of the transformers range
+
 transformers = pytest.importorskip("transformers")
 
 from posenc.experiments.hf_eval import HFCausalLM, evaluate_hf_model  # noqa: E402

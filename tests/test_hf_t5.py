@@ -14,6 +14,8 @@ import copy
 import pytest
 import torch
 
+pytestmark = pytest.mark.hf  # the posenc.hf seam: CI runs these at both ends of the transformers range
+
 transformers = pytest.importorskip("transformers")
 import posenc.hf as posenc_hf  # noqa: E402
 from posenc.backends import split  # noqa: E402
@@ -228,8 +230,10 @@ def test_what_is_not_served_is_refused():
             )
         )
     old_style = transformers.T5EncoderModel(_config())
-    del old_style.encoder.block[0].layer[0].SelfAttention.is_causal  # as before transformers 5
-    with pytest.raises(ValueError, match=r"this T5Attention \(transformers .*\) predates"):
+    del old_style.encoder.block[0].layer[0].SelfAttention.is_causal  # as before transformers 5.15
+    with pytest.raises(
+        ValueError, match=r"T5Attention.forward .* lacking attribute is_causal\. posenc supports "
+    ):
         posenc_hf.use_posenc_attention(old_style)
     _, patched = _pair(transformers.T5EncoderModel)
     patched.set_attn_implementation("flex_attention")  # HF then builds a BlockMask

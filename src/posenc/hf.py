@@ -95,13 +95,21 @@ def register(backend: str = "auto") -> str:
     return ATTN_IMPLEMENTATION
 
 
+#: Arguments HF's continuous batching hands the attention function with its paged cache: the cache
+#: itself (transformers 5.19-5.23) or the read/write indices into it (5.24).
+_PAGED_ARGUMENTS = ("read_index", "write_index", "block_table")
+
+
 def _check_supported(kwargs: dict[str, Any]) -> None:
     if kwargs.get("softcap") is not None:
         raise ValueError(
             "posenc attention does not serve logit soft-capping (softcap, Gemma 2); use "
             "attn_implementation='eager' for this model"
         )
-    if kwargs.get("cache") is not None:
+    paged = type(kwargs.get("cache")).__name__ == "PagedAttentionCache" or any(
+        kwargs.get(name) is not None for name in _PAGED_ARGUMENTS
+    )
+    if paged:
         raise ValueError("posenc attention does not serve HF's paged cache (continuous batching)")
 
 
@@ -316,6 +324,35 @@ def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Mo
     return model
 
 
+# ---------------------------------------------------------------------------- binding to HF's internals
+def _check_interface(
+    module: nn.Module,
+    seam: str,
+    parameters: Sequence[str],
+    attributes: Sequence[str],
+    one_of: Sequence[str] = (),
+) -> None:
+    """Bind by what the installed module offers, not by a version number: its ``forward`` must take
+    ``parameters`` (and one of ``one_of``, when given) and the module must have ``attributes``.
+    Anything else is refused naming what posenc expected, what it found, and the supported range
+    (:data:`posenc.seams.SEAMS` ``[seam]``)."""
+    from .seams import SEAMS, parameter_names
+
+    found = [name for name in parameter_names(type(module).forward) if name != "self"]
+    missing = [name for name in parameters if name not in found]
+    if one_of and not any(name in found for name in one_of):
+        missing.append(" or ".join(one_of))
+    missing += [f"attribute {name}" for name in attributes if not hasattr(module, name)]
+    if missing:
+        wanted = [*parameters, *([" or ".join(one_of)] if one_of else [])]
+        expected = f"forward({', '.join(wanted)}, ...) and attributes {', '.join(attributes)}"
+        raise ValueError(
+            "use_posenc_attention: "
+            + SEAMS[seam].mismatch(expected, f"forward({', '.join(found)}), lacking {', '.join(missing)}")
+            + "; or use attn_implementation='posenc' (dense position_bias)"
+        )
+
+
 # ---------------------------------------------------------------------------- models without the interface
 def _bloom_attention_forward(
     self: nn.Module,
@@ -376,7 +413,18 @@ def _allowed_keys(mask: Tensor | None) -> Tensor | None:
     return mask > torch.finfo(mask.dtype).min / 2
 
 
+#: What :func:`_bloom_attention_forward` needs of ``BloomAttention``.
+_BLOOM_PARAMETERS = (
+    "hidden_states", "residual", "alibi", "attention_mask", "layer_past", "use_cache", "output_attentions",
+)  # fmt: skip
+_BLOOM_ATTRIBUTES = (
+    "query_key_value", "_reshape", "num_heads", "inv_norm_factor", "attention_dropout", "hidden_size", "dense",
+    "hidden_dropout", "pretraining_tp", "slow_but_exact", "layer_idx",
+)  # fmt: skip
+
+
 def _bloom_encoding(module: nn.Module) -> PositionalEncoding:
+    _check_interface(module, "BloomAttention.forward", _BLOOM_PARAMETERS, _BLOOM_ATTRIBUTES)
     reference = next(module.parameters())
     return build("alibi", num_heads=module.num_heads).to(reference.device)
 
@@ -393,9 +441,14 @@ def _t5_attention_forward(
     key_value_states: Tensor | None = None,
     position_bias: Tensor | None = None,
     past_key_values: Any = None,
+    cache: Any = None,
     **kwargs: Any,
 ) -> tuple[Tensor, None, Tensor | None]:
     """``T5Attention.forward`` on posenc's backends, with the relative bias as posenc's ``t5`` encoding.
+
+    The KV cache arrives as ``cache`` (transformers 5.24) or ``past_key_values`` (5.15-5.23): the
+    caller passes exactly one of the two, whichever the installed ``T5Attention.forward`` names
+    (:func:`_check_t5_interface` checks at patch time that it names one).
 
     Self-attention reads the stack's one bias table (``relative_attention_bias`` of its first layer,
     shared, not copied) through ``bias_at``, so no backend builds a dense ``[B, H, L, L]`` bias (the
@@ -414,7 +467,10 @@ def _t5_attention_forward(
     cross = key_value_states is not None
     query = self.q(hidden_states).view(batch, q_len, -1, self.key_value_proj_dim).transpose(1, 2)
     key, value, past = _t5_keys_values(
-        self, key_value_states if cross else hidden_states, cross, past_key_values
+        self,
+        key_value_states if cross else hidden_states,
+        cross,
+        cache if cache is not None else past_key_values,
     )
     k_len = key.shape[2]
     causal = bool(self.is_causal) and not cross and mask is None and q_len > 1
@@ -481,18 +537,19 @@ def _t5_encoding(owner: nn.Module, model: nn.Module) -> PositionalEncoding:
     return encoding
 
 
-def _check_t5_interface(attention: nn.Module) -> None:
-    """The T5 attention :func:`_t5_attention_forward` replaces: HF 5's (``is_causal``, a separate
-    ``mask``, ``past_key_values``, three outputs). Older ones add the mask into ``position_bias``."""
-    import inspect
+#: What :func:`_t5_attention_forward` needs of ``T5Attention``: these ``forward`` parameters, one of
+#: the cache names, and these attributes (``is_causal``: HF 5.15+, which passes the mask apart from the bias).
+_T5_PARAMETERS = ("hidden_states", "mask", "key_value_states", "position_bias")
+_T5_CACHE_NAMES = ("cache", "past_key_values")
+_T5_ATTRIBUTES = (
+    "is_causal", "q", "k", "v", "o", "key_value_proj_dim", "n_heads", "layer_idx", "dropout", "is_decoder",
+    "relative_attention_num_buckets", "relative_attention_max_distance",
+)  # fmt: skip
 
-    parameters = inspect.signature(type(attention).forward).parameters
-    if not hasattr(attention, "is_causal") or "past_key_values" not in parameters or "mask" not in parameters:
-        raise ValueError(
-            f"use_posenc_attention: this {type(attention).__name__} (transformers "
-            f"{_transformers().__version__}) predates the T5 attention posenc serves; upgrade transformers "
-            "to 5.x, or use attn_implementation='posenc' (dense position_bias)"
-        )
+
+def _check_t5_interface(attention: nn.Module) -> None:
+    _check_interface(attention, "T5Attention.forward", _T5_PARAMETERS, _T5_ATTRIBUTES, one_of=_T5_CACHE_NAMES)
+    return None
 
 
 def _use_attribute(module: nn.Module, encoding: PositionalEncoding) -> None:

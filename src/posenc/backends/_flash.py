@@ -3,6 +3,9 @@ directly (``aten::_scaled_dot_product_flash_attention_for_cpu`` and its backward
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 
 __all__ = [
@@ -21,11 +24,25 @@ NONFINITE_REASON = "nan or inf in the inputs: PyTorch's CPU flash kernel would r
 
 
 def cpu_flash_available() -> bool:
-    """Whether this torch has the CPU flash kernel and its backward as ops."""
+    """Whether this torch has the CPU flash kernel and its backward as ops, with the schemas posenc
+    calls them with (:mod:`posenc.seams`). When a torch release changed them, the paths that call
+    them are not taken (their backends state why, or run their exact non-flash path) and a warning
+    names the change once."""
     ops = torch.ops.aten
-    return hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
+    present = hasattr(ops, "_scaled_dot_product_flash_attention_for_cpu") and hasattr(
         ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
     )
+    return present and _schema_drift() is None
+
+
+@functools.lru_cache(maxsize=1)
+def _schema_drift() -> str | None:
+    from ..seams import cpu_flash_drift
+
+    line = cpu_flash_drift()
+    if line is not None:
+        warnings.warn(f"posenc does not call the CPU flash kernel: {line}", RuntimeWarning, stacklevel=3)
+    return line
 
 
 def flash_forward(*args, **kwargs):
