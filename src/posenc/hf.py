@@ -261,26 +261,57 @@ def swap_encoding(model: nn.Module, encoding: str | Sequence[str]) -> nn.Module:
                 "an attention implementation cannot do; use a rotary, bias or relative encoding (or nope)"
             )
         built.append(enc)
+    _check_rotary_interface(decoder.rotary_emb)
     for layer, enc in zip(layers, built, strict=True):
         layer.self_attn.posenc_encoding = enc
-        layer.self_attn._posenc_key_positions = None
+        if not getattr(layer.self_attn, "_posenc_cache_hook", False):
+            layer.self_attn.register_forward_pre_hook(_remember_cache, with_kwargs=True)
+            layer.self_attn._posenc_cache_hook = True
     decoder.rotary_emb = _NoRotation(head_dim)
     model.set_attn_implementation(register(_backend["name"]))
     return model
 
 
+#: The names HF's attention modules take their KV cache under (5.24: ``cache``; before: ``past_key_values``).
+_CACHE_NAMES = ("cache", "past_key_values")
+
+
+def _remember_cache(module: nn.Module, args: tuple, kwargs: dict[str, Any]) -> None:
+    """Forward pre-hook of a swapped layer's attention: the KV cache of this call (None without one),
+    so :func:`_swapped_positions` keeps the key positions with the cache they belong to."""
+    cache = next((kwargs[name] for name in _CACHE_NAMES if kwargs.get(name) is not None), None)
+    if cache is None and args:  # passed by position: bind to find it
+        import inspect
+
+        bound = inspect.signature(module.forward).bind_partial(*args, **kwargs).arguments
+        cache = next((bound[name] for name in _CACHE_NAMES if bound.get(name) is not None), None)
+    module.__dict__["_posenc_call_cache"] = cache
+
+
+def _key_positions_store(cache: Any) -> dict[int, Tensor]:
+    """The key positions posenc keeps with an HF cache object, per layer index."""
+    store = getattr(cache, "_posenc_key_positions", None)
+    if store is None:
+        store = {}
+        cache._posenc_key_positions = store
+    return store
+
+
 def _swapped_positions(
     module: nn.Module, position_ids: Tensor | None, q_len: int, k_len: int, device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    """Query positions from HF's ``position_ids`` and key positions: the cached keys' (remembered by
-    the layer from earlier calls) followed by the queries'."""
+    """Query positions from HF's ``position_ids`` and key positions: the cached keys' (kept with the
+    cache object this call uses, so two caches, or an uncached call between two steps, never mix)
+    followed by the queries'."""
     if position_ids is None:
         raise ValueError("swap_encoding: the model did not pass position_ids to its attention")
     q_pos = position_ids.to(device).long()
     if q_pos.dim() == 1:
         q_pos = q_pos[None]
     past = k_len - q_len
-    previous = getattr(module, "_posenc_key_positions", None)
+    cache = module.__dict__.get("_posenc_call_cache")
+    layer = getattr(module, "layer_idx", 0)
+    previous = None if cache is None else _key_positions_store(cache).get(layer)
     if past == 0:
         k_pos = q_pos
     elif previous is not None and previous.shape[1] >= past:
@@ -292,11 +323,28 @@ def _swapped_positions(
     else:
         had = "none" if previous is None else previous.shape[1]
         raise ValueError(
-            f"swap_encoding: the attention got {past} cached keys but the layer remembers the positions of "
+            f"swap_encoding: the attention got {past} cached keys but the cache remembers the positions of "
             f"{had}; a swapped model decodes with HF's dynamic cache from a fresh start (no static cache)"
         )
-    module._posenc_key_positions = k_pos
+    if cache is not None:
+        _key_positions_store(cache)[layer] = k_pos
     return q_pos, k_pos
+
+
+def _check_rotary_interface(rotary: nn.Module) -> None:
+    """``_NoRotation`` stands in for ``rotary_emb(x, position_ids)``: refuse another call convention."""
+    from .seams import SEAMS, parameter_names
+
+    if isinstance(rotary, _NoRotation):
+        return
+    found = parameter_names(type(rotary).forward)
+    if found[1:3] != ("x", "position_ids"):
+        raise ValueError(
+            f"swap_encoding: {type(rotary).__name__}: "
+            + SEAMS["LlamaRotaryEmbedding.forward"].mismatch(
+                "forward(x, position_ids)", f"forward{found[1:]}"
+            )
+        )
 
 
 def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Module:
@@ -305,7 +353,13 @@ def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Mo
     Equal to loading the model with ``config.rope_parameters = rope_parameters`` (the HF rope types:
     ``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``, ...). A model whose encoding
     was swapped by :func:`swap_encoding` is refused: give the scaling in its posenc spec instead.
+
+    The parameters are checked first (posenc's own RoPE scaling reads them: an unknown ``rope_type``, a
+    missing or out-of-range option is a ValueError naming the key), and the new rotary embedding is
+    built from a copy of the config: on any error the model and its config are left as they were.
     """
+    import copy
+
     decoder = _decoder(model)
     if isinstance(decoder.rotary_emb, _NoRotation):
         raise ValueError(
@@ -317,8 +371,28 @@ def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Mo
         )
     config = model.config
     merged = {"rope_theta": config.rope_parameters.get("rope_theta"), **rope_parameters}
-    config.rope_parameters = merged
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    try:  # posenc's RoPE reads the same dict: its checks name the key at fault
+        build(
+            "rope",
+            head_dim=head_dim,
+            rope_parameters=merged,
+            max_position_embeddings=getattr(config, "max_position_embeddings", None),
+        )
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"set_rope_scaling: {err}") from err
     old = decoder.rotary_emb
+    trial = copy.deepcopy(config)
+    trial.rope_parameters = merged
+    try:
+        type(old)(config=trial)
+    except (KeyError, TypeError, ValueError) as err:
+        raise ValueError(
+            f"set_rope_scaling: {type(old).__name__} cannot be built with rope_parameters={merged!r}: "
+            f"{type(err).__name__}: {err}"
+        ) from err
+    config.rope_parameters = merged
     device = old.inv_freq.device if hasattr(old, "inv_freq") else next(model.parameters()).device
     decoder.rotary_emb = type(old)(config=config).to(device)
     return model
