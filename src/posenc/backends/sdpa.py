@@ -19,7 +19,14 @@ from torch.autograd.function import once_differentiable
 
 from ..base import Kind
 from . import AttentionRequest, register_backend
-from ._flash import FLASH_DTYPES, NONFINITE_REASON, cpu_flash_available, flash_backward, flash_forward
+from ._flash import (
+    FLASH_DTYPES,
+    NONFINITE_REASON,
+    cpu_flash_available,
+    flash_backward,
+    flash_forward,
+    kernel_layout,
+)
 from ._sinks import merge_sinks, sink_grad
 
 
@@ -83,7 +90,7 @@ class SdpaBackend:
             bias = request.dense_bias().to(q.dtype)
             mask = bias if mask is None else mask + bias
         if request.sinks is not None:
-            k, v = request.kv_per_query_head()
+            q, k, v = (kernel_layout(t) for t in (q, *request.kv_per_query_head()))
             if mask is not None:
                 mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
             out = _FlashWithSinks.apply(q, k, v, request.sinks, mask, plain_causal, request.scale)

