@@ -142,7 +142,7 @@ def test_clipped_split_reads_strided_operands(causal, layout, monkeypatch):
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("name", ["nope"])
+@pytest.mark.parametrize("name", ["nope", "alibi"])
 def test_sdpa_with_sinks_reads_strided_operands(name, layout):
     torch.manual_seed(5)
     length = 40
@@ -156,3 +156,27 @@ def test_sdpa_with_sinks_reads_strided_operands(name, layout):
         return get_backend("sdpa").run(r)[0]
 
     _assert_path_equals_eager(run, req, leaves, extra=[sinks])
+
+
+# ---------------------------------------------------------------------------- sdpa, sinks and a bias
+
+
+def _sinks_request(enc, length=12):
+    q, k, v = (torch.randn(1, HEADS, length, DIM, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    pos = torch.arange(length)[None]
+    sinks = torch.randn(HEADS, dtype=torch.float64, requires_grad=True)
+    return AttentionRequest(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True, sinks=sinks
+    )  # fmt: skip
+
+
+def test_sdpa_with_sinks_refuses_only_a_bias_with_trainable_parameters():
+    """ALiBi has no parameter: nothing misses a gradient, so sdpa serves it under autograd (it was
+    refused as "the bias gets no gradient"). T5's table would: the reason names it and the way out."""
+    sdpa = get_backend("sdpa")
+    assert sdpa.reasons(_sinks_request(posenc.build("alibi", num_heads=HEADS).double())) == []
+    t5 = posenc.build("t5", num_heads=HEADS).double()
+    (reason,) = sdpa.reasons(_sinks_request(t5))
+    assert "table.weight" in reason and "no gradient" in reason and "blocked" in reason
+    t5.requires_grad_(False)
+    assert sdpa.reasons(_sinks_request(t5)) == []

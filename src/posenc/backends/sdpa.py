@@ -69,8 +69,13 @@ class SdpaBackend:
             reasons.append("attention sinks need the CPU flash kernel's log-sum-exp (CPU tensors only)")
         if request.dropout_p > 0:
             reasons.append("attention sinks with dropout are not implemented in the sdpa backend")
-        if request.kind is Kind.BIAS and request.needs_grad:
-            reasons.append("with sinks the bias goes through the flash kernel, which gives it no gradient")
+        trainable = _trainable_bias(request)
+        if trainable:
+            reasons.append(
+                f"with sinks the bias goes into the flash kernel as a float mask, which gets no gradient, "
+                f"and {request.encoding.name}'s bias depends on {trainable} that require grad: use the "
+                "blocked backend (or freeze them, or run under torch.no_grad())"
+            )
         additive = request.mask.additive
         if additive is not None and additive.requires_grad and torch.is_grad_enabled():
             reasons.append("with sinks a float attn_mask that requires grad gets no gradient")
@@ -106,6 +111,18 @@ class SdpaBackend:
             enable_gqa=q.shape[1] != k.shape[1],
         )
         return request.mask.zero_empty_rows(out), None
+
+
+def _trainable_bias(request: AttentionRequest) -> str:
+    """What a BIAS request's bias depends on that requires grad, in words ("" when nothing does):
+    the encoding's parameters (named) and, for an input-dependent bias, its token states. The
+    flash kernel gives its float mask no gradient; a bias without such inputs (ALiBi) loses none."""
+    if request.kind is not Kind.BIAS or not torch.is_grad_enabled():
+        return ""
+    found = [name for name, p in request.encoding.named_parameters() if p.requires_grad]
+    if request.token_states is not None and any(t.requires_grad for t in request.token_states.tensors()):
+        found.append("token_states")
+    return ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
 
 
 def _causal_key_term(request: AttentionRequest) -> Tensor | None:
