@@ -17,6 +17,9 @@ two obscure errors).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 
 import pytest
@@ -180,3 +183,151 @@ def test_sdpa_with_sinks_refuses_only_a_bias_with_trainable_parameters():
     assert "table.weight" in reason and "no gradient" in reason and "blocked" in reason
     t5.requires_grad_(False)
     assert sdpa.reasons(_sinks_request(t5)) == []
+
+
+# ---------------------------------------------------------------------------- the request's fields
+
+B, T = 2, 6
+
+
+def _valid() -> dict:
+    """A valid request's fields: 2 query heads over 1 kv head, T5 built for 2 heads."""
+    q = torch.randn(B, HEADS, T, DIM)
+    k, v = torch.randn(B, 1, T, DIM), torch.randn(B, 1, T, DIM)
+    pos = torch.arange(T)[None]
+    return dict(q=q, k=k, v=v, encoding=posenc.build("t5", num_heads=HEADS), q_pos=pos, k_pos=pos, scale=0.4)
+
+
+def _heads(n: int) -> dict:
+    return dict(q=torch.randn(B, n, T, DIM), k=torch.randn(B, n, T, DIM), v=torch.randn(B, n, T, DIM))
+
+
+META = torch.device("meta")
+
+#: One bad request per row: (id, the field the error must name, the fields that differ from _valid()).
+BAD_REQUESTS = [
+    ("q-3d", "q", lambda: dict(q=torch.randn(B, T, DIM))),
+    ("q-integer", "q", lambda: dict(q=torch.zeros(B, HEADS, T, DIM, dtype=torch.long))),
+    ("k-3d", "k", lambda: dict(k=torch.randn(B, T, DIM))),
+    ("v-5d", "v", lambda: dict(v=torch.randn(B, 1, T, DIM, 1))),
+    ("k-batch", "k", lambda: dict(k=torch.randn(1, 1, T, DIM))),
+    ("v-batch", "v", lambda: dict(v=torch.randn(1, 1, T, DIM))),
+    # q with 2 heads, k and v with 3: SIGFPE in the flash kernel at L=1031 (see the test below)
+    ("k-heads-not-a-divisor", "k", lambda: dict(k=torch.randn(B, 3, T, DIM), v=torch.randn(B, 3, T, DIM))),
+    ("v-heads", "v", lambda: dict(k=torch.randn(B, 2, T, DIM), v=torch.randn(B, 1, T, DIM))),
+    ("v-shorter-than-k", "v", lambda: dict(v=torch.randn(B, 1, T - 1, DIM))),
+    ("k-head-size", "k", lambda: dict(k=torch.randn(B, 1, T, DIM // 2))),
+    ("k-dtype", "k", lambda: dict(k=torch.randn(B, 1, T, DIM, dtype=torch.float64))),
+    ("v-dtype", "v", lambda: dict(v=torch.randn(B, 1, T, DIM, dtype=torch.bfloat16))),
+    ("k-device", "k", lambda: dict(k=torch.empty(B, 1, T, DIM, device=META))),
+    ("v-device", "v", lambda: dict(v=torch.empty(B, 1, T, DIM, device=META))),
+    ("encoding-not-an-encoding", "encoding", lambda: dict(encoding="t5")),
+    # T5 built for 2 heads given 1-head queries (served silently before)
+    ("encoding-t5-heads", "encoding", lambda: _heads(1)),
+    (
+        "encoding-alibi-heads",
+        "encoding",
+        lambda: dict(**_heads(4), encoding=posenc.build("alibi", num_heads=2)),
+    ),
+    (
+        "encoding-shaw-head-size",
+        "encoding",
+        lambda: dict(encoding=posenc.build("shaw:k=2", num_heads=HEADS, head_dim=DIM // 2)),
+    ),
+    # float positions were truncated by blocked and used as they are by eager (0.014 apart)
+    ("q_pos-float", "q_pos", lambda: dict(q_pos=torch.arange(T)[None] / 2)),
+    ("k_pos-float", "k_pos", lambda: dict(k_pos=torch.arange(T, dtype=torch.float32)[None])),
+    ("q_pos-bool", "q_pos", lambda: dict(q_pos=torch.ones(1, T, dtype=torch.bool))),
+    ("q_pos-1d", "q_pos", lambda: dict(q_pos=torch.arange(T))),
+    ("k_pos-1d", "k_pos", lambda: dict(k_pos=torch.arange(T))),
+    ("q_pos-one-short", "q_pos", lambda: dict(q_pos=torch.arange(T - 1)[None])),
+    ("k_pos-one-long", "k_pos", lambda: dict(k_pos=torch.arange(T + 1)[None])),
+    ("k_pos-batch", "k_pos", lambda: dict(k_pos=torch.arange(T).expand(3, T))),
+    ("q_pos-device", "q_pos", lambda: dict(q_pos=torch.empty(1, T, dtype=torch.long, device=META))),
+    ("q_pos-not-a-tensor", "q_pos", lambda: dict(q_pos=list(range(T)))),
+    ("scale-nan", "scale", lambda: dict(scale=float("nan"))),
+    ("scale-inf", "scale", lambda: dict(scale=float("inf"))),
+    ("scale-zero", "scale", lambda: dict(scale=0.0)),
+    ("scale-negative", "scale", lambda: dict(scale=-0.4)),
+    ("scale-string", "scale", lambda: dict(scale="0.4")),
+    ("scale-tensor", "scale", lambda: dict(scale=torch.tensor([0.4, 0.5]))),
+    ("dropout_p-one", "dropout_p", lambda: dict(dropout_p=1.0)),
+    ("dropout_p-negative", "dropout_p", lambda: dict(dropout_p=-0.1)),
+    ("dropout_p-nan", "dropout_p", lambda: dict(dropout_p=float("nan"))),
+    ("causal-string", "causal", lambda: dict(causal="yes")),
+    ("need_weights-none", "need_weights", lambda: dict(need_weights=None)),
+    ("causal_offset-negative", "causal_offset", lambda: dict(causal=True, causal_offset=-1)),
+    ("causal_offset-float", "causal_offset", lambda: dict(causal=True, causal_offset=1.5)),
+    ("key_padding_mask-float", "key_padding_mask", lambda: dict(key_padding_mask=torch.zeros(B, T))),
+    (
+        "key_padding_mask-shape",
+        "key_padding_mask",
+        lambda: dict(key_padding_mask=torch.zeros(B, T - 1).bool()),
+    ),
+    ("key_padding_mask-1d", "key_padding_mask", lambda: dict(key_padding_mask=torch.zeros(T).bool())),
+    ("attn_mask-3d", "attn_mask", lambda: dict(attn_mask=torch.ones(B, T, T).bool())),
+    ("attn_mask-integer", "attn_mask", lambda: dict(attn_mask=torch.ones(1, 1, T, T, dtype=torch.long))),
+    ("attn_mask-keys", "attn_mask", lambda: dict(attn_mask=torch.ones(1, 1, T, T + 1).bool())),
+    ("attn_mask-heads", "attn_mask", lambda: dict(attn_mask=torch.ones(1, 3, T, T).bool())),
+    ("mask-not-a-mask", "mask", lambda: dict(mask="causal")),
+    (
+        "mask-other-length",
+        "mask",
+        lambda: dict(mask=AttentionMask.build(q_len=T + 1, k_len=T + 1, batch=B, heads=HEADS, causal=True)),
+    ),
+    ("sinks-shape", "sinks", lambda: dict(sinks=torch.zeros(3))),
+    ("sinks-integer", "sinks", lambda: dict(sinks=torch.zeros(HEADS, dtype=torch.long))),
+]
+
+
+@pytest.mark.parametrize("field,bad", [pytest.param(f, b, id=i) for i, f, b in BAD_REQUESTS])
+def test_request_names_the_field_at_fault(field, bad):
+    """Checked once, at construction: a ValueError whose message starts with the field's name."""
+    _ = AttentionRequest(**_valid())  # the base request is valid
+    with pytest.raises(ValueError, match=rf"^AttentionRequest\.{field}: "):
+        AttentionRequest(**{**_valid(), **bad()})
+
+
+def test_every_field_has_a_bad_request():
+    """The table covers each field the check reads (a new field needs a row)."""
+    checked = {"q", "k", "v", "encoding", "q_pos", "k_pos", "scale", "causal", "causal_offset"}
+    checked |= {"key_padding_mask", "attn_mask", "dropout_p", "need_weights", "mask", "sinks"}
+    assert checked == {field for _, field, _ in BAD_REQUESTS}
+
+
+def test_heads_that_do_not_divide_are_an_error_not_a_crash():
+    """q with 2 heads and k, v with 3 at L=1031 on auto killed Python with SIGFPE (flash kernel);
+    run in a child process so that the old crash fails this test instead of ending the run."""
+    code = (
+        "import torch, posenc\n"
+        "from posenc.attention import run_attention\n"
+        "from posenc.backends import AttentionRequest\n"
+        "q, kv = torch.randn(1, 2, 1031, 16), torch.randn(1, 3, 1031, 16)\n"
+        "pos = torch.arange(1031)[None]\n"
+        "try:\n"
+        "    run_attention(AttentionRequest(q=q, k=kv, v=kv, encoding=posenc.build('t5', num_heads=2),\n"
+        "                                   q_pos=pos, k_pos=pos, scale=0.25, causal=True))\n"
+        "except ValueError as e:\n"
+        "    print(e)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(posenc.__file__))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-2000:]}"
+    assert done.stdout.startswith("AttentionRequest.k: has 3 heads but q has 2"), done.stdout
+
+
+def test_broadcast_attn_mask_rows_work_on_blocked():
+    """A [B, 1, 1, Tk] mask (HF's encoder padding shape) is broadcastable, as the field says: blocked
+    sliced its single row per query block and failed; it equals eager on the expanded mask now."""
+    torch.manual_seed(6)
+    length = 300
+    enc = _t5(causal=False)
+    q, k, v = (torch.randn(B, HEADS, length, DIM, dtype=torch.float64) for _ in range(3))
+    pos = torch.arange(length)[None]
+    allowed = torch.rand(B, 1, 1, length) > 0.3
+    fields = dict(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4)
+    got, _ = get_backend("blocked").run(AttentionRequest(**fields, attn_mask=allowed))
+    want, _ = get_backend("eager").run(
+        AttentionRequest(**fields, attn_mask=allowed.expand(B, 1, length, length))
+    )
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
