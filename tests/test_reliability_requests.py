@@ -389,3 +389,30 @@ def test_t5_table_gradient_in_bfloat16_is_summed_wide(backend):
     (got,) = torch.autograd.grad((out.double() * weight).sum(), enc.table.weight)
     relative = (got.double() - want).norm() / want.norm()
     assert relative < 0.05, f"{backend}: table gradient {relative:.1%} off float64"
+
+
+# ---------------------------------------------------------------------------- the layer's arguments
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), -float("inf"), 0.0, -0.5, "0.5", True])
+def test_layer_refuses_a_scale_that_is_not_finite_and_positive(scale):
+    """A nan or inf scale made every row output the same vector (accepted before)."""
+    with pytest.raises(ValueError, match=r"^scale must be"):
+        posenc.MultiheadAttention(16, 2, "rope", scale=scale)
+    with pytest.raises(ValueError, match=r"^scale must be"):
+        posenc.MultiLatentAttention(32, 2, kv_lora_rank=8, qk_nope_head_dim=8, qk_rope_head_dim=4,
+                                    v_head_dim=8, scale=scale)  # fmt: skip
+
+
+def test_layer_keeps_a_valid_scale():
+    assert posenc.MultiheadAttention(16, 2, "rope", scale=1).scale == 1.0
+    assert posenc.MultiheadAttention(16, 2, "rope").scale == pytest.approx(8**-0.5)
+
+
+@pytest.mark.parametrize("prefix_len", ["3", 2.0, True, ["3", "1"], object()])
+def test_prefix_len_of_another_type_names_prefix_len(prefix_len):
+    """``prefix_len="3"`` raised torch's TypeError from torch.as_tensor."""
+    attn = posenc.MultiheadAttention(16, 2, "rope", causal=True)
+    with pytest.raises(ValueError, match=r"^prefix_len must be an int or an integer tensor"):
+        attn(torch.randn(2, 5, 16), prefix_len=prefix_len)
+    assert attn(torch.randn(2, 5, 16), prefix_len=[1, 3]).shape == (2, 5, 16)  # a list of ints works
