@@ -8,6 +8,8 @@ chosen by stated reasons (:mod:`posenc.backends`).
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -214,7 +216,7 @@ class MultiheadAttention(nn.Module):
         if self.encoding.causal_only and not causal:
             raise ValueError(f"{self._causal_only_message()}: pass causal=True")
         self.encoding.init_layer(self)
-        self.scale = self.encoding.logit_scale(self.head_dim) if scale is None else float(scale)
+        self.scale = self.encoding.logit_scale(self.head_dim) if scale is None else check_scale(scale)
         self.last_backend: str | None = None
         self._layout = 0  # bumped when switch_rope_pairing_ permutes the q/k channels
 
@@ -624,6 +626,13 @@ class MultiheadAttention(nn.Module):
             raise ValueError(
                 f"prefix_len: {self._causal_only_message()}, and a prefix LM attends to future keys of the prefix"
             )
+        if not (isinstance(prefix_len, Tensor) or _is_int(prefix_len)) and not (
+            isinstance(prefix_len, (list, tuple)) and all(_is_int(n) for n in prefix_len)
+        ):
+            raise ValueError(
+                f"prefix_len must be an int or an integer tensor [B] (the prefix length of each sequence), "
+                f"got {prefix_len!r} ({type(prefix_len).__name__})"
+            )
         lengths = torch.as_tensor(prefix_len, device=device)
         if lengths.dtype.is_floating_point or lengths.dtype == torch.bool or lengths.dim() > 1:
             raise ValueError(f"prefix_len must be an int or an integer tensor [B], got {prefix_len!r}")
@@ -886,6 +895,25 @@ def document_positions(document_ids: Tensor) -> Tensor:
     starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
     first = torch.where(starts, index, torch.zeros_like(index)).cummax(dim=1).values
     return index - first
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def check_scale(scale: object) -> float:
+    """A layer's ``scale=`` as a float: finite and > 0, else a ValueError naming ``scale`` (a nan or
+    inf scale made every row of the output the same vector; a negative one inverts the attention)."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise ValueError(
+            f"scale must be a number (the logit scale; None for 1/sqrt(head_dim)), got {scale!r}"
+        )
+    value = float(scale)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"scale must be finite and > 0 (the logit scale; None for 1/sqrt(head_dim)), got {scale!r}"
+        )
+    return value
 
 
 def _check_span(name: str, value: int | None, causal: bool) -> int | None:

@@ -46,7 +46,7 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor, nn
 
-from .attention import default_positions, padding_with_cache, run_attention
+from .attention import check_scale, default_positions, padding_with_cache, run_attention
 from .backends import AttentionRequest
 from .base import LayerContext, PositionalEncoding
 from .encodings.rope import RoPE
@@ -265,7 +265,9 @@ class MultiLatentAttention(nn.Module):
         self.o_proj = nn.Linear(heads * v_head_dim, embed_dim, bias=bias, **factory)
         self.rope = self._build_rope(rope, device, dtype)
         self.attention_encoding = build("nope")  # q and k arrive rotated: plain attention
-        self.scale = mla_softmax_scale(self.qk_head_dim, self.rope.scaling) if scale is None else float(scale)
+        self.scale = (
+            mla_softmax_scale(self.qk_head_dim, self.rope.scaling) if scale is None else check_scale(scale)
+        )
         self.last_backend: str | None = None
 
     def _build_rope(self, rope: str | PositionalEncoding, device, dtype) -> RoPE:

@@ -15,6 +15,8 @@ which keys each query sees and materialises itself in the form each kernel takes
 from __future__ import annotations
 
 import contextlib
+import math
+import numbers
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,6 +59,41 @@ def _all_finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t.sum(dtype=wide))) or bool(torch.isfinite(t).all())
 
 
+def _field_error(name: str, problem: str) -> ValueError:
+    return ValueError(f"AttentionRequest.{name}: {problem}")
+
+
+def _described(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _check_number(name: str, value: object, what: str) -> None:
+    if type(value) is float or type(value) is int:  # the usual case, without the ABC check
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _field_error(name, f"must be {what}, got {_described(value)}")
+
+
+def _check_positions(name: str, pos: object, batch: int, length: int, device: torch.device) -> None:
+    """Integer positions ``[B or 1, T]`` on ``device`` (a float position would be truncated by one
+    backend and used as it is by another)."""
+    if not isinstance(pos, Tensor):
+        raise _field_error(name, f"must be an integer tensor [B or 1, T], got {_described(pos)}")
+    if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+        raise _field_error(
+            name,
+            f"must be an integer tensor (positions are whole numbers), got dtype {pos.dtype}; use .long()",
+        )
+    if pos.dim() != 2 or pos.shape[0] not in (1, batch) or pos.shape[1] != length:
+        raise _field_error(
+            name, f"must have shape [B or 1, T] = [{batch} or 1, {length}], got {list(pos.shape)}"
+        )
+    if pos.device != device:
+        raise _field_error(name, f"is on device {pos.device} but q is on {device}; move it to {device}")
+
+
 @dataclass
 class AttentionRequest:
     """Everything a backend needs for one attention call.
@@ -74,6 +111,9 @@ class AttentionRequest:
 
     An input-dependent bias (FoX) needs ``token_states`` (:class:`~posenc.base.TokenStates`, from the
     encoding's ``token_states`` of the layer input); only backends with ``serves_input_bias`` run it.
+
+    Every field is checked once, at construction (shapes, dtypes, devices, integer positions, the
+    encoding's head count, scale, dropout): a ValueError names the field (``AttentionRequest.k: ...``).
     """
 
     q: Tensor
@@ -97,6 +137,7 @@ class AttentionRequest:
     token_states: TokenStates | None = None
 
     def __post_init__(self) -> None:
+        self._check_fields()
         self._check_token_states()
         if self.mask is None:
             self.mask = AttentionMask.build(
@@ -109,6 +150,149 @@ class AttentionRequest:
                 causal_offset=self.causal_offset,
                 key_padding_mask=self.key_padding_mask,
                 attn_mask=self.attn_mask,
+            )
+
+    def _check_fields(self) -> None:
+        """Every field against the others, once, in O(1): shapes, dtypes, devices and numbers, never
+        tensor values (this runs on every decode step). A ValueError names the field at fault.
+
+        Without it, mismatched heads reached the CPU flash kernel (q with 2 heads and k/v with 3
+        killed Python with SIGFPE), float positions were truncated by one backend and used as they
+        are by another, and a T5 built for 2 heads served 1-head queries silently.
+        """
+        q, k, v = self.q, self.k, self.v
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.dim() != 4:
+                raise _field_error(name, f"must be a tensor [B, H, T, D], got {_described(t)}")
+        if not q.is_floating_point():
+            raise _field_error("q", f"must be a floating-point tensor, got dtype {q.dtype}")
+        batch, heads, q_len, dim = q.shape
+        kv_heads, k_len = k.shape[1], k.shape[2]
+        for name, t in (("k", k), ("v", v)):
+            if t.shape[0] != batch:
+                raise _field_error(
+                    name, f"has batch {t.shape[0]} but q has {batch}; give every tensor one batch"
+                )
+            if t.dtype != q.dtype:
+                raise _field_error(
+                    name, f"has dtype {t.dtype} but q has {q.dtype}; cast q, k and v to one dtype"
+                )
+            if t.device != q.device:
+                raise _field_error(
+                    name, f"is on device {t.device} but q is on {q.device}; move it to {q.device}"
+                )
+        if kv_heads == 0 or heads % kv_heads:
+            raise _field_error(
+                "k",
+                f"has {kv_heads} heads but q has {heads}: q's heads must be a multiple of k's "
+                "(grouped-query attention: q [B, H, Tq, D], k and v [B, Hkv, Tk, D])",
+            )
+        if v.shape[1] != kv_heads:
+            raise _field_error(
+                "v", f"has {v.shape[1]} heads but k has {kv_heads}; k and v need the same heads"
+            )
+        if v.shape[2] != k_len:
+            raise _field_error("v", f"has {v.shape[2]} positions but k has {k_len}; one value per key")
+        if k.shape[3] != dim:
+            raise _field_error("k", f"has head size {k.shape[3]} but q has {dim}; q and k need one head size")
+        if not isinstance(self.encoding, PositionalEncoding):
+            raise _field_error(
+                "encoding", f"must be a posenc PositionalEncoding, got {_described(self.encoding)}"
+            )
+        for name, pos, length in (("q_pos", self.q_pos, q_len), ("k_pos", self.k_pos, k_len)):
+            _check_positions(name, pos, batch, length, q.device)
+        self._check_encoding_sizes(heads, dim)
+        _check_number("scale", self.scale, "a finite number > 0 (the logit scale, 1/sqrt(D) by default)")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise _field_error("scale", f"must be finite and > 0 (1/sqrt(D) by default), got {self.scale!r}")
+        _check_number("dropout_p", self.dropout_p, "a probability in [0, 1)")
+        if not 0.0 <= self.dropout_p < 1.0:
+            raise _field_error("dropout_p", f"must be in [0, 1), got {self.dropout_p!r}")
+        for name in ("causal", "need_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise _field_error(name, f"must be True or False, got {getattr(self, name)!r}")
+        offset = self.causal_offset
+        if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
+            raise _field_error("causal_offset", f"must be an int >= 0 (the cache length), got {offset!r}")
+        self._check_masks(batch, heads, q_len, k_len)
+        if self.sinks is not None:
+            sinks = self.sinks
+            if (
+                not isinstance(sinks, Tensor)
+                or tuple(sinks.shape) != (heads,)
+                or not sinks.is_floating_point()
+            ):
+                raise _field_error(
+                    "sinks", f"must be a float tensor [H] = [{heads}] or None, got {_described(sinks)}"
+                )
+            if sinks.device != q.device:
+                raise _field_error("sinks", f"is on device {sinks.device} but q is on {q.device}")
+
+    def _check_encoding_sizes(self, heads: int, dim: int) -> None:
+        """The encoding's layer sizes (what it was built for) against q's heads and head size."""
+        enc = self.encoding
+        sizes = type(enc).layer_sizes
+        if not sizes:
+            return
+        config = enc._config
+        built = config.get("num_heads") if "num_heads" in sizes else None
+        if built is not None and built != heads:
+            raise _field_error(
+                "encoding",
+                f"{enc.name} was built for num_heads={built} but q has {heads} heads; build it for the "
+                f"layer's query heads (num_heads={heads})",
+            )
+        built = config.get("head_dim") if "head_dim" in sizes and enc.kind is Kind.CONTENT else None
+        if built is not None and built != dim:
+            raise _field_error(
+                "encoding",
+                f"{enc.name} was built for head_dim={built} but q has head size {dim}; build it for head_dim={dim}",
+            )
+
+    def _check_masks(self, batch: int, heads: int, q_len: int, k_len: int) -> None:
+        device = self.q.device
+        padding = self.key_padding_mask
+        if padding is not None:
+            if not isinstance(padding, Tensor) or padding.dtype != torch.bool:
+                raise _field_error(
+                    "key_padding_mask",
+                    f"must be a bool tensor [B, Tk] (True = padding), got {_described(padding)}",
+                )
+            if tuple(padding.shape) != (batch, k_len):
+                raise _field_error(
+                    "key_padding_mask",
+                    f"must have shape [B, Tk] = [{batch}, {k_len}], got {list(padding.shape)}",
+                )
+            if padding.device != device:
+                raise _field_error("key_padding_mask", f"is on device {padding.device} but q is on {device}")
+        mask = self.attn_mask
+        if mask is not None:
+            want = (batch, heads, q_len, k_len)
+            if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+                raise _field_error(
+                    "attn_mask", f"must be a bool (True = may attend) or float tensor, got {_described(mask)}"
+                )
+            if mask.dim() != 4 or any(n not in (1, w) for n, w in zip(mask.shape, want)):
+                raise _field_error(
+                    "attn_mask",
+                    f"must be 4-D and broadcastable to [B, H, Tq, Tk] = {list(want)}, got {list(mask.shape)}",
+                )
+            if mask.device != device:
+                raise _field_error("attn_mask", f"is on device {mask.device} but q is on {device}")
+            if mask.shape[2] != q_len or mask.shape[3] != k_len:  # the blocks slice rows and keys
+                self.attn_mask = mask.expand(-1, -1, q_len, k_len)
+        if self.mask is None:
+            return
+        given = self.mask
+        if not isinstance(given, AttentionMask):
+            raise _field_error(
+                "mask", f"must be a posenc.masks.AttentionMask or None, got {_described(given)}"
+            )
+        have = (given.batch, given.heads, given.q_len, given.k_len)
+        if have != (batch, heads, q_len, k_len):
+            raise _field_error(
+                "mask",
+                f"was built for [B, H, Tq, Tk] = {list(have)} but q and k give {[batch, heads, q_len, k_len]}",
             )
 
     def _check_token_states(self) -> None:

@@ -7,6 +7,7 @@ import functools
 import warnings
 
 import torch
+from torch import Tensor
 
 __all__ = [
     "FLASH_DTYPES",
@@ -15,6 +16,7 @@ __all__ = [
     "cpu_flash_available",
     "flash_backward",
     "flash_forward",
+    "kernel_layout",
 ]
 
 #: The dtypes the CPU flash kernel takes.
@@ -45,17 +47,79 @@ def _schema_drift() -> str | None:
     return line
 
 
-def flash_forward(*args, **kwargs):
+def kernel_layout(t: Tensor) -> Tensor:
+    """``t`` with unit stride in its last dimension, copied only when it has another.
+
+    The CPU flash kernel and its backward read every row of ``q``, ``k``, ``v``, ``out`` and
+    ``grad_out`` as ``D`` adjacent elements: a ``[..., ::2]`` view, a transposed ``[.., D, T]``
+    view or a stride-0 expand of the last dimension is read as if it were dense (wrong numbers,
+    1.2-3.4 off at L=1031; ``F.scaled_dot_product_attention`` copies such inputs itself). Strides
+    of the other dimensions, zero included (expands over batch, heads or positions), are read as
+    they are. A float mask may have stride 0 in its last dimension (the kernel broadcasts it)."""
+    if t.shape[-1] <= 1 or t.stride(-1) == 1:
+        return t
+    return t.contiguous()
+
+
+def _mask_layout(mask: Tensor | None) -> Tensor | None:
+    if mask is None or mask.shape[-1] <= 1 or mask.stride(-1) in (0, 1):
+        return mask
+    return mask.contiguous()
+
+
+def flash_forward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    *,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
     """``aten::_scaled_dot_product_flash_attention_for_cpu``: ``(out, logsumexp)``.
 
+    Inputs pass through :func:`kernel_layout` first (a copy only when the last stride is not 1).
     Looked up at call time, so importing a backend never needs the op (:func:`cpu_flash_available`
     guards the calls)."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*args, **kwargs)
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        kernel_layout(q),
+        kernel_layout(k),
+        kernel_layout(v),
+        dropout_p,
+        is_causal,
+        attn_mask=_mask_layout(attn_mask),
+        scale=scale,
+    )
 
 
-def flash_backward(*args, **kwargs):
-    """``aten::_scaled_dot_product_flash_attention_for_cpu_backward``: ``(dq, dk, dv)``."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(*args, **kwargs)
+def flash_backward(
+    grad_out: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    out: Tensor,
+    logsumexp: Tensor,
+    dropout_p: float,
+    is_causal: bool,
+    *,
+    attn_mask: Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``aten::_scaled_dot_product_flash_attention_for_cpu_backward``: ``(dq, dk, dv)``, each shaped
+    like its input (dense). Inputs pass through :func:`kernel_layout` as in :func:`flash_forward`."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+        kernel_layout(grad_out),
+        kernel_layout(q),
+        kernel_layout(k),
+        kernel_layout(v),
+        kernel_layout(out),
+        logsumexp,
+        dropout_p,
+        is_causal,
+        attn_mask=_mask_layout(attn_mask),
+        scale=scale,
+    )
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

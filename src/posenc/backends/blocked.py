@@ -48,7 +48,7 @@ from ..base import Kind
 from ..masks import AttentionMask, CausalMask
 from . import AttentionRequest, register_backend
 from ._flash import FLASH_DTYPES as _FLASH_DTYPES
-from ._flash import NONFINITE_REASON, accumulation_dtype, flash_backward, flash_forward
+from ._flash import NONFINITE_REASON, accumulation_dtype, flash_backward, flash_forward, kernel_layout
 from ._flash import cpu_flash_available as _cpu_flash_available
 from ._sinks import merge_sinks, sink_grad
 
@@ -461,8 +461,9 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
         plan.state = {f"encoding.{name}": t for name, t in req.encoding.named_parameters()}
         plan.state.update({f"encoding.{name}": t for name, t in req.encoding.named_buffers()})
         params = [p for _, p in named]
-    k, v = req.kv_per_query_head()
-    out = _BlockedBiasAttention.apply(plan, req.q, k, v, table, req.sinks, *params)
+    # One copy of an operand whose last stride is not 1 (the kernel would misread it), not one per block.
+    q, k, v = (kernel_layout(t) for t in (req.q, *req.kv_per_query_head()))
+    out = _BlockedBiasAttention.apply(plan, q, k, v, table, req.sinks, *params)
     return req.mask.zero_empty_rows(out)
 
 

@@ -55,7 +55,14 @@ from torch.autograd.function import once_differentiable
 
 from ..base import ClippedRelative, Kind
 from . import AttentionRequest
-from ._flash import NONFINITE_REASON, accumulation_dtype, cpu_flash_available, flash_backward, flash_forward
+from ._flash import (
+    NONFINITE_REASON,
+    accumulation_dtype,
+    cpu_flash_available,
+    flash_backward,
+    flash_forward,
+    kernel_layout,
+)
 from .blocked import same_consecutive_positions
 
 __all__ = [
@@ -771,8 +778,9 @@ def clipped_attention(req: AttentionRequest, terms: ClippedRelative | None = Non
     block = _block_for(terms, causal)
     slope = _slope_over_band(terms.index, block, causal)
     plan = _Plan(req.scale, block, causal, terms.index, tables[0].shape[-2], slope)
-    k, v = req.kv_per_query_head()
+    # One copy of an operand whose last stride is not 1 (the far parts' kernel would misread it).
+    q, k, v = (kernel_layout(t) for t in (req.q, *req.kv_per_query_head()))
     key_rows, query_rows, value_rows = (
         _to(t, req.q.dtype) for t in (terms.key_rows, terms.query_rows, terms.value_rows)
     )
-    return _ClippedAttention.apply(plan, req.q, k, v, key_rows, query_rows, value_rows)
+    return _ClippedAttention.apply(plan, q, k, v, key_rows, query_rows, value_rows)

@@ -19,7 +19,14 @@ from torch.autograd.function import once_differentiable
 
 from ..base import Kind
 from . import AttentionRequest, register_backend
-from ._flash import FLASH_DTYPES, NONFINITE_REASON, cpu_flash_available, flash_backward, flash_forward
+from ._flash import (
+    FLASH_DTYPES,
+    NONFINITE_REASON,
+    cpu_flash_available,
+    flash_backward,
+    flash_forward,
+    kernel_layout,
+)
 from ._sinks import merge_sinks, sink_grad
 
 
@@ -62,8 +69,13 @@ class SdpaBackend:
             reasons.append("attention sinks need the CPU flash kernel's log-sum-exp (CPU tensors only)")
         if request.dropout_p > 0:
             reasons.append("attention sinks with dropout are not implemented in the sdpa backend")
-        if request.kind is Kind.BIAS and request.needs_grad:
-            reasons.append("with sinks the bias goes through the flash kernel, which gives it no gradient")
+        trainable = _trainable_bias(request)
+        if trainable:
+            reasons.append(
+                f"with sinks the bias goes into the flash kernel as a float mask, which gets no gradient, "
+                f"and {request.encoding.name}'s bias depends on {trainable} that require grad: use the "
+                "blocked backend (or freeze them, or run under torch.no_grad())"
+            )
         additive = request.mask.additive
         if additive is not None and additive.requires_grad and torch.is_grad_enabled():
             reasons.append("with sinks a float attn_mask that requires grad gets no gradient")
@@ -83,7 +95,7 @@ class SdpaBackend:
             bias = request.dense_bias().to(q.dtype)
             mask = bias if mask is None else mask + bias
         if request.sinks is not None:
-            k, v = request.kv_per_query_head()
+            q, k, v = (kernel_layout(t) for t in (q, *request.kv_per_query_head()))
             if mask is not None:
                 mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
             out = _FlashWithSinks.apply(q, k, v, request.sinks, mask, plain_causal, request.scale)
@@ -99,6 +111,18 @@ class SdpaBackend:
             enable_gqa=q.shape[1] != k.shape[1],
         )
         return request.mask.zero_empty_rows(out), None
+
+
+def _trainable_bias(request: AttentionRequest) -> str:
+    """What a BIAS request's bias depends on that requires grad, in words ("" when nothing does):
+    the encoding's parameters (named) and, for an input-dependent bias, its token states. The
+    flash kernel gives its float mask no gradient; a bias without such inputs (ALiBi) loses none."""
+    if request.kind is not Kind.BIAS or not torch.is_grad_enabled():
+        return ""
+    found = [name for name, p in request.encoding.named_parameters() if p.requires_grad]
+    if request.token_states is not None and any(t.requires_grad for t in request.token_states.tensors()):
+        found.append("token_states")
+    return ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
 
 
 def _causal_key_term(request: AttentionRequest) -> Tensor | None:

@@ -54,7 +54,14 @@ from torch.autograd.function import once_differentiable
 from ..base import Kind, SeparableBias
 from ..masks import AttentionMask, KeySegment
 from . import AttentionRequest
-from ._flash import FLASH_DTYPES, accumulation_dtype, cpu_flash_available, flash_backward, flash_forward
+from ._flash import (
+    FLASH_DTYPES,
+    accumulation_dtype,
+    cpu_flash_available,
+    flash_backward,
+    flash_forward,
+    kernel_layout,
+)
 from ._sinks import merge_sinks, sink_grad
 from .blocked import MASKED_KERNEL_COST, _distance_table, same_consecutive_positions
 
@@ -432,9 +439,9 @@ def segment_attention(req: AttentionRequest, block: int = SEGMENT_BLOCK) -> Tens
     """Attention ``[B, H, Tq, D]`` of a request without a bias, from its mask's key segments."""
     if req.q_len == 0 or req.k_len == 0:
         return req.q * 0
-    k, v = req.kv_per_query_head()
+    q, k, v = (kernel_layout(t) for t in (req.q, *req.kv_per_query_head()))
     groups = segment_groups(req.mask, req.q.shape[0], block)
-    out = _SegmentAttention.apply(groups, req.scale, req.q, k, v, req.sinks)
+    out = _SegmentAttention.apply(groups, req.scale, q, k, v, req.sinks)
     return req.mask.zero_empty_rows(out)
 
 
@@ -850,11 +857,12 @@ def near_far_attention(req: AttentionRequest, block: int = NEAR_BLOCK) -> Tensor
     if not plan.separable:
         far_before = table[:, plan.far_index["before"]]
         far_after = table[:, plan.far_index["after"]] if plan.bidirectional else None
-    k, v = req.kv_per_query_head()
+    # One copy of an operand whose last stride is not 1 (the kernel would misread it), not one per call.
+    q, k, v = (kernel_layout(t) for t in (req.q, *req.kv_per_query_head()))
     row = col = None
     if "before" in plan.separable and not plan.bidirectional:
         row, col = plan.separable["before"].row, plan.separable["before"].col
-    out = _NearFarAttention.apply(plan, req.q, k, v, table, req.sinks, far_before, far_after, row, col)
+    out = _NearFarAttention.apply(plan, q, k, v, table, req.sinks, far_before, far_after, row, col)
     return req.mask.zero_empty_rows(out)
 
 
