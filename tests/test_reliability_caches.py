@@ -1,4 +1,4 @@
-"""Reliability of the seams around caches (issue 22, items 1, 4, 5 and 9).
+"""Reliability of the seams around caches (issue 22, items 1, 4, 5, 9 and p-RoPE's fraction form).
 
 * A windowed layer's KV cache after eviction, with a ``key_padding_mask`` passed (the HF habit of
   passing it every step): cached decoding equals the full uncached forward, for
@@ -7,6 +7,8 @@
   naming that layer, with nothing changed; a module holding every user is switched consistently.
 * ``LatentCache`` (MLA) refuses what ``KVCache`` refuses: another layer's entry, another batch.
 * ``rope:drop_rotation=eval``: an entry written in training mode is refused in eval mode.
+* p-RoPE in a spec string takes HF's ``partial_rotary_factor`` (and ``rotary_dim=0``), equal to HF's
+  ``ROPE_INIT_FUNCTIONS["proportional"]``; ``--eval-variants prope:P`` at a small head size builds.
 
 Expected values come from an independent source: the full uncached forward, a fresh cache, the
 outputs before the call under test, or HF's functions.
@@ -15,9 +17,12 @@ outputs before the call under test, or HF's functions.
 from __future__ import annotations
 
 import copy
+import warnings
 
 import pytest
 import torch
+from transformers import LlamaConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 import posenc
 
@@ -230,3 +235,67 @@ def test_a_streaming_cache_keeps_keys_unrotated_so_a_mode_change_is_served():
     for t in range(5):
         layer(x[:, t : t + 1], cache=evaluated)
     torch.testing.assert_close(layer(x[:, 5:], cache=mixed), layer(x[:, 5:], cache=evaluated), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- p-RoPE's fraction form
+
+
+def _hf_proportional(head_dim: int, params: dict) -> torch.Tensor:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = LlamaConfig(
+            hidden_size=2 * head_dim,
+            num_attention_heads=2,
+            head_dim=head_dim,
+            rope_parameters={"rope_type": "proportional", "rope_theta": 10000.0, **params},
+        )
+    return ROPE_INIT_FUNCTIONS["proportional"](config)[0]
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.25, 0.5, 0.75, 1.0])
+def test_p_rope_spec_takes_hfs_partial_rotary_factor(fraction):
+    want = _hf_proportional(8, {"partial_rotary_factor": fraction})
+    enc = posenc.build(f"rope:scaling=proportional,partial_rotary_factor={fraction}", head_dim=8)
+    torch.testing.assert_close(enc.inv_freq, want, rtol=1e-6, atol=0)
+    torch.testing.assert_close(posenc.build(enc.spec()).inv_freq, want, rtol=1e-6, atol=0)  # round trip
+
+
+def test_p_rope_with_no_rotating_pair_builds_from_rotary_dim_zero_and_the_prope_variant():
+    from posenc.experiments.variants import VariantContext, parse_eval_variants, variant_encoding
+
+    want = _hf_proportional(8, {"partial_rotary_factor": 0.1})  # int(0.1 * 8 // 2) = 0 pairs
+    assert not want.any()
+    assert torch.equal(posenc.build("rope:scaling=proportional,rotary_dim=0", head_dim=8).inv_freq, want)
+    (prope,) = parse_eval_variants(["prope:0.1"])
+    spec = variant_encoding("rope", prope, VariantContext(train_tokens=8, eval_tokens=16, head_dim=8))
+    model = posenc.TransformerLM(20, 16, 1, 2, spec)  # head size 8, as in the issue
+    torch.testing.assert_close(model.blocks[0].attn.encoding.inv_freq, want, rtol=0, atol=0)
+
+
+def test_partial_rotary_factor_on_plain_rope_equals_hf_and_bad_forms_say_what_to_pass():
+    # HF's linear scaling at factor 1 is its default RoPE over int(head_dim * partial_rotary_factor) channels.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = LlamaConfig(
+            hidden_size=32,
+            num_attention_heads=2,
+            head_dim=16,
+            rope_parameters={
+                "rope_type": "linear",
+                "rope_theta": 10000.0,
+                "factor": 1.0,
+                "partial_rotary_factor": 0.5,
+            },
+        )
+    want = ROPE_INIT_FUNCTIONS["linear"](config)[0]
+    enc = posenc.build("rope:partial_rotary_factor=0.5", head_dim=16)
+    torch.testing.assert_close(enc.inv_freq, want, rtol=1e-6, atol=0)
+    assert enc.rotary_dim == 8
+    with pytest.raises(ValueError, match=r"only scaling='proportional' \(p-RoPE\) may rotate no pair"):
+        posenc.build("rope:rotary_dim=0", head_dim=8)
+    with pytest.raises(ValueError, match="give rotary_dim or partial_rotary_factor"):
+        posenc.build("rope:scaling=proportional,partial_rotary_factor=0.5,rotary_dim=4", head_dim=8)
+    with pytest.raises(ValueError, match=r"'partial_rotary_factor' must be in \[0, 1\]"):
+        posenc.build("rope:partial_rotary_factor=1.5", head_dim=8)
+    with pytest.raises(ValueError, match="partial_rotary_factor inside rope_parameters or as an option"):
+        posenc.build("rope", head_dim=8, partial_rotary_factor=0.5, rope_parameters={"rope_type": "default"})
