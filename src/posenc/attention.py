@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import weakref
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
@@ -36,20 +37,102 @@ __all__ = [
 ]
 
 
-@dataclass
-class _CacheEntry:
+@dataclass(kw_only=True)
+class _CacheStamp:
+    """Who wrote a cache entry, and in which form: a layer reads only an entry it wrote in its current form.
+
+    :class:`KVCache` and :class:`~posenc.mla.LatentCache` entries carry it; :meth:`stamp` fills it
+    when a layer writes the entry and :meth:`check_reader` refuses, with a ``ValueError`` naming the
+    writer, what another layer, another batch, another device or another channel layout or rotation
+    mode would otherwise read silently.
+    """
+
+    writer_id: int = 0  # id() of the layer that wrote the entry
+    writer: str = ""  # that layer, described for error messages
+    layout: int = 0  # the writer's q/k channel layout then (switch_rope_pairing_ changes it)
+    # Whether the writer's encoding skipped its rotation then (RoPE drop_rotation="eval" in eval
+    # mode); None: the keys are stored unrotated (a streaming KVCache rotates them at every step).
+    rotation_dropped: bool | None = False
+
+    def held(self) -> Tensor:
+        """The tensor whose batch size (dim 0) and device are the entry's."""
+        raise NotImplementedError
+
+    def stamp(self, layer: nn.Module) -> None:
+        self.writer_id, self.writer = id(layer), layer._describe()
+        self.layout, self.rotation_dropped = layer._layout, _rotation_dropped(layer)
+
+    def check_reader(
+        self, layer: nn.Module, *, what: str, batch: int, device: torch.device, fresh: str
+    ) -> None:
+        """Raise unless ``layer`` wrote this entry (``what``, e.g. "the self-attention entry of
+        layer_idx=0") in its current form, for a batch of ``batch`` on ``device``; ``fresh`` names
+        the cache class to start again with."""
+        held = self.held()
+        if held.device != device:
+            raise ValueError(
+                f"cache: {what} is on device {held.device} but the layer is on {device}; "
+                f"use a fresh {fresh} on this device"
+            )
+        if self.writer_id != id(layer):
+            raise ValueError(
+                f"cache: {what} was written by {self.writer}, not by this layer, {layer._describe()}; "
+                f"give every layer its own layer_idx, or use a fresh {fresh}"
+            )
+        if self.layout != layer._layout:
+            raise ValueError(
+                f"cache: {what} holds keys in the q/k channel order this layer had before "
+                f"switch_rope_pairing_ permuted it; use a fresh {fresh}"
+            )
+        dropped = _rotation_dropped(layer)
+        if self.rotation_dropped is not None and self.rotation_dropped != dropped:
+            then, now = ("without", "with") if self.rotation_dropped else ("with", "without")
+            raise ValueError(
+                f"cache: {what} holds keys written {then} rotation, but this layer's encoding now runs "
+                f"{now} it (drop_rotation='eval' rotates in training mode only, and the layer was switched "
+                f"to {'training' if layer.training else 'eval'} mode since); use a fresh {fresh} after "
+                "train() or eval()"
+            )
+        if held.shape[0] != batch:
+            raise ValueError(
+                f"cache: {what} holds a batch of {held.shape[0]}, this call has {batch}; use a fresh "
+                f"{fresh} (or cache.reset()) for a new batch"
+            )
+
+
+#: The layers built on each encoding (weakly held): an encoding object may serve several layers, and
+#: switch_rope_pairing_ must find those outside the module it is given.
+_ENCODING_USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _register_user(encoding: PositionalEncoding, layer: nn.Module) -> None:
+    _ENCODING_USERS.setdefault(encoding, weakref.WeakSet()).add(layer)
+
+
+def _users(encoding: PositionalEncoding) -> list[nn.Module]:
+    """The live layers whose rotary encoding is ``encoding`` (those since given another one left out)."""
+    return [layer for layer in list(_ENCODING_USERS.get(encoding, ())) if layer._rotary() is encoding]
+
+
+def _rotation_dropped(layer: nn.Module) -> bool:
+    """Whether ``layer``'s rotary encoding leaves q and k unrotated now (RoPE's ``drop_rotation``)."""
+    return bool(getattr(layer._rotary(), "rotation_dropped", False))
+
+
+@dataclass(kw_only=True)
+class _CacheEntry(_CacheStamp):
     k: Tensor  # [B, Hkv, T, D], keys after the encoding's rotation
     v: Tensor  # [B, Hkv, T, D]
     k_pos: Tensor  # [B or 1, T] int64
     padding: Tensor | None  # [B, T] bool, True = padding
     document_ids: Tensor | None = None  # [B, T] int64, the keys' documents
-    writer_id: int = 0  # id() of the layer that wrote the entry
-    writer: str = ""  # that layer, described for error messages
-    layout: int = 0  # the writer's q/k channel layout then (switch_rope_pairing_ changes it)
     context_key: tuple | None = None  # cross-attention: which context tensor the keys came from
     evicted: int = 0  # tokens dropped from the front (a windowed layer keeps what its window sees)
     token_state: Tensor | None = None  # [B, S, T]: an input-dependent bias's states of the keys (FoX)
     token_index: Tensor | None = None  # [T] int64: the keys' indices among all tokens seen
+
+    def held(self) -> Tensor:
+        return self.k
 
 
 class KVCache:
@@ -216,9 +299,14 @@ class MultiheadAttention(nn.Module):
         if self.encoding.causal_only and not causal:
             raise ValueError(f"{self._causal_only_message()}: pass causal=True")
         self.encoding.init_layer(self)
+        _register_user(self.encoding, self)
         self.scale = self.encoding.logit_scale(self.head_dim) if scale is None else check_scale(scale)
         self.last_backend: str | None = None
         self._layout = 0  # bumped when switch_rope_pairing_ permutes the q/k channels
+
+    def __setstate__(self, state: dict) -> None:  # a copy (deepcopy, pickle) is a user of its encoding too
+        super().__setstate__(state)
+        _register_user(self.encoding, self)
 
     def _causal_only_message(self) -> str:
         hint = self.encoding.noncausal_options
@@ -704,26 +792,13 @@ class MultiheadAttention(nn.Module):
         if entry is None:
             return None
         kind = "cross-attention" if cross else "self-attention"
-        if entry.k.device != self.q_proj.weight.device:
-            raise ValueError(
-                f"cache: the {kind} entry of layer_idx={self.layer_idx} is on device {entry.k.device} but the "
-                f"layer is on {self.q_proj.weight.device}; use a fresh KVCache on this device"
-            )
-        if entry.writer_id != id(self):
-            raise ValueError(
-                f"cache: the {kind} entry of layer_idx={self.layer_idx} was written by {entry.writer}, not by "
-                f"this layer, {self._describe()}; give every layer its own layer_idx, or use a fresh KVCache"
-            )
-        if entry.layout != self._layout:
-            raise ValueError(
-                f"cache: the {kind} entry of layer_idx={self.layer_idx} holds keys in the q/k channel order "
-                "this layer had before switch_rope_pairing_ permuted it; use a fresh KVCache"
-            )
-        if entry.k.shape[0] != batch:
-            raise ValueError(
-                f"cache: the {kind} entry of layer_idx={self.layer_idx} holds a batch of {entry.k.shape[0]}, "
-                f"this call has {batch}; use a fresh KVCache (or cache.reset()) for a new batch"
-            )
+        entry.check_reader(
+            self,
+            what=f"the {kind} entry of layer_idx={self.layer_idx}",
+            batch=batch,
+            device=self.q_proj.weight.device,
+            fresh="KVCache",
+        )
         if cross and context is not None and entry.context_key != _tensor_key(context):
             raise ValueError(
                 f"cache: the cross-attention entry of layer_idx={self.layer_idx} holds the keys of another "
@@ -732,8 +807,14 @@ class MultiheadAttention(nn.Module):
         return entry
 
     def _write_cache(self, cache: KVCache, entry: _CacheEntry, *, cross: bool = False) -> None:
-        entry.writer_id, entry.writer, entry.layout = id(self), self._describe(), self._layout
+        entry.stamp(self)
+        if cache.streaming and not cross:
+            entry.rotation_dropped = None  # stored unrotated: every step rotates them in its own mode
         cache.update(self.layer_idx, entry, cross=cross)
+
+    def _rotary(self) -> PositionalEncoding:
+        """The encoding whose rotation the cached keys carry (read by the cache's stamp)."""
+        return self.encoding
 
     def _run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
         self.last_backend, out, weights = run_attention(request, self.backend)
@@ -850,16 +931,25 @@ def padding_with_cache(
 
 
 def default_positions(q_len: int, past: int, padding: Tensor | None, device: torch.device) -> Tensor:
-    """Positions ``[B or 1, q_len]`` of ``q_len`` new tokens after ``past`` cached ones.
+    """Positions ``[B or 1, q_len]`` of ``q_len`` new tokens after ``past`` earlier ones.
 
-    Without padding, ``past + arange(q_len)``. With ``padding [B, past + q_len]`` (True = padding,
-    left padding as HF ``generate`` and BLOOM use it), a token's position counts the real tokens
-    before it, so every sequence starts at 0 whatever its padding.
+    ``past`` counts every earlier token, those a windowed cache has evicted included. Without
+    padding, ``past + arange(q_len)``. With ``padding [B, S]`` (True = padding, left padding as HF
+    ``generate`` and BLOOM use it) over the last ``S`` of the ``past + q_len`` tokens, a token's
+    position counts the real tokens before it, so every sequence starts at 0 whatever its padding;
+    the ``past + q_len - S`` tokens before the mask (evicted from a windowed cache, which evicts
+    only tokens it holds no padding for) count as real.
     """
     if padding is None:
         return torch.arange(past, past + q_len, device=device)[None]
+    before = past + q_len - padding.shape[1]
+    if before < 0:
+        raise ValueError(
+            f"default_positions: the padding covers {padding.shape[1]} tokens, more than the "
+            f"{past + q_len} of past={past} and q_len={q_len}"
+        )
     real = (~padding).long()
-    positions = (real.cumsum(dim=1) - 1).clamp(min=0)
+    positions = (real.cumsum(dim=1) - 1 + before).clamp(min=0)
     return positions[:, positions.shape[1] - q_len :]
 
 
@@ -964,7 +1054,10 @@ def switch_rope_pairing_(module: nn.Module, pairing: Literal["half", "interleave
     Raises:
         ValueError: ``pairing`` is not ``"half"`` or ``"interleaved"``; or an encoding to switch also
             serves a module other than a :class:`MultiheadAttention` in ``module`` (such as
-            :class:`~posenc.mla.MultiLatentAttention`, which keeps HF's half layout): nothing is changed.
+            :class:`~posenc.mla.MultiLatentAttention`, which keeps HF's half layout), or a layer
+            outside ``module`` (one RoPE object passed to two layers, only one of them in
+            ``module``): nothing is changed. Layers in ``module`` that share one encoding (a model
+            built with one RoPE object) are all switched.
         A :class:`KVCache` entry written before the switch is refused afterwards.
     """
     from .encodings.rope import RoPE, _check_pairing, convert_rope_pairing
@@ -988,6 +1081,17 @@ def switch_rope_pairing_(module: nn.Module, pairing: Literal["half", "interleave
                     f"switch_rope_pairing_: the RoPE at {where!r} also serves {type(parent).__name__}, which "
                     "keeps its own channel layout; give the attention layers their own encoding"
                 )
+    inside = {id(layer) for layer in layers}
+    names = {id(m): f"layer {name!r}" if name else "the layer passed" for name, m in module.named_modules()}
+    for layer in layers:
+        outside = [user for user in _users(layer.encoding) if id(user) not in inside]
+        if outside:
+            raise ValueError(
+                f"switch_rope_pairing_: the RoPE of {names[id(layer)]} also serves another layer, "
+                f"{outside[0]._describe()}, which is not in the module passed, and would rotate its unpermuted q/k with the new "
+                "pairing; pass a module that holds every layer using that encoding (the whole model), or "
+                "give the layers their own encoding. Nothing was changed"
+            )
     with torch.no_grad():
         for layer in layers:
             enc = layer.encoding

@@ -46,7 +46,14 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor, nn
 
-from .attention import check_scale, default_positions, padding_with_cache, run_attention
+from .attention import (
+    _CacheStamp,
+    _register_user,
+    check_scale,
+    default_positions,
+    padding_with_cache,
+    run_attention,
+)
 from .backends import AttentionRequest
 from .base import LayerContext, PositionalEncoding
 from .encodings.rope import RoPE
@@ -106,12 +113,15 @@ class _RMSNorm(nn.Module):
         return f"{self.weight.shape[0]}, eps={self.eps}"
 
 
-@dataclass
-class _LatentEntry:
+@dataclass(kw_only=True)
+class _LatentEntry(_CacheStamp):
     latent: Tensor  # [B, T, kv_lora_rank], after kv_a_layernorm
     k_rope: Tensor  # [B, T, qk_rope_head_dim], rotated
     k_pos: Tensor  # [B or 1, T] int64
     padding: Tensor | None  # [B, T] bool, True = padding
+
+    def held(self) -> Tensor:
+        return self.latent
 
 
 class LatentCache:
@@ -119,7 +129,10 @@ class LatentCache:
 
     Per token and layer it holds ``kv_lora_rank + qk_rope_head_dim`` numbers (the latent after
     ``kv_a_layernorm``, and ``k_rope`` after its rotation), plus the key positions and padding.
-    One object serves a whole model; each layer keeps its entry under its ``layer_idx``.
+    One object serves a whole model; each layer keeps its entry under its ``layer_idx``. As in a
+    :class:`~posenc.attention.KVCache`, an entry records the layer that wrote it, and only that layer
+    may read it: another layer with the same ``layer_idx``, a changed batch size, or the rotation
+    mode changed since (``drop_rotation="eval"`` and ``train()``/``eval()``) raises ``ValueError``.
     """
 
     def __init__(self) -> None:
@@ -264,11 +277,16 @@ class MultiLatentAttention(nn.Module):
         )
         self.o_proj = nn.Linear(heads * v_head_dim, embed_dim, bias=bias, **factory)
         self.rope = self._build_rope(rope, device, dtype)
+        _register_user(self.rope, self)
         self.attention_encoding = build("nope")  # q and k arrive rotated: plain attention
         self.scale = (
             mla_softmax_scale(self.qk_head_dim, self.rope.scaling) if scale is None else check_scale(scale)
         )
         self.last_backend: str | None = None
+
+    def __setstate__(self, state: dict) -> None:  # a copy (deepcopy, pickle) is a user of its rope too
+        super().__setstate__(state)
+        _register_user(self.rope, self)
 
     def _build_rope(self, rope: str | PositionalEncoding, device, dtype) -> RoPE:
         context = LayerContext(
@@ -364,7 +382,7 @@ class MultiLatentAttention(nn.Module):
                 f"cache must be a LatentCache (posenc.mla.LatentCache: MLA caches the latent), got {type(cache).__name__}"
             )
         batch, q_len, _ = x.shape
-        entry = cache.get(self.layer_idx) if cache is not None else None
+        entry = self._cache_entry(cache, batch)
         past = 0 if entry is None else entry.latent.shape[1]
         padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
         q_pos = self._positions(positions, batch, q_len, default_positions(q_len, past, padding, x.device))
@@ -378,9 +396,9 @@ class MultiLatentAttention(nn.Module):
             k_rope = torch.cat([entry.k_rope, k_rope], dim=1)
             k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
         if cache is not None:
-            cache.update(
-                self.layer_idx, _LatentEntry(latent=latent, k_rope=k_rope, k_pos=k_pos, padding=padding)
-            )
+            written = _LatentEntry(latent=latent, k_rope=k_rope, k_pos=k_pos, padding=padding)
+            written.stamp(self)
+            cache.update(self.layer_idx, written)
         k, v = self.expand_latent(latent, k_rope)
         q = torch.cat([q_nope, q_rope], dim=-1)
 
@@ -454,6 +472,33 @@ class MultiLatentAttention(nn.Module):
         weight_dtype = self.o_proj.weight.dtype
         if x.dtype != weight_dtype:
             raise ValueError(f"x has dtype {x.dtype} but the layer's parameters are {weight_dtype}; cast one")
+
+    # ------------------------------------------------------------------ cache
+    _layout = 0  # the channel layout stamped on cache entries (switch_rope_pairing_ leaves MLA alone)
+
+    def _describe(self) -> str:
+        return (
+            f"MultiLatentAttention(layer_idx={self.layer_idx}, heads={self.num_heads}, "
+            f"kv_lora_rank={self.kv_lora_rank}, qk_rope_head_dim={self.qk_rope_head_dim}, "
+            f"rope={self.rope.spec()!r})"
+        )
+
+    def _rotary(self) -> RoPE:
+        """The encoding whose rotation the cached ``k_rope`` carries (read by the cache's stamp)."""
+        return self.rope
+
+    def _cache_entry(self, cache: LatentCache | None, batch: int) -> _LatentEntry | None:
+        """This layer's entry of ``cache``, after checking that this layer wrote it for this batch."""
+        entry = None if cache is None else cache.get(self.layer_idx)
+        if entry is not None:
+            entry.check_reader(
+                self,
+                what=f"the entry of layer_idx={self.layer_idx}",
+                batch=batch,
+                device=self.o_proj.weight.device,
+                fresh="LatentCache",
+            )
+        return entry
 
     def _positions(self, given: Tensor | None, batch: int, length: int, default: Tensor) -> Tensor:
         if given is None:

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from ..base import RotaryEncoding, check_table_size
 from ..kernels.rope import RotaryTables, rotary, rotary_cos_sin
-from ..registry import at_least, greater_than, register
+from ..registry import Range, at_least, greater_than, register
 from ..spec import format_spec
 from .rope_scaling import SCALING_OPTION_RANGES, RopeScaling, rope_scaled_inv_freq
 
@@ -199,7 +199,11 @@ class RoPE(RotaryEncoding):
         head_dim: per-head size (filled in by the attention layer).
         base: ``θ`` base ("rope_theta").
         pairing: ``"half"`` (GPT-NeoX/Llama) or ``"interleaved"`` (paper/GPT-J).
-        rotary_dim: rotate only the first ``rotary_dim`` channels (default: all).
+        rotary_dim: rotate only the first ``rotary_dim`` channels (default: all); for
+            ``"proportional"``, the channels that turn (0 is allowed there: no pair turns).
+        partial_rotary_factor: HF's fraction form of ``rotary_dim`` (exclusive with it), with HF's
+            rounding: ``rotary_dim = int(head_dim * p)`` (``int(p * head_dim // 2)`` pairs for
+            ``"proportional"``, where it may be 0).
         cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand
             (up to a bound, past which positions are computed directly: :class:`RotaryTables`).
         scaling: ``None``/``"default"``, ``"linear"``, ``"ntk"``, ``"dynamic"``, ``"yarn"``,
@@ -229,7 +233,8 @@ class RoPE(RotaryEncoding):
     option_ranges = {
         "head_dim": at_least(1),
         "base": greater_than(1),
-        "rotary_dim": at_least(2),
+        "rotary_dim": at_least(0),  # 0 only for p-RoPE (no pair turns); the other types need >= 2
+        "partial_rotary_factor": Range(low=0, high=1),
         "cache_size": at_least(1),
         **SCALING_OPTION_RANGES,
     }
@@ -242,6 +247,7 @@ class RoPE(RotaryEncoding):
         base: float = 10000.0,
         pairing: Pairing = "half",
         rotary_dim: int | None = None,
+        partial_rotary_factor: float | None = None,
         cache_size: int = 2048,
         scaling: str | None = None,
         factor: float | None = None,
@@ -276,9 +282,18 @@ class RoPE(RotaryEncoding):
         self.scaling, self._base, self._partial = _scaling_of(
             base, scaling, rope_parameters, {k: given[k] for k in RopeScaling.OPTIONS}
         )
+        if partial_rotary_factor is not None:
+            if rope_parameters is not None:
+                raise ValueError(
+                    "rope: give partial_rotary_factor inside rope_parameters or as an option, not both"
+                )
+            self._partial = float(partial_rotary_factor)
         self._rotary_dim_option = rotary_dim
         if rotary_dim is not None and self._partial is not None:
-            raise ValueError("rope: give rotary_dim or rope_parameters['partial_rotary_factor'], not both")
+            raise ValueError(
+                "rope: give rotary_dim or partial_rotary_factor (the same width as a fraction of head_dim), "
+                "not both"
+            )
         self.head_dim: int | None = None
         self.pairing = pairing
         self.attention_scale = 1.0

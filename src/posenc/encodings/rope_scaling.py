@@ -213,7 +213,8 @@ def rotary_width(config: dict[str, Any]) -> int:
     if width <= 0 or width % 2:
         raise ValueError(
             f"RoPE: rotary dimension {width} (head_dim={head_dim}, partial_rotary_factor={factor}) must be a "
-            "positive even number"
+            "positive even number: pass rotary_dim (or partial_rotary_factor) for at least one pair; only "
+            "scaling='proportional' (p-RoPE) may rotate no pair"
         )
     return width
 
