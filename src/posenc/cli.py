@@ -24,10 +24,14 @@ app = typer.Typer(
 console = Console()
 
 
-def print_error(message: str, *, label: str = "error", style: str = "red") -> None:
-    """Print ``label: message`` on the console: the message as it is (no Rich markup read from it)
-    and never wrapped by the console, so a long path stays on one line and can be copied whole."""
-    console.print(f"[{style}]{label}:[/{style}] {escape(message)}", soft_wrap=True, highlight=False)
+def print_error(message: str, *, label: str | None = "error", style: str = "red") -> None:
+    """Print ``label: message`` (``message`` in ``style`` without a label) on the console: the
+    message as it is (no Rich markup read from it) and never wrapped by the console, so a long path
+    stays on one line and can be copied whole."""
+    text = (
+        f"[{style}]{label}:[/{style}] {escape(message)}" if label else f"[{style}]{escape(message)}[/{style}]"
+    )
+    console.print(text, soft_wrap=True, highlight=False)
 
 
 def print_line(message: str) -> None:

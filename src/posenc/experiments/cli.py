@@ -294,7 +294,7 @@ def extrapolate(
         print_error(f"{err}; run the same command again to resume")
         raise typer.Exit(1) from err
     except ExperimentInterrupted as err:
-        print_error(f"{err}; run the same command again to resume", label="stopped", style="yellow")
+        print_error(f"{err}; run the same command again to resume", label=None, style="yellow")
         raise typer.Exit(130) from err
     except ValueError as err:
         print_error(str(err))
