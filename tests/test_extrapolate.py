@@ -390,8 +390,9 @@ def _records(encoding, seed, values_by_length, task="copy"):
 
 def test_summary_ranks_only_encodings_that_fit_and_gives_seed_intervals():
     """Hand-computed: rope fits on both seeds (in-distribution means 1.0 and 0.95), nope does not
-    (0.5 and 1.0). Beyond L=2 rope's per-seed means are 0.4 and 0.8; a bootstrap of the mean of two
-    values resamples {a, a}, {a, b}, {b, a}, {b, b}, so its 2.5% and 97.5% quantiles are a and b."""
+    (0.5 and 1.0). Beyond L=2 rope's per-seed means are 0.4 and 0.8: mean 0.6, standard deviation
+    0.2·√2, so the Student's t interval is 0.6 ± t(0.975, 1)·0.2 with the tabulated t(0.975, 1) =
+    12.706205; the table keeps it inside [0%, 100%] (two seeds say almost nothing)."""
     from posenc.experiments.results import summarize
 
     records = (
@@ -403,15 +404,18 @@ def test_summary_ranks_only_encodings_that_fit_and_gives_seed_intervals():
     rope, nope = summarize(records, "exact_match", 2, ["rope", "nope"], fit_threshold=0.95)
     assert rope["iid"] == pytest.approx(0.975) and rope["fit"] == 2
     assert nope["iid"] == pytest.approx(0.75) and nope["fit"] == 1
-    assert rope["beyond_interval"] == pytest.approx((0.4, 0.8))
+    assert rope["beyond_interval"] == pytest.approx((0.6 - 12.706205 * 0.2, 0.6 + 12.706205 * 0.2), abs=1e-6)
+    bounded = summarize(records, "exact_match", 2, ["rope"], fit_threshold=0.95, bounds=(0.0, 1.0))
+    assert bounded[0]["beyond_interval"] == (0.0, 1.0)
     assert summarize(records, "exact_match", 2, ["rope"])[0]["fit"] is None  # no threshold, no flag
     config = ExperimentConfig(task="copy", encodings=["rope", "nope"], train_len=2, eval_len=4)
     table = summary_table(config, records, config.make_task().metric)
     assert table.columns[:3] == ["encoding", "<=2, fit", "at L=2"]
     assert table.rows[0][:2] == ["rope", "97.5%, 2/2"]
-    assert table.rows[0][3] == "60.0% [40.0%, 80.0%]"
+    assert table.rows[0][3] == "60.0% [0.0%, 100.0%]"
     assert table.rows[1][1] == "75.0%, 1/2"
-    assert len(table.notes) == 1 and "not ranked" in table.notes[0]
+    assert len(table.notes) == 2 and "not ranked" in table.notes[0]
+    assert "95% Student's t interval" in table.notes[1]
     assert "nope (in-distribution 75.0%)" in table.notes[0] and "rope" not in table.notes[0]
 
 

@@ -213,7 +213,7 @@ def test_load_results_names_the_bad_line(tmp_path: Path) -> None:
     write_experiment(tmp_path)
     with (tmp_path / "results.jsonl").open("a") as handle:
         handle.write('{"encoding": "alibi", "length": 8}\n')
-    with pytest.raises(ValueError, match=r"results.jsonl:25: record lacks metric, value"):
+    with pytest.raises(ValueError, match=r"results.jsonl, line 25: record lacks metric, value"):
         load_results(tmp_path)
 
 

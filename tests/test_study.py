@@ -1,7 +1,7 @@
 """The main job as a study (issue 14): fit first, uncertainty, inference-time variants, the report.
 
 Expected numbers are computed in the tests from the per-length records (means written out here),
-from the Wilson formula's published values, or by hand for the bootstrap of two or three values.
+from the Wilson formula's published values, or by hand from tabulated Student's t quantiles.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def _band_of(ax, index):
     return vertices[:, 1]
 
 
-def test_plot_bands_are_wilson_with_one_seed_and_seed_bootstrap_with_several():
+def test_plot_bands_are_wilson_with_one_seed_and_seed_t_interval_with_several():
     from posenc.experiments.results import Record
     from posenc.viz.curves import curve_figure
 
@@ -256,10 +256,15 @@ def test_plot_bands_are_wilson_with_one_seed_and_seed_bootstrap_with_several():
         expected += [(centre - half) / (1 + z * z / n), min(1.0, (centre + half) / (1 + z * z / n))]
     assert min(band) == pytest.approx(min(expected)) and max(band) == pytest.approx(1.0)
     assert any(abs(y - expected[0]) < 1e-9 for y in band) and any(abs(y - expected[1]) < 1e-9 for y in band)
-    # Two seeds: the bootstrap of a two-value mean has quantiles 2.5% / 97.5% at the two values.
-    two = one + [Record.from_dict(_record("rope", 1, n, v)) for n, v in ((1, 0.3), (2, 0.6))]
-    band = _band_of(curve_figure(two, "copy", "exact_match", ["rope"], binomial=True).axes[0], 0)
-    assert sorted({round(float(y), 9) for y in band}) == [0.3, 0.5, 0.6, 1.0]
+    # Three seeds: the Student's t interval of the mean, mean ± t(0.975, 2)·s/√3 with the tabulated
+    # t(0.975, 2) = 4.302653, kept inside [0, 1]: at length 1 (0.5, 0.3, 0.4: mean 0.4, s = 0.1),
+    # at length 2 (1.0, 0.6, 0.8: mean 0.8, s = 0.2, the top cut at 1).
+    more = [((1, 0.3), (2, 0.6)), ((1, 0.4), (2, 0.8))]
+    three = one + [Record.from_dict(_record("rope", s, n, v)) for s, ps in enumerate(more, 1) for n, v in ps]
+    band = _band_of(curve_figure(three, "copy", "exact_match", ["rope"], binomial=True).axes[0], 0)
+    half = 4.302653 / math.sqrt(3)
+    expected = [0.4 - 0.1 * half, 0.4 + 0.1 * half, 0.8 - 0.2 * half, 1.0]
+    assert sorted({round(float(y), 9) for y in band}) == pytest.approx(sorted(expected), abs=1e-6)
 
 
 def test_plot_marks_encodings_that_did_not_fit():
@@ -315,8 +320,11 @@ def test_compare_pairs_by_seed_and_says_who_wins(tmp_path):
     result = compare_rows(tmp_path, "a", "b")
     assert result.differences == pytest.approx([0.2, 0.3, 0.2])
     assert result.mean == pytest.approx(0.7 / 3)
-    # Every bootstrap resample of {0.2, 0.3, 0.2} has a mean in [0.2, 0.3]: the interval excludes 0.
-    assert 0.2 - 1e-12 <= result.interval[0] <= result.interval[1] <= 0.3 + 1e-12
+    # Paired t interval: mean 0.7/3, s = 0.1/√3 (deviations 1/30, 2/30, 1/30), so
+    # 0.7/3 ± t(0.975, 2)·s/√3 = 0.7/3 ± 4.302653·0.1/3: [0.0899, 0.3768], which excludes 0.
+    assert result.interval == pytest.approx(
+        (0.7 / 3 - 4.302653 * 0.1 / 3, 0.7 / 3 + 4.302653 * 0.1 / 3), abs=1e-6
+    )
     assert result.verdict == "a"
     assert result.lines()[-1].startswith("a beats b beyond L")
     assert compare_rows(tmp_path, "b", "a").verdict == "b"
@@ -480,7 +488,9 @@ def test_report_shows_fit_flags_intervals_and_variants(tmp_path):
     ]
     rows = section.split("<tr")[2:]
     assert [row.split("<code>")[1].split("</code>")[0] for row in rows] == ["rope", "rope + yarn", "nope"]
-    assert "100.0%, 2/2" in rows[0] and "60.0% [40.0%, 80.0%]" in rows[0]
+    # Beyond L rope scores 0.4 and 0.8: 0.6 ± t(0.975, 1)·0.2 = 0.6 ± 2.54, kept inside [0%, 100%].
+    assert "100.0%, 2/2" in rows[0] and "60.0% [0.0%, 100.0%]" in rows[0]
+    assert "95% Student&#x27;s t interval of the mean across the n seeds" in text
     assert 'class="unfit"' in rows[2] and "not ranked (did not fit: iid 4.0%)" in rows[2]
     assert 'class="fit"' in rows[1] and "90.0%" in rows[1]
     assert "2 seeds)" in text and "No figure for <code>rope + yarn" not in text

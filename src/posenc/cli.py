@@ -11,6 +11,7 @@ import os
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 app = typer.Typer(
@@ -21,6 +22,22 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 console = Console()
+
+
+def print_error(message: str, *, label: str | None = "error", style: str = "red") -> None:
+    """Print ``label: message`` (``message`` in ``style`` without a label) on the console: the
+    message as it is (no Rich markup read from it) and never wrapped by the console, so a long path
+    stays on one line and can be copied whole."""
+    text = (
+        f"[{style}]{label}:[/{style}] {escape(message)}" if label else f"[{style}]{escape(message)}[/{style}]"
+    )
+    console.print(text, soft_wrap=True, highlight=False)
+
+
+def print_line(message: str) -> None:
+    """Print a plain line that may name paths (``wrote DIR/report.html``) without wrapping it."""
+    console.print(message, soft_wrap=True, markup=False, highlight=False)
+
 
 #: Modules that add sub-commands to :data:`app` when imported (skipped if not present yet).
 COMMAND_MODULES = [
@@ -56,7 +73,7 @@ def show(
     try:
         enc = build_example(spec)
     except ValueError as err:
-        console.print(f"[red]error:[/red] {err}")
+        print_error(str(err))
         raise typer.Exit(2) from err
     table = Table(title=f"{enc.name} ({enc.kind.value})", show_header=True)
     table.add_column("option")

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ..cli import app, console
+from ..cli import app, console, print_error, print_line
 from .shards import parse_shard
 from .tasks import TASKS
 from .train import ExperimentConfig
@@ -72,7 +72,7 @@ class _ProgressBars:
         self.progress.__exit__(*exc)
 
     def log(self, message: str) -> None:
-        self.progress.console.print(message, style="cyan", markup=False, highlight=False)
+        self.progress.console.print(message, style="cyan", markup=False, highlight=False, soft_wrap=True)
 
     def report(self, label: str, phase: str, done: int, total: int, note: str) -> None:
         if not self.enabled:
@@ -217,7 +217,7 @@ def extrapolate(
     from .runner import Distributed, ExperimentInterrupted, WorkerDied, run_experiment, summary_table
 
     if hf_model is not None and (preset is not None or shard is not None):
-        console.print("[red]error:[/red] --preset and --shard train models; they do not apply to --hf-model")
+        print_error("--preset and --shard train models; they do not apply to --hf-model")
         raise typer.Exit(2)
     if hf_model is not None:
         _extrapolate_hf(
@@ -291,13 +291,13 @@ def extrapolate(
 
             print_table(rich_table(comparison_for_folder(planned[0][1])))
     except WorkerDied as err:
-        console.print(f"[red]error:[/red] {err}; run the same command again to resume", soft_wrap=True)
+        print_error(f"{err}; run the same command again to resume")
         raise typer.Exit(1) from err
     except ExperimentInterrupted as err:
-        console.print(f"[yellow]{err}[/yellow]; run the same command again to resume")
+        print_error(f"{err}; run the same command again to resume", label=None, style="yellow")
         raise typer.Exit(130) from err
     except ValueError as err:
-        console.print(f"[red]error:[/red] {err}")
+        print_error(str(err))
         raise typer.Exit(2) from err
 
 
@@ -364,9 +364,9 @@ def _extrapolate_hf(
                 report=bars.report,
             )
         print_table(rich_table(summary(settings, records)))
-        console.print(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
+        print_line(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
     except ValueError as err:
-        console.print(f"[red]error:[/red] {err}")
+        print_error(str(err))
         raise typer.Exit(2) from err
 
 
@@ -380,14 +380,14 @@ def compare(
     ),
 ) -> None:
     """Whether A beats B beyond the training length L, paired by seed: the mean per-seed difference
-    of the score beyond L with a 95% bootstrap interval; "cannot tell" when it contains 0. Rows
+    of the score beyond L with its 95% Student's t interval; "cannot tell" when it contains 0. Rows
     that did not fit are not compared."""
     from .compare import compare_rows
 
     try:
         comparison = compare_rows(run_dir, a, b, fit_threshold)
     except (ValueError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {err}", soft_wrap=True, markup=True, highlight=False)
+        print_error(str(err))
         raise typer.Exit(2) from err
     for line in comparison.lines():
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        print_line(line)

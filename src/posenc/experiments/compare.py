@@ -2,10 +2,13 @@
 
 Paired by seed: for every seed both rows have, the run's score beyond ``L`` (mean over the lengths
 ``> L`` of the task's metric, as in the summary table) of A minus that of B. The verdict rests on
-the mean of these differences and its 95% percentile-bootstrap interval across seeds
-(:func:`~posenc.experiments.results.seed_interval`): A beats B when the interval lies on A's side
+the mean of these differences and its 95% Student's t interval (a paired t interval:
+``mean ± t_{0.975, n-1} · s / √n`` over the ``n`` seeds' differences,
+:func:`~posenc.experiments.results.seed_interval`): A beats B when the interval lies on A's side
 of 0, B beats A when it lies on B's, and "cannot tell" when it contains 0 (or with one seed, where
-there is no interval). Rows that did not fit their training lengths are not ranked, so they are
+there is no interval). With three seeds ``t_{0.975, 2} = 4.30``: differences of +1%, +2%, +3% give
+[-0.5%, +4.5%], "cannot tell" (a bootstrap of the mean spans about the smallest to the largest
+difference there, and would call it). Rows that did not fit their training lengths are not ranked, so they are
 not compared either: naming one is an error, as is naming a row the folder does not hold.
 """
 
@@ -27,7 +30,7 @@ class Comparison:
     """A paired comparison of rows ``a`` and ``b`` beyond ``train_len``.
 
     ``scores``: ``{seed: (a's score, b's score)}`` beyond ``L``; ``differences`` (a - b per seed, in
-    seed order), their ``mean`` and 95% bootstrap ``interval`` (None with one seed).
+    seed order), their ``mean`` and 95% Student's t ``interval`` (None with one seed).
     """
 
     task: str
@@ -65,8 +68,13 @@ class Comparison:
             lines.append(
                 f"  seed {seed}: {self.a} {fmt(a)}, {self.b} {fmt(b)}, difference {_signed(a - b, fmt)}"
             )
-        spread = "" if self.interval is None else f" [95% interval {_signed(self.interval[0], fmt)}, "
-        spread += "" if self.interval is None else f"{_signed(self.interval[1], fmt)}]"
+        spread = ""
+        if self.interval is not None:
+            low, high = (_signed(bound, fmt) for bound in self.interval)
+            spread = (
+                f" [95% interval {low}, {high}: {results_io.INTERVAL_METHOD} on the {len(seeds)} paired "
+                f"differences, {len(seeds) - 1} degree{'s' if len(seeds) > 2 else ''} of freedom]"
+            )
         lines.append(f"mean difference {self.a} - {self.b}: {_signed(self.mean, fmt)}{spread}")
         better = "higher" if self.metric.higher_is_better else "lower"
         if self.verdict == "a":

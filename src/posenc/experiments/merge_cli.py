@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from ..cli import app, console
+from ..cli import app, console, print_error, print_line
 
 
 @app.command("merge")
@@ -21,19 +21,20 @@ def merge(
     """Combine experiment folders (the shards of one command) into one.
 
     Refuses folders whose settings differ (naming the field) and two different results of the same
-    measurement; keeps one copy of exact duplicates. Writes results.jsonl, results.csv, config.json
-    and extrapolation.png into OUT and copies the runs' checkpoints; says which runs of the grid
-    are still missing.
+    measurement (in results.jsonl and runs.jsonl); keeps one copy of exact duplicates. Writes
+    results.jsonl, runs.jsonl, results.csv, config.json and extrapolation.png into OUT and copies
+    the runs' checkpoints; says which runs of the grid are still missing.
     """
     from .shards import merge_folders
 
     try:
         summary = merge_folders(out, folders)
     except ValueError as err:
-        console.print(f"[red]error:[/red] {err}", soft_wrap=True)
+        print_error(str(err))
         raise typer.Exit(2) from err
     dropped = f", {summary.duplicates} exact duplicate(s) dropped" if summary.duplicates else ""
-    console.print(f"merged {len(folders)} folder(s) into {out}: {summary.records} records{dropped}")
+    runs = f", {summary.runs} per-run records (runs.jsonl)" if summary.runs else ""
+    print_line(f"merged {len(folders)} folder(s) into {out}: {summary.records} records{runs}{dropped}")
     if summary.missing:
         labels = ", ".join(run.label for run in summary.missing)
         console.print(

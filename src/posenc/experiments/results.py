@@ -25,25 +25,32 @@ from pathlib import Path
 from statistics import mean
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from .stats import INTERVAL_METHOD, t_interval
+
 if TYPE_CHECKING:
     from .tasks import Metric
 
 __all__ = [
+    "INTERVAL_METHOD",
+    "MEASUREMENT_KEY",
     "RECORD_FIELDS",
     "Record",
     "SummaryRow",
     "append_records",
     "atomic_write",
     "atomic_write_text",
+    "check_record",
     "experiment_settings",
     "fit_notes",
     "group_records",
     "iid_record",
     "load_config",
     "load_results",
+    "measurement",
     "plot_results",
     "read_records",
     "read_run_records",
+    "seed_interval",
     "summarize",
     "wilson_interval",
     "write_csv",
@@ -91,6 +98,20 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], Any]) -> None:
     _fsync_folder(path.parent)
 
 
+def cannot_create_in(folder: Path) -> str | None:
+    """Why this process cannot create files in the existing folder ``folder`` (None when it can),
+    found by creating and removing an empty probe folder there: permission bits do not tell for
+    root, a read-only mount or a pseudo file system such as ``/proc``."""
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable by this user"
+    try:
+        probe = tempfile.mkdtemp(prefix=".posenc-probe-", dir=folder)
+    except OSError as err:
+        return f"nothing can be created in {folder} ({err.strerror or err})"
+    os.rmdir(probe)
+    return None
+
+
 def _fsync_folder(folder: Path) -> None:
     """Make a rename in ``folder`` durable (where the platform allows opening a folder)."""
     try:
@@ -107,6 +128,72 @@ def _fsync_folder(folder: Path) -> None:
 
 #: Fields a record must have to be read back (``task``, ``seed``, ``train_len`` are optional).
 REQUIRED_FIELDS = ("encoding", "length", "metric", "value")
+
+#: The fields that name one measurement: two records of one folder (or of the folders ``posenc
+#: merge`` combines) with the same values here must be equal.
+MEASUREMENT_KEY = ("run", "encoding", "task", "seed", "metric", "length", "variant")
+
+
+def measurement(record: dict[str, Any]) -> tuple[Any, ...]:
+    """The values of :data:`MEASUREMENT_KEY` of ``record`` (None where a field is absent)."""
+    return tuple(record.get(name) for name in MEASUREMENT_KEY)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _json_type(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+#: ``field: (check, what it must be)`` for the fields a reader uses (each optional one may be absent).
+_FIELD_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "encoding": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "metric": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "length": (lambda v: _is_int(v) and v >= 1, "a whole number >= 1"),
+    "value": (_is_number, "a number"),
+    "run": (lambda v: isinstance(v, str), "a string"),
+    "task": (lambda v: isinstance(v, str), "a string"),
+    "seed": (_is_int, "a whole number"),
+    "variant": (lambda v: isinstance(v, str), "a string"),
+    "train_len": (lambda v: v is None or (_is_int(v) and v >= 1), "a whole number >= 1 or null"),
+    "examples": (lambda v: v is None or (_is_int(v) and v >= 0), "a whole number >= 0 or null"),
+}
+
+#: What to do about a record that cannot be read (appended to every such error).
+_FIX_RECORD = (
+    "correct or delete that line (deleting every record of its run makes posenc extrapolate redo the run)"
+)
+
+
+def check_record(raw: Any, where: str = "record") -> dict[str, Any]:
+    """``raw`` if it is a well-formed record: a JSON object with :data:`REQUIRED_FIELDS`, each field
+    of :data:`_FIELD_CHECKS` it holds of the right type; otherwise a ``ValueError`` naming ``where``
+    (the file and line), the field, what it holds and what it must hold."""
+    if not isinstance(raw, dict):
+        raise ValueError(
+            f"{where}: a record must be a JSON object with {', '.join(REQUIRED_FIELDS)}, got "
+            f"{_json_type(raw)}; {_FIX_RECORD}"
+        )
+    missing = [f for f in REQUIRED_FIELDS if f not in raw]
+    if missing:
+        raise ValueError(
+            f"{where}: record lacks {', '.join(missing)} (every record has {', '.join(REQUIRED_FIELDS)}); "
+            f"{_FIX_RECORD}"
+        )
+    for name, (ok, what) in _FIELD_CHECKS.items():
+        if name in raw and not ok(raw[name]):
+            raise ValueError(
+                f"{where}: field {name!r} must be {what}, got {raw[name]!r} ({_json_type(raw[name])}); "
+                f"{_FIX_RECORD}"
+            )
+    return raw
 
 
 @dataclass(frozen=True)
@@ -125,10 +212,9 @@ class Record:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "record") -> Record:
-        """A record from its JSON form; ``ValueError`` naming ``where`` when a field is missing."""
-        missing = [f for f in REQUIRED_FIELDS if f not in raw]
-        if missing:
-            raise ValueError(f"{where}: record lacks {', '.join(missing)}")
+        """A record from its JSON form; ``ValueError`` naming ``where`` when a field is missing or
+        of the wrong type (:func:`check_record`)."""
+        check_record(raw, where)
         train = raw.get("train_len", raw.get("train_length"))
         return cls(
             encoding=str(raw["encoding"]),
@@ -142,8 +228,8 @@ class Record:
         )
 
 
-def _numbered_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """``(line number, record)`` for every non-blank line; ``ValueError`` naming a line that is not JSON."""
+def _numbered_lines(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed JSON)`` for every non-blank line; ``ValueError`` naming a line that is not JSON."""
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
@@ -157,18 +243,44 @@ def _numbered_lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             ) from err
 
 
+def _describe(record: dict[str, Any]) -> str:
+    """``run 'rope-0', exact_match at length 4`` (the parts a record has)."""
+    parts = [f"run {record['run']!r}"] if "run" in record else [f"{record.get('encoding')!r}"]
+    if "seed" in record:
+        parts.append(f"seed {record['seed']}")
+    if record.get("variant"):
+        parts.append(f"variant {record['variant']!r}")
+    return ", ".join(parts) + f", {record.get('metric')} at length {record.get('length')}"
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of ``path`` (an empty list when it does not exist); exact duplicates are dropped
-    with a warning naming the file (two writers once appended the same runs twice)."""
+    """The records of ``path`` (an empty list when it does not exist), each checked
+    (:func:`check_record`: a ``ValueError`` names the file, the line and the field).
+
+    The rule ``posenc merge`` applies between folders holds inside one file too: exact duplicates
+    are dropped with a warning naming the file (two writers once appended the same runs twice);
+    two different records of one measurement (:data:`MEASUREMENT_KEY`) are a ``ValueError`` naming
+    the file and both lines, never one silently winning."""
     if not path.exists():
         return []
-    records, seen, duplicates = [], set(), 0
-    for _, record in _numbered_lines(path):
-        key = json.dumps(record, sort_keys=True)
+    records: list[dict[str, Any]] = []
+    seen: dict[tuple[Any, ...], tuple[dict[str, Any], int]] = {}
+    duplicates = 0
+    for number, raw in _numbered_lines(path):
+        record = check_record(raw, f"{path}, line {number}")
+        key = measurement(record)
         if key in seen:
+            kept, line = seen[key]
+            if kept != record:
+                raise ValueError(
+                    f"{path}, lines {line} and {number}: two different results of one measurement "
+                    f"({_describe(record)}: value {kept.get('value')!r} vs {record.get('value')!r}); keep "
+                    "the right one and delete the other line (or delete every record of that run, so "
+                    "posenc extrapolate redoes it)"
+                )
             duplicates += 1
             continue
-        seen.add(key)
+        seen[key] = (record, number)
         records.append(record)
     if duplicates:
         warnings.warn(f"{path}: dropped {duplicates} exact duplicate record(s)", stacklevel=2)
@@ -180,7 +292,7 @@ def load_results(directory: str | Path) -> list[Record]:
     path = Path(directory) / "results.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {directory} an experiment directory?")
-    records = [Record.from_dict(raw, f"{path}:{number}") for number, raw in _numbered_lines(path)]
+    records = [Record.from_dict(raw) for raw in read_records(path)]
     if not records:
         raise ValueError(f"{path} holds no results")
     return records
@@ -244,25 +356,24 @@ class SummaryRow(dict):
 
     Per seed, then summarised: ``iid`` (the in-distribution score: mean over lengths ``<= L``),
     ``fit`` (how many seeds reach ``fit_threshold`` there; None when no threshold applies),
-    ``beyond_interval`` (a 95% bootstrap interval of the mean beyond ``L`` across seeds; None with
-    fewer than two seeds)."""
+    ``beyond_interval`` (the 95% Student's t interval of the mean beyond ``L`` across seeds,
+    :func:`seed_interval`; None with fewer than two seeds)."""
 
 
-#: Resamples of the bootstrap interval across seeds (seeded, so a table is reproducible).
-BOOTSTRAP_RESAMPLES = 2000
-
-
-def seed_interval(values: list[float], level: float = 0.95) -> tuple[float, float] | None:
-    """Percentile bootstrap interval of the mean of per-seed ``values`` (None with fewer than 2)."""
+def seed_interval(
+    values: list[float], level: float = 0.95, bounds: tuple[float, float] | None = None
+) -> tuple[float, float] | None:
+    """The Student's t interval of the mean of per-seed ``values`` (None with fewer than 2):
+    ``mean ± t_{(1+level)/2, n-1} · s / √n`` (:func:`posenc.experiments.stats.t_interval`; it keeps
+    its level at the 2-10 seeds people run, where a bootstrap of the mean does not). ``bounds``: the
+    range the mean cannot leave (``(0, 1)`` for a fraction such as exact match); the interval is
+    cut to it, which keeps its coverage."""
     if len(values) < 2:
         return None
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    data = np.asarray(values, dtype=float)
-    means = data[rng.integers(0, len(data), size=(BOOTSTRAP_RESAMPLES, len(data)))].mean(axis=1)
-    tail = (1 - level) / 2
-    return float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))
+    low, high = t_interval(values, level)
+    if bounds is not None:
+        low, high = max(low, bounds[0]), min(high, bounds[1])
+    return low, high
 
 
 def wilson_interval(successes: float, trials: int, z: float = 1.959964) -> tuple[float, float]:
@@ -365,11 +476,13 @@ def summarize(
     train_len: int,
     encodings: list[str],
     fit_threshold: float | None = None,
+    bounds: tuple[float, float] | None = None,
 ) -> list[SummaryRow]:
     """One :class:`SummaryRow` per encoding (in ``encodings`` order), averaged over seeds.
 
     ``fit_threshold``: a seed fits when its in-distribution score reaches it (exact match); None for
-    metrics without one (perplexity).
+    metrics without one (perplexity). ``bounds``: the range of the metric, which the intervals are
+    cut to (``(0, 1)`` for exact match).
     """
     rows_of_metric = [Record.from_dict(record) for record in records if record["metric"] == metric]
     curves = {encoding: cells for (_, _, encoding), cells in group_records(rows_of_metric).items()}
@@ -395,7 +508,7 @@ def summarize(
                 at_double=by_length.get(2 * train_len),
                 iid=mean(iid) if iid else None,
                 fit=None if fit_threshold is None or not iid else sum(v >= fit_threshold for v in iid),
-                beyond_interval=seed_interval(beyond_per_seed),
+                beyond_interval=seed_interval(beyond_per_seed, bounds=bounds),
             )
         )
     return rows

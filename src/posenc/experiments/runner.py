@@ -157,8 +157,9 @@ def _check_writable_folder(out: Path) -> None:
     if not existing.is_dir():
         what = "is" if existing == out else f"is inside {existing}, which is"
         raise ValueError(f"--out {out} {what} not a folder; give a folder path")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"--out {out}: {existing} is not writable by this user; give a writable folder")
+    problem = results_io.cannot_create_in(existing)
+    if problem:
+        raise ValueError(f"--out {out}: {problem}; give a writable folder")
 
 
 LOCK_NAME = ".posenc.lock"
@@ -174,7 +175,12 @@ def folder_lock(out: Path, *, enabled: bool = True):
     if not enabled:
         yield
         return
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"--out {out}: cannot create the folder ({err.strerror or err}); give a writable folder"
+        ) from err
     path = out / LOCK_NAME
     me = f"{os.getpid()} {socket.gethostname()}"
     for _ in range(2):
@@ -682,7 +688,7 @@ def summary_table(
 ) -> SummaryTable:
     """Per encoding: the in-distribution score (mean over lengths ``<= L``) with how many seeds fit
     (``"97.5%, 2/2"``; without fit flags, a seeds column and the plain score), then ``metric`` at the
-    training length, mean beyond it (with a 95% interval across seeds), at
+    training length, mean beyond it (with a 95% Student's t interval across seeds), at
     L+1 and at 2L.
 
     Fit first: an encoding whose seeds do not all fit their training lengths is marked and listed
@@ -691,7 +697,10 @@ def summary_table(
     Variants (``eval_variants``) are rows of their own; the title says how many seeds it rests on.
     """
     threshold = config.fit_threshold if metric.fits else None
-    rows = results_io.summarize(records, metric.name, config.train_len, row_labels(config), threshold)
+    bounds = (0.0, 1.0) if metric.fits else None  # a fraction of examples: its mean stays in [0, 1]
+    rows = results_io.summarize(
+        records, metric.name, config.train_len, row_labels(config), threshold, bounds=bounds
+    )
     L = config.train_len
     # With fit flags, "fit k/n" also says how many seeds there are (one column less: 80 columns).
     seeds_column = threshold is None
@@ -716,6 +725,8 @@ def summary_table(
             f"not ranked, did not fit (every seed must reach {metric.format(config.fit_threshold)} in-distribution): "
             + ", ".join(unfit)
         )
+    if any(row["beyond_interval"] is not None for row in rows):
+        notes.append(INTERVAL_NOTE + ("; kept inside [0%, 100%]" if metric.fits else ""))
     if any(row["seeds"] == 1 for row in rows):
         notes.append("one seed: no interval; several seeds (--seeds 0,1,2) give a 95% interval across seeds")
     notes += _steps_to_fit_notes(runs or [], config)
@@ -727,8 +738,15 @@ def summary_table(
     return SummaryTable(title, columns, cells, tuple(notes))
 
 
+#: The note under a table whose cells carry intervals: what ``[low, high]`` is.
+INTERVAL_NOTE = (
+    f"[low, high]: 95% {results_io.INTERVAL_METHOD} interval of the mean across the n seeds "
+    "(mean ± t(0.975, n-1) * s / sqrt(n), s their standard deviation)"
+)
+
+
 def _with_interval(value: float | None, interval: tuple[float, float] | None, metric: Metric) -> str:
-    """``value [low, high]`` (a 95% interval across seeds), or the plain cell."""
+    """``value [low, high]`` (the 95% Student's t interval across seeds), or the plain cell."""
     if interval is None or value is None:
         return _cell(value, metric)
     return f"{_cell(value, metric)} [{metric.format(interval[0])}, {metric.format(interval[1])}]"

@@ -9,7 +9,8 @@ evaluated from a run's checkpoint (an inference-time setting, no retraining) goe
 
 :func:`merge_folders` combines the folders the shards wrote into one: it refuses folders whose
 settings differ (naming the field), keeps one copy of records that are exact duplicates, refuses
-two different records of the same measurement, and writes the result atomically. A folder that
+two different records of the same measurement (in ``results.jsonl`` and in the per-run
+``runs.jsonl`` alike), and writes the result atomically. A folder that
 holds part of the grid (one shard, or a merge of some shards) lists its missing runs in the
 summary and the report (:func:`missing_runs`) instead of passing for a complete experiment.
 """
@@ -94,11 +95,7 @@ def missing_runs_note(
 # ---------------------------------------------------------------------------- merge
 
 #: The fields that name one measurement; two records with the same values here must be equal.
-MEASUREMENT_KEY = ("run", "encoding", "task", "seed", "metric", "length", "variant")
-
-
-def _measurement(record: dict[str, Any]) -> tuple[Any, ...]:
-    return tuple(record.get(name) for name in MEASUREMENT_KEY)
+MEASUREMENT_KEY = results_io.MEASUREMENT_KEY
 
 
 def _identity(settings: dict[str, Any]) -> dict[str, Any]:
@@ -117,6 +114,8 @@ class _Source:
     folder: Path
     config: dict[str, Any]
     records: list[dict[str, Any]]
+    #: The per-run records (``runs.jsonl``: the ``iid`` score, fit flag, steps trained and to fit).
+    runs: list[dict[str, Any]]
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -143,7 +142,12 @@ def _read_source(folder: Path) -> _Source:
             "to finish (its results are not complete yet), then merge"
         )
     config = results_io.load_config(folder)
-    return _Source(folder, config, results_io.read_records(folder / "results.jsonl"))
+    return _Source(
+        folder,
+        config,
+        results_io.read_records(folder / "results.jsonl"),
+        results_io.read_run_records(folder),
+    )
 
 
 def _check_same_settings(sources: list[_Source]) -> None:
@@ -180,22 +184,24 @@ def _check_same_settings(sources: list[_Source]) -> None:
             )
 
 
-def _merge_records(sources: list[_Source]) -> tuple[list[dict[str, Any]], int]:
-    """All records once each, in folder order, and how many exact duplicates were dropped;
-    ``ValueError`` when two folders measured the same thing differently."""
+def _merge_records(sources: list[_Source], file: str = "results.jsonl") -> tuple[list[dict[str, Any]], int]:
+    """All records of ``file`` (``results.jsonl`` or ``runs.jsonl``) once each, in folder order, and
+    how many exact duplicates were dropped; ``ValueError`` when two folders measured the same thing
+    differently."""
     merged: dict[tuple[Any, ...], tuple[dict[str, Any], Path]] = {}
     duplicates = 0
     for source in sources:
-        for record in source.records:
-            key = _measurement(record)
+        for record in source.runs if file == results_io.RUNS_FILE else source.records:
+            key = results_io.measurement(record)
             if key in merged:
                 kept, where = merged[key]
                 if kept != record:
                     raise ValueError(
-                        f"posenc merge: {source.folder} and {where} both hold run {record.get('run')!r}, "
-                        f"{record.get('metric')} at length {record.get('length')}, with different results "
-                        f"({record.get('value')!r} vs {kept.get('value')!r}); they are not shards of one "
-                        "experiment (or one was rerun on other hardware): merge one of them only"
+                        f"posenc merge: {source.folder / file} and {where / file} both hold run "
+                        f"{record.get('run')!r}, {record.get('metric')} at length {record.get('length')}, "
+                        f"with different results ({record.get('value')!r} vs {kept.get('value')!r}); they "
+                        "are not shards of one experiment (or one was rerun on other hardware): merge one "
+                        "of them only"
                     )
                 duplicates += 1
                 continue
@@ -216,17 +222,20 @@ class MergeSummary:
     records: int
     duplicates: int
     missing: list[RunSpec]
+    #: Per-run records written to ``runs.jsonl`` (0 when no folder had one).
+    runs: int = 0
 
 
 def merge_folders(out: str | Path, folders: Sequence[str | Path]) -> MergeSummary:
     """Combine the experiment folders ``folders`` (shards of one command) into ``out``.
 
     Checks everything before writing: each folder has a ``config.json``; all have the same settings
-    (``ValueError`` naming the field) and data; no two records of the same measurement differ.
-    Exact duplicate records are kept once. ``out`` may be one of ``folders``; otherwise it must not
-    hold results yet. Writes ``results.jsonl``, ``results.csv`` and ``config.json`` atomically
-    (the encodings and seeds are the union of the folders'), copies the runs' checkpoints, and
-    draws the figure.
+    (``ValueError`` naming the field) and data; no two records of the same measurement differ, in
+    ``results.jsonl`` and in the per-run ``runs.jsonl`` alike. Exact duplicate records are kept
+    once. ``out`` may be one of ``folders``; otherwise it must not hold results yet. Writes
+    ``results.jsonl``, ``runs.jsonl`` (when the folders have per-run records), ``results.csv`` and
+    ``config.json`` atomically (the encodings and seeds are the union of the folders'), copies the
+    runs' checkpoints, and draws the figure.
     """
     from .runner import _check_writable_folder, _write_outputs, folder_lock
 
@@ -247,6 +256,7 @@ def merge_folders(out: str | Path, folders: Sequence[str | Path]) -> MergeSummar
     sources = [_read_source(path) for path in paths]
     _check_same_settings(sources)
     records, duplicates = _merge_records(sources)
+    runs, _ = _merge_records(sources, results_io.RUNS_FILE)
     settings = dict(sources[0].settings)
     settings["encodings"] = _union(source.settings.get("encodings", []) for source in sources)
     settings["seeds"] = _union(source.settings.get("seeds", []) for source in sources)
@@ -267,10 +277,14 @@ def merge_folders(out: str | Path, folders: Sequence[str | Path]) -> MergeSummar
         results_io.atomic_write_text(
             out / "results.jsonl", "".join(json.dumps(record) + "\n" for record in records)
         )
+        if runs:
+            results_io.atomic_write_text(
+                out / results_io.RUNS_FILE, "".join(json.dumps(record) + "\n" for record in runs)
+            )
         results_io.atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
         _write_outputs(out, config, task.metric, records)
     missing = missing_runs(config.task, config.encodings, config.seeds, records)
-    return MergeSummary(out, len(records), duplicates, missing)
+    return MergeSummary(out, len(records), duplicates, missing, len(runs))
 
 
 def _config_from_settings(settings: dict[str, Any]) -> ExperimentConfig:

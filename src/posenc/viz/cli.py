@@ -7,14 +7,14 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from posenc.cli import app, console
+from posenc.cli import app, console, print_error, print_line
 
 from ..examples import build_example
 from .registry import PlotOptions, figures_for, make_figure, save_figure
 
 
 def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}")
+    print_error(message)
     return typer.Exit(2)
 
 
@@ -84,7 +84,7 @@ def plot(
         path = save_figure(fig, out, dpi=dpi)
     except (ValueError, FileNotFoundError) as err:
         raise _fail(str(err)) from err
-    console.print(f"wrote {path}")
+    print_line(f"wrote {path}")
 
 
 @app.command("report")
@@ -99,4 +99,4 @@ def report(
         path = write_report(directory, out)
     except (ValueError, FileNotFoundError) as err:
         raise _fail(str(err)) from err
-    console.print(f"wrote {path}")
+    print_line(f"wrote {path}")

@@ -26,10 +26,11 @@ def _records_by_length(records: list[Record], task: str, metric: str) -> dict[st
 
 
 def _band(cell: list[Record], binomial: bool) -> tuple[float, float] | None:
-    """The 95% band at one length: across seeds (bootstrap of the mean) with several, Wilson from
-    the example count with one seed of a fraction metric, else None."""
+    """The 95% band at one length: across seeds (Student's t interval of the mean, kept inside
+    [0, 1] for a fraction metric) with several, Wilson from the example count with one seed of a
+    fraction metric, else None."""
     if len(cell) > 1:
-        return seed_interval([r.value for r in cell])
+        return seed_interval([r.value for r in cell], bounds=(0.0, 1.0) if binomial else None)
     record = cell[0]
     if binomial and record.examples:
         return wilson_interval(record.value * record.examples, record.examples)
@@ -50,7 +51,7 @@ def curve_figure(
 ) -> Figure:
     """``metric`` against evaluation length for each encoding (mean over seeds) with a 95% band.
 
-    The band: with several seeds at a length, the bootstrap interval of the mean across seeds
+    The band: with several seeds at a length, the Student's t interval of the mean across seeds
     (:func:`~posenc.experiments.results.seed_interval`); with one seed and ``binomial`` (the value
     is a fraction of examples, exact match) the Wilson interval from the record's example count;
     otherwise none. ``unfit``: ``{encoding: note}`` for encodings that did not fit their training

@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 from ..examples import build_example
 from ..experiments.results import (
     Record,
+    atomic_write_text,
     experiment_settings,
     group_records,
     load_config,
@@ -325,7 +326,33 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
     path = Path(out) if out is not None else Path(directory) / "report.html"
     if path.suffix.lower() not in (".html", ".htm"):
         raise ValueError(f"report output must end in .html, got {str(path)!r}")
+    _check_writable(path, out is None)  # before the figures are drawn
     text = render_report(directory)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    try:
+        atomic_write_text(path, text)
+    except OSError as err:
+        raise ValueError(_cannot_write(path, str(err.strerror or err), out is None)) from err
     return path
+
+
+def _cannot_write(path: Path, why: str, default: bool) -> str:
+    fix = "write it elsewhere with --out FILE.html" if default else "give --out a writable FILE.html"
+    where = " (the default, inside the experiment folder)" if default else ""
+    return f"cannot write the report to {path}{where}: {why}; {fix}"
+
+
+def _check_writable(path: Path, default: bool) -> None:
+    """``ValueError`` naming ``path`` and what to do when its folder cannot be written (read-only
+    experiment folders are common: an archived or shared result)."""
+    from ..experiments.results import cannot_create_in
+
+    if path.is_dir():
+        raise ValueError(_cannot_write(path, "it is a folder", default))
+    existing = path.parent
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(_cannot_write(path, f"{existing} is not a folder", default))
+    problem = cannot_create_in(existing)
+    if problem:
+        raise ValueError(_cannot_write(path, problem, default))
