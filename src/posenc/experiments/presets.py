@@ -41,7 +41,7 @@ from .summary import SummaryTable as Table  # the same plain-text table as the s
 from .train import ExperimentConfig
 
 __all__ = [
-    "PRESETS",
+    "PAPER_PRESETS",
     "Preset",
     "apply_preset",
     "compare_folders",
@@ -99,9 +99,9 @@ def apply_preset(
     the preset is a ``ValueError`` naming both. ``task`` (an explicit ``--task``) runs only that
     task, which must be one of the preset's.
     """
-    preset = PRESETS.get(name)
+    preset = PAPER_PRESETS.get(name)
     if preset is None:
-        raise ValueError(f"unknown --preset {name!r}; available: {', '.join(PRESETS)}")
+        raise ValueError(f"unknown --preset {name!r}; available: {', '.join(PAPER_PRESETS)}")
     if task is not None and task not in preset.tasks:
         raise ValueError(
             f"--preset {name} runs --task {', '.join(preset.tasks)}; --task {task} is not one of them "
@@ -153,9 +153,9 @@ def comparison_for_folder(directory: str | Path) -> Table:
 
 def compare_folders(name: str, folders: dict[str, Path]) -> Table:
     """The published-vs-ours table of preset ``name`` from its task folders ``{task: folder}``."""
-    preset = PRESETS.get(name)
+    preset = PAPER_PRESETS.get(name)
     if preset is None:
-        raise ValueError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+        raise ValueError(f"unknown preset {name!r} (known: {', '.join(PAPER_PRESETS)})")
     runs = {
         task: (
             experiment_settings(load_config(folder)),
@@ -367,7 +367,9 @@ def _compare_alibi(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[di
     )
 
 
-PRESETS: dict[str, Preset] = {
+#: The published setups by name (``posenc extrapolate --preset NAME``); the layer recipes of
+#: published models (``gemma3``) are :data:`posenc.patterns.LAYER_PRESETS`.
+PAPER_PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
         Preset(

@@ -271,9 +271,9 @@ def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Modul
     ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.model`),
     or a layer preset (``"gemma3:window=8"``, see :mod:`posenc.patterns`)."""
     from ..model import TransformerLM
-    from ..patterns import is_preset
+    from ..patterns import is_layer_preset
 
-    layers = {"pattern": encoding} if is_preset(encoding) else {"encoding": layer_specs(encoding)}
+    layers = {"pattern": encoding} if is_layer_preset(encoding) else {"encoding": layer_specs(encoding)}
     return TransformerLM(
         task.vocab_size,
         config.d_model,

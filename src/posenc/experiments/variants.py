@@ -237,10 +237,10 @@ def variant_context(config: Any, task: Task) -> VariantContext:
 
 def _layer_specs(encoding: str) -> list[str] | None:
     """The per-layer specs of an experiment encoding, or None for a layer preset (``gemma3``)."""
-    from ..patterns import is_preset
+    from ..patterns import is_layer_preset
     from ..spec import split_layers
 
-    if is_preset(encoding):
+    if is_layer_preset(encoding):
         return None
     return split_layers(encoding)
 
