@@ -30,7 +30,14 @@ from dataclasses import dataclass
 
 from .spec import parse_spec
 
-__all__ = ["LAYER_PRESETS", "LayerSpec", "QueryTemperature", "available_layer_presets", "is_layer_preset", "layer_pattern"]
+__all__ = [
+    "LAYER_PRESETS",
+    "LayerSpec",
+    "QueryTemperature",
+    "available_layer_presets",
+    "is_layer_preset",
+    "layer_pattern",
+]
 
 
 @dataclass(frozen=True)
