@@ -10,9 +10,10 @@ from torch import nn
 from typer.testing import CliRunner
 
 from posenc.experiments import ExperimentConfig, run_experiment, summary_table
-from posenc.experiments.cli import split_specs
 from posenc.experiments.tasks import IGNORE, TASKS, make_task
 from posenc.experiments.train import RunSpec, evaluate
+from posenc.spec import split_specs
+from posenc.viz.folder import write_figures
 
 TINY = dict(
     d_model=16,
@@ -38,7 +39,7 @@ def test_each_task_trains_and_writes_one_record_per_length_and_metric(task, tmp_
         num_symbols=8,
         **TINY,
     )
-    records = run_experiment(config, tmp_path, workers=1)
+    records = run_experiment(config, tmp_path, workers=1, figures=write_figures)
     metrics = ["perplexity"] if task == "lm" else ["exact_match", "token_accuracy"]
     keys = {(r["encoding"], r["task"], r["length"], r["seed"], r["metric"]) for r in records}
     assert len(keys) == len(records) == 2 * eval_len * len(metrics)
@@ -287,7 +288,7 @@ def test_a_second_writer_on_one_folder_is_refused_and_a_dead_owner_is_taken_over
     import os
     import socket
 
-    from posenc.experiments.runner import LOCK_NAME, folder_lock
+    from posenc.experiments.folders import LOCK_NAME, folder_lock
 
     config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, **TINY)
     tmp_path.mkdir(exist_ok=True)

@@ -17,6 +17,7 @@ transformers = pytest.importorskip("transformers")
 from posenc.experiments.hf_eval import HFCausalLM, evaluate_hf_model  # noqa: E402
 from posenc.experiments.results import read_run_records  # noqa: E402
 from posenc.experiments.tasks import ByteLM, mix_seed  # noqa: E402
+from posenc.viz.folder import write_figures  # noqa: E402
 
 CONTEXT = 16
 
@@ -44,7 +45,7 @@ def _by(records, metric):
 
 def test_lm_perplexity_equals_hf_loss_on_the_same_windows(model_dir, tmp_path):
     records, settings = evaluate_hf_model(
-        model_dir, tmp_path, task="lm", eval_len=40, eval_examples=6, eval_batch=6
+        model_dir, tmp_path, task="lm", eval_len=40, eval_examples=6, eval_batch=6, figures=write_figures
     )
     assert settings["train_len"] == CONTEXT and not settings["tokenizer"]
     ppl = [r["value"] for r in sorted(records, key=lambda r: r["length"])]
@@ -90,7 +91,13 @@ def test_identity_scaling_reproduces_the_records_and_real_scalings_change_them(m
 
 def test_passkey_through_the_model_matches_a_direct_greedy_check(model_dir, tmp_path):
     records, _ = evaluate_hf_model(
-        model_dir, tmp_path, task="passkey", eval_len=20, eval_examples=5, num_symbols=16
+        model_dir,
+        tmp_path,
+        task="passkey",
+        eval_len=20,
+        eval_examples=5,
+        num_symbols=16,
+        figures=write_figures,
     )
     exact = _by(records, "exact_match")
     assert sorted(n for _, n in exact) == list(range(1, 21))

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from posenc.experiments import ExperimentConfig
 from posenc.experiments.presets import (
-    PRESETS,
+    PAPER_PRESETS,
     apply_preset,
     mean_reciprocal_rank,
     perplexity_ratios,
@@ -34,7 +34,7 @@ def _cli(args):
 
 
 def test_every_preset_has_published_numbers_with_a_full_citation():
-    for name, preset in PRESETS.items():
+    for name, preset in PAPER_PRESETS.items():
         entry = published(name)  # read through importlib.resources: the file ships as package data
         cite = entry["citation"]
         assert cite["authors"] and all(
@@ -46,7 +46,7 @@ def test_every_preset_has_published_numbers_with_a_full_citation():
         )
         assert set(entry["paper_names"]) == set(preset.settings["encodings"])
     nope = published("nope-paper")
-    assert set(nope["values"]) == set(PRESETS["nope-paper"].settings["encodings"])
+    assert set(nope["values"]) == set(PAPER_PRESETS["nope-paper"].settings["encodings"])
     # Reciprocal ranks of five methods sum to 1/1 + ... + 1/5 = 2.283 (two-decimal values: within 0.02).
     assert abs(sum(nope["values"].values()) - sum(1 / k for k in range(1, 6))) < 0.02
     alibi = published("alibi-paper")
@@ -188,7 +188,7 @@ def test_the_published_table_says_when_ours_rests_on_a_shard(tmp_path):
 
 
 def test_nope_paper_table_ranks_only_encodings_that_fit():
-    preset = PRESETS["nope-paper"]
+    preset = PAPER_PRESETS["nope-paper"]
     iid = {"rope": 1.0, "t5": 1.0, "nope": 0.5, "alibi": 0.5, "sinusoidal": 0.0}
     beyond = {"rope": 0.3, "t5": 0.6, "nope": 0.9, "alibi": 0.0, "sinusoidal": 0.0}
     records = [

@@ -408,7 +408,7 @@ needs_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs L
 @needs_proc
 def test_an_out_folder_that_cannot_be_created_is_a_clear_error(folder):
     """``--out /proc/x``: the permission bits say writable to root, but nothing can be created."""
-    from posenc.experiments.runner import folder_lock
+    from posenc.experiments.folders import folder_lock
 
     tiny = ["--encodings", "nope", "--train-len", "2", "--eval-len", "3", "--steps", "1", "--d-model", "16"]
     tiny += ["--num-layers", "1", "--d-ff", "16", "--eval-examples", "2", "--workers", "1", "--no-progress"]

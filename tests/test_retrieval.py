@@ -14,6 +14,7 @@ from _retrieval_reference import MARK, expected_answer, passkey_parts
 from posenc.experiments import ExperimentConfig, run_experiment
 from posenc.experiments.retrieval import DEPTH_BUCKETS
 from posenc.experiments.tasks import BOS, EOS, SEP, make_task
+from posenc.viz.folder import write_figures
 
 RETRIEVAL = ["passkey", "mqar", "niah"]
 TINY = dict(
@@ -188,7 +189,7 @@ def test_passkey_run_writes_depths_heat_map_and_report_section(tmp_path):
         eval_examples=5,
         **TINY,
     )
-    records = run_experiment(config, tmp_path, workers=1)
+    records = run_experiment(config, tmp_path, workers=1, figures=write_figures)
     exact = [r for r in records if r["metric"] == "exact_match"]
     assert len(exact) == 2 * 6
     for record in exact:
@@ -215,7 +216,7 @@ def test_copy_runs_write_no_depth_figure(tmp_path):
     config = ExperimentConfig(
         task="copy", encodings=["nope"], train_len=2, eval_len=3, num_symbols=8, eval_examples=2, **TINY
     )
-    run_experiment(config, tmp_path, workers=1)
+    run_experiment(config, tmp_path, workers=1, figures=write_figures)
     assert not (tmp_path / "depth.png").exists()
     from posenc.cli import _load_command_modules, app
     from posenc.viz.report import render_report
@@ -234,7 +235,7 @@ def test_multi_query_runs_end_to_end(name, tmp_path):
     config = ExperimentConfig(
         task=name, encodings=["alibi"], train_len=2, eval_len=4, num_symbols=16, eval_examples=3, **TINY
     )
-    records = run_experiment(config, tmp_path, workers=1)
+    records = run_experiment(config, tmp_path, workers=1, figures=write_figures)
     exact = [r for r in records if r["metric"] == "exact_match"]
     assert [r["length"] for r in exact] == [1, 2, 3, 4]
     assert all("query_accuracy" in r and "by_depth" not in r for r in exact)

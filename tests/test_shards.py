@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from posenc.experiments import ExperimentConfig, run_experiment, summary_table
 from posenc.experiments.shards import Shard, merge_folders, missing_runs, parse_shard
 from posenc.experiments.train import RunSpec
+from posenc.viz.folder import write_figures
 
 TINY = dict(
     task="copy",
@@ -71,7 +72,7 @@ def test_two_shards_merged_equal_one_unsharded_run(tmp_path):
     first = run_experiment(config, tmp_path / "s0", workers=1, shard=Shard(0, 2))
     second = run_experiment(config, tmp_path / "s1", workers=1, shard=Shard(1, 2))
     assert len(first) + len(second) == len(full) == 3 * 2 * 4 * 2  # encodings x seeds x lengths x metrics
-    summary = merge_folders(tmp_path / "merged", [tmp_path / "s0", tmp_path / "s1"])
+    summary = merge_folders(tmp_path / "merged", [tmp_path / "s0", tmp_path / "s1"], figures=write_figures)
     assert summary.records == len(full) and summary.duplicates == 0 and summary.missing == []
     assert _sorted_records(tmp_path / "merged" / "results.jsonl") == _sorted_records(
         tmp_path / "full" / "results.jsonl"
@@ -196,7 +197,7 @@ def test_merge_refuses_a_folder_that_a_running_process_still_writes(tmp_path):
     import os
     import socket
 
-    from posenc.experiments.runner import LOCK_NAME
+    from posenc.experiments.folders import LOCK_NAME
 
     run_experiment(ExperimentConfig(**TINY), tmp_path / "a", workers=1, shard=Shard(0, 2))
     (tmp_path / "a" / LOCK_NAME).write_text(f"{os.getpid()} {socket.gethostname()}\n")  # this process: alive

@@ -28,6 +28,7 @@ from posenc.experiments.variants import (
     variant_context,
     variant_encoding,
 )
+from posenc.viz.folder import write_figures
 
 TINY = dict(
     d_model=16,
@@ -383,7 +384,7 @@ def test_identity_variants_reproduce_the_trained_records_exactly(tmp_path):
         eval_variants=["linear:1", "ntk:1", "prope:1", "temperature:0.5"],
         **TINY,
     )
-    records = run_experiment(config, tmp_path, workers=1)
+    records = run_experiment(config, tmp_path, workers=1, figures=write_figures)
 
     def values(label, longest):
         return [

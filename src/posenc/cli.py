@@ -1,4 +1,4 @@
-"""The ``posenc`` command line: ``posenc list | show | plot | extrapolate | merge | report | bench``.
+"""The ``posenc`` command line: ``posenc list | show | plot | extrapolate | compare | merge | report | bench``.
 
 Typer + Rich. Sub-commands owned by other modules register themselves on :data:`app` when their
 module is imported (see :data:`COMMAND_MODULES`), so this file stays small.
@@ -41,8 +41,7 @@ def print_line(message: str) -> None:
 
 #: Modules that add sub-commands to :data:`app` when imported (skipped if not present yet).
 COMMAND_MODULES = [
-    "posenc.experiments.cli",
-    "posenc.experiments.merge_cli",
+    "posenc.experiments_cli",
     "posenc.viz.cli",
     "posenc.bench_cli",
 ]

@@ -30,7 +30,14 @@ from dataclasses import dataclass
 
 from .spec import parse_spec
 
-__all__ = ["PRESETS", "LayerSpec", "QueryTemperature", "available_presets", "is_preset", "layer_pattern"]
+__all__ = [
+    "LAYER_PRESETS",
+    "LayerSpec",
+    "QueryTemperature",
+    "available_layer_presets",
+    "is_layer_preset",
+    "layer_pattern",
+]
 
 
 @dataclass(frozen=True)
@@ -65,18 +72,21 @@ class LayerSpec:
     temperature: QueryTemperature | None = None
 
 
-PRESETS: dict[str, Callable[..., list[LayerSpec]]] = {}
+#: Layer presets by name: ``fn(num_layers, **options) -> [LayerSpec per layer]`` (the recipes of
+#: published models, ``"gemma3:window=8"``); the paper setups of ``posenc extrapolate --preset``
+#: are :data:`posenc.experiments.presets.PAPER_PRESETS`.
+LAYER_PRESETS: dict[str, Callable[..., list[LayerSpec]]] = {}
 
 
-def _preset(name: str):
+def _layer_preset(name: str):
     def decorator(fn: Callable[..., list[LayerSpec]]) -> Callable[..., list[LayerSpec]]:
-        PRESETS[name] = fn
+        LAYER_PRESETS[name] = fn
         return fn
 
     return decorator
 
 
-@_preset("gemma3")
+@_layer_preset("gemma3")
 def gemma3(
     num_layers: int,
     window: int = 1024,
@@ -93,7 +103,7 @@ def gemma3(
     ]
 
 
-@_preset("llama4")
+@_layer_preset("llama4")
 def llama4(
     num_layers: int,
     chunk: int = 8192,
@@ -112,7 +122,7 @@ def llama4(
     ]
 
 
-@_preset("smollm3")
+@_layer_preset("smollm3")
 def smollm3(num_layers: int, nope_every: int = 4, base: float = 2_000_000.0) -> list[LayerSpec]:
     """SmolLM3: RoPE layers, every ``nope_every``-th layer NoPE."""
     return [
@@ -121,7 +131,7 @@ def smollm3(num_layers: int, nope_every: int = 4, base: float = 2_000_000.0) -> 
     ]
 
 
-@_preset("gpt-oss")
+@_layer_preset("gpt-oss")
 def gpt_oss(num_layers: int, window: int = 128, base: float = 150_000.0) -> list[LayerSpec]:
     """gpt-oss: sliding-window and full layers alternating, attention sinks everywhere."""
     return [
@@ -130,13 +140,13 @@ def gpt_oss(num_layers: int, window: int = 128, base: float = 150_000.0) -> list
     ]
 
 
-def available_presets() -> list[str]:
-    return sorted(PRESETS)
+def available_layer_presets() -> list[str]:
+    return sorted(LAYER_PRESETS)
 
 
-def is_preset(spec: object) -> bool:
+def is_layer_preset(spec: object) -> bool:
     """True when ``spec`` is a preset string (``"gemma3"`` or ``"gemma3:window=16"``)."""
-    return isinstance(spec, str) and parse_spec(spec)[0] in PRESETS
+    return isinstance(spec, str) and parse_spec(spec)[0] in LAYER_PRESETS
 
 
 def layer_pattern(spec: str, num_layers: int) -> list[LayerSpec]:
@@ -145,9 +155,9 @@ def layer_pattern(spec: str, num_layers: int) -> list[LayerSpec]:
     Raises ``ValueError`` naming an unknown preset or option, or a value of the wrong type.
     """
     name, raw = parse_spec(spec)
-    if name not in PRESETS:
-        raise ValueError(f"unknown layer preset {name!r}; available: {', '.join(available_presets())}")
-    fn = PRESETS[name]
+    if name not in LAYER_PRESETS:
+        raise ValueError(f"unknown layer preset {name!r}; available: {', '.join(available_layer_presets())}")
+    fn = LAYER_PRESETS[name]
     params = {k: p for k, p in inspect.signature(fn).parameters.items() if k != "num_layers"}
     options: dict[str, object] = {}
     for key, text in raw.items():

@@ -1,5 +1,13 @@
 """Spec strings (``"rope:base=500000,scaling=yarn"``) and the parsed :class:`Spec`.
 
+The grammar, in one place (every entry point reads a spec string through these functions):
+
+- one encoding (or layer preset): ``name:key=value,key=value``; list values joined by ``|``
+  (``mrope_section=16|24|24``): :func:`parse_spec`, :func:`format_spec`;
+- a hybrid, one spec per layer joined by ``/`` (``t5/sinusoidal``): :func:`split_layers`;
+- a comma-separated list of specs, options included (``nope,rope:base=500000,pairing=half``):
+  an item ``key=value`` continues the previous spec's options: :func:`split_specs`.
+
 A spec string is parsed once: :func:`posenc.registry.resolve` turns it into a :class:`Spec`, the
 encoding's class plus its options checked and coerced against the class's typed ``__init__``.
 Everything downstream (the attention layer, the model, the plots) reads the :class:`Spec`, never
@@ -19,7 +27,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .base import PositionalEncoding
 
-__all__ = ["Spec", "format_spec", "parse_spec"]
+__all__ = ["LAYER_SEPARATOR", "Spec", "format_spec", "parse_spec", "split_layers", "split_specs"]
+
+#: Separates the per-layer specs of a hybrid: ``"t5/sinusoidal"``.
+LAYER_SEPARATOR = "/"
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
@@ -43,6 +54,28 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
             raise ValueError(f"option {key!r} given twice in spec {spec!r}")
         raw[key] = value.strip()
     return name.strip(), raw
+
+
+def split_layers(text: str) -> list[str]:
+    """``"t5/sinusoidal"`` -> ``["t5", "sinusoidal"]``: the per-layer specs of a hybrid (one item
+    for a single spec)."""
+    return [layer.strip() for layer in text.split(LAYER_SEPARATOR)]
+
+
+def split_specs(text: str) -> list[str]:
+    """Split ``"nope,rope:base=500000,pairing=half,alibi"`` into specs.
+
+    An item of the form ``key=value`` (no ``:``) continues the previous spec's options.
+    """
+    specs: list[str] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        if "=" in item and ":" not in item.split("=")[0] and specs:
+            specs[-1] += ("," if ":" in specs[-1] else ":") + item
+        else:
+            specs.append(item)
+    return specs
 
 
 def format_spec(name: str, config: dict[str, Any]) -> str:

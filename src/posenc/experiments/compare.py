@@ -19,7 +19,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from . import results as results_io
+from .results import INTERVAL_METHOD, experiment_settings, load_config, read_records, seed_interval, summarize
 from .tasks import TASKS, Metric
 
 __all__ = ["Comparison", "compare_rows"]
@@ -72,7 +72,7 @@ class Comparison:
         if self.interval is not None:
             low, high = (_signed(bound, fmt) for bound in self.interval)
             spread = (
-                f" [95% interval {low}, {high}: {results_io.INTERVAL_METHOD} on the {len(seeds)} paired "
+                f" [95% interval {low}, {high}: {INTERVAL_METHOD} on the {len(seeds)} paired "
                 f"differences, {len(seeds) - 1} degree{'s' if len(seeds) > 2 else ''} of freedom]"
             )
         lines.append(f"mean difference {self.a} - {self.b}: {_signed(self.mean, fmt)}{spread}")
@@ -118,7 +118,7 @@ def compare_rows(directory: str | Path, a: str, b: str, fit_threshold: float | N
         raise FileNotFoundError(
             f"{directory / 'results.jsonl'} not found: is {directory} an experiment folder?"
         )
-    settings = results_io.experiment_settings(results_io.load_config(directory))
+    settings = experiment_settings(load_config(directory))
     task = str(settings.get("task", ""))
     if task not in TASKS or "train_len" not in settings:
         raise ValueError(
@@ -130,7 +130,7 @@ def compare_rows(directory: str | Path, a: str, b: str, fit_threshold: float | N
         raise ValueError(f"--fit-threshold must be in (0, 1], got {threshold}")
     if a == b:
         raise ValueError(f"compare: A and B are the same row ({a!r}); name two different ones")
-    records = [r for r in results_io.read_records(directory / "results.jsonl") if r["metric"] == metric.name]
+    records = [r for r in read_records(directory / "results.jsonl") if r["metric"] == metric.name]
     rows = list(dict.fromkeys(r["encoding"] for r in records))
     missing = [name for name in (a, b) if name not in rows]
     if missing:
@@ -157,7 +157,7 @@ def compare_rows(directory: str | Path, a: str, b: str, fit_threshold: float | N
         eval_len=max(int(r["length"]) for r in records),
         scores=scores,
         mean=mean(differences),
-        interval=results_io.seed_interval(differences),
+        interval=seed_interval(differences),
     )
 
 
@@ -168,7 +168,7 @@ def _refuse_unfit(
     if not metric.fits:
         return
     unfit = []
-    for row in results_io.summarize(records, metric.name, train_len, rows, threshold):
+    for row in summarize(records, metric.name, train_len, rows, threshold):
         if row["fit"] is not None and row["fit"] < row["seeds"]:
             unfit.append(
                 f"{row['encoding']!r} (in-distribution {metric.format(row['iid'])}, "

@@ -33,7 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from . import results as results_io
+from .distributed import Distributed, resolve_device
+from .folders import FigureWriter, folder_lock, write_outputs
+from .results import RUNS_FILE, atomic_write_text, experiment_settings, iid_record, load_config
 from .retrieval import Passkey
 from .tasks import ByteLM, Task
 
@@ -161,11 +163,11 @@ def evaluate_hf_model(
     variants: list[str] | None = None,
     device: str = "cpu",
     report: Callable[[str, str, int, int, str], None] | None = None,
+    figures: FigureWriter | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Evaluate the HF causal LM in ``model_dir`` on ``task`` at every length ``1..eval_len``
-    (default ``4 L``) and write the results folder ``out``; returns ``(records, settings)``."""
-    from .runner import Distributed, _device, folder_lock
-
+    (default ``4 L``) and write the results folder ``out``; returns ``(records, settings)``.
+    ``figures`` draws the folder's figures (:func:`posenc.viz.folder.write_figures`)."""
     model_dir, out = Path(model_dir), Path(out)
     model, tokenizer = _load(model_dir)
     train_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
@@ -204,7 +206,7 @@ def evaluate_hf_model(
         "seeds": seeds,
         "steps": 0,
     }
-    torch_device = _device(device, Distributed())
+    torch_device = resolve_device(device, Distributed())
     model.to(torch_device)
     original = dict(getattr(model.config, "rope_parameters", None) or {})
     if not original and any(scalings.values()):
@@ -215,7 +217,7 @@ def evaluate_hf_model(
     with folder_lock(out):
         _check_folder(out, settings)
         out.mkdir(parents=True, exist_ok=True)
-        results_io.atomic_write_text(
+        atomic_write_text(
             out / "config.json",
             json.dumps({"experiment": settings, "runtime": {"device": str(torch_device)}}, indent=2) + "\n",
         )
@@ -227,19 +229,10 @@ def evaluate_hf_model(
                     HFCausalLM(model), the_task, settings, labels[variant], variant, seed, progress
                 )
                 records += scored
-                runs.append(
-                    results_io.iid_record(scored, the_task.metric, train_len, _FIT_THRESHOLD, steps_trained=0)
-                )
-        results_io.atomic_write_text(out / results_io.RUNS_FILE, "".join(json.dumps(r) + "\n" for r in runs))
-        results_io.atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-        results_io.write_csv(out / "results.csv", records)
-        title = f"{base_name} ({type(model).__name__}, trained context {train_len}) on {task}, no training"
-        results_io.plot_results(
-            out / "extrapolation.png", records, the_task.metric, settings["encodings"], title
-        )
-        from .runner import _plot_depths  # the same depth figure as a trained passkey run
-
-        _plot_depths(out, _summary_config(settings), records)
+                runs.append(iid_record(scored, the_task.metric, train_len, _FIT_THRESHOLD, steps_trained=0))
+        atomic_write_text(out / RUNS_FILE, "".join(json.dumps(r) + "\n" for r in runs))
+        atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        write_outputs(out, records, figures)
     return records, settings
 
 
@@ -257,11 +250,7 @@ def _probe(model: nn.Module, tokens: int, device: torch.device) -> None:
 
 def _check_folder(out: Path, settings: dict[str, Any]) -> None:
     """Refuse a folder that holds another experiment (a trained one, or another model or setting)."""
-    saved = (
-        results_io.experiment_settings(results_io.load_config(out))
-        if (out / "config.json").exists()
-        else None
-    )
+    saved = experiment_settings(load_config(out)) if (out / "config.json").exists() else None
     if saved is not None and saved != json.loads(json.dumps(settings)):
         raise ValueError(f"{out} holds another experiment (config.json differs); use another --out folder")
 
@@ -332,7 +321,7 @@ def _summary_config(settings: dict[str, Any]) -> Any:
 
 def summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> Any:
     """The summary table of an HF evaluation (the trained experiments' table, L = the trained context)."""
-    from .runner import summary_table
+    from .summary import summary_table
     from .tasks import PERPLEXITY
 
     metric = PERPLEXITY if settings["task"] == "lm" else Passkey.metric

@@ -35,13 +35,13 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from . import results as results_io
-from .runner import SummaryTable as Table  # the same plain-text table as the summary
+from .results import experiment_settings, load_config, read_records, summarize
 from .shards import missing_runs
+from .summary import SummaryTable as Table  # the same plain-text table as the summary
 from .train import ExperimentConfig
 
 __all__ = [
-    "PRESETS",
+    "PAPER_PRESETS",
     "Preset",
     "apply_preset",
     "compare_folders",
@@ -99,9 +99,9 @@ def apply_preset(
     the preset is a ``ValueError`` naming both. ``task`` (an explicit ``--task``) runs only that
     task, which must be one of the preset's.
     """
-    preset = PRESETS.get(name)
+    preset = PAPER_PRESETS.get(name)
     if preset is None:
-        raise ValueError(f"unknown --preset {name!r}; available: {', '.join(PRESETS)}")
+        raise ValueError(f"unknown --preset {name!r}; available: {', '.join(PAPER_PRESETS)}")
     if task is not None and task not in preset.tasks:
         raise ValueError(
             f"--preset {name} runs --task {', '.join(preset.tasks)}; --task {task} is not one of them "
@@ -129,16 +129,16 @@ def preset_folders(directory: str | Path) -> dict[str, Path]:
     """``{task: folder}`` of the preset run ``directory`` belongs to: ``directory`` itself and the
     sibling folders (``OUT/<task>``) that ran the same preset on its other tasks."""
     directory = Path(directory)
-    name = results_io.load_config(directory).get("preset")
+    name = load_config(directory).get("preset")
     if name is None:
         raise ValueError(f"{directory} was not run with --preset (its config.json names no preset)")
-    own = results_io.experiment_settings(results_io.load_config(directory)).get("task")
+    own = experiment_settings(load_config(directory)).get("task")
     folders = {own: directory}
     for sibling in sorted(directory.parent.iterdir()):
         if sibling == directory or not (sibling / "config.json").is_file():
             continue
-        config = results_io.load_config(sibling)
-        task = results_io.experiment_settings(config).get("task")
+        config = load_config(sibling)
+        task = experiment_settings(config).get("task")
         if config.get("preset") == name and task not in folders:
             folders[task] = sibling
     return folders
@@ -147,19 +147,19 @@ def preset_folders(directory: str | Path) -> dict[str, Path]:
 def comparison_for_folder(directory: str | Path) -> Table:
     """The published-vs-ours table of the preset run ``directory`` belongs to."""
     folders = preset_folders(directory)
-    name = results_io.load_config(directory)["preset"]
+    name = load_config(directory)["preset"]
     return compare_folders(name, folders)
 
 
 def compare_folders(name: str, folders: dict[str, Path]) -> Table:
     """The published-vs-ours table of preset ``name`` from its task folders ``{task: folder}``."""
-    preset = PRESETS.get(name)
+    preset = PAPER_PRESETS.get(name)
     if preset is None:
-        raise ValueError(f"unknown preset {name!r} (known: {', '.join(PRESETS)})")
+        raise ValueError(f"unknown preset {name!r} (known: {', '.join(PAPER_PRESETS)})")
     runs = {
         task: (
-            results_io.experiment_settings(results_io.load_config(folder)),
-            results_io.read_records(folder / "results.jsonl"),
+            experiment_settings(load_config(folder)),
+            read_records(folder / "results.jsonl"),
         )
         for task, folder in folders.items()
     }
@@ -283,7 +283,7 @@ def _seeds_fit(
     against the folder's ``fit_threshold``)."""
     settings, records = run
     threshold = settings.get("fit_threshold", ExperimentConfig().fit_threshold)
-    rows = results_io.summarize(records, "exact_match", train_len, encodings, threshold)
+    rows = summarize(records, "exact_match", train_len, encodings, threshold)
     return {row["encoding"]: (row["fit"] or 0, row["seeds"]) for row in rows if row["seeds"]}
 
 
@@ -367,7 +367,9 @@ def _compare_alibi(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[di
     )
 
 
-PRESETS: dict[str, Preset] = {
+#: The published setups by name (``posenc extrapolate --preset NAME``); the layer recipes of
+#: published models (``gemma3``) are :data:`posenc.patterns.LAYER_PRESETS`.
+PAPER_PRESETS: dict[str, Preset] = {
     preset.name: preset
     for preset in (
         Preset(

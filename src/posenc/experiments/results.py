@@ -1,4 +1,4 @@
-"""Tidy result records: atomic JSONL, CSV, the summary rows and the metric-vs-length figure.
+"""Tidy result records: atomic JSONL, CSV and the summary rows.
 
 A record is one measurement: ``{"run", "encoding", "task", "seed", "length", "metric", "value",
 "train_len", "steps", "examples"}``. ``results.jsonl`` holds one record per line and is always
@@ -7,7 +7,7 @@ the new file, never a torn line.
 
 This module is the one reader of an experiment directory (:func:`read_records`,
 :func:`load_results`, :func:`load_config`); ``posenc report`` and ``posenc plot --run`` use it too.
-The figure is drawn by :func:`posenc.viz.curves.curve_figure`.
+The figures are drawn from the folder by :mod:`posenc.viz.folder`.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ __all__ = [
     "load_config",
     "load_results",
     "measurement",
-    "plot_results",
     "read_records",
     "read_run_records",
     "seed_interval",
@@ -512,37 +511,3 @@ def summarize(
             )
         )
     return rows
-
-
-def plot_results(
-    path: Path,
-    records: list[dict[str, Any]],
-    metric: Metric,
-    encodings: list[str],
-    title: str,
-    unfit: dict[str, str] | None = None,
-) -> None:
-    """``metric`` against length, one line per encoding (mean over seeds, a 95% band: across seeds
-    with several, binomial from the example counts with one; a dashed line at each record's training
-    length), saved as PNG. ``unfit``: ``{encoding: "did not fit: iid 4.0%"}``, drawn dashed and
-    faded with that note in the legend.
-
-    Needs matplotlib (the ``plot`` or ``cli`` extra); the figure is :func:`posenc.viz.curves.curve_figure`.
-    """
-    from ..viz.curves import curve_figure
-
-    rows = [Record.from_dict(record) for record in records if record["metric"] == metric.name]
-    task = rows[0].task if rows else ""
-    fig = curve_figure(
-        rows,
-        task,
-        metric.name,
-        encodings,
-        title=title,
-        log_scale=metric.log_scale,
-        length_label=metric.length_label,
-        binomial=metric.fits,
-        unfit=unfit,
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda handle: fig.savefig(handle, dpi=120, format="png"))

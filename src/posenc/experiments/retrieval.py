@@ -58,6 +58,7 @@ from .tasks import (
     SequenceTask,
     Task,
     mix_seed,
+    register_task,
     teacher_forced_hits,
 )
 
@@ -240,10 +241,10 @@ def _draw_depths(
     return drawn
 
 
+@register_task("passkey")
 class Passkey(RetrievalTask):
     """A key of ``key_length`` answer symbols hidden at a random depth in ``n`` filler symbols."""
 
-    name = "passkey"
     depth_buckets = DEPTH_BUCKETS
 
     def __init__(self, num_symbols: int = 32, distinct: bool = False, key_length: int = 3) -> None:
@@ -277,14 +278,13 @@ class Passkey(RetrievalTask):
         return torch.stack(rows), key.clone(), depths
 
 
+@register_task("mqar")
 class MQAR(RetrievalTask):
     """Multi-query associative recall: ``n`` pairs, then ``min(n, queries)`` distinct queried keys.
 
     Keys are the first half of the symbols and values the second half (as in ``recall``), so
     ``n <= num_symbols // 2``.
     """
-
-    name = "mqar"
 
     def __init__(self, num_symbols: int = 32, distinct: bool = False, queries: int = 4) -> None:
         super().__init__(num_symbols=num_symbols)
@@ -319,11 +319,10 @@ class MQAR(RetrievalTask):
         return torch.cat([pairs, keys.gather(1, asked)], dim=1), values.gather(1, asked), None
 
 
+@register_task("niah")
 class MultiNeedle(RetrievalTask):
     """Several needles ``MARK key value`` (distinct keys) at random depths in ``n`` filler symbols;
     ``min(needles, queries)`` of them are asked for after a final ``MARK``."""
-
-    name = "niah"
 
     def __init__(
         self, num_symbols: int = 32, distinct: bool = False, needles: int = 4, queries: int = 2

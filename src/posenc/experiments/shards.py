@@ -24,7 +24,25 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from . import results as results_io
+from .folders import (
+    LOCK_NAME,
+    FigureWriter,
+    check_writable_folder,
+    folder_lock,
+    lock_owner_alive,
+    write_outputs,
+)
+from .results import (
+    MEASUREMENT_KEY,
+    RUNS_FILE,
+    atomic_write,
+    atomic_write_text,
+    experiment_settings,
+    load_config,
+    measurement,
+    read_records,
+    read_run_records,
+)
 from .train import ExperimentConfig, RunSpec
 
 __all__ = ["MergeSummary", "Shard", "merge_folders", "missing_runs", "missing_runs_note", "parse_shard"]
@@ -95,7 +113,7 @@ def missing_runs_note(
 # ---------------------------------------------------------------------------- merge
 
 #: The fields that name one measurement; two records with the same values here must be equal.
-MEASUREMENT_KEY = results_io.MEASUREMENT_KEY
+MEASUREMENT_KEY = MEASUREMENT_KEY
 
 
 def _identity(settings: dict[str, Any]) -> dict[str, Any]:
@@ -119,12 +137,10 @@ class _Source:
 
     @property
     def settings(self) -> dict[str, Any]:
-        return results_io.experiment_settings(self.config)
+        return experiment_settings(self.config)
 
 
 def _read_source(folder: Path) -> _Source:
-    from .runner import LOCK_NAME, _lock_owner_alive
-
     if not folder.is_dir():
         raise ValueError(
             f"posenc merge: {folder} is not a folder; give the --out folders of the runs to merge"
@@ -136,17 +152,17 @@ def _read_source(folder: Path) -> _Source:
         )
     lock = folder / LOCK_NAME
     owner = lock.read_text(encoding="utf-8").strip() if lock.exists() else ""
-    if owner and _lock_owner_alive(owner):
+    if owner and lock_owner_alive(owner):
         raise ValueError(
             f"posenc merge: {folder} is being written by a running posenc process ({owner}); wait for it "
             "to finish (its results are not complete yet), then merge"
         )
-    config = results_io.load_config(folder)
+    config = load_config(folder)
     return _Source(
         folder,
         config,
-        results_io.read_records(folder / "results.jsonl"),
-        results_io.read_run_records(folder),
+        read_records(folder / "results.jsonl"),
+        read_run_records(folder),
     )
 
 
@@ -191,8 +207,8 @@ def _merge_records(sources: list[_Source], file: str = "results.jsonl") -> tuple
     merged: dict[tuple[Any, ...], tuple[dict[str, Any], Path]] = {}
     duplicates = 0
     for source in sources:
-        for record in source.runs if file == results_io.RUNS_FILE else source.records:
-            key = results_io.measurement(record)
+        for record in source.runs if file == RUNS_FILE else source.records:
+            key = measurement(record)
             if key in merged:
                 kept, where = merged[key]
                 if kept != record:
@@ -226,7 +242,9 @@ class MergeSummary:
     runs: int = 0
 
 
-def merge_folders(out: str | Path, folders: Sequence[str | Path]) -> MergeSummary:
+def merge_folders(
+    out: str | Path, folders: Sequence[str | Path], *, figures: FigureWriter | None = None
+) -> MergeSummary:
     """Combine the experiment folders ``folders`` (shards of one command) into ``out``.
 
     Checks everything before writing: each folder has a ``config.json``; all have the same settings
@@ -235,10 +253,8 @@ def merge_folders(out: str | Path, folders: Sequence[str | Path]) -> MergeSummar
     once. ``out`` may be one of ``folders``; otherwise it must not hold results yet. Writes
     ``results.jsonl``, ``runs.jsonl`` (when the folders have per-run records), ``results.csv`` and
     ``config.json`` atomically (the encodings and seeds are the union of the folders'), copies the
-    runs' checkpoints, and draws the figure.
+    runs' checkpoints, and draws the figures with ``figures`` (:func:`posenc.viz.folder.write_figures`).
     """
-    from .runner import _check_writable_folder, _write_outputs, folder_lock
-
     out = Path(out)
     if len(folders) < 1:
         raise ValueError("posenc merge needs at least one folder to read")
@@ -252,16 +268,16 @@ def merge_folders(out: str | Path, folders: Sequence[str | Path]) -> MergeSummar
             f"posenc merge: {out} already holds an experiment ({holds[0]}); give an empty or new output "
             f"folder, or name {out} among the folders to merge into it"
         )
-    _check_writable_folder(out)
+    check_writable_folder(out)
     sources = [_read_source(path) for path in paths]
     _check_same_settings(sources)
     records, duplicates = _merge_records(sources)
-    runs, _ = _merge_records(sources, results_io.RUNS_FILE)
+    runs, _ = _merge_records(sources, RUNS_FILE)
     settings = dict(sources[0].settings)
     settings["encodings"] = _union(source.settings.get("encodings", []) for source in sources)
     settings["seeds"] = _union(source.settings.get("seeds", []) for source in sources)
     config = _config_from_settings(settings)
-    task = config.make_task()
+    config.make_task()  # the merged settings still name a task this version can build
     payload: dict[str, Any] = {
         "experiment": {**settings},
         "runtime": {
@@ -274,15 +290,11 @@ def merge_folders(out: str | Path, folders: Sequence[str | Path]) -> MergeSummar
             payload[key] = sources[0].config[key]
     with folder_lock(out):
         _copy_checkpoints(out, sources, {record.get("run") for record in records})
-        results_io.atomic_write_text(
-            out / "results.jsonl", "".join(json.dumps(record) + "\n" for record in records)
-        )
+        atomic_write_text(out / "results.jsonl", "".join(json.dumps(record) + "\n" for record in records))
         if runs:
-            results_io.atomic_write_text(
-                out / results_io.RUNS_FILE, "".join(json.dumps(record) + "\n" for record in runs)
-            )
-        results_io.atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
-        _write_outputs(out, config, task.metric, records)
+            atomic_write_text(out / RUNS_FILE, "".join(json.dumps(record) + "\n" for record in runs))
+        atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
+        write_outputs(out, records, figures)
     missing = missing_runs(config.task, config.encodings, config.seeds, records)
     return MergeSummary(out, len(records), duplicates, missing, len(runs))
 
@@ -305,7 +317,7 @@ def _copy_checkpoints(out: Path, sources: list[_Source], runs: set[Any]) -> None
             target = out / "checkpoints" / checkpoint.name
             if checkpoint.stem not in runs or target.exists():
                 continue
-            results_io.atomic_write(target, lambda handle, path=checkpoint: _copy_into(path, handle))
+            atomic_write(target, lambda handle, path=checkpoint: _copy_into(path, handle))
 
 
 def _copy_into(path: Path, handle: Any) -> None:

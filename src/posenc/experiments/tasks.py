@@ -26,7 +26,8 @@ source of the standard library's ``argparse`` module (:func:`default_corpus`), w
 every CPython install, so nothing is downloaded.
 
 The retrieval tasks ``passkey``, ``mqar`` and ``niah`` (several needles) live in
-:mod:`posenc.experiments.retrieval` and are registered in :data:`TASKS` here.
+:mod:`posenc.experiments.retrieval`; every task is registered in :data:`TASKS` by
+:func:`register_task`.
 
 All randomness comes from the ``torch.Generator`` passed in, so a seed reproduces the data.
 """
@@ -62,6 +63,7 @@ __all__ = [
     "default_corpus",
     "make_task",
     "mix_seed",
+    "register_task",
 ]
 
 PAD, BOS, SEP, EOS = 0, 1, 2, 3
@@ -243,9 +245,35 @@ PERPLEXITY = Metric(
 )
 
 
+#: Every task by name, in the order registered (:func:`register_task`); ``posenc extrapolate --task``.
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
+    """Class decorator: register a :class:`Task` under ``name`` (``posenc extrapolate --task name``).
+
+    The modules of :mod:`posenc.experiments` that define tasks are imported with the package, so
+    every built-in task is registered before any is looked up.
+    """
+    if not name or any(c in name for c in ":,= /") or name != name.lower():
+        raise ValueError(f"invalid task name {name!r}: use lower-case letters, digits, '_' or '-'")
+
+    def decorator(cls: type[Task]) -> type[Task]:
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"@register_task({name!r}) needs a Task subclass, got {cls!r}")
+        if name in TASKS and TASKS[name] is not cls:
+            raise ValueError(f"task name {name!r} is already registered by {TASKS[name].__qualname__}")
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return decorator
+
+
 class Task:
     """A source of batches at a chosen length, scored by its :class:`Metric`."""
 
+    #: Set by :func:`register_task`.
     name: str = ""
     metric: Metric = EXACT_MATCH
     vocab_size: int
@@ -382,25 +410,22 @@ class SequenceTask(Task):
         return Batch(inputs, targets, documents)
 
 
+@register_task("copy")
 class Copy(SequenceTask):
-    name = "copy"
-
     def make(self, length, batch, generator):
         x = _symbols(generator, batch, length, self.num_symbols, self.distinct)
         return x, x.clone()
 
 
+@register_task("reverse")
 class Reverse(SequenceTask):
-    name = "reverse"
-
     def make(self, length, batch, generator):
         x = _symbols(generator, batch, length, self.num_symbols, self.distinct)
         return x, x.flip(1)
 
 
+@register_task("count_copy")
 class CountCopy(SequenceTask):
-    name = "count_copy"
-
     def check_length(self, length: int) -> None:
         Task.check_length(self, length)
 
@@ -410,18 +435,9 @@ class CountCopy(SequenceTask):
         return x, x.clone()
 
 
-class Sort(SequenceTask):
-    name = "sort"
-
-    def make(self, length, batch, generator):
-        x = _symbols(generator, batch, length, self.num_symbols, self.distinct)
-        return x, x.sort(dim=1).values
-
-
+@register_task("addition")
 class Addition(SequenceTask):
     """``n``-digit addition, digits least significant first; ``y`` has ``n + 1`` digits."""
-
-    name = "addition"
 
     def __init__(self, num_symbols: int = 32, distinct: bool = False) -> None:
         # Digits 0-9 are symbols 0-9 and "+" is symbol 10; num_symbols is fixed by the task.
@@ -451,13 +467,19 @@ class Addition(SequenceTask):
         return x, digits + FIRST_SYMBOL
 
 
+@register_task("sort")
+class Sort(SequenceTask):
+    def make(self, length, batch, generator):
+        x = _symbols(generator, batch, length, self.num_symbols, self.distinct)
+        return x, x.sort(dim=1).values
+
+
+@register_task("recall")
 class Recall(SequenceTask):
     """Associative recall: ``n`` key-value pairs with distinct keys, then a key; answer its value.
 
     Keys are the first half of the symbols and values the second half, so ``n <= num_symbols // 2``.
     """
-
-    name = "recall"
 
     def check_length(self, length: int) -> None:
         Task.check_length(self, length)
@@ -504,6 +526,7 @@ def read_corpus(path: Path) -> bytes:
     return data
 
 
+@register_task("lm")
 class ByteLM(Task):
     """Byte-level language model on a text: random windows; the last 10% of the bytes is held out.
 
@@ -511,7 +534,6 @@ class ByteLM(Task):
     Evaluation (:meth:`batch` with ``split="eval"``) draws windows from the held-out part.
     """
 
-    name = "lm"
     metric = PERPLEXITY
     vocab_size = 256
 
@@ -557,14 +579,6 @@ class ByteLM(Task):
         self, min_length: int, max_length: int, batch_size: int, generator: torch.Generator
     ) -> Batch:
         return self._windows(self.train_data, max_length, batch_size, generator)
-
-
-from .retrieval import MQAR, MultiNeedle, Passkey  # noqa: E402  (they build on SequenceTask above)
-
-TASKS: dict[str, type[Task]] = {
-    cls.name: cls
-    for cls in (Copy, Reverse, CountCopy, Addition, Sort, Recall, ByteLM, Passkey, MQAR, MultiNeedle)
-}
 
 
 def make_task(name: str, *, num_symbols: int = 32, distinct: bool = False, corpus: str | None = None) -> Task:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..spec import LAYER_SEPARATOR, split_layers, split_specs
 from .results import atomic_write, iid_record
 from .tasks import IGNORE, Task, make_task, mix_seed
 
@@ -39,64 +40,132 @@ Reporter = Callable[[str, str, int, int, str], None]
 _steps_this_process = 0
 
 
+def _choice(text: str, choices: dict[str, Any]) -> Any:
+    """The value of ``text`` among ``choices`` (``ValueError`` naming the choices)."""
+    if text not in choices:
+        raise ValueError(f"must be {' or '.join(choices)}, got {text!r}")
+    return choices[text]
+
+
 @dataclass
 class ExperimentConfig:
     """Everything that defines an ``extrapolate`` experiment (written to ``config.json``).
+
+    ``posenc extrapolate`` has one option per field, generated from the field's metadata: ``help``
+    (its help text), ``option`` (False: not an option; a name: the option's name), ``type`` and
+    ``default`` (of the option, when they differ from the field's), ``parse`` (text to value, for
+    lists and renamed options) and ``min``.
 
     Lengths are task sizes (:mod:`posenc.experiments.tasks`): training draws sizes uniformly from
     ``[min_train_len, train_len]``; evaluation scores every size ``1..eval_len`` (for ``lm``: every
     position of ``eval_len``-byte windows).
     """
 
-    task: str = "copy"
+    task: str = field(default="copy", metadata={"help": "task (a name in TASKS)"})
     encodings: list[str] = field(
-        default_factory=lambda: ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"]
+        default_factory=lambda: ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"],
+        metadata={
+            "help": "comma-separated encoding specs, options included: nope,rope:base=500000,pairing=half,alibi; "
+            "a hybrid gives one spec per layer joined by '/': t5/sinusoidal; a layer preset with its "
+            "options: gemma3:window=8, llama4:chunk=8, smollm3, gpt-oss:window=8",
+            "parse": split_specs,
+        },
     )
-    train_len: int = 16
-    eval_len: int = 48
-    min_train_len: int = 1
-    steps: int = 2000
-    seeds: list[int] = field(default_factory=lambda: [0])
+    train_len: int = field(
+        default=16, metadata={"help": "largest training length L (task size; lm: context length)"}
+    )
+    eval_len: int = field(default=48, metadata={"help": "evaluate every length 1..eval_len"})
+    min_train_len: int = field(default=1, metadata={"help": "smallest training length"})
+    steps: int = field(default=2000, metadata={"help": "training steps per run"})
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "comma-separated seeds"})
     batch_size: int = 32
-    lr: float = 3e-3
-    warmup: int = 100
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
+    lr: float = field(
+        default=3e-3, metadata={"help": "peak AdamW learning rate (warm-up, then cosine to 10%)"}
+    )
+    warmup: int = field(default=100, metadata={"option": False})
+    weight_decay: float = field(default=0.0, metadata={"option": False})
+    grad_clip: float = field(default=1.0, metadata={"option": False})
     d_model: int = 64
     num_layers: int = 2
     num_heads: int = 4
     d_ff: int = 256
     dropout: float = 0.0
-    num_symbols: int = 64
-    distinct: bool = True
-    corpus: str | None = None
-    eval_examples: int = 100
-    eval_batch: int = 100
-    checkpoint_every: int = 250
-    backend: str = "auto"
+    num_symbols: int = field(default=64, metadata={"help": "alphabet size of the synthetic tasks"})
+    distinct: bool = field(default=True, metadata={"help": "copy/reverse/sort: draw distinct symbols"})
+    corpus: str | None = field(
+        default=None,
+        metadata={"help": "lm: a text file (default: the stdlib argparse source)", "type": Path},
+    )
+    eval_examples: int = field(default=100, metadata={"help": "examples per evaluated length (lm: windows)"})
+    #: The command line sets it to ``min(eval_examples, 100)``.
+    eval_batch: int = field(default=100, metadata={"option": False})
+    checkpoint_every: int = field(default=250, metadata={"help": "checkpoint every N steps"})
+    backend: str = field(default="auto", metadata={"help": "attention backend (auto picks per call)"})
     #: Pack several training examples into each row (document_ids keep them apart; positions
     #: restart at each example), instead of one right-padded example per row.
-    pack: bool = False
+    pack: bool = field(
+        default=False,
+        metadata={
+            "help": "pack several training examples per row (packed documents: positions restart per example)"
+        },
+    )
     #: Randomized positional encodings (Ruoss et al. 2023): train each sequence at n sorted distinct
     #: positions drawn uniformly from [0, N) instead of 0..n-1. None: off.
-    randomize_positions: int | None = None
+    randomize_positions: int | None = field(
+        default=None,
+        metadata={
+            "help": "randomized positions (Ruoss et al. 2023): train each sequence at sorted distinct positions "
+            "drawn from [0, N)"
+        },
+    )
     #: With ``randomize_positions``: evaluate at positions drawn the same way (the paper's reference
     #: code samples at test time too; the CLI's default, ``--eval-positions random``), or at 0..n-1
     #: when False (this default, what folders written before the option hold).
-    randomize_eval_positions: bool = False
+    randomize_eval_positions: bool = field(
+        default=False,
+        metadata={
+            "option": "eval_positions",
+            "type": str,
+            "default": "random",
+            "parse": lambda text: _choice(text, {"random": True, "contiguous": False}),
+            "help": "with --randomize-positions: evaluate at positions drawn the same way (random, the paper's "
+            "protocol) or at 0..n-1 (contiguous)",
+        },
+    )
     #: A run *fits* when its in-distribution score (exact match over lengths <= train_len) reaches
     #: this; the summary ranks only encodings whose every seed fits. Display only (not compared),
     #: unless ``until_fit`` stops training on it.
-    fit_threshold: float = 0.95
+    fit_threshold: float = field(
+        default=0.95,
+        metadata={
+            "help": "a run fits when its exact match over the training lengths reaches this; encodings whose "
+            "seeds do not all fit are not ranked"
+        },
+    )
     #: Train each run until it fits (its in-distribution exact match, checked every
     #: ``fit_check_every`` steps on held-out examples, reaches ``fit_threshold``) or ``steps`` run
     #: out; the steps it took are recorded in its ``iid`` record.
-    until_fit: bool = False
+    until_fit: bool = field(
+        default=False,
+        metadata={
+            "help": "train each run until it fits (checked every --fit-check-every steps on held-out examples) "
+            "or --steps run out; the steps it took go into its iid record"
+        },
+    )
     #: With ``until_fit``: steps between two fit checks.
-    fit_check_every: int = 250
+    fit_check_every: int = field(
+        default=250, metadata={"help": "with --until-fit: steps between two fit checks", "min": 1}
+    )
     #: Inference-time variants (:mod:`posenc.experiments.variants`) each trained checkpoint is
     #: evaluated under again, without retraining: ``["yarn", "temperature:0.2"]``.
-    eval_variants: list[str] = field(default_factory=list)
+    eval_variants: list[str] = field(
+        default_factory=list,
+        metadata={
+            "help": "evaluate each trained model (or --hf-model) again under these settings, no retraining: "
+            "RoPE scalings linear,ntk,dynamic,yarn,longrope (NAME:FACTOR; default eval-len / training length), "
+            "prope:P, drop_rotation, temperature:BETA (any encoding); one row each"
+        },
+    )
 
     #: Fields that may differ between the first command and a resumed one (they do not change results).
     RUNTIME_FIELDS = ("encodings", "seeds", "fit_threshold", "eval_variants")
@@ -153,10 +222,6 @@ class RunSpec:
         return f"{self.encoding} seed {self.seed}"
 
 
-#: Separates per-layer specs of a hybrid in an experiment's encoding string: ``"t5/sinusoidal"``.
-LAYER_SEPARATOR = "/"
-
-
 def run_id_for(config: ExperimentConfig, run: RunSpec) -> str:
     """A file-name-safe id, e.g. ``rope__copy__seed0`` (options and hybrids hashed into it)."""
     layers = run.encoding.split(LAYER_SEPARATOR)
@@ -168,7 +233,7 @@ def run_id_for(config: ExperimentConfig, run: RunSpec) -> str:
 
 def layer_specs(encoding: str) -> str | list[str]:
     """``"t5/sinusoidal"`` -> ``["t5", "sinusoidal"]`` (one spec per layer); a single spec as is."""
-    layers = [layer.strip() for layer in encoding.split(LAYER_SEPARATOR)]
+    layers = split_layers(encoding)
     return layers if len(layers) > 1 else encoding
 
 
@@ -206,9 +271,9 @@ def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Modul
     ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.model`),
     or a layer preset (``"gemma3:window=8"``, see :mod:`posenc.patterns`)."""
     from ..model import TransformerLM
-    from ..patterns import is_preset
+    from ..patterns import is_layer_preset
 
-    layers = {"pattern": encoding} if is_preset(encoding) else {"encoding": layer_specs(encoding)}
+    layers = {"pattern": encoding} if is_layer_preset(encoding) else {"encoding": layer_specs(encoding)}
     return TransformerLM(
         task.vocab_size,
         config.d_model,

@@ -237,12 +237,12 @@ def variant_context(config: Any, task: Task) -> VariantContext:
 
 def _layer_specs(encoding: str) -> list[str] | None:
     """The per-layer specs of an experiment encoding, or None for a layer preset (``gemma3``)."""
-    from ..patterns import is_preset
-    from .train import LAYER_SEPARATOR
+    from ..patterns import is_layer_preset
+    from ..spec import split_layers
 
-    if is_preset(encoding):
+    if is_layer_preset(encoding):
         return None
-    return [layer.strip() for layer in encoding.split(LAYER_SEPARATOR)]
+    return split_layers(encoding)
 
 
 def _takes(layer: str, options: dict[str, Any]) -> bool:
@@ -261,8 +261,7 @@ def variant_encoding(encoding: str, variant: Variant, ctx: VariantContext) -> st
     kind = variant.kind
     if kind.options is None:
         return encoding
-    from ..spec import format_spec, parse_spec
-    from .train import LAYER_SEPARATOR
+    from ..spec import LAYER_SEPARATOR, format_spec, parse_spec
 
     wanted = kind.options(ctx, variant.resolved_value(ctx))
     layers = _layer_specs(encoding)

@@ -132,7 +132,7 @@ def _summary(directory: Path, config: dict[str, Any]) -> tuple[Any, Any, dict[st
     """``(summary table, the task's metric, {row: "did not fit: iid 4.0%"})`` of a folder whose
     config names a known task and whose records score it; ``(None, None, {})`` otherwise."""
     from ..experiments.results import fit_notes, read_run_records
-    from ..experiments.runner import summary_table
+    from ..experiments.summary import summary_table
     from ..experiments.tasks import TASKS
     from ..experiments.train import ExperimentConfig
     from ..experiments.variants import row_labels

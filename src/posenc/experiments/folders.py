@@ -1,0 +1,202 @@
+"""The results folder (``--out``): who may write it, what it holds, which runs it has finished.
+
+Folder layout::
+
+    config.json            the settings (a resumed command must match them)
+    results.jsonl          one tidy record per (encoding, task, length, seed, metric), atomic
+    runs.jsonl             one record per run: its in-distribution score (``metric: "iid"``), fit
+                           flag, steps trained (and, with --until-fit, the step it fitted at)
+    results.csv            the same records as a table
+    checkpoints/<run>.pt   model + optimizer + scheduler + RNG + step of every run
+    .posenc.lock           the writer's pid and host, while one writes
+
+The figures (``extrapolation.png``, ``depth.png``) are drawn from the folder by
+:mod:`posenc.viz`: the harness writes data only and calls the :data:`FigureWriter` it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .results import (
+    RUN_METRICS,
+    atomic_write_text,
+    cannot_create_in,
+    experiment_settings,
+    load_config,
+    read_records,
+    write_csv,
+)
+from .tasks import Metric, Task
+from .train import ExperimentConfig, RunSpec, run_id_for
+
+__all__ = [
+    "LOCK_NAME",
+    "FigureWriter",
+    "check_folder_settings",
+    "check_writable_folder",
+    "checkpoint_path",
+    "finished_runs",
+    "folder_lock",
+    "lock_owner_alive",
+    "write_config",
+    "write_outputs",
+]
+
+#: ``figures(folder) -> paths written``: draws a results folder's figures from what it holds
+#: (:func:`posenc.viz.folder.write_figures`); the command line passes it to the harness.
+FigureWriter = Callable[[Path], list[Path]]
+
+LOCK_NAME = ".posenc.lock"
+
+
+def checkpoint_path(out: Path, config: ExperimentConfig, run: RunSpec) -> Path:
+    """``out/checkpoints/<run id>.pt``: where ``run`` saves and resumes."""
+    return out / "checkpoints" / f"{run_id_for(config, run)}.pt"
+
+
+def check_writable_folder(out: Path) -> None:
+    """``out`` is a folder this process may create or write into (checked before writing anything)."""
+    existing = out
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "is" if existing == out else f"is inside {existing}, which is"
+        raise ValueError(f"--out {out} {what} not a folder; give a folder path")
+    problem = cannot_create_in(existing)
+    if problem:
+        raise ValueError(f"--out {out}: {problem}; give a writable folder")
+
+
+def check_folder_settings(out: Path, config: ExperimentConfig, task: Task) -> None:
+    """Refuse to mix results of different settings, or of different data, in one folder."""
+    path = out / "config.json"
+    if not path.exists():
+        return
+    saved_config = load_config(out)
+    _check_data(path, saved_config.get("data"), task.data_fingerprint())
+    saved = experiment_settings(saved_config)
+    current = config.identity()
+    defaults = ExperimentConfig().identity()  # a field added later reads as its default in old folders
+    different = {
+        k: (saved.get(k, defaults.get(k)), v)
+        for k, v in current.items()
+        if saved.get(k, defaults.get(k)) != v
+    }
+    if different:
+        details = ", ".join(f"{k}: {old!r} there vs {new!r} now" for k, (old, new) in different.items())
+        raise ValueError(
+            f"{out} holds an experiment with other settings ({details}); use another --out folder"
+        )
+
+
+def _check_data(path: Path, saved: Any, current: dict[str, str] | None) -> None:
+    """The data recorded in ``config.json`` (a corpus's sha256) must be the data read now."""
+    if not isinstance(saved, dict) or current is None or saved.get("sha256") in (None, current["sha256"]):
+        return  # generated data, or a folder written before hashes were recorded
+    raise ValueError(
+        f"corpus {current['corpus']} changed since this folder's runs were trained on it (sha256 "
+        f"{saved['sha256'][:12]}... recorded in {path}, {current['sha256'][:12]}... now): mixing them would "
+        "compare models trained on different data; restore the file, or use another --out"
+    )
+
+
+@contextmanager
+def folder_lock(out: Path, *, enabled: bool = True):
+    """Hold ``out/.posenc.lock`` (this process's pid and host) while writing into ``out``.
+
+    A second writer gets a ``ValueError`` naming the owner; a lock left by a process that no longer
+    runs (killed) is taken over. ``enabled=False`` (the non-writing DDP ranks) does nothing.
+    """
+    if not enabled:
+        yield
+        return
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"--out {out}: cannot create the folder ({err.strerror or err}); give a writable folder"
+        ) from err
+    path = out / LOCK_NAME
+    me = f"{os.getpid()} {socket.gethostname()}"
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = path.read_text(encoding="utf-8").strip() if path.exists() else ""
+            if lock_owner_alive(owner):
+                raise ValueError(
+                    f"{out} is being written by another posenc process ({owner}; lock file {path}): "
+                    "wait for it to finish, or use another --out"
+                ) from None
+            path.unlink(missing_ok=True)  # its owner died: take the folder over
+            continue
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(me + "\n")
+        break
+    try:
+        yield
+    finally:
+        if path.exists() and path.read_text(encoding="utf-8").strip() == me:
+            path.unlink()
+
+
+def lock_owner_alive(owner: str) -> bool:
+    """Whether the ``"pid host"`` that wrote a lock still runs (on another host: assume it does)."""
+    parts = owner.split()
+    if len(parts) != 2 or not parts[0].isdigit():
+        return False
+    pid, host = int(parts[0]), parts[1]
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def write_config(
+    out: Path,
+    config: ExperimentConfig,
+    runtime: dict[str, Any],
+    data: dict[str, str] | None,
+    preset: str | None = None,
+) -> None:
+    payload: dict[str, Any] = {"experiment": config.to_dict(), "runtime": runtime}
+    if data is not None:
+        payload["data"] = data  # the corpus's path and sha256: a rerun on edited data is refused
+    if preset is not None:
+        payload["preset"] = preset  # the report puts the published numbers beside these results
+    atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
+
+
+def finished_runs(out: Path, config: ExperimentConfig, metric: Metric) -> set[str]:
+    """Runs whose records cover every evaluated length of every metric (a run with some records
+    missing is redone). The metrics are the task's own and any other the folder's runs recorded."""
+    seen: dict[str, set[tuple[str, int]]] = {}
+    metrics = {metric.name}
+    for record in read_records(out / "results.jsonl"):
+        if record.get("metric") in RUN_METRICS:
+            continue  # one per run, at the training length (folders written before it have none)
+        seen.setdefault(record["run"], set()).add((record.get("metric"), record["length"]))
+        metrics.add(record.get("metric"))
+    wanted = {(name, length) for name in metrics for length in range(1, config.eval_len + 1)}
+    return {run for run, pairs in seen.items() if wanted <= pairs}
+
+
+def write_outputs(out: Path, records: list[dict[str, Any]], figures: FigureWriter | None) -> list[Path]:
+    """``results.csv`` from ``records``, then the figures drawn from the folder (none without a
+    ``figures`` writer); returns the files written."""
+    write_csv(out / "results.csv", records)
+    return [out / "results.csv", *(figures(out) if figures is not None else [])]
