@@ -153,7 +153,7 @@ def test_packed_documents_equal_each_document_alone():
 def test_streaming_cache_keeps_sink_and_window_states():
     layer = _layer()
     x = torch.randn(1, 8, E, dtype=torch.float64)
-    cache = posenc.KVCache(window=3, sink_tokens=1)
+    cache = posenc.KVCache(recent_tokens=3, sink_tokens=1)
     for t in range(8):
         layer(x[:, t : t + 1], cache=cache)
     entry = cache.get(0)

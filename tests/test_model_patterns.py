@@ -141,7 +141,7 @@ def test_bad_patterns_are_named():
 def test_query_temperature_equals_hf_llama_4_scaling_beta():
     """Ministral 3 / Mistral 4 scale queries by ``1 + beta * log(1 + floor(pos / original_max))``."""
     ministral = pytest.importorskip("transformers.models.ministral3.modeling_ministral3")
-    from posenc.attention import temperature_factors
+    from posenc.positions import temperature_factors
 
     positions = torch.arange(0, 5000, 7)[None]
     want = ministral.get_llama_4_attn_scale(positions, 0.1, 1024)
@@ -150,3 +150,21 @@ def test_query_temperature_equals_hf_llama_4_scaling_beta():
     )
     torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=1e-6)
     assert float(want.max()) > 1.1  # the scale grows at these positions, so the check can fail
+
+
+def test_a_layer_takes_its_pattern_whole():
+    """``pattern=LayerSpec(...)`` gives the layer the spec's window, chunk, sinks and temperature, as
+    the four arguments do; giving both is refused."""
+    spec = LayerSpec("rope", window=3, chunk=None, sinks=True, temperature=QueryTemperature(floor_scale=4.0))
+    torch.manual_seed(0)
+    whole = posenc.MultiheadAttention(16, 2, "rope", causal=True, pattern=spec)
+    torch.manual_seed(0)
+    apart = posenc.MultiheadAttention(
+        16, 2, "rope", causal=True, window=3, sinks=True, query_temperature=spec.temperature
+    )
+    assert (whole.window, whole.chunk, whole.query_temperature) == (3, None, spec.temperature)
+    assert whole.sinks is not None
+    x = torch.randn(1, 7, 16)
+    torch.testing.assert_close(whole(x), apart(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="either pattern or window"):
+        posenc.MultiheadAttention(16, 2, "rope", causal=True, pattern=spec, window=4)

@@ -194,7 +194,7 @@ def test_blocked_skips_keys_outside_the_window_and_documents(backend):
 
 def test_document_positions_restart():
     ids = torch.tensor([[0, 0, 0, 1, 1, 4, 4, 4, 4]])
-    assert posenc.attention.document_positions(ids).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+    assert posenc.positions.document_positions(ids).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
 
 
 @pytest.mark.parametrize(
@@ -251,7 +251,7 @@ def test_streaming_cache_keeps_sinks_and_a_window_with_positions_inside_the_cach
     sinks, window = 2, 5
     layer = _layer(name)
     x = torch.randn(1, 30, EMBED, dtype=torch.float64)
-    cache = posenc.KVCache(window=window, sink_tokens=sinks)
+    cache = posenc.KVCache(recent_tokens=window, sink_tokens=sinks)
     prompt = 4
     out = layer(x[:, :prompt], cache=cache)
     torch.testing.assert_close(out, layer(x[:, :prompt]))  # nothing evicted yet: the plain pass
@@ -263,12 +263,22 @@ def test_streaming_cache_keeps_sinks_and_a_window_with_positions_inside_the_cach
 
 
 def test_streaming_cache_refuses_what_it_cannot_honour():
-    cache = posenc.KVCache(window=4, sink_tokens=1)
+    cache = posenc.KVCache(recent_tokens=4, sink_tokens=1)
     with pytest.raises(ValueError, match="positions: a streaming KVCache"):
         _layer("rope")(torch.randn(1, 2, EMBED, dtype=torch.float64), positions=torch.arange(2), cache=cache)
     with pytest.raises(ValueError, match="'learned' adds absolute positions"):
         _layer("learned")(torch.randn(1, 2, EMBED, dtype=torch.float64), cache=cache)
-    with pytest.raises(ValueError, match="window must be a positive int"):
-        posenc.KVCache(window=0)
-    with pytest.raises(ValueError, match="sink_tokens needs a window"):
+    with pytest.raises(ValueError, match="recent_tokens must be a positive int"):
+        posenc.KVCache(recent_tokens=0)
+    with pytest.raises(ValueError, match="sink_tokens needs recent_tokens"):
         posenc.KVCache(sink_tokens=2)
+
+
+def test_kvcache_window_is_refused_naming_recent_tokens():
+    """``window`` is a layer's sliding-window mask only; the cache's StreamingLLM retention is
+    ``recent_tokens``, and the old name is refused with the new one."""
+    with pytest.raises(TypeError, match=r"recent_tokens=.*window= is a layer's sliding-window mask"):
+        posenc.KVCache(window=4, sink_tokens=1)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'windows'"):
+        posenc.KVCache(windows=4)
+    assert posenc.KVCache(recent_tokens=4, sink_tokens=1).streaming

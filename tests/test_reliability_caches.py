@@ -227,7 +227,10 @@ def test_a_streaming_cache_keeps_keys_unrotated_so_a_mode_change_is_served():
     """StreamingLLM stores keys unrotated and rotates them at every step in the current mode."""
     layer = posenc.MultiheadAttention(16, 2, "rope:drop_rotation=eval", causal=True)
     x = torch.randn(1, 6, 16)
-    mixed, evaluated = posenc.KVCache(window=3, sink_tokens=1), posenc.KVCache(window=3, sink_tokens=1)
+    mixed, evaluated = (
+        posenc.KVCache(recent_tokens=3, sink_tokens=1),
+        posenc.KVCache(recent_tokens=3, sink_tokens=1),
+    )
     layer.train()
     for t in range(5):
         layer(x[:, t : t + 1], cache=mixed)

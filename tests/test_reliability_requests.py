@@ -301,7 +301,7 @@ def test_heads_that_do_not_divide_are_an_error_not_a_crash():
     run in a child process so that the old crash fails this test instead of ending the run."""
     code = (
         "import torch, posenc\n"
-        "from posenc.attention import run_attention\n"
+        "from posenc.backends.run import run_attention\n"
         "from posenc.backends import AttentionRequest\n"
         "q, kv = torch.randn(1, 2, 1031, 16), torch.randn(1, 3, 1031, 16)\n"
         "pos = torch.arange(1031)[None]\n"

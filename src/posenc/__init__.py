@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import functional
-from .attention import KVCache, MultiheadAttention, switch_rope_pairing_
+from .attention import MultiheadAttention
 from .backends import use_backend
 from .base import (
     AbsoluteEncoding,
@@ -21,6 +21,8 @@ from .base import (
     PositionalEncoding,
     RotaryEncoding,
 )
+from .cache import KVCache
+from .encodings.rope import switch_rope_pairing_
 from .mla import LatentCache, MultiLatentAttention
 from .registry import available, build, get_class, register
 

@@ -43,8 +43,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .attention import run_attention
-from .backends import AttentionRequest, get_backend
+from .backends import get_backend
+from .backends.run import attend
 from .base import Kind, LayerContext, PositionalEncoding
 from .registry import build, build_for_layer
 
@@ -155,10 +155,10 @@ def attention_forward(
         if encoding.kind is Kind.ROTARY:
             query, key = encoding.rotate(query, key, q_pos, k_pos)
             encoding = _nope
-    request = AttentionRequest(
-        q=query,
-        k=key,
-        v=value,
+    name, out, weights = attend(
+        query,
+        key,
+        value,
         encoding=encoding,
         q_pos=q_pos,
         k_pos=k_pos,
@@ -168,8 +168,8 @@ def attention_forward(
         dropout_p=float(dropout),
         need_weights=bool(kwargs.get("output_attentions", False)),
         sinks=s_aux,
+        backend=_backend["name"],
     )
-    name, out, weights = run_attention(request, _backend["name"])
     _state.last_backend = name
     return out.transpose(1, 2).contiguous(), weights
 
@@ -453,10 +453,10 @@ def _bloom_attention_forward(
         key, value = layer_past.update(key, value, self.layer_idx)
     k_len = key.shape[2]
     allowed = _allowed_keys(attention_mask)
-    request = AttentionRequest(
-        q=query,
-        k=key,
-        v=value,
+    name, out, weights = attend(
+        query,
+        key,
+        value,
         encoding=self.posenc_encoding,
         q_pos=torch.arange(k_len - q_len, k_len, device=query.device)[None],
         k_pos=torch.arange(k_len, device=query.device)[None],
@@ -466,8 +466,8 @@ def _bloom_attention_forward(
         attn_mask=allowed,
         dropout_p=self.attention_dropout.p if self.training else 0.0,
         need_weights=output_attentions,
+        backend=_backend["name"],
     )
-    name, out, weights = run_attention(request, _backend["name"])
     _state.last_backend = name
     context = out.transpose(1, 2).reshape(batch, q_len, self.hidden_size)
     output = nn.functional.dropout(self.dense(context), p=self.hidden_dropout, training=self.training)
@@ -549,10 +549,10 @@ def _t5_attention_forward(
     k_len = key.shape[2]
     causal = bool(self.is_causal) and not cross and mask is None and q_len > 1
     device = query.device
-    request = AttentionRequest(
-        q=query,
-        k=key,
-        v=value,
+    name, out, weights = attend(
+        query,
+        key,
+        value,
         encoding=_nope if cross else self.posenc_encoding,
         q_pos=torch.arange(past, past + q_len, device=device)[None],  # HF's cache_position
         k_pos=torch.arange(k_len, device=device)[None],
@@ -562,8 +562,8 @@ def _t5_attention_forward(
         attn_mask=_allowed_keys(mask),
         dropout_p=self.dropout if self.training else 0.0,
         need_weights=bool(kwargs.get("output_attentions", False)),
+        backend=_backend["name"],
     )
-    name, out, weights = run_attention(request, _backend["name"])
     _state.last_backend = name
     return self.o(out.transpose(1, 2).reshape(batch, q_len, -1)), None, weights
 
@@ -685,7 +685,7 @@ def use_posenc_attention(model: nn.Module) -> nn.Module:
     Served:
 
     * BLOOM (ALiBi): each ``BloomAttention`` gets posenc's ``alibi`` (equal slopes) and a forward that
-      builds an :class:`~posenc.backends.AttentionRequest`, so the dispatcher picks the backend (the
+      runs through :func:`~posenc.backends.run.attend`, so the dispatcher picks the backend (the
       blocked and split paths for long sequences).
     * T5 and mT5 (``T5ForConditionalGeneration``, ``T5EncoderModel``, ``T5Model``, ...): each stack's
       self-attention runs posenc's ``t5`` encoding (bidirectional buckets in the encoder, causal in

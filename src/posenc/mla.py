@@ -46,19 +46,14 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor, nn
 
-from .attention import (
-    _CacheStamp,
-    _register_user,
-    check_scale,
-    default_positions,
-    padding_with_cache,
-    run_attention,
-)
-from .backends import AttentionRequest
+from .backends.run import attend
 from .base import LayerContext, PositionalEncoding
-from .encodings.rope import RoPE
+from .cache import CacheStamp
+from .encodings.rope import RoPE, register_rope_user
 from .encodings.rope_scaling import RopeScaling
+from .inputs import check_scale
 from .masks import AttentionMask
+from .positions import default_positions, padding_with_cache
 from .registry import build, build_for_layer
 
 __all__ = ["LatentCache", "MultiLatentAttention", "mla_softmax_scale"]
@@ -114,7 +109,7 @@ class _RMSNorm(nn.Module):
 
 
 @dataclass(kw_only=True)
-class _LatentEntry(_CacheStamp):
+class _LatentEntry(CacheStamp):
     latent: Tensor  # [B, T, kv_lora_rank], after kv_a_layernorm
     k_rope: Tensor  # [B, T, qk_rope_head_dim], rotated
     k_pos: Tensor  # [B or 1, T] int64
@@ -130,7 +125,7 @@ class LatentCache:
     Per token and layer it holds ``kv_lora_rank + qk_rope_head_dim`` numbers (the latent after
     ``kv_a_layernorm``, and ``k_rope`` after its rotation), plus the key positions and padding.
     One object serves a whole model; each layer keeps its entry under its ``layer_idx``. As in a
-    :class:`~posenc.attention.KVCache`, an entry records the layer that wrote it, and only that layer
+    :class:`~posenc.KVCache`, an entry records the layer that wrote it, and only that layer
     may read it: another layer with the same ``layer_idx``, a changed batch size, or the rotation
     mode changed since (``drop_rotation="eval"`` and ``train()``/``eval()``) raises ``ValueError``.
     """
@@ -277,7 +272,7 @@ class MultiLatentAttention(nn.Module):
         )
         self.o_proj = nn.Linear(heads * v_head_dim, embed_dim, bias=bias, **factory)
         self.rope = self._build_rope(rope, device, dtype)
-        _register_user(self.rope, self)
+        register_rope_user(self.rope, self)
         self.attention_encoding = build("nope")  # q and k arrive rotated: plain attention
         self.scale = (
             mla_softmax_scale(self.qk_head_dim, self.rope.scaling) if scale is None else check_scale(scale)
@@ -286,7 +281,7 @@ class MultiLatentAttention(nn.Module):
 
     def __setstate__(self, state: dict) -> None:  # a copy (deepcopy, pickle) is a user of its rope too
         super().__setstate__(state)
-        _register_user(self.rope, self)
+        register_rope_user(self.rope, self)
 
     def _build_rope(self, rope: str | PositionalEncoding, device, dtype) -> RoPE:
         context = LayerContext(
@@ -412,20 +407,20 @@ class MultiLatentAttention(nn.Module):
             causal_offset=past,
             key_padding_mask=padding,
         )
-        request = AttentionRequest(
-            q=q,
-            k=k,
-            v=v,
+        self.last_backend, out, weights = attend(
+            q,
+            k,
+            v,
             encoding=self.attention_encoding,
             q_pos=q_pos,
             k_pos=k_pos,
             scale=self.scale,
+            mask=mask,
             dropout_p=self.dropout if self.training else 0.0,
             need_weights=need_weights,
             layer=self,
-            mask=mask,
+            backend=self.backend,
         )
-        self.last_backend, out, weights = run_attention(request, self.backend)
         out = self.o_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.v_head_dim))
         return (out, weights) if need_weights else out
 
@@ -474,16 +469,17 @@ class MultiLatentAttention(nn.Module):
             raise ValueError(f"x has dtype {x.dtype} but the layer's parameters are {weight_dtype}; cast one")
 
     # ------------------------------------------------------------------ cache
-    _layout = 0  # the channel layout stamped on cache entries (switch_rope_pairing_ leaves MLA alone)
+    qk_layout = 0  # the channel layout stamped on cache entries (switch_rope_pairing_ leaves MLA alone)
 
-    def _describe(self) -> str:
+    def describe(self) -> str:
+        """The layer in one line, for error messages (a cache entry names its writer with it)."""
         return (
             f"MultiLatentAttention(layer_idx={self.layer_idx}, heads={self.num_heads}, "
             f"kv_lora_rank={self.kv_lora_rank}, qk_rope_head_dim={self.qk_rope_head_dim}, "
             f"rope={self.rope.spec()!r})"
         )
 
-    def _rotary(self) -> RoPE:
+    def rotary_encoding(self) -> RoPE:
         """The encoding whose rotation the cached ``k_rope`` carries (read by the cache's stamp)."""
         return self.rope
 

@@ -39,9 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .attention import KVCache, MultiheadAttention, embed_positions
+from .attention import MultiheadAttention
 from .base import Kind, LayerContext, PositionalEncoding, checks_values
+from .cache import KVCache
 from .patterns import LayerSpec, layer_pattern
+from .positions import embed_positions
 from .registry import build_for_layer, resolve
 from .spec import Spec
 
@@ -84,17 +86,13 @@ class TransformerBlock(nn.Module):
         layer: LayerSpec | None = None,
     ) -> None:
         super().__init__()
-        layer = layer or LayerSpec()
         self.norm_attn = nn.LayerNorm(d_model)
         self.attn = MultiheadAttention(
             d_model,
             num_heads,
             encoding,
             causal=causal,
-            window=layer.window,
-            chunk=layer.chunk,
-            sinks=layer.sinks,
-            query_temperature=layer.temperature,
+            pattern=layer,
             backend=backend,
             num_kv_heads=num_kv_heads,
             dropout=dropout,

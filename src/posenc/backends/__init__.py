@@ -41,6 +41,7 @@ __all__ = [
     "get_backend",
     "kind_reasons",
     "register_backend",
+    "requested_backend",
     "select_backend",
     "use_backend",
 ]
@@ -482,6 +483,11 @@ def use_backend(name: str) -> Iterator[None]:
         _forced.name = previous
 
 
+def requested_backend(backend: str = "auto") -> str:
+    """The backend a call asks for: the one :func:`use_backend` forces, else ``backend`` (a layer's)."""
+    return getattr(_forced, "name", None) or backend
+
+
 def backend_reasons(request: AttentionRequest, *, auto: bool = False) -> dict[str, list[str]]:
     """Every backend's reasons for ``request`` (empty list = can serve it), in ``auto``'s order.
 
@@ -495,8 +501,7 @@ def backend_reasons(request: AttentionRequest, *, auto: bool = False) -> dict[st
 
 def select_backend(request: AttentionRequest, requested: str = "auto") -> Backend:
     """The backend to run ``request``: the forced or requested one, or the first with no reasons."""
-    forced = getattr(_forced, "name", None)
-    name = forced or requested
+    name = requested_backend(requested)
     if name != "auto":
         backend = get_backend(name)
         reasons = backend_limits(backend, request)
@@ -530,5 +535,5 @@ def _load_builtin() -> None:
 
     _LOADED = True
     for info in pkgutil.iter_modules(__path__):
-        if not info.name.startswith("_") and info.name != "dispatch":
+        if not info.name.startswith("_") and info.name not in ("dispatch", "run"):
             importlib.import_module(f"{__name__}.{info.name}")

@@ -30,12 +30,13 @@ Backends: sdpa and eager (q and k are rotated before the kernel, which then sees
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Literal
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ..base import RotaryEncoding, check_table_size
+from ..base import PositionalEncoding, RotaryEncoding, check_table_size
 from ..kernels.rope import RotaryTables, rotary, rotary_cos_sin
 from ..registry import Range, at_least, greater_than, register
 from ..spec import format_spec
@@ -412,7 +413,7 @@ class RoPE(RotaryEncoding):
 
     def switch_pairing_(self, pairing: Pairing) -> None:
         """Rotate with ``pairing`` from now on. Half of a switch: the layers that use this encoding
-        must permute their q/k projections to match, as :func:`posenc.switch_rope_pairing_` does."""
+        must permute their q/k projections to match, as :func:`switch_rope_pairing_` does."""
         _check_pairing(pairing)
         self.pairing = pairing
         self._config["pairing"] = pairing
@@ -486,3 +487,104 @@ def _scaling_of(
         float(10000.0 if theta is None else theta),
         config.get("partial_rotary_factor"),
     )
+
+
+# ---------------------------------------------------------------------------- switching a model's pairing
+
+#: The layers built on each encoding (weakly held): an encoding object may serve several layers, and
+#: switch_rope_pairing_ must find those outside the module it is given.
+_USERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def register_rope_user(encoding: PositionalEncoding, layer: nn.Module) -> None:
+    """Record that ``layer`` (an attention layer with ``rotary_encoding()``) is built on ``encoding``.
+
+    Every attention layer calls it at construction and after a copy, whatever its encoding's kind.
+    """
+    _USERS.setdefault(encoding, weakref.WeakSet()).add(layer)
+
+
+def rope_users(encoding: PositionalEncoding) -> list[nn.Module]:
+    """The live layers whose rotary encoding is ``encoding`` (those since given another one left out)."""
+    return [layer for layer in list(_USERS.get(encoding, ())) if layer.rotary_encoding() is encoding]
+
+
+def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") -> int:
+    """Switch the RoPE of every attention layer in ``module`` to ``pairing``, in place, exactly.
+
+    Half pairing (HF/GPT-NeoX: channel ``k`` with ``k + d_r/2``) and interleaved pairing (the paper,
+    Meta's original Llama: ``2k`` with ``2k+1``) are one model up to a permutation of each head's q
+    and k channels (docs/conventions.md §7.3). This permutes the output rows of every such layer's
+    ``q_proj`` and ``k_proj`` (weights and biases; :func:`convert_rope_pairing`) and switches the
+    encoding, so every attention score, and so the layer's output, stays the same up to float
+    rounding. Values and the output projection are untouched.
+
+    Why: the layer rotates its fresh q/k projections in place, and interleaved pairs rotate as one
+    complex multiply (one pass; 145% of the time of copying q and k, measured on 2 CPU threads),
+    while half pairs take five eager elementwise passes (35%). A checkpoint in HF's half layout runs
+    its rotations faster after one switch. Save it with the encodings' new spec (``pairing`` is in
+    :meth:`~posenc.base.PositionalEncoding.spec`): its weights are now in the interleaved layout.
+
+    Args:
+        module: a model, or one :class:`~posenc.MultiheadAttention`.
+        pairing: the pairing to switch to.
+
+    Returns:
+        How many layers were switched (layers already in ``pairing`` are left alone).
+
+    Raises:
+        ValueError: ``pairing`` is not ``"half"`` or ``"interleaved"``; or an encoding to switch also
+            serves a module other than a :class:`~posenc.MultiheadAttention` in ``module`` (such as
+            :class:`~posenc.mla.MultiLatentAttention`, which keeps HF's half layout), or a layer
+            outside ``module`` (one RoPE object passed to two layers, only one of them in
+            ``module``): nothing is changed. Layers in ``module`` that share one encoding (a model
+            built with one RoPE object) are all switched.
+        A :class:`~posenc.KVCache` entry written before the switch is refused afterwards.
+    """
+    from ..attention import MultiheadAttention
+
+    _check_pairing(pairing)
+    layers = [
+        m
+        for m in module.modules()
+        if isinstance(m, MultiheadAttention)
+        and isinstance(m.encoding, RoPE)
+        and m.encoding.pairing != pairing
+    ]
+    encodings = {id(layer.encoding): layer.encoding for layer in layers}
+    for name, parent in module.named_modules(remove_duplicate=False):
+        for child_name, child in parent.named_children():
+            if id(child) in encodings and not (
+                isinstance(parent, MultiheadAttention) and child_name == "encoding"
+            ):
+                where = f"{name}.{child_name}" if name else child_name
+                raise ValueError(
+                    f"switch_rope_pairing_: the RoPE at {where!r} also serves {type(parent).__name__}, which "
+                    "keeps its own channel layout; give the attention layers their own encoding"
+                )
+    inside = {id(layer) for layer in layers}
+    names = {id(m): f"layer {name!r}" if name else "the layer passed" for name, m in module.named_modules()}
+    for layer in layers:
+        outside = [user for user in rope_users(layer.encoding) if id(user) not in inside]
+        if outside:
+            raise ValueError(
+                f"switch_rope_pairing_: the RoPE of {names[id(layer)]} also serves another layer, "
+                f"{outside[0].describe()}, which is not in the module passed, and would rotate its unpermuted q/k with the new "
+                "pairing; pass a module that holds every layer using that encoding (the whole model), or "
+                "give the layers their own encoding. Nothing was changed"
+            )
+    with torch.no_grad():
+        for layer in layers:
+            enc = layer.encoding
+            for proj, heads in ((layer.q_proj, layer.num_heads), (layer.k_proj, layer.num_kv_heads)):
+                for param in (proj.weight, proj.bias):
+                    if param is not None:
+                        param.copy_(
+                            convert_rope_pairing(
+                                param, heads, layer.head_dim, enc.pairing, pairing, enc.rotary_dim
+                            )
+                        )
+            layer.qk_layout += 1
+    for enc in encodings.values():
+        enc.switch_pairing_(pairing)
+    return len(layers)

@@ -1,0 +1,374 @@
+"""``posenc.KVCache`` and the rules every cache of posenc keeps.
+
+* **Only the writer reads.** An entry carries a :class:`CacheStamp`: the layer that wrote it and
+  the form of its keys (the q/k channel layout, whether the rotation was dropped). A reader that is
+  another layer, has another batch or device, or whose form changed since, gets a ``ValueError``
+  naming the writer, never keys it would misread. :class:`~posenc.mla.LatentCache` entries carry
+  the same stamp.
+* **A windowed layer keeps ``W - 1`` keys** (:meth:`KVCache.trim_to_window`): the next query sees
+  no older one. ``entry.evicted`` counts the rest, so positions continue.
+* **StreamingLLM's retention** (``KVCache(recent_tokens=R, sink_tokens=S)``, Xiao et al. 2023):
+  every layer keeps the first ``S`` and the last ``R`` tokens, positions are those inside the
+  cache, and rotary keys are stored unrotated and rotated at each step.
+
+``window`` is a layer's sliding-window mask only (:class:`~posenc.MultiheadAttention`); the
+cache's retention is ``recent_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from .base import Kind, PositionalEncoding, TokenStates
+
+__all__ = [
+    "CacheStamp",
+    "CacheWriter",
+    "KVCache",
+    "KVCacheEntry",
+    "context_key",
+    "rotation_dropped",
+    "token_states_with_cache",
+]
+
+
+class CacheWriter(Protocol):
+    """What a cache asks of the layer that writes or reads an entry (both attention layers have it)."""
+
+    layer_idx: int
+    training: bool
+    #: The layer's q/k channel layout, bumped when ``switch_rope_pairing_`` permutes those channels.
+    qk_layout: int
+
+    def describe(self) -> str:
+        """The layer in one line, for error messages."""
+        ...
+
+    def rotary_encoding(self) -> PositionalEncoding:
+        """The encoding whose rotation the cached keys carry."""
+        ...
+
+
+def rotation_dropped(layer: CacheWriter) -> bool:
+    """Whether ``layer``'s rotary encoding leaves q and k unrotated now (RoPE's ``drop_rotation``)."""
+    return bool(getattr(layer.rotary_encoding(), "rotation_dropped", False))
+
+
+@dataclass(kw_only=True)
+class CacheStamp:
+    """Who wrote a cache entry, and in which form: a layer reads only an entry it wrote in its current form.
+
+    :class:`KVCache` and :class:`~posenc.mla.LatentCache` entries carry it; :meth:`stamp` fills it
+    when a layer writes the entry and :meth:`check_reader` refuses, with a ``ValueError`` naming the
+    writer, what another layer, another batch, another device or another channel layout or rotation
+    mode would otherwise read silently.
+    """
+
+    writer_id: int = 0  # id() of the layer that wrote the entry
+    writer: str = ""  # that layer, described for error messages
+    layout: int = 0  # the writer's q/k channel layout then (switch_rope_pairing_ changes it)
+    # Whether the writer's encoding skipped its rotation then (RoPE drop_rotation="eval" in eval
+    # mode); None: the keys are stored unrotated (a streaming KVCache rotates them at every step).
+    rotation_dropped: bool | None = False
+
+    def held(self) -> Tensor:
+        """The tensor whose batch size (dim 0) and device are the entry's."""
+        raise NotImplementedError
+
+    def stamp(self, layer: CacheWriter) -> None:
+        self.writer_id, self.writer = id(layer), layer.describe()
+        self.layout, self.rotation_dropped = layer.qk_layout, rotation_dropped(layer)
+
+    def check_reader(
+        self, layer: CacheWriter, *, what: str, batch: int, device: torch.device, fresh: str
+    ) -> None:
+        """Raise unless ``layer`` wrote this entry (``what``, e.g. "the self-attention entry of
+        layer_idx=0") in its current form, for a batch of ``batch`` on ``device``; ``fresh`` names
+        the cache class to start again with."""
+        held = self.held()
+        if held.device != device:
+            raise ValueError(
+                f"cache: {what} is on device {held.device} but the layer is on {device}; "
+                f"use a fresh {fresh} on this device"
+            )
+        if self.writer_id != id(layer):
+            raise ValueError(
+                f"cache: {what} was written by {self.writer}, not by this layer, {layer.describe()}; "
+                f"give every layer its own layer_idx, or use a fresh {fresh}"
+            )
+        if self.layout != layer.qk_layout:
+            raise ValueError(
+                f"cache: {what} holds keys in the q/k channel order this layer had before "
+                f"switch_rope_pairing_ permuted it; use a fresh {fresh}"
+            )
+        dropped = rotation_dropped(layer)
+        if self.rotation_dropped is not None and self.rotation_dropped != dropped:
+            then, now = ("without", "with") if self.rotation_dropped else ("with", "without")
+            raise ValueError(
+                f"cache: {what} holds keys written {then} rotation, but this layer's encoding now runs "
+                f"{now} it (drop_rotation='eval' rotates in training mode only, and the layer was switched "
+                f"to {'training' if layer.training else 'eval'} mode since); use a fresh {fresh} after "
+                "train() or eval()"
+            )
+        if held.shape[0] != batch:
+            raise ValueError(
+                f"cache: {what} holds a batch of {held.shape[0]}, this call has {batch}; use a fresh "
+                f"{fresh} (or cache.reset()) for a new batch"
+            )
+
+
+@dataclass(kw_only=True)
+class KVCacheEntry(CacheStamp):
+    """One layer's self- or cross-attention entry of a :class:`KVCache`."""
+
+    k: Tensor  # [B, Hkv, T, D], keys after the encoding's rotation
+    v: Tensor  # [B, Hkv, T, D]
+    k_pos: Tensor  # [B or 1, T] int64
+    padding: Tensor | None  # [B, T] bool, True = padding
+    document_ids: Tensor | None = None  # [B, T] int64, the keys' documents
+    context_key: tuple | None = None  # cross-attention: which context tensor the keys came from
+    evicted: int = 0  # tokens dropped from the front (a windowed layer keeps what its window sees)
+    token_state: Tensor | None = None  # [B, S, T]: an input-dependent bias's states of the keys (FoX)
+    token_index: Tensor | None = None  # [T] int64: the keys' indices among all tokens seen
+
+    def held(self) -> Tensor:
+        return self.k
+
+
+def context_key(x: Tensor) -> tuple:
+    """Identifies a tensor's contents without reading them: storage, shape, strides, in-place version."""
+    return (x.data_ptr(), tuple(x.shape), x.stride(), x._version, x.device.type)
+
+
+class KVCache:
+    """Keys, values, key positions and padding of past tokens, for incremental decoding.
+
+    One object serves a whole model: each attention layer keeps its entries under its
+    ``layer_idx``, one for self-attention and one for cross-attention. An entry records the layer
+    that wrote it, and only that layer may read it (a layer that finds another layer's entry, a
+    changed batch size or, in cross-attention, another context raises ``ValueError``). Queries of a
+    decoding step get positions that continue from the cache (``past_len + arange(T)``, or from the
+    padding mask or document ids when there are some).
+    """
+
+    def __init__(self, recent_tokens: int | None = None, sink_tokens: int = 0, **renamed: Any) -> None:
+        """Args:
+        recent_tokens: None (keep every token), or StreamingLLM (Xiao et al. 2023): every layer keeps
+            the first ``sink_tokens`` tokens and the last ``recent_tokens`` ones, memory
+            ``O(sink_tokens + recent_tokens)`` for any number of steps. Positions are those inside
+            the cache (the paper's rule): cached keys are kept unrotated and rotary encodings
+            rotate them at each step.
+        sink_tokens: with ``recent_tokens``, the first tokens that are never evicted (attention sinks).
+        """
+        if "window" in renamed:
+            raise TypeError(
+                "KVCache: the StreamingLLM retention is recent_tokens= (the last tokens every layer keeps, "
+                "beside sink_tokens); window= is a layer's sliding-window mask "
+                "(MultiheadAttention(..., window=W)). Pass KVCache(recent_tokens=..., sink_tokens=...)"
+            )
+        if renamed:
+            raise TypeError(f"KVCache got an unexpected keyword argument {next(iter(renamed))!r}")
+        if recent_tokens is not None and (
+            isinstance(recent_tokens, bool) or not isinstance(recent_tokens, int) or recent_tokens < 1
+        ):
+            raise ValueError(f"KVCache: recent_tokens must be a positive int or None, got {recent_tokens!r}")
+        if isinstance(sink_tokens, bool) or not isinstance(sink_tokens, int) or sink_tokens < 0:
+            raise ValueError(f"KVCache: sink_tokens must be an int >= 0, got {sink_tokens!r}")
+        if sink_tokens and recent_tokens is None:
+            raise ValueError(
+                "KVCache: sink_tokens needs recent_tokens (StreamingLLM keeps sinks plus the recent tokens)"
+            )
+        self.recent_tokens, self.sink_tokens = recent_tokens, sink_tokens
+        self._entries: dict[tuple[int, bool], KVCacheEntry] = {}
+
+    @property
+    def streaming(self) -> bool:
+        """True for a StreamingLLM cache (the recent tokens plus sink tokens)."""
+        return self.recent_tokens is not None
+
+    def get(self, layer_idx: int = 0, *, cross: bool = False) -> KVCacheEntry | None:
+        return self._entries.get((layer_idx, cross))
+
+    def length(self, layer_idx: int = 0, *, cross: bool | None = None) -> int:
+        """Number of cached tokens of layer ``layer_idx`` (0 when empty).
+
+        ``cross=None``: the self-attention entry, or the cross-attention one when there is no other.
+        """
+        entry = self.get(layer_idx, cross=bool(cross))
+        if entry is None and cross is None:
+            entry = self.get(layer_idx, cross=True)
+        return 0 if entry is None else entry.k.shape[2]
+
+    def __len__(self) -> int:
+        selfs = sorted(idx for idx, cross in self._entries if not cross)
+        return self.length(selfs[0], cross=False) if selfs else 0
+
+    def update(self, layer_idx: int, entry: KVCacheEntry, *, cross: bool = False) -> None:
+        self._entries[(layer_idx, cross)] = entry
+
+    def reset(self) -> None:
+        self._entries.clear()
+
+    def __repr__(self) -> str:
+        layers = sorted({idx for idx, _ in self._entries})
+        return f"KVCache(layers={layers}, length={len(self)})"
+
+    # ------------------------------------------------------------------ the rules
+    def read(
+        self,
+        layer: CacheWriter,
+        *,
+        cross: bool,
+        batch: int,
+        device: torch.device,
+        context: Tensor | None = None,
+    ) -> KVCacheEntry | None:
+        """``layer``'s entry, after checking that ``layer`` wrote it, in its current form, for this
+        batch on ``device`` (and, in cross-attention, from the same ``context`` tensor); None if empty."""
+        entry = self.get(layer.layer_idx, cross=cross)
+        if entry is None:
+            return None
+        kind = "cross-attention" if cross else "self-attention"
+        entry.check_reader(
+            layer,
+            what=f"the {kind} entry of layer_idx={layer.layer_idx}",
+            batch=batch,
+            device=device,
+            fresh="KVCache",
+        )
+        if cross and context is not None and entry.context_key != context_key(context):
+            raise ValueError(
+                f"cache: the cross-attention entry of layer_idx={layer.layer_idx} holds the keys of another "
+                "context; pass the same context tensor, or reset the cache for a new one"
+            )
+        return entry
+
+    def write(self, layer: CacheWriter, entry: KVCacheEntry, *, cross: bool = False) -> None:
+        """Store ``entry`` as ``layer``'s, stamped with the layer and the form of its keys."""
+        entry.stamp(layer)
+        if self.streaming and not cross:
+            entry.rotation_dropped = None  # stored unrotated: every step rotates them in its own mode
+        self.update(layer.layer_idx, entry, cross=cross)
+
+    def append(
+        self,
+        layer: CacheWriter,
+        entry: KVCacheEntry | None,
+        k: Tensor,
+        v: Tensor,
+        k_pos: Tensor,
+        *,
+        padding: Tensor | None,
+        document_ids: Tensor | None,
+        states: TokenStates | None,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Every key, value and key position so far: ``entry``'s (``layer``'s, read; or None), then the
+        new ``k``, ``v`` ``[B, Hkv, T, D]`` at ``k_pos``. They are stored as ``layer``'s entry with
+        the keys' ``padding``, ``document_ids`` and token ``states`` (all ``[B, past + T]``)."""
+        if entry is not None:
+            batch = k.shape[0]
+            k = torch.cat([entry.k, k], dim=2)
+            v = torch.cat([entry.v, v], dim=2)
+            k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
+        stored = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, document_ids=document_ids)
+        stored.evicted = 0 if entry is None else entry.evicted
+        if states is not None:
+            stored.token_state, stored.token_index = states.k, states.k_index
+        self.write(layer, stored)
+        return k, v, k_pos
+
+    def trim_to_window(self, layer_idx: int, window: int) -> None:
+        """A windowed layer keeps only the ``window - 1`` newest keys: the next query sees no older one."""
+        entry = self.get(layer_idx)
+        if entry is None:
+            return
+        drop = entry.k.shape[2] - (window - 1)
+        if drop <= 0:
+            return
+        entry.k, entry.v = entry.k[:, :, drop:], entry.v[:, :, drop:]
+        entry.k_pos = entry.k_pos[:, drop:]
+        if entry.token_state is not None:
+            entry.token_state, entry.token_index = entry.token_state[..., drop:], entry.token_index[drop:]
+        entry.evicted += drop
+
+    def append_streaming(
+        self,
+        layer: CacheWriter,
+        entry: KVCacheEntry | None,
+        k: Tensor,
+        v: Tensor,
+        states: TokenStates | None,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """StreamingLLM: ``(k, v, q_pos, k_pos)``, every key and value so far (``entry``'s, read, then
+        the new unrotated ``k``, ``v`` ``[B, Hkv, T, D]``) at positions inside the cache (``q_pos [1,
+        T]``, ``k_pos [1, past + T]``). Stores what the cache keeps of them: the first
+        ``sink_tokens`` and the last ``recent_tokens`` (and their token states), unrotated."""
+        past = 0 if entry is None else entry.k.shape[2]
+        q_len = k.shape[2]
+        if entry is not None:
+            k, v = torch.cat([entry.k, k], dim=2), torch.cat([entry.v, v], dim=2)
+        q_pos = torch.arange(past, past + q_len, device=k.device)[None]
+        k_pos = torch.arange(past + q_len, device=k.device)[None]
+        kept = self._kept(past + q_len)
+        stored = KVCacheEntry(k=k[:, :, kept], v=v[:, :, kept], k_pos=k_pos[:, kept], padding=None)
+        if states is not None:
+            stored.token_state, stored.token_index = states.k[..., kept], states.k_index[kept]
+        self.write(layer, stored)
+        return k, v, q_pos, k_pos
+
+    def _kept(self, length: int) -> slice | Tensor:
+        """Indices of the tokens StreamingLLM keeps out of ``length``."""
+        sinks, recent = self.sink_tokens, self.recent_tokens
+        if length <= sinks + recent:
+            return slice(None)
+        return torch.cat([torch.arange(sinks), torch.arange(length - recent, length)])
+
+    def check_streaming_layer(
+        self,
+        encoding: PositionalEncoding,
+        *,
+        window: int | None,
+        chunk: int | None,
+        **given: Any,
+    ) -> None:
+        """Refuse what a streaming cache cannot honour: ``given`` positions, padding, documents or
+        prefixes (it assigns positions inside the cache), an absolute encoding (cached keys cannot
+        shed it) and a layer with a window or chunk of its own."""
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(
+                    f"{name}: a streaming KVCache (recent_tokens=...) assigns positions inside the cache; "
+                    f"it takes no {name}"
+                )
+        if encoding.kind is Kind.ABSOLUTE and not encoding.shift_invariant:
+            raise ValueError(
+                f"a streaming KVCache re-assigns positions, but {encoding.name!r} adds absolute positions "
+                "to the layer input, which cached keys cannot shed; use a rotary, bias or relative encoding"
+            )
+        if window is not None or chunk is not None:
+            raise ValueError("a streaming KVCache serves layers without window or chunk of their own")
+
+
+def token_states_with_cache(
+    encoding: PositionalEncoding, x: Tensor, entry: KVCacheEntry | None, padding: Tensor | None
+) -> TokenStates | None:
+    """An input-dependent bias's states (FoX): the new tokens' (queries, from ``x [B, T, E]``) after
+    the cached ones, which the entry keeps beside its keys (keys: all). ``padding [B, past + T]``
+    covers every key. None for position-only encodings."""
+    if not encoding.input_dependent:
+        return None
+    q_len = x.shape[1]
+    new_padding = None if padding is None else padding[:, padding.shape[1] - q_len :]
+    previous = None if entry is None else entry.token_state
+    new = encoding.token_states(x, previous, new_padding)
+    if entry is None or previous is None:
+        return TokenStates.same_sequence(new)
+    cached = entry.token_index
+    start = int(cached[-1]) + 1 if cached.numel() else 0  # only the order of indices matters
+    q_index = torch.arange(start, start + q_len, device=x.device)
+    keys = torch.cat([previous, new], dim=-1)
+    return TokenStates(q=new, k=keys, q_index=q_index, k_index=torch.cat([cached, q_index]))

@@ -1,0 +1,161 @@
+"""What :class:`~posenc.MultiheadAttention` is given, checked: its sizes, scale and attention pattern
+(window, chunk, sinks, query temperature) at construction; ``x``, ``context``, devices, padding and ``attn_mask`` at each call.
+
+Each check raises a ``ValueError`` that names the argument and what to pass instead. Checks that
+read tensor values belong to :mod:`posenc.positions` and the request; these read shapes, dtypes
+and devices only, so they cost the same on every decode step.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .patterns import LayerSpec, QueryTemperature
+
+__all__ = [
+    "check_attn_mask",
+    "check_devices",
+    "check_input",
+    "check_padding",
+    "check_pattern",
+    "check_scale",
+    "check_sizes",
+    "check_span",
+]
+
+
+def check_sizes(embed_dim: int, num_heads: int, num_kv_heads: int | None) -> int:
+    """The layer's head counts, checked: ``E`` divisible by ``H``, ``Hkv`` dividing ``H``. Returns ``Hkv``."""
+    for label, value in (
+        ("embed_dim", embed_dim),
+        ("num_heads", num_heads),
+        ("num_kv_heads", num_kv_heads),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ValueError(f"{label} must be an int, got {value!r} ({type(value).__name__})")
+    if embed_dim <= 0 or num_heads <= 0:
+        raise ValueError(f"embed_dim and num_heads must be positive, got {embed_dim} and {num_heads}")
+    if embed_dim % num_heads:
+        raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+    num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+    if num_kv_heads <= 0 or num_heads % num_kv_heads:
+        raise ValueError(f"num_kv_heads={num_kv_heads} must be positive and divide num_heads={num_heads}")
+    return num_kv_heads
+
+
+def check_scale(scale: object) -> float:
+    """A layer's ``scale=`` as a float: finite and > 0, else a ValueError naming ``scale`` (a nan or
+    inf scale made every row of the output the same vector; a negative one inverts the attention)."""
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise ValueError(
+            f"scale must be a number (the logit scale; None for 1/sqrt(head_dim)), got {scale!r}"
+        )
+    value = float(scale)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"scale must be finite and > 0 (the logit scale; None for 1/sqrt(head_dim)), got {scale!r}"
+        )
+    return value
+
+
+def check_span(name: str, value: int | None, causal: bool) -> int | None:
+    """A window or chunk size: None, or a positive int on a causal layer."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int (a number of tokens) or None, got {value!r}")
+    if not causal:
+        raise ValueError(f"{name}={value} needs causal=True: the {name} is defined over past keys only")
+    return value
+
+
+def check_pattern(
+    pattern: LayerSpec | None,
+    window: int | None,
+    chunk: int | None,
+    sinks: bool,
+    query_temperature: QueryTemperature | None,
+    causal: bool,
+) -> tuple[int | None, int | None, bool, QueryTemperature | None]:
+    """A layer's attention pattern ``(window, chunk, sinks, query_temperature)``, checked: the four
+    arguments, or the fields of ``pattern`` (one layer of a model's pattern) when given."""
+    if pattern is not None:
+        if (window, chunk, sinks, query_temperature) != (None, None, False, None):
+            raise ValueError("give either pattern or window, chunk, sinks and query_temperature, not both")
+        window, chunk, sinks, query_temperature = (
+            pattern.window,
+            pattern.chunk,
+            pattern.sinks,
+            pattern.temperature,
+        )
+    window, chunk = check_span("window", window, causal), check_span("chunk", chunk, causal)
+    if not isinstance(sinks, bool):
+        raise ValueError(f"sinks must be True or False, got {sinks!r}")
+    if query_temperature is not None and not isinstance(query_temperature, QueryTemperature):
+        raise ValueError(
+            f"query_temperature must be a posenc.patterns.QueryTemperature, got {query_temperature!r}"
+        )
+    return window, chunk, sinks, query_temperature
+
+
+def check_input(x: Tensor, name: str, embed_dim: int, weight: Tensor) -> None:
+    """``x`` (the argument ``name``) is ``[B, T, embed_dim]``, with the dtype and device of the
+    layer's parameter ``weight``."""
+    if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[-1] != embed_dim:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise ValueError(f"{name} must have shape [B, T, {embed_dim}], got {shape}")
+    if x.dtype != weight.dtype:
+        raise ValueError(
+            f"{name} has dtype {x.dtype} but the layer's parameters are {weight.dtype}; cast one of them"
+        )
+    if x.device != weight.device:
+        raise ValueError(
+            f"{name} is on device {x.device} but the layer's parameters are on {weight.device}; "
+            "move one of them (layer.to(device) or x.to(device))"
+        )
+
+
+def check_devices(x: Tensor, **arguments: Any) -> None:
+    """Every tensor argument lies on ``x``'s device; a ValueError names the first that does not."""
+    for name, value in arguments.items():
+        if isinstance(value, Tensor) and value.device != x.device:
+            raise ValueError(
+                f"{name} is on device {value.device} but x is on {x.device}; move {name} to {x.device}"
+            )
+
+
+def check_padding(mask: Tensor, batch: int, length: int, name: str) -> Tensor:
+    """A padding mask ``[batch, length]``, bool (True = padding)."""
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{name} must be a bool tensor (True = padding), got dtype {mask.dtype}")
+    if tuple(mask.shape) != (batch, length):
+        raise ValueError(f"{name} must have shape [{batch}, {length}], got {tuple(mask.shape)}")
+    return mask
+
+
+def check_attn_mask(mask: Tensor, batch: int, heads: int, q_len: int, k_len: int) -> Tensor:
+    """A user's ``attn_mask`` (``[Tq, Tk]``, ``[B, Tq, Tk]`` or ``[B, H, Tq, Tk]``; bool, True = may
+    attend, or float) as a 4-D tensor."""
+    if mask.dim() == 2:
+        mask = mask[None, None]
+    elif mask.dim() == 3:
+        mask = mask[:, None]
+    ok = (
+        mask.dim() == 4
+        and mask.shape[0] in (1, batch)
+        and mask.shape[1] in (1, heads)
+        and tuple(mask.shape[2:]) == (q_len, k_len)
+    )
+    if not ok:
+        raise ValueError(
+            f"attn_mask must have shape [Tq, Tk], [B, Tq, Tk] or [B, H, Tq, Tk] with Tq={q_len}, Tk={k_len}, "
+            f"B in (1, {batch}), H in (1, {heads}); got {tuple(mask.shape)}"
+        )
+    if mask.dtype != torch.bool and not mask.dtype.is_floating_point:
+        raise ValueError(f"attn_mask must be bool (True = may attend) or float, got dtype {mask.dtype}")
+    return mask
