@@ -20,9 +20,9 @@ import pytest
 import torch
 
 import posenc
-from posenc.backends import AttentionRequest, available_backends, get_backend, split
+from posenc.backends import AttentionRequest, available_backends, get_backend, segments
 from posenc.backends.flex import flex_bias_attention
-from posenc.backends.split import segment_attention
+from posenc.backends.segments import segment_attention
 from posenc.base import Kind, TokenStates
 from posenc.examples import build_example
 from posenc.masks import AttentionMask
@@ -34,6 +34,12 @@ EXPECTED_KINDS: dict[str, set[Kind]] = {
     "eager": set(Kind),
     "sdpa": {Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS},
     "blocked": {Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS},
+    "segments": {Kind.ABSOLUTE, Kind.ROTARY},
+    # The near/far and clipped splits serve what an encoding declares (a far constant or separable
+    # terms; clipped tables), on square self-attention only: tests/test_split.py and
+    # tests/test_clipped.py check every declaring encoding against eager.
+    "near_far": set(),
+    "clipped": set(),
     "relative": {Kind.CONTENT},
     "flex": {Kind.BIAS},
 }
@@ -44,6 +50,12 @@ CPU_LIMITS = {"flex"}
 SINK_KINDS: dict[str, set[Kind]] = {
     "sdpa": {Kind.ABSOLUTE, Kind.ROTARY},
     "blocked": {Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS},
+    "segments": {Kind.ABSOLUTE, Kind.ROTARY},
+    # The near/far and clipped splits serve what an encoding declares (a far constant or separable
+    # terms; clipped tables), on square self-attention only: tests/test_split.py and
+    # tests/test_clipped.py check every declaring encoding against eager.
+    "near_far": set(),
+    "clipped": set(),
     "relative": {Kind.CONTENT},
 }
 
@@ -223,7 +235,7 @@ def test_blocked_split_by_mask_segments_matches_eager(name, scenario, dtype, mod
     """The blocked backend's split mode for kinds without a bias (each block's keys as one masked band,
     or as anticausal / full / causal segments; merged by log-sum-exp) on every scenario, blocks of 8
     so each has several segments."""
-    monkeypatch.setattr(split, "SEGMENT_MODE", mode)
+    monkeypatch.setattr(segments, "SEGMENT_MODE", mode)
     causal, kv_heads = SCENARIOS[scenario][3:5]
     causal = causal or _example(name, causal) is None  # causal-only encodings run causally, as above
     layer = _layer(name, causal, kv_heads, dtype)
@@ -242,12 +254,12 @@ def test_segment_groups_in_pieces_match_eager(scenario, mode, monkeypatch):
     """In the backward, a group of blocks larger than MAX_CALL_BYTES runs as several kernel calls (here
     one block per call); forward and gradients stay those of eager. Bands cover each row once and
     skip the forward's merge."""
-    monkeypatch.setattr(split, "SEGMENT_MODE", mode)
-    monkeypatch.setattr(split, "MAX_CALL_BYTES", 1)
+    monkeypatch.setattr(segments, "SEGMENT_MODE", mode)
+    monkeypatch.setattr(segments, "MAX_CALL_BYTES", 1)
     calls = []
-    real = split.flash_backward
+    real = segments.flash_backward
     monkeypatch.setattr(
-        split, "flash_backward", lambda *a, **kw: calls.append(a[1].shape[0]) or real(*a, **kw)
+        segments, "flash_backward", lambda *a, **kw: calls.append(a[1].shape[0]) or real(*a, **kw)
     )
     causal, kv_heads = SCENARIOS[scenario][3:5]
     layer = _layer("rope", causal, kv_heads, torch.float64)
@@ -263,15 +275,15 @@ def test_segment_groups_in_pieces_match_eager(scenario, mode, monkeypatch):
 def test_window_bands_cover_each_row_once():
     """A window's bands give each query row one part (no merge); the segments mode gives it several."""
     mask = AttentionMask.build(q_len=64, k_len=64, batch=1, heads=1, causal=True, window=12)
-    bands = split.segment_groups(mask, 1, block=8)
-    assert split._each_row_once(bands, 1, 64)
+    bands = segments.segment_groups(mask, 1, block=8)
+    assert segments._each_row_once(bands, 1, 64)
     mask = AttentionMask.build(q_len=64, k_len=64, batch=1, heads=1, causal=True, window=12)
-    previous, split.SEGMENT_MODE = split.SEGMENT_MODE, "segments"
+    previous, segments.SEGMENT_MODE = segments.SEGMENT_MODE, "segments"
     try:
-        segments = split.segment_groups(mask, 1, block=8)
+        parts = segments.segment_groups(mask, 1, block=8)
     finally:
-        split.SEGMENT_MODE = previous
-    assert not split._each_row_once(segments, 1, 64)
+        segments.SEGMENT_MODE = previous
+    assert not segments._each_row_once(parts, 1, 64)
 
 
 def _run_fn(fn, req: AttentionRequest, layer):

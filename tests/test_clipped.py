@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.backends import AttentionRequest, clipped, get_backend
-from posenc.backends.clipped import clipped_attention, clipped_reason
+from posenc.backends import AttentionRequest, auto_reasons, clipped, get_backend
+from posenc.backends.clipped import clipped_attention
 
 HEADS, DIM = 3, 5
 
@@ -75,31 +75,23 @@ def test_float32_at_default_block_matches_eager():
     torch.manual_seed(2)
     enc = posenc.build("shaw:k=16", head_dim=DIM, num_heads=HEADS)
     req = _request(enc, 600, causal=True, dtype=torch.float32, batch=1)
-    assert clipped_reason(req) is None
+    assert auto_reasons(get_backend("clipped"), req) == []
     out = clipped_attention(req)
     _assert_equals_eager(out, req, enc, {"rtol": 1e-4, "atol": 1e-5}, {"rtol": 1e-3, "atol": 1e-4})
 
 
-def test_layer_takes_the_split_on_long_sequences(monkeypatch):
-    """``auto`` runs Shaw on the relative backend, which takes the split from 512 queries on."""
-    calls = []
-    original = clipped.clipped_attention
-
-    def spy(req, terms=None):
-        calls.append(req.q_len)
-        return original(req, terms)
-
-    monkeypatch.setattr(clipped, "clipped_attention", spy)
+def test_layer_takes_the_split_on_long_sequences():
+    """``auto`` runs Shaw on the clipped backend from 512 queries on, on the relative one below."""
     torch.manual_seed(3)
     layer = posenc.MultiheadAttention(16, 2, encoding="shaw:k=16", causal=True).double()
     x = torch.randn(1, 520, 16, dtype=torch.float64)
     out = layer(x)
-    assert layer.last_backend == "relative" and calls == [520]
+    assert layer.last_backend == "clipped"
     with posenc.use_backend("eager"):
         ref = layer(x)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
     layer(x[:, :100])
-    assert calls == [520], "short sequences keep the query blocks"
+    assert layer.last_backend == "relative", "short sequences keep the query blocks"
 
 
 @pytest.mark.parametrize(
@@ -136,7 +128,7 @@ def test_clipped_split_states_why_it_does_not_serve(case, expected):
         req = AttentionRequest(
             q=req.q, k=req.k, v=req.v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True
         )
-    reason = clipped_reason(req)
+    reason = "; ".join(auto_reasons(get_backend("clipped"), req)) or None
     assert reason is not None and expected in reason, reason
     if case != "short":  # the length floor is auto's choice; the split itself serves short inputs
         with pytest.raises(ValueError, match="clipped split"):
@@ -163,19 +155,14 @@ def test_deberta_split_equals_eager(terms, share, causal, monkeypatch):
     the diagonal, 32 after); every parameter's gradient, projections included."""
     monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
     monkeypatch.setattr(clipped, "CLIPPED_MIN_BLOCKS", 0)
-    calls = []
-    original = clipped.clipped_attention
-    monkeypatch.setattr(
-        clipped, "clipped_attention", lambda req, terms=None: calls.append(1) or original(req, terms)
-    )
     torch.manual_seed(6)
     spec = f"deberta:position_buckets=8,max_relative_positions=32,pos_att_type={terms},share_att_key={share}"
     layer = posenc.MultiheadAttention(24, 3, spec, causal=causal).double()
     x = torch.randn(2, 90, 24, dtype=torch.float64, requires_grad=True)
     inputs = [x, *(p for p in layer.parameters() if p.requires_grad)]
-    with posenc.use_backend("relative"):
+    with posenc.use_backend("clipped"):
         out = layer(x)
-    assert calls == [1]
+    assert layer.last_backend == "clipped"
     _assert_layer_equals_eager(layer, x, out, inputs)
 
 
@@ -208,7 +195,7 @@ def test_deberta_far_distances_are_where_its_rows_saturate(spec):
 def test_auto_takes_the_split_from_eight_near_blocks():
     """DeBERTa's default buckets saturate only past distance 500 (near blocks of 505 rows): below
     eight such blocks the query blocks are as fast and the reason says so; from eight on, and for a
-    span of 256 (blocks of 255) from 2040 queries, the split serves. Forcing the split (min_len=0)
+    span of 256 (blocks of 255) from 2040 queries, the split serves. Forcing the split (its reasons alone)
     skips the rule."""
     for spec, length, takes_split in (
         ("deberta", 1100, False),
@@ -222,11 +209,11 @@ def test_auto_takes_the_split_from_eight_near_blocks():
         req = AttentionRequest(
             q=q, k=q, v=q, encoding=layer.encoding, q_pos=pos, k_pos=pos, scale=0.3, causal=True, layer=layer
         )
-        reason = clipped_reason(req)
+        reason = "; ".join(auto_reasons(get_backend("clipped"), req)) or None
         assert (reason is None) == takes_split, (spec, length, reason)
         if not takes_split:
             assert "8 near blocks of" in reason
-            assert clipped_reason(req, min_len=0) is None
+            assert get_backend("clipped").reasons(req) == []
 
 
 @pytest.mark.parametrize("value_term", [True, False], ids=["values", "keys-only"])
@@ -316,7 +303,7 @@ def test_deberta_near_band_paths_equal_eager(buckets, terms, causal, pieces, mon
     layer = posenc.MultiheadAttention(24, 3, spec, causal=causal).double()
     x = torch.randn(2, 87, 24, dtype=torch.float64, requires_grad=True)
     inputs = [x, *(p for p in layer.parameters() if p.requires_grad)]
-    with posenc.use_backend("relative"):
+    with posenc.use_backend("clipped"):
         out = layer(x)
     assert slopes == ([-1] if buckets == -1 else [None])
     _assert_layer_equals_eager(layer, x, out, inputs)

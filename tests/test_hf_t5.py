@@ -3,7 +3,7 @@
 Tiny random configs (nothing downloaded). The reference is the same HF model left as HF built it,
 in float64: the encoder output, the logits, the seq2seq loss, the gradient of every parameter (the
 bias tables included, which posenc shares instead of copying), attention weights, and greedy and
-beam-search ``generate()``. One float32 case long enough for the blocked backend's near/far split
+beam-search ``generate()``. One float32 case long enough for the near_far backend
 checks that path against HF's float64 model.
 """
 
@@ -18,7 +18,6 @@ pytestmark = pytest.mark.hf  # the posenc.hf seam: CI runs these at both ends of
 
 transformers = pytest.importorskip("transformers")
 import posenc.hf as posenc_hf  # noqa: E402
-from posenc.backends import split  # noqa: E402
 
 VOCAB = 50
 EXACT = {"rtol": 1e-9, "atol": 1e-9}
@@ -179,17 +178,9 @@ def test_mt5_equals_hf():
     torch.testing.assert_close(patched(**batch).logits, reference(**batch).logits, **EXACT)
 
 
-def test_long_sequences_take_the_near_far_split_and_equal_hf(monkeypatch):
+def test_long_sequences_take_the_near_far_split_and_equal_hf():
     """Past the split's minimum length an unpadded encoder (no mask) and causal decoder run the near/far
     split in float32; HF's float64 model is the reference, forward and the bias tables' gradients."""
-    calls = []
-    original = split.split_attention
-
-    def recording(request):
-        calls.append((request.q_len, request.mask.is_plain_causal))
-        return original(request)
-
-    monkeypatch.setattr(split, "split_attention", recording)
     length = 1100
     reference, patched = _pair(
         impl="eager", dtype=torch.float32, d_model=32, d_kv=16, num_heads=2, num_layers=1, num_decoder_layers=1,
@@ -200,8 +191,18 @@ def test_long_sequences_take_the_near_far_split_and_equal_hf(monkeypatch):
     ids = torch.randint(1, VOCAB, (1, length), generator=generator)
     labels = torch.randint(1, VOCAB, (1, length), generator=generator)
     want, want_grads = _outputs_and_grads(reference, {"input_ids": ids, "labels": labels})
+    ran = {}
+
+    def record(stack: str):
+        def hook(*_) -> None:
+            ran.setdefault(stack, posenc_hf.last_backend())
+
+        return hook
+
+    for stack in ("encoder", "decoder"):
+        getattr(patched, stack).block[0].layer[0].SelfAttention.register_forward_hook(record(stack))
     got, got_grads = _outputs_and_grads(patched, {"input_ids": ids, "labels": labels})
-    assert sorted(calls) == [(length, False), (length, True)]  # the encoder's and the decoder's
+    assert ran == {"encoder": "near_far", "decoder": "near_far"}  # no mask, and a causal one
     torch.testing.assert_close(got.logits.double(), want.logits, rtol=1e-4, atol=1e-4)
     for stack in ("encoder", "decoder"):
         name = f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"

@@ -30,7 +30,8 @@ import posenc
 from posenc.backends import AttentionRequest, clipped, get_backend
 from posenc.backends.blocked import blocked_bias_attention
 from posenc.backends.clipped import clipped_attention
-from posenc.backends.split import near_far_attention, segment_attention
+from posenc.backends.near_far import near_far_attention
+from posenc.backends.segments import segment_attention
 from posenc.masks import AttentionMask
 
 HEADS, DIM = 2, 8

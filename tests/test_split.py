@@ -1,4 +1,4 @@
-"""Exact splits (posenc.backends.split) against the eager reference, and the declarations they use.
+"""Exact splits (the near_far and segments backends) against the eager reference, and the declarations they use.
 
 The near/far split serves every registered BIAS encoding that declares a far constant or separable
 terms (found from the registry, so a new declaration is tested here without a new test); the mask
@@ -13,8 +13,9 @@ import pytest
 import torch
 
 import posenc
-from posenc.backends import AttentionRequest, get_backend, split
-from posenc.backends.split import near_far_attention, near_far_plan, segment_attention, split_reason
+from posenc.backends import AttentionRequest, get_backend, near_far
+from posenc.backends.near_far import near_far_attention, near_far_plan
+from posenc.backends.segments import segment_attention
 from posenc.base import BiasEncoding, Kind, SeparableBias
 from posenc.examples import build_example
 from posenc.masks import AttentionMask
@@ -100,10 +101,10 @@ def test_near_far_matches_eager(name, causal, sinks, dtype):
 def test_near_far_backward_in_pieces_matches_eager(name, causal, monkeypatch):
     """The backward runs the near band's blocks in pieces of at most MAX_CALL_BYTES of logits (here one
     block per piece): the gradients stay eager's."""
-    monkeypatch.setattr(split, "MAX_CALL_BYTES", 1)
+    monkeypatch.setattr(near_far, "MAX_CALL_BYTES", 1)
     counts = []
-    real = split._NearCall.pieces
-    monkeypatch.setattr(split._NearCall, "pieces", lambda c, *a: counts.append(c.count) or real(c, *a))
+    real = near_far._NearCall.pieces
+    monkeypatch.setattr(near_far._NearCall, "pieces", lambda c, *a: counts.append(c.count) or real(c, *a))
     enc = _encoding(name, causal, torch.float64)
     plan, why = near_far_plan(_request(enc, 600, causal, torch.float64, grad=False), block=16)
     assert plan is not None, why
@@ -188,14 +189,16 @@ def test_near_far_states_why_it_does_not_fit():
     assert "declares neither" in near_far_plan(kerple)[1]
     short = _request(enc, 100, True, torch.float32, grad=False)
     assert "too short" in near_far_plan(short)[1]
-    assert "below" in split_reason(req, 128)  # 600 queries: the blocked path is as fast
+    assert "below" in " ".join(
+        get_backend("near_far").declines(req)
+    )  # 600 queries: the blocked path is as fast
 
 
 def test_blocked_takes_the_split_at_length_and_matches_eager():
     layer = posenc.MultiheadAttention(HEADS * DIM, HEADS, encoding="t5", causal=True).double()
     x = torch.randn(1, 1100, HEADS * DIM, dtype=torch.float64)
     out = layer(x)
-    assert layer.last_backend == "blocked"
+    assert layer.last_backend == "near_far"
     with posenc.use_backend("eager"):
         torch.testing.assert_close(out, layer(x), rtol=1e-8, atol=1e-10)
 
@@ -273,7 +276,7 @@ def test_segment_engine_is_chosen_for_windows_and_matches_eager():
     layer = posenc.MultiheadAttention(HEADS * DIM, HEADS, encoding="rope", causal=True, window=64).double()
     x = torch.randn(2, 700, HEADS * DIM, dtype=torch.float64, requires_grad=True)
     out = layer(x)
-    assert layer.last_backend == "blocked"
+    assert layer.last_backend == "segments"
     (grad,) = torch.autograd.grad(out.sum(), x)
     with posenc.use_backend("eager"):
         ref = layer(x)

@@ -504,8 +504,8 @@ class ClippedRelative:
     the value gains ``value_rows[h, r]``. Rows are ``[H|1, R, D]`` (1: shared over heads); a term
     the encoding lacks is None. ``index`` maps an int64 tensor of distances to rows, and is constant
     for ``d <= −far_before`` and for ``d >= far_after`` (Shaw: ``clip(d, −k, k) + k``, both ``k``;
-    DeBERTa: its log buckets, saturated past its maximum distance). The relative backend's clipped
-    split uses this (:mod:`posenc.backends.clipped`).
+    DeBERTa: its log buckets, saturated past its maximum distance). The ``clipped`` backend
+    uses this (:mod:`posenc.backends.clipped`).
     """
 
     index: Callable[[Tensor], Tensor]

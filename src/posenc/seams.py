@@ -9,7 +9,7 @@ posenc reaches past the public API of two projects:
   Supported: :data:`TRANSFORMERS_RANGE`, the range ``pyproject.toml`` declares for the ``hf`` and
   ``test`` extras; CI runs the HF tests at both ends.
 * **torch** (the CPU flash paths): ``aten::_scaled_dot_product_flash_attention_for_cpu`` and its
-  backward, called directly by the blocked, split, clipped and sdpa-with-sinks paths.
+  backward, called directly by the blocked, near_far, segments, clipped and sdpa-with-sinks paths.
 
 Each :class:`Seam` records the signatures posenc was written against (every supported release's,
 read off the releases themselves) and checks the installed one against them. Two uses:

@@ -18,7 +18,7 @@ import contextlib
 import math
 import numbers
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
@@ -368,6 +368,14 @@ class AttentionRequest:
             tensors.extend(self.token_states.tensors())
         return any(t.is_floating_point() and not _all_finite(t) for t in tensors)
 
+    def derived(self, key: str, compute: Callable[[], object]) -> object:
+        """``compute()``, once per request and ``key``: what a backend derives from the request and
+        needs in ``reasons``, ``declines`` and ``run`` alike (an encoding's projected tables)."""
+        memo = self.__dict__.setdefault("_derived", {})
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
     def kv_per_query_head(self) -> tuple[Tensor, Tensor]:
         """``k`` and ``v`` repeated along heads to ``[B, H, Tk, D]`` (grouped-query attention)."""
         groups = self.num_heads // self.k.shape[1]
@@ -512,11 +520,15 @@ def select_backend(request: AttentionRequest, requested: str = "auto") -> Backen
                 + f"\n  request: {request.describe()}"
             )
         return backend
-    report = []
-    for candidate, reasons in backend_reasons(request, auto=True).items():
-        if not reasons:
-            return get_backend(candidate)
-        report.append(f"{candidate}: " + "; ".join(reasons))
+    for name in available_backends(request.q.device):
+        candidate = get_backend(name)
+        # Costs first: a backend that declines is passed over without stating its limits, which can
+        # cost more to find (the clipped split reads tables that DeBERTa projects).
+        if not candidate.declines(request) and not backend_limits(candidate, request):
+            return candidate
+    report = [
+        f"{name}: " + "; ".join(reasons) for name, reasons in backend_reasons(request, auto=True).items()
+    ]
     raise NoBackendError(
         f"no attention backend can run this request ({request.describe()}):\n  " + "\n  ".join(report)
     )

@@ -25,11 +25,9 @@ The bias comes from the encoding's single definition, ``bias_at(head, q_pos, k_p
   evaluated on each block; in the backward pass it is re-evaluated under autograd and
   ``torch.autograd.grad`` carries the block's logit gradients into the encoding's parameters.
 
-**Splits** (:mod:`posenc.backends.split`). Where an exact split into maskless kernel calls is
-cheaper, ``run`` takes it instead of the masked blocks: for a mask that hides most keys (windows,
-documents, chunks), each block's keys split into an anticausal square, a full run and a causal
-square; for a BIAS encoding that declares a far constant (T5) or separable terms (ALiBi), a near band
-and far parts merged through the log-sum-exp (long square self-attention, plain causal or no mask).
+The exact splits that beat masked blocks on some requests are backends of their own, tried before
+this one: ``near_far`` (long square self-attention with a far constant or separable terms) and
+``segments`` (kinds without a bias under windows, documents and chunks).
 
 Masks come from the request's :class:`~posenc.masks.AttentionMask`: ``key_range`` tells a block
 which keys it can skip, ``rows`` gives its boolean rows (hidden logits become ``finfo(dtype).min``
@@ -47,12 +45,19 @@ from torch.autograd.function import once_differentiable
 from ..base import Kind
 from ..masks import AttentionMask, CausalMask
 from . import AttentionRequest, register_backend
+from ._exact import MASKED_KERNEL_COST, at_least_float32, consecutive, distance_table, masked_band
 from ._flash import FLASH_DTYPES as _FLASH_DTYPES
 from ._flash import NONFINITE_REASON, accumulation_dtype, flash_backward, flash_forward, kernel_layout
 from ._flash import cpu_flash_available as _cpu_flash_available
 from ._sinks import merge_sinks, sink_grad
 
-__all__ = ["DEFAULT_BLOCK", "BlockedBackend", "blocked_bias_attention"]
+__all__ = [
+    "DEFAULT_BLOCK",
+    "BlockedBackend",
+    "blocked_bias_attention",
+    "query_block_declines",
+    "query_block_reasons",
+]
 
 #: Queries per block: 128 rows x 4096 keys x 8 heads of float32 bias is 16 MiB.
 DEFAULT_BLOCK = 128
@@ -87,23 +92,6 @@ class _Plan:
 
 
 # ---------------------------------------------------------------------------- bias per block
-
-
-def _distance_table(encoding, heads: int, d_min: int, d_max: int, device) -> Tensor:
-    """``table[h, d - d_min] = bias_at(h, q, q + d)`` for every distance ``d`` in ``[d_min, d_max]``.
-
-    Evaluated at a non-negative reference query position so both positions stay valid. float32.
-    """
-    q_ref = max(0, -d_min)
-    dist = torch.arange(d_min, d_max + 1, device=device)
-    head = torch.arange(heads, device=device)[:, None]
-    table = encoding.bias_at(head, torch.full_like(dist, q_ref)[None], (q_ref + dist)[None])
-    return _at_least_float32(table).expand(heads, dist.numel()).contiguous()
-
-
-def _at_least_float32(bias: Tensor) -> Tensor:
-    """float32, or float64 when the encoding computes in float64 (float64 gradient checks)."""
-    return bias if bias.dtype == torch.float64 else bias.float()
 
 
 def _toeplitz_strip(plan: _Plan, table: Tensor, q_len: int, dtype: torch.dtype) -> Tensor:
@@ -148,8 +136,8 @@ def _block_rows_float32(
     head = torch.arange(plan.heads, device=device)[None, :, None, None]
     args = (head, plan.q_pos[:, None, i0:i1, None], plan.k_pos[:, None, None, k0:k1])
     if state is None:
-        return _at_least_float32(plan.encoding.bias_at(*args))
-    return _at_least_float32(torch.func.functional_call(_BiasAt(plan.encoding), state, args))
+        return at_least_float32(plan.encoding.bias_at(*args))
+    return at_least_float32(torch.func.functional_call(_BiasAt(plan.encoding), state, args))
 
 
 def _block_bias(
@@ -399,21 +387,6 @@ class _BiasAt(torch.nn.Module):
 # ---------------------------------------------------------------------------- entry points
 
 
-def _consecutive(pos: Tensor) -> bool:
-    """True when every row of ``pos [Bp, T]`` is the same run of consecutive integers."""
-    if pos.shape[1] == 0:
-        return True
-    expected = pos[:1, :1] + torch.arange(pos.shape[1], device=pos.device)[None]
-    return bool((pos == expected).all())
-
-
-def same_consecutive_positions(q_pos: Tensor, k_pos: Tensor) -> bool:
-    """True when the queries sit at one run of consecutive positions in every row and the keys'
-    first row is that run (square self-attention without gaps: what the exact splits need)."""
-    q_pos, k_pos = q_pos.long(), k_pos.long()
-    return _consecutive(q_pos) and torch.equal(q_pos[:1], k_pos[:1])
-
-
 def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]:
     enc = req.encoding
     q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
@@ -423,9 +396,9 @@ def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]
         d_min = int(k_pos.min()) - int(q_pos.max())
         d_max = int(k_pos.max()) - int(q_pos.min())
         if d_max - d_min + 1 <= _MAX_TABLE_FACTOR * (req.q_len + req.k_len):
-            table = _distance_table(enc, req.num_heads, d_min, d_max, req.q.device)
+            table = distance_table(enc, req.num_heads, d_min, d_max, req.q.device)
             mode = "gather"
-            if _consecutive(q_pos) and _consecutive(k_pos):
+            if consecutive(q_pos) and consecutive(k_pos):
                 mode, q_pos, k_pos = "toeplitz", q_pos[:1], k_pos[:1]
     plan = _Plan(
         encoding=enc,
@@ -467,14 +440,9 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
     return req.mask.zero_empty_rows(out)
 
 
-#: Below this many logits per head, ``auto`` lets sdpa take bias encodings: measured on 2 CPU
-#: cores (TransformerLM training, ALiBi), blocking pays off from about 256x256.
+#: Below this many logits per head ``auto`` lets sdpa take bias encodings: blocking pays off from
+#: about 256x256 (benchmarks/RESULTS.md).
 MIN_AUTO_LOGITS = 256 * 256
-#: The CPU flash kernel's cost per logit with a mask, relative to its maskless path (measured on
-#: torch 2.14: about 1.15; torch 2.13 paid about 1.6).
-MASKED_KERNEL_COST = 1.15
-
-
 #: sdpa materialises any mask but a plain causal one as a dense ``[B|1, H|1, Tq, Tk]`` tensor; past
 #: this many bytes ``auto`` prefers the blocked backend, which never builds one.
 MAX_DENSE_MASK_BYTES = 256 << 20
@@ -495,57 +463,61 @@ def _skips_enough(request: AttentionRequest, block: int = DEFAULT_BLOCK) -> bool
     mask); blocked pays the masked kernel on each block's key range only.
     """
     mask = request.mask
-    band = 0
-    for i0 in range(0, request.q_len, block):
-        i1 = min(request.q_len, i0 + block)
-        lo, hi = mask.key_range(i0, i1)
-        band += (i1 - i0) * (hi - lo)
+    band = masked_band(mask, request.q_len, block)
     pairs = request.q_len * request.k_len
     sdpa = pairs * (0.5 if mask.is_plain_causal else MASKED_KERNEL_COST if mask.components else 1.0)
     return MASKED_KERNEL_COST * band < sdpa
+
+
+def query_block_reasons(request: AttentionRequest) -> list[str]:
+    """The limits of attention through the CPU flash kernel a block of queries at a time, with the
+    bias and masks as its float mask: what this backend and the splits built on the same kernel
+    cannot run (CONTENT kinds aside)."""
+    reasons = []
+    if request.v.shape[-1] != request.q.shape[-1]:
+        reasons.append(
+            f"v's head size {request.v.shape[-1]} differs from q/k's {request.q.shape[-1]}: "
+            "the fused kernel takes one head size"
+        )
+    if request.dropout_p > 0:
+        reasons.append("attention dropout is not implemented in the blocked backend and the splits")
+    if request.q.device.type == "cpu" and request.has_nonfinite:
+        reasons.append(NONFINITE_REASON)
+    additive = request.mask.additive
+    if additive is not None and additive.requires_grad and torch.is_grad_enabled():
+        reasons.append(
+            "a float attn_mask that requires grad is not differentiated by the blocked backend and the splits"
+        )
+    return reasons
+
+
+def query_block_declines(request: AttentionRequest) -> list[str]:
+    """Where one sdpa call is cheaper than blocks of queries (and the splits built on them)."""
+    if request.q_len * request.k_len < MIN_AUTO_LOGITS:
+        return [
+            f"small attention (Tq*Tk = {request.q_len * request.k_len} < 256*256): the dense bias through sdpa is cheaper"
+        ]
+    if request.kind is not Kind.BIAS and not _skips_enough(request) and not _dense_mask_too_big(request):
+        return [
+            "without a bias, sdpa is cheaper unless the mask hides most keys (windows, documents, chunks)"
+        ]
+    return []
 
 
 class BlockedBackend:
     name = "blocked"
 
     def declines(self, request: AttentionRequest) -> list[str]:
-        if request.q_len * request.k_len < MIN_AUTO_LOGITS:
-            return [
-                f"small attention (Tq*Tk = {request.q_len * request.k_len} < 256*256): the dense bias through sdpa is cheaper"
-            ]
-        if request.kind is not Kind.BIAS and not _skips_enough(request) and not _dense_mask_too_big(request):
-            return [
-                "without a bias, sdpa is cheaper unless the mask hides most keys (windows, documents, chunks)"
-            ]
-        return []
+        return query_block_declines(request)
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         if request.kind is Kind.CONTENT:
             return [
                 f"kind content ({request.encoding.name}) computes its own logits: the relative backend serves it"
             ]
-        reasons = []
-        if request.v.shape[-1] != request.q.shape[-1]:
-            reasons.append(
-                f"v's head size {request.v.shape[-1]} differs from q/k's {request.q.shape[-1]}: "
-                "the fused kernel takes one head size"
-            )
-        if request.dropout_p > 0:
-            reasons.append("attention dropout is not implemented in the blocked backend")
-        if request.q.device.type == "cpu" and request.has_nonfinite:
-            reasons.append(NONFINITE_REASON)
-        additive = request.mask.additive
-        if additive is not None and additive.requires_grad and torch.is_grad_enabled():
-            reasons.append(
-                "a float attn_mask that requires grad is not differentiated by the blocked backend"
-            )
-        return reasons
+        return query_block_reasons(request)
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
-        from .split import split_attention, split_reason  # split builds on this module's tables
-
-        if split_reason(request, DEFAULT_BLOCK) is None:
-            return split_attention(request), None
         return blocked_bias_attention(request), None
 
 

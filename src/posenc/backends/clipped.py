@@ -1,4 +1,4 @@
-"""The clipped split: CONTENT encodings with clipped relative tables (Shaw, DeBERTa) at kernel speed.
+"""``clipped`` backend: CONTENT encodings with clipped relative tables (Shaw, DeBERTa) at kernel speed.
 
 An encoding that declares :class:`~posenc.base.ClippedRelative` adds, for the pair at distance
 ``d = j − i`` with row ``r = index(d)``, ``scale · (q_i · key_rows[r] + k_j · query_rows[r])`` to the
@@ -8,11 +8,9 @@ the query term (DeBERTa's p2c) a **key constant** ``scale · k_j · query_rows[r
 a constant vector. So, for square self-attention at consecutive positions (plain causal mask or
 none), with near blocks of ``b`` query rows (``b + 1`` at least the far distance):
 
-* **far before** (``j <= i − b − 1``): PyTorch's fused CPU flash kernel, ``is_causal`` on shifted
-  slices ``q[b+1:]`` against ``k[:L−b−1]``; the row constant shifts the part's log-sum-exp, and a key
-  constant rides in one extra head dimension (``q' = [q, 1]``, ``k' = [k, k_j · query_rows[r]]``,
-  ``v' = [v, 0]``);
-* **far after** (``j >= i + b + 1``, bidirectional only): the same on reversed copies;
+* **far before** (``j <= i − b − 1``) and, without a causal mask, **far after** (reversed copies):
+  :func:`~posenc.backends._exact.far_forward`; the row constant shifts the part's log-sum-exp, a key
+  constant rides in one extra head dimension;
 * **near** (``|j − i| <= b``): explicit logits on blocks of ``b`` queries against the ``2b`` (causal)
   or ``3b`` keys around them (never ``L × L``), in pieces of a few blocks and heads whose
   temporaries stay under :data:`NEAR_PIECE_BYTES`, with the position terms projected per piece
@@ -23,25 +21,17 @@ none), with near blocks of ``b`` query rows (``b + 1`` at least the far distance
   are positive, and only the rows the band reads projected) and the backward adds into the same
   views; otherwise (DeBERTa's log buckets) they are gathered by ``r``.
 
-The parts merge exactly through their log-sum-exp; a far part's value term is its softmax mass times
-the constant row. **Backward** (no ``L × L`` tensor either): the flash backward kernel gets the
-merged log-sum-exp minus the part's row constant, and the merged output minus the constant value row
-(the kernel uses the output only through ``D_i = dO_i · O_i``, and the constant value row must leave
-it: ``dS_ij = p_ij (dO_i · (v_j + a) − D_i)``). A row constant's gradient is
-``w_i (dO_i · Ô_i − D_i + dO_i · a)``, with ``w_i`` the part's softmax mass and ``Ô_i`` its own
-normalised output; a key constant's is the extra column of the kernel's ``dk``; the near blocks
-differentiate explicitly.
+The parts merge exactly through their log-sum-exp (:mod:`posenc.backends._exact`); a far part's value
+term is its softmax mass times the constant row. **Backward** (no ``L × L`` tensor either): the flash
+backward kernel gets the merged log-sum-exp minus the part's row constant, and the merged output
+minus the constant value row (the kernel uses the output only through ``D_i = dO_i · O_i``, and the
+constant value row must leave it: ``dS_ij = p_ij (dO_i · (v_j + a) − D_i)``). A row constant's
+gradient is ``w_i (dO_i · Ô_i − D_i + dO_i · a)``; a key constant's is the extra column of the
+kernel's ``dk``; the near blocks differentiate explicitly.
 
-**Cost** (L=4096, B=1, H=8, d=64, float32; one thread, CPU time, 7 interleaved repeats, ratio to
-plain SDPA causal or maskless, forward / forward+backward): DeBERTa span 256 causal 1.76x / 1.91x
-and bidirectional 1.89x / 2.03x (the near band gathered whole-sequence tables before: 3.62x / 3.64x
-and 3.16x / 3.12x, with 207k / 675k minor page faults per causal call, now none to 1.6k); Shaw k=16
-causal 1.17x / 1.13x, bidirectional 1.26x / 1.23x (before 1.23x / 1.23x and 1.26x / 1.27x). On two
-threads (``posenc bench split``, load 1.9) DeBERTa runs 2.07x / 1.88x causal, 2.15x / 1.96x
-bidirectional, Shaw 1.33x / 1.19x and 1.32x / 1.31x.
-
-The ``relative`` backend takes this split when :func:`clipped_reason` is None, and its query blocks
-otherwise.
+``auto`` takes it from :data:`CLIPPED_MIN_LEN` queries and :data:`CLIPPED_MIN_BLOCKS` near blocks on
+(the ``relative`` backend's query blocks are as fast below); forcing it serves any length the near
+blocks leave a far part in.
 """
 
 from __future__ import annotations
@@ -54,39 +44,30 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..base import ClippedRelative, Kind
-from . import AttentionRequest
-from ._flash import (
-    NONFINITE_REASON,
-    accumulation_dtype,
-    cpu_flash_available,
-    flash_backward,
-    flash_forward,
-    kernel_layout,
+from . import AttentionRequest, register_backend
+from ._exact import (
+    far_backward,
+    far_forward,
+    far_keys,
+    far_rows,
+    merge_lse,
+    part_weight,
+    piece_ranges,
+    row_constant_grad,
+    same_consecutive_positions,
 )
-from .blocked import same_consecutive_positions
+from ._flash import NONFINITE_REASON, accumulation_dtype, cpu_flash_available, flash_forward, kernel_layout
 
-__all__ = [
-    "CLIPPED_BLOCK",
-    "CLIPPED_MIN_BLOCKS",
-    "CLIPPED_MIN_LEN",
-    "clipped_attention",
-    "clipped_reason",
-    "clipped_terms",
-]
+__all__ = ["CLIPPED_BLOCK", "CLIPPED_MIN_BLOCKS", "CLIPPED_MIN_LEN", "ClippedBackend", "clipped_attention"]
 
 #: Query rows per near block (raised to the clipping distance when that is larger): the near work
-#: per row is ``2b`` or ``3b`` keys, so small blocks keep it small (measured with Shaw k=16 at
-#: L=4096 on one thread: blocks of 16 run the forward at 1.35x plain SDPA, blocks of 64 at 1.7x).
+#: per row is ``2b`` or ``3b`` keys, so small blocks keep it small.
 CLIPPED_BLOCK = 16
 #: Below this many queries the relative backend's query blocks are about as fast.
 CLIPPED_MIN_LEN = 512
-#: Auto takes the split from this many near blocks on (``L >= CLIPPED_MIN_BLOCKS · b``): a near block
-#: of ``b`` rows reads ``2b`` or ``3b`` keys, which pays off once the far part is most of the work.
-#: Measured against the query blocks (the layer, one thread, CPU time, forward / forward+backward):
-#: DeBERTa's default (log buckets, far distance 506, blocks of 505 rows) runs the split 0.82x / 1.55x
-#: the query blocks' time causal and 1.06x / 2.40x bidirectional at L=1024 (2 blocks), 0.94x / 0.98x
-#: and 0.81x / 1.00x at L=2048 (4 blocks), 0.55x / 0.56x and 0.52x / 0.38x at L=4096 (8 blocks); span
-#: 256 (blocks of 255) 0.29x / 0.55x and 0.59x / 1.26x at L=1024 (4 blocks), 0.42x-0.49x at L=2048.
+#: ``auto`` takes the split from this many near blocks on (``L >= CLIPPED_MIN_BLOCKS · b``): a near
+#: block of ``b`` rows reads ``2b`` or ``3b`` keys, which pays off once the far part is most of the
+#: work (benchmarks/RESULTS.md, "Exact splits").
 CLIPPED_MIN_BLOCKS = 8
 #: The dtypes the split runs in (its near blocks are explicit; bfloat16 would lose the exactness).
 CLIPPED_DTYPES = (torch.float32, torch.float64)
@@ -102,51 +83,69 @@ def _block_for(terms: ClippedRelative, causal: bool) -> int:
     return max(CLIPPED_BLOCK, max(terms.far_before, 1 if causal else terms.far_after) - 1)
 
 
-def clipped_terms(
-    req: AttentionRequest, min_len: int | None = None
-) -> tuple[ClippedRelative | None, str | None]:
-    """The encoding's declared tables when the clipped split serves ``req`` (and None), or None and
-    why not (one sentence). ``min_len``: the fewest queries worth the split (when None,
-    :data:`CLIPPED_MIN_LEN` and :data:`CLIPPED_MIN_BLOCKS` near blocks). The declaration is read once: the relative backend hands it to
-    :func:`clipped_attention` (DeBERTa projects its table to declare it)."""
-    explicit_min, min_len = min_len, CLIPPED_MIN_LEN if min_len is None else min_len
+def _limits(req: AttentionRequest) -> str | None:
+    """The first limit that needs no declaration (None when there is none)."""
     if req.kind is not Kind.CONTENT:
-        return None, "the clipped split serves CONTENT encodings"
+        return "the clipped split serves CONTENT encodings"
     if req.q.device.type != "cpu" or not cpu_flash_available():
-        return None, "the clipped split runs PyTorch's CPU flash kernel (CPU only)"
+        return "the clipped split runs PyTorch's CPU flash kernel (CPU only)"
     if req.q.dtype not in CLIPPED_DTYPES:
-        return None, f"the clipped split runs in float32 or float64, not {req.q.dtype}"
+        return f"the clipped split runs in float32 or float64, not {req.q.dtype}"
     mask = req.mask
     if not (mask.is_plain_causal or mask.is_trivial) or req.q_len != req.k_len:
-        return None, (
-            f"the clipped split needs square self-attention with a plain causal mask or none ({mask.describe()})"
-        )
+        return f"the clipped split needs square self-attention with a plain causal mask or none ({mask.describe()})"
     if req.sinks is not None:
-        return None, "the clipped split has no attention sinks"
-    if req.q_len < min_len:  # before the declaration, which may project the encoding's tables
-        return None, f"below {min_len} queries the query blocks are as fast"
-    terms = req.encoding.clipped_relative(req.layer, req.num_heads)
-    if terms is None:
-        return None, f"{req.encoding.name} declares no clipped relative tables"
-    block = _block_for(terms, mask.is_plain_causal)
-    if explicit_min is None and req.q_len < CLIPPED_MIN_BLOCKS * block:
-        return None, (
-            f"{req.encoding.name}'s rows are constant only from distance {block + 1} on: below "
-            f"{CLIPPED_MIN_BLOCKS * block} queries ({CLIPPED_MIN_BLOCKS} near blocks of {block} rows) the "
-            "query blocks are as fast"
-        )
-    if req.q_len < 2 * block + 2:
-        return None, f"below {2 * block + 2} queries the near blocks of {block} rows leave no far part"
-    if not same_consecutive_positions(req.q_pos, req.k_pos):
-        return None, "the clipped split needs queries and keys at the same consecutive positions"
-    if req.has_nonfinite:
-        return None, NONFINITE_REASON
-    return terms, None
+        return "the clipped split has no attention sinks"
+    if req.dropout_p > 0:
+        return "attention dropout is not implemented in the clipped split"
+    if req.q_len < 2 * CLIPPED_BLOCK + 2:  # near blocks have CLIPPED_BLOCK rows at least
+        return f"below {2 * CLIPPED_BLOCK + 2} queries the near blocks leave no far part"
+    return None
 
 
-def clipped_reason(req: AttentionRequest, min_len: int | None = None) -> str | None:
-    """None when the clipped split serves ``req``; otherwise why not (see :func:`clipped_terms`)."""
-    return clipped_terms(req, min_len)[1]
+def _terms(req: AttentionRequest) -> ClippedRelative | None:
+    """The encoding's declaration, read once per request (DeBERTa projects its table to declare it)."""
+    return req.derived("clipped_relative", lambda: req.encoding.clipped_relative(req.layer, req.num_heads))
+
+
+class ClippedBackend:
+    name = "clipped"
+
+    def reasons(self, request: AttentionRequest) -> list[str]:
+        why = _limits(request)
+        if why is not None:
+            return [why]
+        terms = _terms(request)
+        if terms is None:
+            return [f"{request.encoding.name} declares no clipped relative tables"]
+        block = _block_for(terms, request.mask.is_plain_causal)
+        if request.q_len < 2 * block + 2:
+            return [f"below {2 * block + 2} queries the near blocks of {block} rows leave no far part"]
+        if not same_consecutive_positions(request.q_pos, request.k_pos):
+            return ["the clipped split needs queries and keys at the same consecutive positions"]
+        if request.has_nonfinite:
+            return [NONFINITE_REASON]
+        return []
+
+    def declines(self, request: AttentionRequest) -> list[str]:
+        if _limits(request) is not None:
+            return []  # its reasons say why
+        if request.q_len < CLIPPED_MIN_LEN:  # before the declaration, which may project tables
+            return [f"below {CLIPPED_MIN_LEN} queries the query blocks are as fast"]
+        terms = _terms(request)
+        if terms is None:
+            return []
+        block = _block_for(terms, request.mask.is_plain_causal)
+        if request.q_len < CLIPPED_MIN_BLOCKS * block:
+            return [
+                f"{request.encoding.name}'s rows are constant only from distance {block + 1} on: below "
+                f"{CLIPPED_MIN_BLOCKS * block} queries ({CLIPPED_MIN_BLOCKS} near blocks of {block} rows) the "
+                "query blocks are as fast"
+            ]
+        return []
+
+    def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
+        return clipped_attention(request), None
 
 
 @dataclass(frozen=True)
@@ -294,14 +293,12 @@ class _Near:
         plan = self.plan
         per_block = plan.block * max(plan.width, self.rows) * itemsize
         if per_block * self.groups <= NEAR_PIECE_BYTES:
-            group_step, block_step = self.groups, max(1, NEAR_PIECE_BYTES // (per_block * self.groups))
+            group_ranges = [(0, self.groups)]
+            block_ranges = piece_ranges(self.blocks, per_block * self.groups, NEAR_PIECE_BYTES)
         else:
-            group_step, block_step = max(1, NEAR_PIECE_BYTES // per_block), 1
-        return [
-            (slice(g, min(g + group_step, self.groups)), slice(n, min(n + block_step, self.blocks)))
-            for g in range(0, self.groups, group_step)
-            for n in range(0, self.blocks, block_step)
-        ]
+            group_ranges = piece_ranges(self.groups, per_block, NEAR_PIECE_BYTES)
+            block_ranges = piece_ranges(self.blocks, per_block * self.groups, 0)  # one block each
+        return [(slice(g0, g0 + g), slice(n0, n0 + n)) for g0, g in group_ranges for n0, n in block_ranges]
 
     # ------------------------------------------------------------------ operands of a piece
     def query_rows_of(self, x: Tensor, groups: slice, blocks: slice) -> Tensor:
@@ -566,68 +563,9 @@ class _Near:
         return (dq, dk, dv), d_rows
 
 
-def _augmented(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_const: Tensor | None):
-    """With a key constant, ``[q, 1]``, ``[k, key_const]`` and ``[v, 0]`` (one extra head dim)."""
-    if key_const is None:
-        return q, k, v
-    return (
-        torch.cat([q, torch.ones_like(q[..., :1])], -1),
-        torch.cat([k, key_const[..., None].to(k.dtype)], -1),
-        torch.cat([v, torch.zeros_like(v[..., :1])], -1),
-    )
-
-
-def _far(plan: _Plan, q: Tensor, k: Tensor, v: Tensor, key_const: Tensor | None) -> tuple[Tensor, Tensor]:
-    """Rows ``b+1:`` against keys at distance ``b+1`` or more before them: ``out [.., D], lse``."""
-    skip, length, dim = plan.skip, q.shape[2], q.shape[-1]
-    qa, ka, va = _augmented(plan, q, k, v, key_const)
-    out, lse = flash_forward(
-        qa[:, :, skip:], ka[:, :, : length - skip], va[:, :, : length - skip], 0.0, True, scale=plan.scale
-    )
-    return out[..., :dim], lse
-
-
-def _far_backward(plan: _Plan, grad, q, k, v, out, lse, delta, row_const, key_const, value_row, far):
-    """One far part's ``dq, dk, dv`` (full length), and the gradients of its row constants, key
-    constants and value row, in this part's orientation (see the module doc)."""
-    far_out, far_lse = far
-    skip, length, dim = plan.skip, q.shape[2], q.shape[-1]
-    rows, keys = slice(skip, None), slice(0, length - skip)
-    g = grad[:, :, rows]
-    adjusted_out = out[:, :, rows] if value_row is None else out[:, :, rows] - value_row
-    shift = 0.0 if row_const is None else row_const[:, :, rows]
-    kernel_lse = (lse[:, :, rows] - shift).to(far_lse.dtype).contiguous()
-    qa, ka, va = _augmented(plan, q, k, v, key_const)
-    g_a, out_a = g, adjusted_out
-    if key_const is not None:
-        g_a = torch.cat([g, torch.zeros_like(g[..., :1])], -1)
-        out_a = torch.cat([adjusted_out, torch.zeros_like(adjusted_out[..., :1])], -1)
-    # The kernel reads the output gradient and the output with one set of strides: both contiguous.
-    d_q, d_k, d_v = flash_backward(
-        g_a.to(q.dtype).contiguous(),
-        qa[:, :, rows],
-        ka[:, :, keys],
-        va[:, :, keys],
-        out_a.to(q.dtype).contiguous(),
-        kernel_lse,
-        0.0,
-        True,
-        scale=plan.scale,
-    )
-    weight = torch.exp(far_lse - lse[:, :, rows])
-    g_value = 0.0 if value_row is None else (g * value_row).sum(-1)
-    d_row = None
-    if row_const is not None:
-        d_row = weight * ((g * far_out).sum(-1) - delta[:, :, rows] + g_value)
-    d_key = None if key_const is None else d_k[..., dim]
-    d_value = None if value_row is None else (weight[..., None] * g).sum(2)  # [B, H, D]
-    return d_q[..., :dim], d_k[..., :dim], d_v[..., :dim], d_row, d_key, d_value
-
-
 def _padded_rows(x: Tensor, before: int, after: int) -> Tensor:
-    """``x [G, L, D]`` with ``before`` zero rows in front and ``after`` behind. ``F.pad`` fills the
-    whole output and then copies ``x`` in: two passes over fresh pages (15% of a long DeBERTa
-    forward on two threads); here the margins are zeroed and ``x`` is copied once."""
+    """``x [G, L, D]`` with ``before`` zero rows in front and ``after`` behind: the margins zeroed and
+    ``x`` copied once (``F.pad`` fills the whole output first: two passes over fresh pages)."""
     groups, length, dim = x.shape
     out = x.new_empty(groups, before + length + after, dim)
     out[:, :before].zero_()
@@ -640,15 +578,12 @@ def _flip(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.flip(2)
 
 
-def _far_constants(plan: _Plan, q: Tensor, k: Tensor, key_rows, query_rows, row: int, flip: bool):
+def _far_constants(plan: _Plan, q: Tensor, k: Tensor, key_rows, query_rows, row: int):
     """The far part's row constants ``scale · q_i · key_rows[row]`` and key constants
-    ``k_j · query_rows[row]`` (``[B, H, L]``, None when absent), in the part's orientation."""
+    ``k_j · query_rows[row]`` (``[B, H, L]``, None when absent)."""
 
     def column(x: Tensor, rows: Tensor | None) -> Tensor | None:
-        if rows is None:
-            return None
-        values = (x @ rows[:, row, :, None])[..., 0]
-        return values.flip(2) if flip else values
+        return None if rows is None else (x @ rows[:, row, :, None])[..., 0]
 
     row_const = column(q, key_rows)
     return (None if row_const is None else row_const * plan.scale), column(k, query_rows)
@@ -664,20 +599,21 @@ class _ClippedAttention(torch.autograd.Function):
         fars = []  # (flip, far row, out, lse with the row constant)
         for flip in (False,) if plan.causal else (False, True):
             row = plan.far_row(flip)
-            orient = _flip if flip else (lambda x: x)
-            row_const, key_const = _far_constants(plan, q, k, key_rows, query_rows, row, flip)
-            out_far, lse_far = _far(plan, orient(q), orient(k), orient(v), key_const)
+            row_const, key_const = _far_constants(plan, q, k, key_rows, query_rows, row)
+            key_term = None if key_const is None else far_keys(key_const, skip, flip)
+            operands = far_rows(q, skip, flip), far_keys(k, skip, flip), far_keys(v, skip, flip)
+            out_far, lse_far = far_forward(*operands, plan.scale, key_term)
             lse_far = lse_far.to(acc)
             if row_const is not None:
-                lse_far = lse_far + row_const[:, :, skip:].to(acc)
+                lse_far = lse_far + far_rows(row_const, skip, flip).to(acc)
             fars.append((flip, row, out_far.to(acc), lse_far))
         for flip, _, _, lse_far in fars:
             rows = slice(0, length - skip) if flip else slice(skip, None)
-            lse[:, :, rows] = torch.logaddexp(lse[:, :, rows], lse_far.flip(2) if flip else lse_far)
-        out = (torch.exp(near_lse - lse)[..., None] * near_out).contiguous()
+            merge_lse(lse[:, :, rows], lse_far.flip(2) if flip else lse_far)
+        out = (part_weight(near_lse, lse)[..., None] * near_out).contiguous()
         del near_out
         for flip, row, out_far, lse_far in fars:
-            weight = torch.exp(lse_far - (lse.flip(2) if flip else lse)[:, :, skip:])[..., None]
+            weight = part_weight(lse_far, far_rows(lse, skip, flip))[..., None]
             part = weight * (out_far if value_rows is None else out_far + value_rows[:, row][:, None])
             if flip:
                 out[:, :, : length - skip] += part.flip(2)
@@ -708,23 +644,29 @@ class _ClippedAttention(torch.autograd.Function):
 
         # Far parts, each in its own orientation.
         for i, (flip, row) in enumerate(ctx.fars):
-            orient = _flip if flip else (lambda x: x)
+            far_out, far_lse = far_tensors[2 * i], far_tensors[2 * i + 1]
             value_row = None if value_rows is None else value_rows[:, row][:, None]
-            row_const, key_const = _far_constants(plan, q_acc, k_acc, key_rows, query_rows, row, flip)
-            d_q, d_k, d_v, d_row, d_key, d_val = _far_backward(
-                plan,
-                orient(grad),
-                orient(q),
-                orient(k),
-                orient(v),
-                orient(out),
-                orient(lse[..., None])[..., 0],
-                orient(delta[..., None])[..., 0],
-                row_const,
-                key_const,
-                value_row,
-                (far_tensors[2 * i], far_tensors[2 * i + 1]),
+            row_const, key_const = _far_constants(plan, q_acc, k_acc, key_rows, query_rows, row)
+            g, part_lse = far_rows(grad, skip, flip), far_rows(lse, skip, flip)
+            merged_out = far_rows(out, skip, flip)
+            if value_row is not None:
+                merged_out = merged_out - value_row
+            shift = 0.0 if row_const is None else far_rows(row_const, skip, flip)
+            d_q, d_k, d_v, d_key = far_backward(
+                g,
+                merged_out,
+                (part_lse - shift).to(far_lse.dtype),
+                far_rows(q, skip, flip),
+                far_keys(k, skip, flip),
+                far_keys(v, skip, flip),
+                plan.scale,
+                None if key_const is None else far_keys(key_const, skip, flip),
             )
+            weight = part_weight(far_lse, part_lse)
+            d_row = None
+            if row_const is not None:
+                d_row = row_constant_grad(weight, g, far_out, far_rows(delta, skip, flip), value_row)
+            d_val = None if value_row is None else (weight[..., None] * g).sum(2)  # [B, H, D]
             rows, keys = slice(skip, None), slice(0, length - skip)
             if flip:
                 rows, keys = slice(0, length - skip), slice(skip, None)
@@ -764,15 +706,13 @@ def _to(x: Tensor | None, dtype) -> Tensor | None:
     return None if x is None else x.to(dtype)
 
 
-def clipped_attention(req: AttentionRequest, terms: ClippedRelative | None = None) -> Tensor:
-    """Attention ``[B, H, L, D]`` of a CONTENT request with clipped tables, by the clipped split.
-
-    ``terms``: the declaration :func:`clipped_terms` returned for ``req`` (checked and read here when
-    None)."""
-    if terms is None:
-        terms, reason = clipped_terms(req, min_len=0)
-        if reason is not None:
-            raise ValueError(f"clipped split: {reason}")
+def clipped_attention(req: AttentionRequest) -> Tensor:
+    """Attention ``[B, H, L, D]`` of a CONTENT request with clipped tables, by the clipped split (a
+    ValueError names what stops it: :class:`ClippedBackend`'s reasons)."""
+    reasons = ClippedBackend().reasons(req)
+    if reasons:
+        raise ValueError(f"clipped split: {reasons[0]}")
+    terms = _terms(req)
     causal = req.mask.is_plain_causal
     tables = [t for t in (terms.key_rows, terms.query_rows, terms.value_rows) if t is not None]
     block = _block_for(terms, causal)
@@ -784,3 +724,6 @@ def clipped_attention(req: AttentionRequest, terms: ClippedRelative | None = Non
         _to(t, req.q.dtype) for t in (terms.key_rows, terms.query_rows, terms.value_rows)
     )
     return _ClippedAttention.apply(plan, q, k, v, key_rows, query_rows, value_rows)
+
+
+register_backend(ClippedBackend())

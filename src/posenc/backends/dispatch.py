@@ -5,11 +5,15 @@ Like xformers' ``_dispatch_fw_priority_list``, the preference lives in one place
 between backends that both could serve a request is decided here, never by one backend asking
 another whether it could run.
 
-* **cpu**: ``blocked`` first (BIAS kinds through the fused CPU flash kernel, training included),
-  ``flex`` (declines on CPU: a compile per shape), ``relative`` (CONTENT kinds), ``sdpa``
+* **cpu**: the exact splits first, each right before the backend whose query blocks it beats on the
+  requests it serves (``auto`` weighs the same costs for both): ``near_far`` (long square
+  self-attention with a BIAS encoding that is simple far away), ``segments`` (ABSOLUTE and ROTARY
+  under windows, documents, chunks), ``blocked`` (BIAS kinds through the fused CPU flash kernel,
+  training included), ``flex`` (declines on CPU: a compile per shape), ``clipped`` (CONTENT kinds
+  with clipped relative tables, long square self-attention), ``relative`` (CONTENT kinds), ``sdpa``
   (ABSOLUTE, ROTARY, small BIAS problems), ``eager`` (serves everything).
 * **cuda / xpu**: ``flex`` first (FlexAttention fuses the bias into the kernel, forward and
-  backward), then as on CPU.
+  backward), then as on CPU (the splits run the CPU kernel: they state that as a reason).
 
 A backend that is registered but named in no list is tried after the listed ones, in
 registration order; :func:`set_priority` replaces a device type's list.
@@ -23,13 +27,19 @@ import torch
 
 __all__ = ["DEFAULT_PRIORITY", "PRIORITY", "priority_list", "set_priority"]
 
-DEFAULT_PRIORITY: tuple[str, ...] = ("blocked", "flex", "relative", "sdpa", "eager")
+DEFAULT_PRIORITY: tuple[str, ...] = (
+    "near_far",
+    "segments",
+    "blocked",
+    "flex",
+    "clipped",
+    "relative",
+    "sdpa",
+    "eager",
+)
+_ACCELERATOR = ("flex", "near_far", "segments", "blocked", "clipped", "relative", "sdpa", "eager")
 
-PRIORITY: dict[str, tuple[str, ...]] = {
-    "cpu": DEFAULT_PRIORITY,
-    "cuda": ("flex", "blocked", "relative", "sdpa", "eager"),
-    "xpu": ("flex", "blocked", "relative", "sdpa", "eager"),
-}
+PRIORITY: dict[str, tuple[str, ...]] = {"cpu": DEFAULT_PRIORITY, "cuda": _ACCELERATOR, "xpu": _ACCELERATOR}
 
 
 def _device_type(device: torch.device | str) -> str:

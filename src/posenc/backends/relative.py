@@ -12,9 +12,8 @@ each block only the keys up to its last query.
 When the whole problem is small (dense logits below :data:`DENSE_LIMIT` elements) it runs as one
 block without checkpointing: exactly the eager computation, at eager's speed.
 
-Encodings with clipped relative tables (Shaw) on long square self-attention take the clipped split
-instead (:mod:`posenc.backends.clipped`): far keys through PyTorch's fused CPU flash kernel, near
-keys explicitly, merged exactly.
+Encodings with clipped relative tables (Shaw, DeBERTa) on long square self-attention have a faster
+exact split, the ``clipped`` backend (:mod:`posenc.backends.clipped`), tried before this one.
 """
 
 from __future__ import annotations
@@ -96,11 +95,6 @@ class RelativeBackend:
         return []
 
     def run(self, request: AttentionRequest) -> tuple[Tensor, Tensor | None]:
-        from .clipped import clipped_attention, clipped_terms  # clipped builds on blocked's helpers
-
-        terms, _ = clipped_terms(request)
-        if terms is not None:
-            return clipped_attention(request, terms), None
         return relative_attention(request), None
 
 

@@ -22,11 +22,12 @@ import sys
 import torch
 
 import posenc
-from posenc.backends import AttentionRequest, split
+from posenc.backends import AttentionRequest, segments
 from posenc.backends.blocked import blocked_bias_attention
 from posenc.backends.clipped import clipped_attention
+from posenc.backends.near_far import near_far_attention
 from posenc.backends.relative import relative_attention
-from posenc.backends.split import near_far_attention, segment_attention
+from posenc.backends.segments import segment_attention
 from posenc.base import Kind
 from posenc.benchmarks._harness import (
     interleaved,
@@ -111,18 +112,18 @@ def build_case(case: str, params: dict):
         mask = AttentionMask.build(q_len=length, k_len=length, batch=1, heads=HEADS, causal=True, **options)
         return AttentionRequest(q=q, k=k, v=v, encoding=nope, q_pos=pos, k_pos=pos, scale=0.125, mask=mask)
 
-    def segments():
-        previous, split.SEGMENT_MODE = split.SEGMENT_MODE, "segments"
+    def segments_mode():
+        previous, segments.SEGMENT_MODE = segments.SEGMENT_MODE, "segments"
         try:
             return segment_attention(masked_request())
         finally:
-            split.SEGMENT_MODE = previous
+            segments.SEGMENT_MODE = previous
 
     run = {
         "sdpa": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
         "blocked": lambda: blocked_bias_attention(masked_request()),
         "split": lambda: segment_attention(masked_request()),
-        "segments": segments,
+        "segments": segments_mode,
     }[impl]
     return _timed(run, train)
 
