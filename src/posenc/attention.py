@@ -84,6 +84,11 @@ class MultiheadAttention(nn.Module):
     reference path when the backend does not produce them).
     """
 
+    #: :func:`~posenc.encodings.rope.switch_rope_pairing_` may permute this layer's q/k projection
+    #: rows (``q_proj``, ``k_proj``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``encoding``,
+    #: ``qk_layout``); read by that function, so the encodings never import the layer.
+    permutes_rope_channels = True
+
     def __init__(
         self,
         embed_dim: int,

@@ -509,6 +509,11 @@ def rope_users(encoding: PositionalEncoding) -> list[nn.Module]:
     return [layer for layer in list(_USERS.get(encoding, ())) if layer.rotary_encoding() is encoding]
 
 
+def _permutes_rope_channels(module: nn.Module) -> bool:
+    """A layer whose q/k rows :func:`switch_rope_pairing_` may permute (``MultiheadAttention`` says so)."""
+    return bool(getattr(type(module), "permutes_rope_channels", False))
+
+
 def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") -> int:
     """Switch the RoPE of every attention layer in ``module`` to ``pairing``, in place, exactly.
 
@@ -541,22 +546,16 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
             built with one RoPE object) are all switched.
         A :class:`~posenc.KVCache` entry written before the switch is refused afterwards.
     """
-    from ..attention import MultiheadAttention
-
     _check_pairing(pairing)
     layers = [
         m
         for m in module.modules()
-        if isinstance(m, MultiheadAttention)
-        and isinstance(m.encoding, RoPE)
-        and m.encoding.pairing != pairing
+        if _permutes_rope_channels(m) and isinstance(m.encoding, RoPE) and m.encoding.pairing != pairing
     ]
     encodings = {id(layer.encoding): layer.encoding for layer in layers}
     for name, parent in module.named_modules(remove_duplicate=False):
         for child_name, child in parent.named_children():
-            if id(child) in encodings and not (
-                isinstance(parent, MultiheadAttention) and child_name == "encoding"
-            ):
+            if id(child) in encodings and not (_permutes_rope_channels(parent) and child_name == "encoding"):
                 where = f"{name}.{child_name}" if name else child_name
                 raise ValueError(
                     f"switch_rope_pairing_: the RoPE at {where!r} also serves {type(parent).__name__}, which "
