@@ -1,0 +1,52 @@
+"""posenc inside HF transformers models: an attention implementation, ``attn_implementation="posenc"``.
+
+:func:`register` adds posenc's attention to HF's ``AttentionInterface`` (and its mask builder to
+``AttentionMaskInterface``) under the name ``"posenc"``. A model loaded or switched to it
+(``model.set_attn_implementation("posenc")``) then runs every attention call through posenc's
+backends (:mod:`posenc.backends`): the dispatcher picks the fastest one that can serve the call, and
+attention sinks (gpt-oss's ``s_aux``) are served exactly.
+
+What HF hands the attention function: ``query [B, H, Tq, D]`` and ``key``/``value [B, Hkv, Tk, D]``,
+already rotated by the model's own rotary embedding (so posenc adds no position term: the request's
+encoding is NoPE), and the mask HF's ``sdpa_mask`` builds from the model's own mask functions (causal,
+sliding window, chunks, packed sequences, padding), a bool ``[B, 1, Tq, Tk]`` (True = attend) or None for
+a plain causal mask. The rules for None follow HF's sdpa implementation: causal when ``Tq > 1`` (keys
+past the first ``Tq`` are empty static-cache slots), no mask for a single query. T5's relative bias
+arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask; for
+T5's structured path (no dense bias) use :func:`use_posenc_attention`.
+
+transformers is optional (``pip install posenc[hf]``): importing this module does not import it;
+:func:`register` does, and says how to install it when it is missing.
+
+Not served (each a ValueError naming it): logit soft-capping (Gemma 2's ``softcap``) and HF's paged
+cache (continuous batching).
+
+:func:`swap_encoding` replaces the rotary embedding of a Llama-family model (a decoder with one
+``rotary_emb`` and layers whose ``self_attn`` rotates q and k with it) by any posenc encoding, one
+spec for every layer or one per layer: the model's own rotation becomes the identity, and each
+layer's attention applies its posenc encoding inside :func:`attention_forward` (rotations of q and
+k, biases, relative terms) at the positions HF gives (``position_ids``). Keys then sit in HF's cache
+unrotated; the layer remembers their positions. :func:`set_rope_scaling` changes the RoPE scaling
+of a loaded model in place, as if it had been loaded with those ``rope_parameters``.
+
+:func:`use_posenc_attention` serves bias models whose bias HF computes outside the attention
+function, BLOOM (ALiBi) and T5 / mT5 (relative buckets), through posenc's own encodings: the bias is
+never a dense ``[B, H, L, L]`` tensor, and T5's table stays HF's parameter.
+"""
+
+from __future__ import annotations
+
+from ._attention import ATTN_IMPLEMENTATION, attention_forward, register
+from ._bias_models import use_posenc_attention
+from ._common import last_backend
+from ._swap import set_rope_scaling, swap_encoding
+
+__all__ = [
+    "ATTN_IMPLEMENTATION",
+    "attention_forward",
+    "last_backend",
+    "register",
+    "set_rope_scaling",
+    "swap_encoding",
+    "use_posenc_attention",
+]

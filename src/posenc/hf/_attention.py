@@ -1,0 +1,131 @@
+"""posenc's attention in HF's ``AttentionInterface``: :func:`register` and :func:`attention_forward`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..backends import get_backend
+from ..backends.run import attend
+from ..base import Kind
+from ._common import BACKEND, NOPE, note_backend, transformers_module
+from ._positions import swapped_positions
+
+#: The name posenc's attention is registered under in HF's ``AttentionInterface``.
+ATTN_IMPLEMENTATION = "posenc"
+
+
+def register(backend: str = "auto") -> str:
+    """Register posenc's attention in HF transformers as ``attn_implementation="posenc"``.
+
+    Args:
+        backend: the posenc backend every call uses (``"auto"``: the dispatcher's choice per call).
+
+    Returns:
+        The implementation name to pass to ``from_pretrained(..., attn_implementation=...)`` or
+        ``model.set_attn_implementation(...)``.
+    """
+    if backend != "auto":
+        get_backend(backend)  # an unknown name fails here, naming the available ones
+    transformers = transformers_module()
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    BACKEND["name"] = backend
+    transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    return ATTN_IMPLEMENTATION
+
+
+#: Arguments HF's continuous batching hands the attention function with its paged cache: the cache
+#: itself (transformers 5.19-5.23) or the read/write indices into it (5.24).
+_PAGED_ARGUMENTS = ("read_index", "write_index", "block_table")
+
+
+def _check_supported(kwargs: dict[str, Any]) -> None:
+    if kwargs.get("softcap") is not None:
+        raise ValueError(
+            "posenc attention does not serve logit soft-capping (softcap, Gemma 2); use "
+            "attn_implementation='eager' for this model"
+        )
+    paged = type(kwargs.get("cache")).__name__ == "PagedAttentionCache" or any(
+        kwargs.get(name) is not None for name in _PAGED_ARGUMENTS
+    )
+    if paged:
+        raise ValueError("posenc attention does not serve HF's paged cache (continuous batching)")
+
+
+def attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    s_aux: Tensor | None = None,
+    position_bias: Tensor | None = None,
+    **kwargs: Any,
+) -> tuple[Tensor, Tensor | None]:
+    """HF's attention-function signature, served by posenc's backends.
+
+    Shapes: ``query [B, H, Tq, D]``, ``key``/``value [B, Hkv, Tk, D]``; ``attention_mask`` bool or float
+    ``[B, 1, Tq, Tk]`` or None; ``s_aux [H]`` attention sinks. Returns ``(out [B, Tq, H, D], weights)``
+    with weights ``[B, H, Tq, Tk]`` only when HF asks for them (``output_attentions``).
+    ``position_bias [B or 1, H, Tq, Tk]`` (T5's relative bias, trainable): added to the logits.
+    """
+    _check_supported(kwargs)
+    q_len = query.shape[2]
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    causal = causal and attention_mask is None and q_len > 1
+    if causal and key.shape[2] > q_len:  # empty static-cache slots after the prompt (HF's sdpa rule)
+        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    if position_bias is not None:
+        attention_mask = _with_position_bias(attention_mask, position_bias, causal, key.shape[2])
+        causal = False
+    encoding = getattr(module, "posenc_encoding", None)
+    if encoding is None:  # HF's own positions are already in q and k
+        encoding = NOPE
+        q_pos = torch.arange(q_len, device=query.device)[None]
+        k_pos = torch.arange(key.shape[2], device=query.device)[None]
+    else:
+        q_pos, k_pos = swapped_positions(
+            module, kwargs.get("position_ids"), q_len, key.shape[2], query.device
+        )
+        if encoding.kind is Kind.ROTARY:
+            query, key = encoding.rotate(query, key, q_pos, k_pos)
+            encoding = NOPE
+    name, out, weights = attend(
+        query,
+        key,
+        value,
+        encoding=encoding,
+        q_pos=q_pos,
+        k_pos=k_pos,
+        scale=scale,
+        causal=causal,
+        attn_mask=attention_mask,
+        dropout_p=float(dropout),
+        need_weights=bool(kwargs.get("output_attentions", False)),
+        sinks=s_aux,
+        backend=BACKEND["name"],
+    )
+    note_backend(name)
+    return out.transpose(1, 2).contiguous(), weights
+
+
+def _with_position_bias(mask: Tensor | None, bias: Tensor, causal: bool, k_len: int) -> Tensor:
+    """One float mask: ``bias`` where ``mask`` (bool, True = attend; or float, added) lets a key through,
+    ``-inf`` elsewhere (posenc's mask module turns those into hidden keys, as a bool mask would)."""
+    bias = bias[..., :k_len]
+    if causal:
+        q_len = bias.shape[-2]
+        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=bias.device).tril()[None, None]
+    if mask is None:
+        return bias
+    if mask.dtype == torch.bool:
+        return bias.masked_fill(~mask, float("-inf"))
+    return bias + mask
