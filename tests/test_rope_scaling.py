@@ -507,3 +507,20 @@ def test_bad_proportional_module_options():
         posenc.build("rope:scaling=proportional,rotary_dim=18", head_dim=16)
     with pytest.raises(ValueError, match="head_dim"):
         F.rope_inv_freq(15, scaling={"rope_type": "proportional", "partial_rotary_factor": 0.5})
+
+
+@pytest.mark.parametrize("name", ["rope", "mrope"])
+def test_scaling_names_come_from_one_list(name):
+    """RoPE's and M-RoPE's scaling types, typed options and their ranges are those rope_scaling lists."""
+    from posenc.encodings import rope_scaling
+
+    options = rope_scaling.RopeScaling.OPTIONS if name == "rope" else rope_scaling.FIXED_LENGTH_OPTIONS
+    params = posenc.registry.options(name)
+    assert set(options) <= set(params)
+    assert not (set(rope_scaling.RopeScaling.OPTIONS) - set(options)) & set(params)
+    ranges = posenc.registry.get_class(name).option_ranges
+    assert all(ranges[k] == rope_scaling.SCALING_OPTION_RANGES[k] for k in options if k != "truncate")
+    assert set(rope_scaling.SCALING_TYPES) == set(rope_scaling.rope_scaling_types())
+    with pytest.raises(ValueError, match="unknown RoPE scaling") as error:
+        posenc.build(f"{name}:scaling=yarm", head_dim=16)
+    assert all(t in str(error.value) for t in rope_scaling.SCALING_TYPES)

@@ -56,11 +56,12 @@ from ..base import RotaryEncoding, checks_values
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
 from ..spec import format_spec
-from .rope import _apply_cos_sin, _scaling_of
+from .rope import _apply_cos_sin
 from .rope_scaling import (
+    FIXED_LENGTH_OPTIONS,
     LENGTH_DEPENDENT,
     SCALING_OPTION_RANGES,
-    RopeScaling,
+    resolve_scaling,
     rope_scaled_inv_freq,
     rope_scaling_types,
 )
@@ -310,7 +311,7 @@ class MRoPE(RotaryEncoding):
         "base": greater_than(1),
         "mrope_section": at_least(0),
         "rotary_dim": at_least(2),
-        **{k: v for k, v in SCALING_OPTION_RANGES.items() if k not in ("short_factor", "long_factor")},
+        **{k: v for k, v in SCALING_OPTION_RANGES.items() if k in FIXED_LENGTH_OPTIONS},
     }
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
@@ -347,9 +348,20 @@ class MRoPE(RotaryEncoding):
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
             raise ValueError(f"mrope: head_dim must be a positive even integer, got head_dim={head_dim!r}")
         _check_layout(layout)
-        given = locals()
-        options = {k: given.get(k) for k in RopeScaling.OPTIONS}
-        self.scaling, self.base, partial = _scaling_of(base, scaling, rope_parameters, options)
+        options = dict(
+            factor=factor,
+            original_max_position_embeddings=original_max_position_embeddings,
+            max_position_embeddings=max_position_embeddings,
+            beta_fast=beta_fast,
+            beta_slow=beta_slow,
+            mscale=mscale,
+            mscale_all_dim=mscale_all_dim,
+            attention_factor=attention_factor,
+            truncate=truncate,
+            low_freq_factor=low_freq_factor,
+            high_freq_factor=high_freq_factor,
+        )
+        self.scaling, self.base, partial = resolve_scaling(base, scaling, rope_parameters, options)
         width = _rotary_width(head_dim, rotary_dim, partial)
         if self.scaling.type in LENGTH_DEPENDENT:
             fixed = sorted(set(rope_scaling_types()) - LENGTH_DEPENDENT)

@@ -13,8 +13,8 @@ Conventions:
   ``rotary_dim`` in its exponent (GPT-NeoX ``rotary_pct``, HF ``partial_rotary_factor``, GPT-J).
 * Angles are computed in float32 (``positions.float() * inv_freq``) whatever the model dtype;
   only ``cos``/``sin`` are cast to the activations' dtype, so a bf16 model keeps positions > 256.
-* Scaling (:mod:`posenc.encodings.rope_scaling`): ``scaling="linear"|"ntk"|"dynamic"|"yarn"|
-  "llama3"|"longrope"|"proportional"`` with typed options, or an HF ``rope_parameters`` dict as it is.
+* Scaling (:mod:`posenc.encodings.rope_scaling`): ``scaling=`` one of its ``SCALING_TYPES`` with
+  typed options (``SCALING_OPTIONS``), or an HF ``rope_parameters`` dict as it is.
   ``attention_scale`` multiplies both ``cos`` and ``sin`` (logits scale by its square), as HF.
   ``dynamic`` and ``longrope`` recompute their frequencies at forward time from the current length
   ``max(position) + 1`` of the call (queries and new keys together). HF's ``dynamic_rope_update``
@@ -40,7 +40,7 @@ from ..base import PositionalEncoding, RotaryEncoding, check_table_size
 from ..kernels.rope import RotaryTables, rotary, rotary_cos_sin
 from ..registry import Range, at_least, greater_than, register
 from ..spec import format_spec
-from .rope_scaling import SCALING_OPTION_RANGES, RopeScaling, rope_scaled_inv_freq
+from .rope_scaling import SCALING_OPTION_RANGES, resolve_scaling, rope_scaled_inv_freq
 
 __functional__ = ["rope_inv_freq", "apply_rope", "convert_rope_pairing", "rope_cos_sin"]
 
@@ -207,14 +207,11 @@ class RoPE(RotaryEncoding):
             ``"proportional"``, where it may be 0).
         cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand
             (up to a bound, past which positions are computed directly: :class:`RotaryTables`).
-        scaling: ``None``/``"default"``, ``"linear"``, ``"ntk"``, ``"dynamic"``, ``"yarn"``,
-            ``"llama3"``, ``"longrope"`` or ``"proportional"`` (docs/conventions.md §7.5). For
+        scaling: ``None`` or one of ``rope_scaling.SCALING_TYPES`` (docs/conventions.md §7.5). For
             ``"proportional"`` (p-RoPE), ``rotary_dim`` (or HF's ``partial_rotary_factor``) names
             the channels that turn; the frequency table spans the whole head.
-        factor, original_max_position_embeddings, max_position_embeddings, beta_fast, beta_slow,
-        mscale, mscale_all_dim, attention_factor, truncate, low_freq_factor, high_freq_factor,
-        short_factor, long_factor: the scaling's parameters (HF ``rope_parameters`` names), gathered
-            into one :class:`RopeScaling` (:attr:`scaling`).
+        factor, ..., long_factor: the scaling's options (``RopeScaling.OPTIONS``, HF
+            ``rope_parameters`` names), gathered into one :class:`RopeScaling` (:attr:`scaling`).
         rope_parameters: an HF ``rope_parameters`` dict used as it is (its ``rope_theta`` and
             ``partial_rotary_factor`` set the base and rotary width); exclusive with ``scaling`` and
             its options, except ``max_position_embeddings`` (HF's model-level length, read by
@@ -279,10 +276,22 @@ class RoPE(RotaryEncoding):
         ):
             raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
         check_table_size("rope", "cache_size", cache_size, cache_size * max(head_dim or 2, 2))  # cos and sin
-        given = locals()  # the scaling options, by their RopeScaling names
-        self.scaling, self._base, self._partial = _scaling_of(
-            base, scaling, rope_parameters, {k: given[k] for k in RopeScaling.OPTIONS}
+        options = dict(
+            factor=factor,
+            original_max_position_embeddings=original_max_position_embeddings,
+            max_position_embeddings=max_position_embeddings,
+            beta_fast=beta_fast,
+            beta_slow=beta_slow,
+            mscale=mscale,
+            mscale_all_dim=mscale_all_dim,
+            attention_factor=attention_factor,
+            truncate=truncate,
+            low_freq_factor=low_freq_factor,
+            high_freq_factor=high_freq_factor,
+            short_factor=short_factor,
+            long_factor=long_factor,
         )
+        self.scaling, self._base, self._partial = resolve_scaling(base, scaling, rope_parameters, options)
         if partial_rotary_factor is not None:
             if rope_parameters is not None:
                 raise ValueError(
@@ -464,29 +473,6 @@ class RoPE(RotaryEncoding):
             f"wavelengths 2π/θ: shortest {2 * torch.pi / float(self.inv_freq.max()):.4g}, "
             f"longest {2 * torch.pi / float(self.inv_freq.min().clamp_min(1e-30)):.4g} positions"
         )
-
-
-def _scaling_of(
-    base: float, scaling: str | None, rope_parameters: dict | None, options: dict[str, Any]
-) -> tuple[RopeScaling, float, float | None]:
-    """``(RopeScaling, base, partial_rotary_factor)`` from RoPE's typed options or an HF dict."""
-    if rope_parameters is None:
-        return RopeScaling.from_options(scaling, **options), float(base), None
-    given = {k: v for k, v in options.items() if v is not None}
-    # HF keeps max_position_embeddings on the model config, outside rope_parameters.
-    model_level = {k: given.pop(k) for k in ("max_position_embeddings",) if k in given}
-    if scaling is not None or given:
-        raise ValueError(
-            f"rope: give either rope_parameters or scaling options, not both (got rope_parameters and "
-            f"{', '.join(['scaling'] * (scaling is not None) + sorted(given))})"
-        )
-    config = {"rope_theta": base, **model_level, **rope_parameters}
-    theta = config.get("rope_theta")
-    return (
-        RopeScaling.from_config(config),
-        float(10000.0 if theta is None else theta),
-        config.get("partial_rotary_factor"),
-    )
 
 
 # ---------------------------------------------------------------------------- switching a model's pairing

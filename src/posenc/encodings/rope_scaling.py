@@ -49,7 +49,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 import torch
 from torch import Tensor
@@ -57,6 +57,37 @@ from torch import Tensor
 from ..registry import at_least, greater_than
 
 __functional__ = ["rope_scaling_types", "rope_scaled_inv_freq"]
+
+#: The built-in scaling types (``"default"``: none): the one list of them. Each has one registered
+#: function below (checked at import) and a :data:`SCALING_OPTIONS` entry; the experiment variants
+#: name them. RoPE's ``scaling`` option stays a ``str``: an unknown name is refused by
+#: :func:`rope_scaled_inv_freq` with the list of registered types, and a type registered later works.
+ScalingType = Literal["default", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope", "proportional"]
+SCALING_TYPES: tuple[str, ...] = get_args(ScalingType)
+
+_LENGTHS = ("original_max_position_embeddings", "max_position_embeddings")
+#: The options each type reads (HF ``rope_parameters`` names): the one list of them. Their union, in
+#: this order, is :attr:`RopeScaling.OPTIONS` (its fields), the keys of :data:`SCALING_OPTION_RANGES`
+#: and the flat scaling options of RoPE (M-RoPE: those of :data:`FIXED_LENGTH_OPTIONS`).
+SCALING_OPTIONS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": ("factor",),
+    "ntk": ("factor",),
+    "dynamic": ("factor", *_LENGTHS),
+    "yarn": (
+        "factor",
+        *_LENGTHS,
+        "beta_fast",
+        "beta_slow",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
+        "truncate",
+    ),
+    "llama3": ("factor", *_LENGTHS, "low_freq_factor", "high_freq_factor"),
+    "longrope": ("factor", *_LENGTHS, "attention_factor", "short_factor", "long_factor"),
+    "proportional": ("factor",),
+}
 
 ScalingFunction = Callable[[dict[str, Any], "int | None"], tuple[Tensor, float]]
 #: ``example(original, pairs, factor) -> (options, seq_len)``: a configuration of the type for a
@@ -69,6 +100,14 @@ _EXAMPLES: dict[str, ScalingExample] = {}
 
 #: Types that change their frequencies with the current sequence length.
 LENGTH_DEPENDENT = frozenset({"dynamic", "longrope"})
+
+
+def _union(types: Any) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(option for t in types for option in SCALING_OPTIONS[t]))
+
+
+#: The options of the types whose frequencies do not depend on the length (M-RoPE takes only these).
+FIXED_LENGTH_OPTIONS = _union(t for t in SCALING_TYPES if t not in LENGTH_DEPENDENT)
 
 
 def _scaling(name: str, *, example: ScalingExample) -> Callable[[ScalingFunction], ScalingFunction]:
@@ -121,8 +160,8 @@ class RopeScaling:
     short_factor: list[float] | None = None
     long_factor: list[float] | None = None
 
-    #: The option names (every field but ``type``).
-    OPTIONS: ClassVar[tuple[str, ...]]
+    #: The option names (every field but ``type``): those of :data:`SCALING_OPTIONS`.
+    OPTIONS: ClassVar[tuple[str, ...]] = _union(SCALING_TYPES)
 
     @classmethod
     def from_options(cls, scaling: str | None, **options: Any) -> RopeScaling:
@@ -158,24 +197,44 @@ class RopeScaling:
         return self.type in LENGTH_DEPENDENT
 
 
-RopeScaling.OPTIONS = tuple(f.name for f in fields(RopeScaling) if f.name != "type")
+if tuple(f.name for f in fields(RopeScaling) if f.name != "type") != RopeScaling.OPTIONS:
+    raise TypeError("RopeScaling's fields must be the options of SCALING_OPTIONS, in their order")
 
+_NON_NEGATIVE = ("mscale", "mscale_all_dim")
 #: The documented ranges of the scaling options (HF ``rope_parameters``), declared by every
-#: encoding that takes them (RoPE, M-RoPE) in its ``option_ranges``.
+#: encoding that takes them (RoPE, M-RoPE) in its ``option_ranges``: lengths at least 1, mscales at
+#: least 0, ``truncate`` (a bool) none, every other option greater than 0.
 SCALING_OPTION_RANGES = {
-    "factor": greater_than(0),
-    "original_max_position_embeddings": at_least(1),
-    "max_position_embeddings": at_least(1),
-    "beta_fast": greater_than(0),
-    "beta_slow": greater_than(0),
-    "mscale": at_least(0),
-    "mscale_all_dim": at_least(0),
-    "attention_factor": greater_than(0),
-    "low_freq_factor": greater_than(0),
-    "high_freq_factor": greater_than(0),
-    "short_factor": greater_than(0),
-    "long_factor": greater_than(0),
+    option: at_least(1) if option in _LENGTHS else at_least(0) if option in _NON_NEGATIVE else greater_than(0)
+    for option in RopeScaling.OPTIONS
+    if option != "truncate"
 }
+
+
+def resolve_scaling(
+    base: float, scaling: str | None, rope_parameters: dict | None, options: dict[str, Any]
+) -> tuple[RopeScaling, float, float | None]:
+    """``(RopeScaling, base, partial_rotary_factor)`` from RoPE's (or M-RoPE's) typed options or an HF dict.
+
+    ``options`` are the scaling options by their ``RopeScaling.OPTIONS`` names (None: not given).
+    """
+    if rope_parameters is None:
+        return RopeScaling.from_options(scaling, **options), float(base), None
+    given = {k: v for k, v in options.items() if v is not None}
+    # HF keeps max_position_embeddings on the model config, outside rope_parameters.
+    model_level = {k: given.pop(k) for k in ("max_position_embeddings",) if k in given}
+    if scaling is not None or given:
+        raise ValueError(
+            f"rope: give either rope_parameters or scaling options, not both (got rope_parameters and "
+            f"{', '.join(['scaling'] * (scaling is not None) + sorted(given))})"
+        )
+    config = {"rope_theta": base, **model_level, **rope_parameters}
+    theta = config.get("rope_theta")
+    return (
+        RopeScaling.from_config(config),
+        float(10000.0 if theta is None else theta),
+        config.get("partial_rotary_factor"),
+    )
 
 
 def rope_scaling_types() -> list[str]:
@@ -190,7 +249,7 @@ def rope_scaled_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> 
         ValueError: for an unknown type or missing / invalid parameters (the message names them).
     """
     rope_type = config.get("rope_type", config.get("type", "default")) or "default"
-    if rope_type not in _SCALINGS:
+    if rope_type not in _SCALINGS:  # every name of SCALING_TYPES registers its function below
         raise ValueError(
             f"unknown RoPE scaling (rope_type) {rope_type!r}; available: {', '.join(rope_scaling_types())}"
         )
@@ -478,3 +537,7 @@ def proportional_inv_freq(config: dict[str, Any], seq_len: int | None = None) ->
     exponents = torch.arange(0, 2 * rotating, 2, dtype=torch.int64).float() / head_dim
     inv_freq = torch.cat((1.0 / (_base(config) ** exponents), torch.zeros(head_dim // 2 - rotating)))
     return inv_freq / factor, 1.0
+
+
+if not set(_SCALINGS) == set(SCALING_OPTIONS) == set(SCALING_TYPES):
+    raise TypeError("every name of SCALING_TYPES needs a registered function and a SCALING_OPTIONS entry")

@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..encodings.rope_scaling import RopeScaling, ScalingType
 from .tasks import Task
 
 __all__ = [
@@ -74,22 +75,7 @@ class VariantContext:
 
 
 #: The RoPE options a scaling variant replaces in the trained spec (whatever scaling it was trained with).
-_SCALING_KEYS = (
-    "scaling",
-    "factor",
-    "original_max_position_embeddings",
-    "max_position_embeddings",
-    "beta_fast",
-    "beta_slow",
-    "mscale",
-    "mscale_all_dim",
-    "attention_factor",
-    "truncate",
-    "low_freq_factor",
-    "high_freq_factor",
-    "short_factor",
-    "long_factor",
-)
+_SCALING_KEYS = ("scaling", *RopeScaling.OPTIONS)
 
 
 @dataclass(frozen=True)
@@ -107,7 +93,9 @@ class VariantKind:
     value_range: str = ">= 1"
 
 
-def _scaling(rope_type: str, original: bool = True) -> Callable[[VariantContext, float], dict[str, Any]]:
+def _scaling(
+    rope_type: ScalingType, original: bool = True
+) -> Callable[[VariantContext, float], dict[str, Any]]:
     def options(ctx: VariantContext, factor: float) -> dict[str, Any]:
         chosen: dict[str, Any] = {"scaling": rope_type, "factor": factor}
         if original:
