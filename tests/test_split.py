@@ -16,7 +16,7 @@ import posenc
 from posenc.backends import AttentionRequest, get_backend, near_far
 from posenc.backends.near_far import near_far_attention, near_far_plan
 from posenc.backends.segments import segment_attention
-from posenc.base import BiasEncoding, Kind, SeparableBias
+from posenc.base import BiasEncoding, Kind, NearFar, SeparableBias
 from posenc.examples import build_example
 from posenc.masks import AttentionMask
 
@@ -29,7 +29,10 @@ def _declaring():
     pos = torch.arange(4)[None]
     for name in posenc.available():
         enc = build_example(name, num_heads=HEADS, head_dim=DIM)
-        if enc.kind is Kind.BIAS and (enc.far_constant_beyond() is not None or enc.separable(pos, pos)):
+        declared = enc.near_far() if enc.kind is Kind.BIAS else None
+        if declared is not None and (
+            declared.far_constant_beyond is not None or declared.separable(pos, pos)
+        ):
             found.append(name)
     return found
 
@@ -146,7 +149,8 @@ def test_alibi_float32_keeps_its_precision_at_length():
 @pytest.mark.parametrize("name", DECLARING)
 def test_far_constant_declaration_holds(name):
     enc = _encoding(name, True, torch.float64)
-    beyond = enc.far_constant_beyond()
+    declared = enc.near_far()
+    beyond = None if declared is None else declared.far_constant_beyond
     if beyond is None:
         pytest.skip(f"{name} declares no far constant")
     head = torch.arange(HEADS)[:, None]
@@ -165,7 +169,7 @@ def test_alibi_separable_terms_equal_bias_at(mode):
     enc = posenc.build("alibi", num_heads=3, mode=mode)
     q_pos, k_pos = torch.arange(5, 45)[None], torch.arange(50)[None]
     dense = enc.bias_for_positions(q_pos, k_pos).double()  # [1, H, Tq, Tk]
-    for term in enc.separable(q_pos, k_pos):
+    for term in enc.near_far().separable(q_pos, k_pos):
         total = term.row[..., :, None] + term.col[..., None, :]
         side = {"all": torch.ones_like(dense, dtype=torch.bool)[0, 0]}.get(term.side)
         if side is None:
@@ -319,7 +323,10 @@ class _ForgetGates(BiasEncoding):
         c = self._c()
         return c[head, q_pos] - c[head, k_pos]
 
-    def separable(self, q_pos, k_pos):
+    def near_far(self):
+        return NearFar(separable=self._separable)
+
+    def _separable(self, q_pos, k_pos):
         c = self._c()
         return (SeparableBias("before", c[:, q_pos[0]][None], -c[:, k_pos[0]][None]),)
 

@@ -33,8 +33,10 @@ __all__ = [
     "AbsoluteEncoding",
     "BiasEncoding",
     "ContentEncoding",
+    "InputBias",
     "Kind",
     "LayerContext",
+    "NearFar",
     "PositionalEncoding",
     "RotaryEncoding",
     "SeparableBias",
@@ -148,8 +150,9 @@ class PositionalEncoding(nn.Module):
     * ``noncausal_options``: options that lift ``causal_only`` (ALiBi: ``mode="symmetric"``).
     * ``self_attention_only``: True when queries and keys must come from one sequence (FoX's forget
       gates accumulate along it); the layer refuses cross-attention.
-    * ``input_dependent``: True when the bias depends on the layer input (FoX; see
-      :class:`BiasEncoding`).
+    * ``input_dependent``: True when the bias depends on the layer input; set by
+      :class:`BiasEncoding` for a class that declares :meth:`BiasEncoding.input_bias` (FoX), read by
+      the layer, the cache and the request before any backend runs.
     * ``example_options``: options for the contract tests' small layer (head size 16).
     * ``option_ranges``: the documented range of each numeric option, checked at build time.
     * ``layer_sizes`` / :meth:`layer_defaults`: the options a layer supplies (:class:`LayerContext`).
@@ -169,7 +172,8 @@ class PositionalEncoding(nn.Module):
     causal_only: ClassVar[bool] = False
     allows_negative_positions: ClassVar[bool] = False
     self_attention_only: ClassVar[bool] = False
-    #: True when the bias depends on the layer input, not on positions alone (BIAS kinds only: FoX).
+    #: True when the bias depends on the layer input, not on positions alone: derived from a BIAS
+    #: class's :meth:`BiasEncoding.input_bias` declaration (FoX), never set by hand.
     input_dependent: ClassVar[bool] = False
     #: Options used when the encoding is built for the registry contract tests and ``posenc show``
     #: (e.g. M-RoPE's ``mrope_section`` must fit the small test head size of 16).
@@ -403,39 +407,72 @@ class SeparableBias:
     col: Tensor
 
 
+@dataclass(frozen=True)
+class NearFar:
+    """What the near/far split (:mod:`posenc.backends.near_far`) needs of a BIAS encoding: how its bias
+    is cheap far from the diagonal. One of the two is set.
+
+    ``far_constant_beyond``: a distance ``d`` past which the bias is one constant per head and
+    direction (``bias_at(h, i, j)`` takes one value for every ``j − i <= −d`` and one, maybe another,
+    for every ``j − i >= d``), so the far part runs as maskless attention plus a constant (T5's last
+    buckets); needs ``shift_invariant``.
+
+    ``separable(q_pos, k_pos)``: the bias as row and key terms (:class:`SeparableBias`) for positions
+    ``[B|1, Tq]``, ``[B|1, Tk]``. The sides together must cover every pair (``"all"``, or ``"before"``
+    and ``"after"``); a causal layer needs only ``"before"`` (or ``"all"``). The key term then rides in
+    one extra head dimension and the row term in the log-sum-exp (ALiBi: ``−m(i − j) = −m·i + m·j``).
+    The terms may require grad (an input-dependent form such as ``c_i − c_j``): the split returns
+    their gradients for a causal layer. An encoding that is not ``shift_invariant`` is served that
+    way under a causal mask only.
+    """
+
+    far_constant_beyond: int | None = None
+    separable: Callable[[Tensor, Tensor], tuple[SeparableBias, ...]] | None = None
+
+
+@dataclass(frozen=True)
+class InputBias:
+    """What an input-dependent bias (FoX) is computed with; only the backends that declare
+    ``serves_input_bias`` run it.
+
+    ``token_states(x, previous, padding) -> [B, S, T]``: per-token states of the layer input
+    ``x [B, T, E]`` (the layer calls it before the projections); ``previous [B, S, Tpast]`` holds the
+    cached tokens' states, which the new ones continue, ``padding [B, T]`` (bool, True = padding) the
+    new tokens that are padding. ``bias_from_states(TokenStates) -> [B, H, Tq, Tk]``: the dense bias.
+    ``causal_key_term(TokenStates) -> [B, H, Tk]``, or None: for a bias that is a row term plus a key
+    term for keys at or before the query (``bias_ij = row_i + key_j``, ``j <= i``), the key term; under
+    a causal mask the row term cancels in the softmax, so sdpa runs the bias as plain causal attention
+    over keys with one extra dimension (FoX: ``key_j = −c_j``).
+    """
+
+    token_states: Callable[[Tensor, Tensor | None, Tensor | None], Tensor]
+    bias_from_states: Callable[[TokenStates], Tensor]
+    causal_key_term: Callable[[TokenStates], Tensor] | None = None
+
+
 class BiasEncoding(PositionalEncoding):
     """BIAS: a scalar added to each logit; implement :meth:`bias_at` (every backend serves it).
 
-    An *input-dependent* bias (``input_dependent = True``, FoX) also implements :meth:`token_states`
-    (the layer calls it on its input before the projections) and :meth:`bias_from_states`; only the
-    backends that declare ``serves_input_bias`` run it, and ``bias_at`` is then a position-only view
-    for plots (the bias at zero input), never used for attention.
+    A fast path that needs more of the encoding reads one declaration: :meth:`near_far`
+    (:class:`NearFar`, the near/far split) and, for a bias that depends on the layer input,
+    :meth:`input_bias` (:class:`InputBias`; it sets ``input_dependent``, and ``bias_at`` is then a
+    position-only view for plots, the bias at zero input, never used for attention).
     """
 
     kind = Kind.BIAS
     hook = "bias_at"
 
-    def token_states(
-        self, x: Tensor, previous: Tensor | None = None, padding: Tensor | None = None
-    ) -> Tensor:
-        """Input-dependent biases: per-token states ``[B, S, T]`` of the layer input ``x [B, T, E]``.
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.input_dependent = cls.input_bias is not BiasEncoding.input_bias
 
-        ``previous [B, S, Tpast]``: the cached tokens' states, which the new ones continue;
-        ``padding [B, T]`` (bool, True = padding): the new tokens that are padding.
-        """
-        raise NotImplementedError(f"{type(self).__name__} is not an input-dependent bias")
+    def near_far(self) -> NearFar | None:
+        """What makes the bias cheap far from the diagonal (:class:`NearFar`), or None (default)."""
+        return None
 
-    def bias_from_states(self, states: TokenStates) -> Tensor:
-        """Input-dependent biases: the dense bias ``[B, H, Tq, Tk]`` from :class:`TokenStates`."""
-        raise NotImplementedError(f"{type(self).__name__} is not an input-dependent bias")
-
-    def causal_key_term(self, states: TokenStates) -> Tensor | None:
-        """Input-dependent biases that are a row term plus a key term for keys at or before the
-        query (``bias_ij = row_i + key_j``, ``j <= i``): the key term ``[B, H, Tk]``, or None.
-
-        Under a causal mask the row term cancels in the softmax, so a backend can run the bias as
-        plain causal attention over keys with one extra dimension (FoX: ``key_j = −c_j``).
-        """
+    def input_bias(self) -> InputBias | None:
+        """How an input-dependent bias is computed (:class:`InputBias`), or None (default: the bias
+        depends on positions only). A class that overrides it is ``input_dependent``."""
         return None
 
     def bias_at(self, head: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
@@ -448,36 +485,9 @@ class BiasEncoding(PositionalEncoding):
         """
         raise NotImplementedError(f"{type(self).__name__} must implement bias_at()")
 
-    def far_constant_beyond(self) -> int | None:
-        """A distance ``d`` past which the bias is one constant per head and direction, or None.
-
-        Declares that ``bias_at(h, i, j)`` takes one value for every ``j − i <= −d`` and one (maybe
-        another) for every ``j − i >= d``, so a backend can run the far part as maskless attention
-        plus a constant (T5's last bucket). Needs ``shift_invariant``. Default: None (no such ``d``).
-        """
-        return None
-
-    def separable(self, q_pos: Tensor, k_pos: Tensor) -> tuple[SeparableBias, ...] | None:
-        """The bias as row and key terms (:class:`SeparableBias`) for positions ``[B|1, Tq]``, ``[B|1, Tk]``.
-
-        The sides together must cover every pair (``"all"``, or ``"before"`` and ``"after"``); a
-        causal layer needs only ``"before"`` (or ``"all"``). A backend then carries the key term in one
-        extra head dimension and the row term in the log-sum-exp (ALiBi: ``−m(i − j) = −m·i + m·j``).
-        The terms may require grad (an input-dependent bias such as FoX's ``c_i − c_j``): the blocked
-        backend's split returns their gradients for a causal layer. An encoding that is not
-        ``shift_invariant`` is served that way under a causal mask only.
-        Default: None (not separable).
-        """
-        return None
-
-    @property
-    def num_bias_heads(self) -> int:
-        """Number of heads the bias is defined for."""
-        return int(self.num_heads)
-
     def bias_for_positions(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """The dense bias ``[B, H, Tq, Tk]`` (float32) for positions ``[B, Tq]`` and ``[B, Tk]``."""
-        heads = torch.arange(self.num_bias_heads, device=q_pos.device)
+        heads = torch.arange(int(self.num_heads), device=q_pos.device)
         return self.bias_at(heads[None, :, None, None], q_pos[:, None, :, None], k_pos[:, None, None, :])
 
     def bias(self, q_len: int, k_len: int, q_offset: int = 0) -> Tensor:

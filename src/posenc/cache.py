@@ -364,7 +364,7 @@ def token_states_with_cache(
     q_len = x.shape[1]
     new_padding = None if padding is None else padding[:, padding.shape[1] - q_len :]
     previous = None if entry is None else entry.token_state
-    new = encoding.token_states(x, previous, new_padding)
+    new = encoding.input_bias().token_states(x, previous, new_padding)
     if entry is None or previous is None:
         return TokenStates.same_sequence(new)
     cached = entry.token_index

@@ -78,7 +78,7 @@ def runnable_backends(name: str, seq_len: int = 8, requires_grad: bool = False) 
     states = None
     if enc.input_dependent:
         x = torch.zeros(b, seq_len, h * d, requires_grad=requires_grad)
-        states = TokenStates.same_sequence(enc.token_states(x))
+        states = TokenStates.same_sequence(enc.input_bias().token_states(x, None, None))
     request = AttentionRequest(
         q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=d**-0.5, causal=True, token_states=states
     )

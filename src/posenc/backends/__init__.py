@@ -26,7 +26,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from ..base import Kind, PositionalEncoding, TokenStates
+from ..base import InputBias, Kind, PositionalEncoding, TokenStates
 from ..masks import AttentionMask
 
 __all__ = [
@@ -111,7 +111,7 @@ class AttentionRequest:
     or float added to the logits; 4-D, broadcastable to ``[B, H, Tq, Tk]``).
 
     An input-dependent bias (FoX) needs ``token_states`` (:class:`~posenc.base.TokenStates`, from the
-    encoding's ``token_states`` of the layer input); only backends with ``serves_input_bias`` run it.
+    ``token_states`` its ``input_bias()`` declares, of the layer input); only backends with ``serves_input_bias`` run it.
 
     Every field is checked once, at construction (shapes, dtypes, devices, integer positions, the
     encoding's head count, scale, dropout): a ValueError names the field (``AttentionRequest.k: ...``).
@@ -302,7 +302,7 @@ class AttentionRequest:
         if needs and states is None:
             raise ValueError(
                 f"token_states: {self.encoding.name!r} computes its bias from the layer input; pass "
-                "token_states (posenc.base.TokenStates of encoding.token_states(x)), or call the layer"
+                "token_states (posenc.base.TokenStates of encoding.input_bias().token_states(x, None, None)), or call the layer"
             )
         if not needs and states is not None:
             raise ValueError(f"token_states: {self.encoding.name!r} is not an input-dependent bias")
@@ -330,8 +330,12 @@ class AttentionRequest:
         """The bias ``[B or 1, H, Tq, Tk]`` of a BIAS encoding (float32 or wider), from the positions
         or, for an input-dependent bias, from :attr:`token_states`."""
         if self.token_states is not None:
-            return self.encoding.bias_from_states(self.token_states)
+            return self.input_bias().bias_from_states(self.token_states)
         return self.encoding.bias_for_positions(self.q_pos, self.k_pos)
+
+    def input_bias(self) -> InputBias:
+        """The encoding's :class:`~posenc.base.InputBias` declaration (requests with token states)."""
+        return self.derived("input_bias", self.encoding.input_bias)
 
     @property
     def num_heads(self) -> int:

@@ -1,9 +1,9 @@
 """``near_far`` backend: long square self-attention with a BIAS encoding that is simple far away.
 
 Far from the diagonal such a bias is a per-head constant
-(:meth:`~posenc.base.BiasEncoding.far_constant_beyond`, T5) or a row term plus a key term
-(:meth:`~posenc.base.BiasEncoding.separable`, ALiBi). So, for square self-attention at consecutive
-positions with a plain causal mask or none, split each row's keys:
+(``far_constant_beyond``, T5) or a row term plus a key term (``separable``, ALiBi), as the
+encoding's :meth:`~posenc.base.BiasEncoding.near_far` declares (:class:`~posenc.base.NearFar`).
+So, for square self-attention at consecutive positions with a plain causal mask or none, split each row's keys:
 
 * the **far** part (``j <= i − block − 1``) is one ``is_causal`` call of PyTorch's CPU flash kernel on
   shifted slices (and, without a causal mask, the mirror image for ``j >= i + block + 1`` on reversed
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..base import Kind, SeparableBias
+from ..base import Kind, NearFar, SeparableBias
 from . import AttentionRequest, register_backend
 from ._exact import (
     add_runs,
@@ -408,7 +408,8 @@ def near_far_plan(req: AttentionRequest, block: int = NEAR_BLOCK) -> tuple[_Near
             None,
             f"near/far needs square self-attention with a plain causal mask or none (mask: {mask.describe()})",
         )
-    beyond = enc.far_constant_beyond()
+    declared = req.derived("near_far", lambda: enc.near_far() or NearFar())
+    beyond = declared.far_constant_beyond
     if not enc.shift_invariant and (beyond is not None or bidirectional):
         return None, (
             f"{enc.name} is not shift invariant: a far constant needs it, and so does a near band "
@@ -423,7 +424,7 @@ def near_far_plan(req: AttentionRequest, block: int = NEAR_BLOCK) -> tuple[_Near
     q_pos, k_pos = req.q_pos.long(), req.k_pos.long()
     separable = {}
     if beyond is None:
-        terms = enc.separable(q_pos[:1], k_pos[:1])
+        terms = declared.separable(q_pos[:1], k_pos[:1]) if declared.separable is not None else None
         if terms is None:
             return None, f"{enc.name} declares neither far_constant_beyond nor separable terms"
         by_side = {t.side: t for t in terms}

@@ -133,7 +133,8 @@ def _causal_key_term(request: AttentionRequest) -> Tensor | None:
         return None
     if request.q_len == 0:
         return None
-    return request.encoding.causal_key_term(request.token_states)
+    key_term = request.input_bias().causal_key_term
+    return None if key_term is None else key_term(request.token_states)
 
 
 def _key_term_attention(request: AttentionRequest, key_term: Tensor) -> Tensor:

@@ -34,7 +34,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..base import BiasEncoding, SeparableBias
+from ..base import BiasEncoding, NearFar, SeparableBias
 from ..registry import at_least, register
 
 __functional__ = ["alibi_slopes"]
@@ -94,6 +94,10 @@ class ALiBi(BiasEncoding):
         # Negate in integers (k − i rather than −(i − k)) so the diagonal is +0.0, not −0.0.
         signed = k_pos - q_pos if self.mode == "causal" else -(q_pos - k_pos).abs()
         return self.slopes[head] * signed.to(torch.float32)
+
+    def near_far(self) -> NearFar:
+        """The bias is separable (:meth:`separable`)."""
+        return NearFar(separable=self.separable)
 
     def separable(self, q_pos: Tensor, k_pos: Tensor) -> tuple[SeparableBias, ...]:
         """``−m(i − j) = −m·i + m·j`` (causal mode, every pair); symmetric mode: that before the

@@ -49,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import BiasEncoding, TokenStates
+from ..base import BiasEncoding, InputBias, TokenStates
 from ..registry import at_least, greater_than, register
 
 __functional__ = ["fox_bias", "fox_states"]
@@ -88,7 +88,6 @@ class FoX(BiasEncoding):
     option_ranges = {"num_heads": at_least(1), "dim": at_least(1), "post_log_scale": greater_than(0)}
     shift_invariant = True
     self_attention_only = True
-    input_dependent = True
     noncausal_options = {"mode": "bidirectional"}
 
     def __init__(
@@ -129,6 +128,10 @@ class FoX(BiasEncoding):
         if padding is not None:
             log_gates = log_gates.masked_fill(padding[..., None], 0.0)
         return log_gates.transpose(1, 2)
+
+    def input_bias(self) -> InputBias:
+        """The bias from the tokens' cumulative log gates (:meth:`token_states`)."""
+        return InputBias(self.token_states, self.bias_from_states, self.causal_key_term)
 
     def token_states(
         self, x: Tensor, previous: Tensor | None = None, padding: Tensor | None = None

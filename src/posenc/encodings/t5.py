@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import BiasEncoding, LayerContext
+from ..base import BiasEncoding, LayerContext, NearFar
 from ..registry import at_least, register
 
 __functional__ = ["t5_bucket"]
@@ -128,9 +128,12 @@ class T5Bias(BiasEncoding):
         weight = weight.to(torch.promote_types(weight.dtype, torch.float32))
         return weight[self.buckets(k_pos - q_pos), head]
 
-    def far_constant_beyond(self) -> int:
-        """The distance from which every bucket is the last of its direction (with 32 buckets and
-        ``max_distance=128``: 91 bidirectional, 113 causal); beyond it the bias is one table entry."""
+    def near_far(self) -> NearFar:
+        """Beyond the distance from which every bucket is the last of its direction (with 32 buckets
+        and ``max_distance=128``: 91 bidirectional, 113 causal) the bias is one table entry."""
+        return NearFar(far_constant_beyond=self._last_bucket_distance())
+
+    def _last_bucket_distance(self) -> int:
         n = torch.arange(self.max_distance + 1)
         last = self.buckets(-n) == self.buckets(torch.tensor([-self.max_distance]))
         beyond = int(n[~last].max()) + 1

@@ -125,7 +125,7 @@ def alibi_slopes_figure(enc: PositionalEncoding, options: PlotOptions) -> Figure
     """ALiBi: per-head bias against distance, each line labelled with its slope m_h."""
     from .. import functional as F
 
-    slopes = F.alibi_slopes(enc.num_bias_heads).double().numpy()
+    slopes = F.alibi_slopes(enc.num_heads).double().numpy()
     fig = new_figure(12, 5)
     line_ax, slope_ax = fig.subplots(1, 2, width_ratios=(2, 1))
     _draw_profile(line_ax, enc, options, [f"head {h}: m = 2^{np.log2(m):.3g}" for h, m in enumerate(slopes)])
