@@ -4,7 +4,7 @@ With ``n`` per-seed values ``x`` (or per-seed differences of two rows), the inte
 ``mean(x) ± t_{(1+level)/2, n-1} · s / √n`` with ``s`` the sample standard deviation (``n - 1`` in
 the denominator). It holds its level for normal values at any ``n >= 2``; the percentile bootstrap
 it replaces spans about the smallest to the largest value at ``n = 3`` and covers the mean far less
-than 95% of the time (``tests/test_reliability_results.py`` measures both by simulation).
+than 95% of the time (``tests/reliability/test_results.py`` measures both by simulation).
 
 The quantile ``t_{p, df}`` inverts the distribution function
 ``P(T <= t) = 1 - I_{df/(df+t²)}(df/2, 1/2) / 2`` for ``t >= 0``, where ``I_x(a, b)`` is the

@@ -1,5 +1,10 @@
-"""Nothing silent where posenc meets HF models: key positions kept with their cache, RoPE scaling
-changed all or nothing (issue "Reliability, round 3", items 3 and 6).
+"""Nothing silent where posenc meets HF models (``posenc.hf``): key positions kept with their
+cache, RoPE scaling changed all or nothing.
+
+* Two conversations in two caches, interleaved, with an uncached pass between: each one's next
+  logits equal the conversation decoded alone (ALiBi, RoPE, T5 swapped into Llama).
+* ``set_rope_scaling`` with bad parameters is refused and changes nothing (config, rotary
+  embedding, frequencies); the model still saves and loads.
 
 The expected values come from a fresh run of the same model on one conversation alone, and from
 the model's config and rotary embedding as they were before a refused call.
@@ -16,6 +21,7 @@ transformers = pytest.importorskip("transformers")
 import posenc.hf as posenc_hf  # noqa: E402
 
 pytestmark = pytest.mark.hf
+
 
 VOCAB = 40
 

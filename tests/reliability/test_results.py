@@ -1,5 +1,8 @@
-"""Results folders and the numbers read from them (issue 22, items 7, 12, 13 and the CLI's errors).
+"""Nothing silent in results folders and the numbers read from them.
 
+* Written whole: results, checkpoints and the config are written atomically with mode 0644 (a
+  write that fails half way leaves the old file); a torn ``results.jsonl`` line names the file, the
+  line and the fix.
 * One folder, one result per measurement: a second ``results.jsonl`` (or ``runs.jsonl``) record of
   the same measurement with another value is an error naming the file and both lines (exact
   duplicates are kept once, the rule ``posenc merge`` applies between folders); every record's
@@ -39,6 +42,8 @@ from posenc.experiments.results import (
     seed_interval,
 )
 from posenc.experiments.shards import Shard, merge_folders
+
+from ._helpers import TINY_RUN
 
 TINY = dict(
     task="copy",
@@ -111,7 +116,63 @@ def _plain(output: str) -> str:
     return " ".join(output.split())
 
 
-# ---------------------------------------------------------------------------- 7. one result per measurement
+# ---------------------------------------------------------------------------- written whole
+
+
+def test_results_and_checkpoints_are_written_whole_with_mode_0644(tmp_path, monkeypatch):
+    import os
+    import stat
+
+    from posenc.experiments import ExperimentConfig, results, run_experiment
+
+    config = ExperimentConfig(
+        task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=2, checkpoint_every=1, **TINY_RUN
+    )
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd))[1])
+    run_experiment(config, tmp_path, workers=1)
+    written = ["results.jsonl", "results.csv", "config.json", "checkpoints/nope__copy__seed0.pt"]
+    for name in written:
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o644, name
+    assert len(synced) >= len(written)
+    assert not [p for p in tmp_path.rglob("*.tmp")]  # no temporary file left behind
+    # A write that fails half way leaves the old file untouched.
+    before = (tmp_path / "results.jsonl").read_bytes()
+
+    def torn(handle):
+        handle.write(b'{"run": "half')
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        results.atomic_write(tmp_path / "results.jsonl", torn)
+    assert (tmp_path / "results.jsonl").read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_a_torn_results_line_names_the_file_line_and_fix(tmp_path):
+    from posenc.experiments import ExperimentConfig, run_experiment
+
+    config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=1, **TINY_RUN)
+    first = run_experiment(config, tmp_path, workers=1)
+    path = tmp_path / "results.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines[:-1], lines[-1][:17]]) + "\n")  # the last line cut off
+    with pytest.raises(
+        ValueError,
+        match=rf"results\.jsonl, line {len(lines)}: not a JSON record .*delete that line .*run the same command again",
+    ):
+        run_experiment(config, tmp_path, workers=1)
+    path.write_text("\n".join(lines[:-1]) + "\n")  # the fix the message names
+    again = run_experiment(config, tmp_path, workers=1)
+    assert sorted(json_key(r) for r in again) == sorted(json_key(r) for r in first)
+
+
+def json_key(record):
+    return (record["length"], record["metric"], record["seed"])
+
+
+# ---------------------------------------------------------------------------- one result per measurement
 
 
 def test_a_second_different_record_of_one_measurement_is_an_error_naming_the_file_and_both_lines(folder):
@@ -221,7 +282,8 @@ def test_a_line_that_is_not_a_record_names_the_file_and_line_in_every_reader(fol
         assert f"{path}, line {number}: " in result.output
 
 
-# ---------------------------------------------------------------------------- 12. Student's t intervals
+# ---------------------------------------------------------------------------- Student's t intervals
+
 
 # Student's t quantiles t(p, df), as tabulated (e.g. NIST/SEMATECH e-Handbook, Table 1.4.2.7.3.3;
 # R's qt), to six decimals.
@@ -346,7 +408,7 @@ def test_the_summary_table_names_its_interval_method():
     assert any("95% Student's t interval of the mean across the n seeds" in note for note in table.notes)
 
 
-# ---------------------------------------------------------------------------- 13. merge keeps runs.jsonl
+# ---------------------------------------------------------------------------- merge keeps runs.jsonl
 
 
 @pytest.fixture(scope="module")
