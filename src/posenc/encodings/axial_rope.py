@@ -27,7 +27,7 @@ from torch import Tensor
 from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
-from .rope import _apply_cos_sin, _check_pairing, rope_inv_freq
+from .rope import apply_cos_sin, check_pairing, rope_inv_freq
 from .sinusoidal2d import grid_row_col
 
 __functional__ = ["axial_rope_cos_sin"]
@@ -61,7 +61,7 @@ class AxialRoPE(RotaryEncoding):
         """Args: ``head_dim`` (filled in by the layer; multiple of 4); ``grid_width`` patches per
         row; ``base``; ``pairing``."""
         super().__init__()
-        _check_pairing(pairing)
+        check_pairing(pairing)
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 4:
             raise ValueError(
                 f"axial_rope: head_dim must be a positive multiple of 4, got head_dim={head_dim!r}"
@@ -83,7 +83,7 @@ class AxialRoPE(RotaryEncoding):
         rows, cols = grid_row_col(positions, self.grid_width)
         (row_cos, row_sin), (col_cos, col_sin) = self.tables.tables(rows), self.tables.tables(cols)
         cos, sin = torch.cat((row_cos, col_cos), dim=-1), torch.cat((row_sin, col_sin), dim=-1)
-        return _apply_cos_sin(x, cos, sin, self.pairing)
+        return apply_cos_sin(x, cos, sin, self.pairing)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:

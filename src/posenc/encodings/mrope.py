@@ -56,7 +56,7 @@ from ..base import RotaryEncoding, checks_values
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
 from ..spec import format_spec
-from .rope import _apply_cos_sin
+from .rope import apply_cos_sin
 from .rope_scaling import (
     FIXED_LENGTH_OPTIONS,
     LENGTH_DEPENDENT,
@@ -463,7 +463,7 @@ class MRoPE(RotaryEncoding):
             )
         q_cos, q_sin = self._cos_sin(self._axes(q_pos, q.shape[2], "queries"))
         k_cos, k_sin = self._cos_sin(self._axes(k_pos, k.shape[2], "keys"))
-        return _apply_cos_sin(q, q_cos, q_sin, "half"), _apply_cos_sin(k, k_cos, k_sin, "half")
+        return apply_cos_sin(q, q_cos, q_sin, "half"), apply_cos_sin(k, k_cos, k_sin, "half")
 
     def preview(self) -> str:
         t, h, w = self.mrope_section

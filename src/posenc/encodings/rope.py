@@ -87,12 +87,12 @@ def rope_cos_sin(positions: Tensor, inv_freq: Tensor, attention_scale: float = 1
     return rotary_cos_sin(positions, inv_freq, attention_scale)
 
 
-def _check_pairing(pairing: str) -> None:
+def check_pairing(pairing: str) -> None:
     if pairing not in ("half", "interleaved"):
         raise ValueError(f"RoPE: pairing must be 'half' or 'interleaved', got {pairing!r}")
 
 
-def _apply_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing, inplace: bool = False) -> Tensor:
+def apply_cos_sin(x: Tensor, cos: Tensor, sin: Tensor, pairing: Pairing, inplace: bool = False) -> Tensor:
     """Rotate the first ``2 * cos.shape[-1]`` channels of ``x [B, H, T, D]``; ``cos``/``sin`` ``[B|1, T, d_r/2]`` float32.
 
     Runs the fused kernel (:func:`posenc.kernels.rope.rotary`: chunked, no full-size temporaries,
@@ -121,7 +121,7 @@ def apply_rope(
 
     Angles are float32 whatever ``x.dtype``; ``cos``/``sin`` are cast to ``x.dtype`` afterwards.
     """
-    _check_pairing(pairing)
+    check_pairing(pairing)
     if x.dim() != 4:
         raise ValueError(f"apply_rope: x must have shape [B, H, T, D], got {tuple(x.shape)}")
     width = 2 * inv_freq.shape[-1]
@@ -144,7 +144,7 @@ def apply_rope(
             f"apply_rope: positions must have shape [T] or [B, T] with T={x.shape[2]}, got {tuple(positions.shape)}"
         )
     cos, sin = rope_cos_sin(positions, inv_freq, attention_scale)
-    return _apply_cos_sin(x, cos, sin, pairing)
+    return apply_cos_sin(x, cos, sin, pairing)
 
 
 def _pairing_permutation(rotary_dim: int, head_dim: int) -> Tensor:
@@ -169,8 +169,8 @@ def convert_rope_pairing(
     ``num_heads = num_kv_heads`` for the key projection of grouped-query attention. Values and the
     output projection are unchanged.
     """
-    _check_pairing(src)
-    _check_pairing(dst)
+    check_pairing(src)
+    check_pairing(dst)
     rotary_dim = head_dim if rotary_dim is None else rotary_dim
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise ValueError(
@@ -265,7 +265,7 @@ class RoPE(RotaryEncoding):
         drop_rotation: DropRotation = "never",
     ) -> None:
         super().__init__()
-        _check_pairing(pairing)
+        check_pairing(pairing)
         if drop_rotation not in ("never", "eval", "always"):
             raise ValueError(
                 f"rope: drop_rotation must be 'never', 'eval' or 'always', got drop_rotation={drop_rotation!r}"
@@ -423,7 +423,7 @@ class RoPE(RotaryEncoding):
     def switch_pairing_(self, pairing: Pairing) -> None:
         """Rotate with ``pairing`` from now on. Half of a switch: the layers that use this encoding
         must permute their q/k projections to match, as :func:`switch_rope_pairing_` does."""
-        _check_pairing(pairing)
+        check_pairing(pairing)
         self.pairing = pairing
         self._config["pairing"] = pairing
 
@@ -452,8 +452,8 @@ class RoPE(RotaryEncoding):
         q_cos, q_sin = self.cos_sin(q_pos)
         k_cos, k_sin = self.cos_sin(k_pos)
         return (
-            _apply_cos_sin(q, q_cos, q_sin, self.pairing, inplace),
-            _apply_cos_sin(k, k_cos, k_sin, self.pairing, inplace),
+            apply_cos_sin(q, q_cos, q_sin, self.pairing, inplace),
+            apply_cos_sin(k, k_cos, k_sin, self.pairing, inplace),
         )
 
     @property
@@ -532,7 +532,7 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
             built with one RoPE object) are all switched.
         A :class:`~posenc.KVCache` entry written before the switch is refused afterwards.
     """
-    _check_pairing(pairing)
+    check_pairing(pairing)
     layers = [
         m
         for m in module.modules()

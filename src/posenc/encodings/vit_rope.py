@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
-from .rope import _apply_cos_sin
+from .rope import apply_cos_sin
 
 __functional__ = [
     "vit_patch_row_col",
@@ -328,7 +328,7 @@ class DINOv3RoPE(RotaryEncoding):
     @staticmethod
     def _rotate_with(x: Tensor, cos: Tensor, sin: Tensor, is_patch: Tensor) -> Tensor:
         keep = is_patch[..., None]
-        return _apply_cos_sin(x, torch.where(keep, cos, 1.0), torch.where(keep, sin, 0.0), "half")
+        return apply_cos_sin(x, torch.where(keep, cos, 1.0), torch.where(keep, sin, 0.0), "half")
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:

@@ -33,7 +33,7 @@ from torch import Tensor
 from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
-from .rope import _apply_cos_sin, _check_pairing, rope_cos_sin, rope_inv_freq
+from .rope import apply_cos_sin, check_pairing, rope_cos_sin, rope_inv_freq
 
 __functional__ = ["xpos_zeta", "apply_xpos"]
 
@@ -81,14 +81,14 @@ def apply_xpos(
 
     ``downscale=False`` for queries (``ζ^(n/B)``), ``True`` for keys (``ζ^(-m/B)``).
     """
-    _check_pairing(pairing)
+    check_pairing(pairing)
     if positions.dim() == 1:
         positions = positions[None]
     inv_freq, _ = rope_inv_freq(x.shape[-1], base)
     cos, sin = _xpos_cos_sin(
         positions, inv_freq, xpos_zeta(x.shape[-1], gamma), scale_base, scale_center, downscale
     )
-    return _apply_cos_sin(x, cos, sin, pairing)
+    return apply_cos_sin(x, cos, sin, pairing)
 
 
 @register("xpos")
@@ -118,7 +118,7 @@ class XPos(RotaryEncoding):
         """Args: ``head_dim`` (filled in by the layer); ``base`` (RoPE θ base); ``scale_base`` ``B``;
         ``gamma`` ``γ``; ``scale_center`` (the position whose scale is 1); ``pairing``."""
         super().__init__()
-        _check_pairing(pairing)
+        check_pairing(pairing)
         self.head_dim, self.base, self.scale_base = head_dim, base, scale_base
         self.gamma, self.scale_center, self.pairing = gamma, scale_center, pairing
         self.tables = RotaryTables()
@@ -164,7 +164,7 @@ class XPos(RotaryEncoding):
         self._check_range(q_pos, k_pos)
         q_cos, q_sin = self._cos_sin(q_pos, downscale=False)
         k_cos, k_sin = self._cos_sin(k_pos, downscale=True)
-        return _apply_cos_sin(q, q_cos, q_sin, self.pairing), _apply_cos_sin(k, k_cos, k_sin, self.pairing)
+        return apply_cos_sin(q, q_cos, q_sin, self.pairing), apply_cos_sin(k, k_cos, k_sin, self.pairing)
 
     def preview(self) -> str:
         zeta = ", ".join(f"{v:.4f}" for v in self.zeta[:4].tolist())
