@@ -99,7 +99,7 @@ def _t5_attention_forward(
 
     Self-attention reads the stack's one bias table (``relative_attention_bias`` of its first layer,
     shared, not copied) through ``bias_at``, so no backend builds a dense ``[B, H, L, L]`` bias (the
-    blocked backend's near/far split runs long unpadded sequences); cross-attention has no bias. T5
+    near_far backend runs long unpadded sequences); cross-attention has no bias. T5
     does not scale ``q·k``. Shapes: ``hidden_states [B, Tq, d_model]``, ``key_value_states [B, Tk,
     d_model]`` (cross-attention), ``mask`` HF's ``[B, 1, Tq, Tk]`` (bool, or eager's float) or None.
     Returns ``(out [B, Tq, d_model], None, weights)``: the None stands for HF's dense position bias,
