@@ -198,7 +198,7 @@ class MultiheadAttention(nn.Module):
             prefix_len=prefix_len,
         )
         batch, q_len, _ = x.shape
-        docs, states = None, None
+        docs, states, entry = None, None, None
         if context is not None:
             self._check_context(context, batch, document_ids, prefix_len)
             q, k, v, q_pos, k_pos, padding = self._cross_inputs(
@@ -253,6 +253,11 @@ class MultiheadAttention(nn.Module):
             k_document_ids=docs,
             prefix_len=self._prefix_lengths(prefix_len, batch, k.shape[2], x.device),
         )
+        known, mark = (
+            (0, None)
+            if cache is None
+            else cache.checked_keys(self.layer_idx, entry, cross=not self_attention)
+        )
         self.last_backend, out, weights = attend(
             q,
             k,
@@ -268,6 +273,8 @@ class MultiheadAttention(nn.Module):
             token_states=states,
             layer=self,
             backend=self.backend,
+            known_finite_keys=known,
+            finite_mark=mark,
         )
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
         return (out, weights) if need_weights else out

@@ -33,6 +33,7 @@ __all__ = [
     "AbsoluteEncoding",
     "BiasEncoding",
     "ContentEncoding",
+    "FiniteMark",
     "InputBias",
     "Kind",
     "LayerContext",
@@ -364,6 +365,14 @@ class RotaryEncoding(PositionalEncoding):
         """:meth:`rotate` for q and k that are fresh projections the caller hands over: an encoding
         may rotate them in place (RoPE does). Default: :meth:`rotate`."""
         return self.rotate(q, k, q_pos, k_pos)
+
+
+@dataclass
+class FiniteMark:
+    """Set when every stored key and value of a cache entry has been checked finite (one attention
+    request's ``has_nonfinite`` sets it); the next step's request need not read them again."""
+
+    finite: bool = False
 
 
 @dataclass(frozen=True)

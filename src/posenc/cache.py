@@ -17,13 +17,13 @@ cache's retention is ``recent_tokens``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
-from .base import Kind, PositionalEncoding, TokenStates
+from .base import FiniteMark, Kind, PositionalEncoding, TokenStates
 
 __all__ = [
     "CacheStamp",
@@ -134,6 +134,7 @@ class KVCacheEntry(CacheStamp):
     evicted: int = 0  # tokens dropped from the front (a windowed layer keeps what its window sees)
     token_state: Tensor | None = None  # [B, S, T]: an input-dependent bias's states of the keys (FoX)
     token_index: Tensor | None = None  # [T] int64: the keys' indices among all tokens seen
+    finite: FiniteMark = field(default_factory=FiniteMark)  # set once every stored k and v is seen finite
 
     def held(self) -> Tensor:
         return self.k
@@ -280,6 +281,22 @@ class KVCache:
             stored.token_state, stored.token_index = states.k, states.k_index
         self.write(layer, stored)
         return k, v, k_pos
+
+    def checked_keys(
+        self, layer_idx: int, previous: KVCacheEntry | None, *, cross: bool
+    ) -> tuple[int, FiniteMark | None]:
+        """``(known_finite_keys, finite_mark)`` for the request of ``layer_idx``'s step, once its keys
+        are in the cache: how many leading keys and values are known finite, and the mark of the
+        entry now stored, which the request sets when it finds all its keys and values finite.
+
+        Self-attention: the request's keys are ``previous``'s (the entry before this step's append)
+        followed by the new ones; cross-attention: the stored entry's. A streaming cache rotates
+        its keys anew at each step, so none of them is known finite."""
+        stored = self.get(layer_idx, cross=cross)
+        if stored is None or (self.streaming and not cross):
+            return 0, None
+        known = stored if cross else previous
+        return (known.k.shape[2] if known is not None and known.finite.finite else 0), stored.finite
 
     def trim_to_window(self, layer_idx: int, window: int) -> None:
         """A windowed layer keeps only the ``window - 1`` newest keys: the next query sees no older one."""

@@ -26,7 +26,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from ..base import InputBias, Kind, PositionalEncoding, TokenStates
+from ..base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates
 from ..masks import AttentionMask
 
 __all__ = [
@@ -136,6 +136,10 @@ class AttentionRequest:
     sinks: Tensor | None = None
     #: Input-dependent biases (FoX): the queries' and keys' states the bias is computed from.
     token_states: TokenStates | None = None
+    #: The first ``known_finite_keys`` keys and values are known finite (a cache's, checked when written).
+    known_finite_keys: int = 0
+    #: Set when :attr:`has_nonfinite` finds every key and value finite (the cache entry storing them).
+    finite_mark: FiniteMark | None = None
 
     def __post_init__(self) -> None:
         self._check_fields()
@@ -216,6 +220,9 @@ class AttentionRequest:
         if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
             raise _field_error("causal_offset", f"must be an int >= 0 (the cache length), got {offset!r}")
         self._check_masks(batch, heads, q_len, k_len)
+        known = self.known_finite_keys
+        if type(known) is not int or not 0 <= known <= k_len:
+            raise _field_error("known_finite_keys", f"must be an int in [0, {k_len}], got {known!r}")
         if self.sinks is not None:
             sinks = self.sinks
             if (
@@ -364,9 +371,16 @@ class AttentionRequest:
 
         Fused kernels may turn such rows into finite numbers (PyTorch's CPU flash kernel returns
         zeros); the backends that use one state a reason, so the request goes to one that propagates.
-        Computed once per request, however many backends ask.
+        Computed once per request, however many backends ask. Keys and values before
+        ``known_finite_keys`` are not read again: a decode step checks what it adds, O(new tokens).
         """
-        tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
+        known = self.known_finite_keys
+        k, v = (self.k, self.v) if known == 0 else (self.k[:, :, known:], self.v[:, :, known:])
+        if any(t.is_floating_point() and not _all_finite(t) for t in (self.q, k, v)):
+            return True
+        if self.finite_mark is not None:
+            self.finite_mark.finite = True
+        tensors = [*self.encoding.parameters()]
         tensors += [t for t in (self.sinks, self.mask.additive) if t is not None]
         if self.token_states is not None:
             tensors.extend(self.token_states.tensors())

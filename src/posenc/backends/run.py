@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..base import PositionalEncoding, TokenStates, checks_values
+from ..base import FiniteMark, PositionalEncoding, TokenStates, checks_values
 from ..masks import AttentionMask
 from . import (
     AttentionRequest,
@@ -58,6 +58,8 @@ def attend(
     token_states: TokenStates | None = None,
     layer: nn.Module | None = None,
     backend: str = "auto",
+    known_finite_keys: int = 0,
+    finite_mark: FiniteMark | None = None,
 ) -> tuple[str, Tensor, Tensor | None]:
     """Attention of ``q`` over ``k``, ``v`` under ``encoding``, on ``backend`` (or the one ``auto`` picks).
 
@@ -68,7 +70,9 @@ def attend(
     cache length), ``key_padding_mask [B, Tk]`` (True = padding) and ``attn_mask`` (bool, True = may
     attend, or float added to the logits; broadcastable to ``[B, H, Tq, Tk]``). ``token_states``:
     an input-dependent bias's states (FoX); ``layer``: the calling module, for CONTENT encodings with
-    per-layer parameters.
+    per-layer parameters. ``known_finite_keys``: the first keys and values are a cache's, checked
+    finite when written, so the nan check reads only the rest; ``finite_mark`` is set when every key
+    and value is found finite (see :class:`~posenc.backends.AttentionRequest`).
 
     Returns ``(backend name, out [B, H, Tq, Dv], weights [B, H, Tq, Tk] or None)``: weights only
     with ``need_weights``, from the backend or recomputed on the eager reference path.
@@ -92,6 +96,8 @@ def attend(
         mask=mask,
         sinks=sinks,
         token_states=token_states,
+        known_finite_keys=known_finite_keys,
+        finite_mark=finite_mark,
     )
     return run_attention(request, backend)
 
