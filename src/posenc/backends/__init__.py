@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates
 from ..masks import AttentionMask
+from . import _memo
 
 __all__ = [
     "INPUT_BIAS_REASON",
@@ -478,6 +479,7 @@ def register_backend(backend: Backend) -> Backend:
     if missing:
         raise TypeError(f"backend {backend!r} lacks {', '.join(missing)} (see posenc.backends.Backend)")
     _BACKENDS[backend.name] = backend
+    _memo.bump()
     return backend
 
 
@@ -526,8 +528,26 @@ def backend_reasons(request: AttentionRequest, *, auto: bool = False) -> dict[st
 
 
 def select_backend(request: AttentionRequest, requested: str = "auto") -> Backend:
-    """The backend to run ``request``: the forced or requested one, or the first with no reasons."""
+    """The backend to run ``request``: the forced or requested one, or the first with no reasons.
+
+    The answer is remembered per request signature (:mod:`posenc.backends._memo`): a repeated
+    decode step asks no backend again, only tests its new tokens for nan and inf.
+    """
+    _load_builtin()
     name = requested_backend(requested)
+    key = _memo.signature(request, name, _BACKENDS)
+    if key is not None:
+        backend = _memo.lookup(key)
+        if backend is not None and not (request.q.device.type == "cpu" and request.has_nonfinite):
+            return backend  # type: ignore[return-value]
+    backend = _select(request, name)
+    if key is not None:
+        _memo.store(key, request, backend)
+    return backend
+
+
+def _select(request: AttentionRequest, name: str) -> Backend:
+    """:func:`select_backend` without the memo: every backend asked in turn."""
     if name != "auto":
         backend = get_backend(name)
         reasons = backend_limits(backend, request)

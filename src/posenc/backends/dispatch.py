@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from . import _memo
+
 __all__ = ["DEFAULT_PRIORITY", "PRIORITY", "priority_list", "set_priority"]
 
 DEFAULT_PRIORITY: tuple[str, ...] = (
@@ -59,3 +61,4 @@ def set_priority(device_type: str, order: Iterable[str]) -> None:
     if len(set(order)) != len(order):
         raise ValueError(f"set_priority: a backend is named twice in {order}")
     PRIORITY[device_type] = order
+    _memo.bump()

@@ -1,0 +1,97 @@
+"""The dispatcher's memo: ``auto``'s choice (or a forced backend's check), once per request signature.
+
+:func:`~posenc.backends.select_backend` asks every backend in turn for its declines and limits; a
+decode step asks the same question on every token. This module keys the answer on what the
+built-in backends read from a request, and only for the requests where that is a short list:
+
+* the encoding is ABSOLUTE, ROTARY or NONE-like (not BIAS, not CONTENT: those backends read the
+  encoding's declarations, its parameters and the positions' values), with no token states;
+* the mask is none or one causal component (any cache offset) with no float part (other masks'
+  costs read their values: documents, padding, prefixes);
+* every registered backend is a built-in one (a user's backend may read anything).
+
+The key: the requested backend, the device, dtype and shapes of q, k and v, the kind, the causal
+offset, sinks (present or not), dropout > 0, need_weights, grad mode and whether anything requires
+grad. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
+made without finding nan or inf, and the caller tests it again on every hit.
+
+:func:`bump` (``set_priority``, ``register_backend``, ``use_backend``) empties the memo.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..base import Kind
+from ..masks import CausalMask
+
+_MAX_ENTRIES = 512
+
+_memo: dict[tuple, object] = {}
+_state = {"generation": 0, "builtin_only": None}
+
+
+def bump() -> None:
+    """Forget every choice: the order, the registered backends or the forced one changed."""
+    _state["generation"] += 1
+    _state["builtin_only"] = None
+    _memo.clear()
+
+
+def generation() -> int:
+    return _state["generation"]
+
+
+def _builtin_only(backends: dict) -> bool:
+    known = _state["builtin_only"]
+    if known is None:
+        known = all(type(b).__module__.startswith("posenc.backends.") for b in backends.values())
+        _state["builtin_only"] = known
+    return known
+
+
+def signature(request, requested: str, backends: dict) -> tuple | None:
+    """The memo key of ``request``, or None when its choice may depend on more than the key."""
+    if request.token_states is not None or request.kind in (Kind.BIAS, Kind.CONTENT):
+        return None
+    mask = request.mask
+    if mask.additive is not None:
+        return None
+    components = mask.components
+    if not components:
+        offset = -1
+    elif len(components) == 1 and type(components[0]) is CausalMask:
+        offset = components[0].offset
+    else:
+        return None
+    if not _builtin_only(backends):
+        return None
+    q, k, v = request.q, request.k, request.v
+    return (
+        requested,
+        q.device,
+        q.dtype,
+        q.shape,
+        k.shape,
+        v.shape,
+        request.kind,
+        offset,
+        request.sinks is not None,
+        request.dropout_p > 0,
+        request.need_weights,
+        torch.is_grad_enabled(),
+        request.needs_grad,
+    )
+
+
+def lookup(key: tuple) -> object | None:
+    return _memo.get(key)
+
+
+def store(key: tuple, request, backend: object) -> None:
+    """Remember ``backend`` for ``key`` unless the choice saw nan or inf (a value, not the key)."""
+    if request.__dict__.get("has_nonfinite", False):
+        return
+    if len(_memo) >= _MAX_ENTRIES:
+        _memo.clear()
+    _memo[key] = backend
