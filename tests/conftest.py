@@ -1,4 +1,5 @@
-"""Shared test set-up: deterministic seeds, one thread per worker (two xdist workers on 2 cores)."""
+"""Shared test set-up: deterministic seeds, one thread per worker (two xdist workers on 2 cores), an empty
+dispatch memo per test."""
 
 from __future__ import annotations
 
@@ -17,4 +18,14 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dispatch_memo():
+    """Each test starts with an empty dispatch memo: a test that monkeypatches what a backend consults
+    (``cpu_flash_available``, ``flex_available``) must not meet a choice another test memoised."""
+    from posenc.backends import _memo
+
+    _memo.bump()
     yield
