@@ -228,9 +228,12 @@ class MultiheadAttention(nn.Module):
                 default = self_attention_positions(q_len, past, evicted, padding, docs, x.device)
                 q_pos = checked_positions(self.encoding, positions, "positions", batch, q_len, default)
                 states = token_states_with_cache(self.encoding, x, entry, padding)
-                q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs, states)
-                trims = self.window is not None and self.chunk is None  # chunks count keys from the start
-                if trims and cache is not None and padding is None and docs is None and prefix_len is None:
+                # chunks count keys from the start; padding, documents and prefixes read every key
+                trims = self.window is not None and self.chunk is None and cache is not None
+                trims = trims and padding is None and docs is None and prefix_len is None
+                keep_last = self.window - 1 if trims else None
+                q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs, states, keep_last)
+                if trims:
                     cache.trim_to_window(self.layer_idx, self.window)
         if attn_mask is not None:
             attn_mask = check_attn_mask(attn_mask, batch, self.num_heads, q_len, k.shape[2])
@@ -343,8 +346,10 @@ class MultiheadAttention(nn.Module):
         padding: Tensor | None,
         docs: Tensor | None,
         states: TokenStates | None = None,
+        keep_last: int | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``q, k, v, k_pos`` of self-attention: the new tokens' keys after the cached ones."""
+        """``q, k, v, k_pos`` of self-attention: the new tokens' keys after the cached ones
+        (``keep_last``: the window's keys the cache keeps after this call, see ``KVCache.append``)."""
         if self.encoding.kind is Kind.ABSOLUTE:
             x = embed_positions(self.encoding, x, q_pos)
         q = self._heads(self.q_proj(x), self.num_heads)
@@ -355,7 +360,7 @@ class MultiheadAttention(nn.Module):
         if cache is None:
             return q, k, v, q_pos
         k, v, k_pos = cache.append(
-            self, entry, k, v, q_pos, padding=padding, document_ids=docs, states=states
+            self, entry, k, v, q_pos, padding=padding, document_ids=docs, states=states, keep_last=keep_last
         )
         return q, k, v, k_pos
 

@@ -10,6 +10,13 @@
 * **StreamingLLM's retention** (``KVCache(recent_tokens=R, sink_tokens=S)``, Xiao et al. 2023):
   every layer keeps the first ``S`` and the last ``R`` tokens, positions are those inside the
   cache, and rotary keys are stored unrotated and rotated at each step.
+* **A preallocated cache** (``KVCache(max_length=N)``) writes each step's keys, values and key
+  positions in place into ``[B, Hkv, N, D]`` buffers (:class:`TimeAxis`) and hands the kernel views
+  of them: no step concatenates the cache. A windowed layer's view slides along its buffer and is
+  copied back to the front when it reaches the end (once every ``N - W + 1`` steps); StreamingLLM
+  moves its recent tokens back behind the sinks. It equals the growing cache exactly. It writes in
+  place, so it serves inference (``torch.no_grad``/``inference_mode``); gradients through cached
+  keys need the growing cache.
 
 ``window`` is a layer's sliding-window mask only (:class:`~posenc.MultiheadAttention`); the
 cache's retention is ``recent_tokens``.
@@ -26,10 +33,12 @@ from torch import Tensor
 from .base import FiniteMark, Kind, PositionalEncoding, TokenStates
 
 __all__ = [
+    "CacheFullError",
     "CacheStamp",
     "CacheWriter",
     "KVCache",
     "KVCacheEntry",
+    "TimeAxis",
     "context_key",
     "rotation_dropped",
     "token_states_with_cache",
@@ -79,8 +88,13 @@ class CacheStamp:
         """The tensor whose batch size (dim 0) and device are the entry's."""
         raise NotImplementedError
 
-    def stamp(self, layer: CacheWriter) -> None:
-        self.writer_id, self.writer = id(layer), layer.describe()
+    def stamp(self, layer: CacheWriter, previous: CacheStamp | None = None) -> None:
+        """Record ``layer`` as the writer; ``previous``, the entry this one extends, if any (its
+        writer's description is reused rather than formatted again on every decode step)."""
+        if previous is not None and previous.writer_id == id(layer):
+            self.writer_id, self.writer = previous.writer_id, previous.writer
+        else:
+            self.writer_id, self.writer = id(layer), layer.describe()
         self.layout, self.rotation_dropped = layer.qk_layout, rotation_dropped(layer)
 
     def check_reader(
@@ -121,6 +135,60 @@ class CacheStamp:
             )
 
 
+class CacheFullError(ValueError):
+    """A preallocated cache (``max_length=N``) cannot hold what a call asks it to keep."""
+
+
+class TimeAxis:
+    """A preallocated time axis: one buffer of ``capacity`` steps along ``dim``, a live slice of it.
+
+    :meth:`append` copies new steps in place after the live ones, :meth:`drop_front` forgets the
+    oldest (the view slides; nothing moves) and :meth:`view` is the live slice, a view of the buffer.
+    When an append reaches the buffer's end the live steps are copied back to its front first, so a
+    sliding window costs one copy of the window per ``capacity - window`` steps.
+    """
+
+    def __init__(self, first: Tensor, dim: int, capacity: int) -> None:
+        shape = list(first.shape)
+        shape[dim] = capacity
+        self.buffer = first.new_empty(shape)
+        self.dim, self.capacity, self.start, self.length = dim, capacity, 0, 0
+        self.append(first)
+
+    def view(self) -> Tensor:
+        return self.buffer.narrow(self.dim, self.start, self.length)
+
+    def fits(self, steps: int) -> bool:
+        return self.length + steps <= self.capacity
+
+    def append(self, new: Tensor) -> Tensor:
+        """Copy ``new`` after the live steps; return the live view, ``new`` included."""
+        steps = new.shape[self.dim]
+        if not self.fits(steps):
+            raise CacheFullError(f"{self.length} + {steps} steps exceed the capacity {self.capacity}")
+        if self.start + self.length + steps > self.capacity:
+            self._to_front()
+        self.buffer.narrow(self.dim, self.start + self.length, steps).copy_(new)
+        self.length += steps
+        return self.view()
+
+    def drop_front(self, steps: int) -> None:
+        self.start, self.length = self.start + steps, self.length - steps
+
+    def keep(self, head: int, tail: int) -> None:
+        """Keep the first ``head`` and the last ``tail`` live steps (StreamingLLM's sinks and recent)."""
+        if self.length <= head + tail:
+            return
+        recent = self.view().narrow(self.dim, self.length - tail, tail).clone()  # regions may overlap
+        self.buffer.narrow(self.dim, self.start + head, tail).copy_(recent)
+        self.length = head + tail
+
+    def _to_front(self) -> None:
+        live = self.view().clone()  # source and destination may overlap
+        self.start = 0
+        self.buffer.narrow(self.dim, 0, self.length).copy_(live)
+
+
 @dataclass(kw_only=True)
 class KVCacheEntry(CacheStamp):
     """One layer's self- or cross-attention entry of a :class:`KVCache`."""
@@ -135,9 +203,17 @@ class KVCacheEntry(CacheStamp):
     token_state: Tensor | None = None  # [B, S, T]: an input-dependent bias's states of the keys (FoX)
     token_index: Tensor | None = None  # [T] int64: the keys' indices among all tokens seen
     finite: FiniteMark = field(default_factory=FiniteMark)  # set once every stored k and v is seen finite
+    # KVCache(max_length=N): the buffers k, v and k_pos are views of (shared by the entries of one
+    # layer's successive steps; each step's entry keeps its own views and finite mark)
+    axes: dict[str, TimeAxis] | None = None
 
     def held(self) -> Tensor:
         return self.k
+
+    def refresh_views(self) -> None:
+        """Point ``k``, ``v`` and ``k_pos`` at the live part of the preallocated buffers."""
+        for name, axis in self.axes.items():
+            setattr(self, name, axis.view())
 
 
 def context_key(x: Tensor) -> tuple:
@@ -156,7 +232,14 @@ class KVCache:
     padding mask or document ids when there are some).
     """
 
-    def __init__(self, recent_tokens: int | None = None, sink_tokens: int = 0, **renamed: Any) -> None:
+    def __init__(
+        self,
+        recent_tokens: int | None = None,
+        sink_tokens: int = 0,
+        *,
+        max_length: int | None = None,
+        **renamed: Any,
+    ) -> None:
         """Args:
         recent_tokens: None (keep every token), or StreamingLLM (Xiao et al. 2023): every layer keeps
             the first ``sink_tokens`` tokens and the last ``recent_tokens`` ones, memory
@@ -164,6 +247,13 @@ class KVCache:
             the cache (the paper's rule): cached keys are kept unrotated and rotary encodings
             rotate them at each step.
         sink_tokens: with ``recent_tokens``, the first tokens that are never evicted (attention sinks).
+        max_length: None (the cache grows by concatenation), or the number of tokens each layer's
+            preallocated ``[B, Hkv, max_length, D]`` buffers hold: every step is written in place
+            and the kernel reads views. A layer without a window needs room for the prompt and every
+            generated token; a windowed layer needs ``max_length >= window`` (a prompt longer than
+            the buffer is attended whole, then its last ``window - 1`` keys are kept); StreamingLLM
+            needs ``max_length > sink_tokens + recent_tokens``. Inference only: in-place writes
+            cannot carry gradients through cached keys.
         """
         if "window" in renamed:
             raise TypeError(
@@ -183,7 +273,16 @@ class KVCache:
             raise ValueError(
                 "KVCache: sink_tokens needs recent_tokens (StreamingLLM keeps sinks plus the recent tokens)"
             )
-        self.recent_tokens, self.sink_tokens = recent_tokens, sink_tokens
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
+            raise ValueError(f"KVCache: max_length must be a positive int or None, got {max_length!r}")
+        if max_length is not None and recent_tokens is not None and max_length <= sink_tokens + recent_tokens:
+            raise ValueError(
+                f"KVCache: max_length={max_length} must exceed sink_tokens + recent_tokens = "
+                f"{sink_tokens + recent_tokens}: the buffer holds the kept tokens plus the new one"
+            )
+        self.recent_tokens, self.sink_tokens, self.max_length = recent_tokens, sink_tokens, max_length
         self._entries: dict[tuple[int, bool], KVCacheEntry] = {}
 
     @property
@@ -216,7 +315,8 @@ class KVCache:
 
     def __repr__(self) -> str:
         layers = sorted({idx for idx, _ in self._entries})
-        return f"KVCache(layers={layers}, length={len(self)})"
+        static = "" if self.max_length is None else f", max_length={self.max_length}"
+        return f"KVCache(layers={layers}, length={len(self)}{static})"
 
     # ------------------------------------------------------------------ the rules
     def read(
@@ -248,9 +348,17 @@ class KVCache:
             )
         return entry
 
-    def write(self, layer: CacheWriter, entry: KVCacheEntry, *, cross: bool = False) -> None:
-        """Store ``entry`` as ``layer``'s, stamped with the layer and the form of its keys."""
-        entry.stamp(layer)
+    def write(
+        self,
+        layer: CacheWriter,
+        entry: KVCacheEntry,
+        *,
+        cross: bool = False,
+        previous: KVCacheEntry | None = None,
+    ) -> None:
+        """Store ``entry`` as ``layer``'s, stamped with the layer and the form of its keys
+        (``previous``: the entry, read by ``layer``, that this one extends)."""
+        entry.stamp(layer, previous)
         if self.streaming and not cross:
             entry.rotation_dropped = None  # stored unrotated: every step rotates them in its own mode
         self.update(layer.layer_idx, entry, cross=cross)
@@ -266,21 +374,93 @@ class KVCache:
         padding: Tensor | None,
         document_ids: Tensor | None,
         states: TokenStates | None,
+        keep_last: int | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Every key, value and key position so far: ``entry``'s (``layer``'s, read; or None), then the
         new ``k``, ``v`` ``[B, Hkv, T, D]`` at ``k_pos``. They are stored as ``layer``'s entry with
-        the keys' ``padding``, ``document_ids`` and token ``states`` (all ``[B, past + T]``)."""
-        if entry is not None:
-            batch = k.shape[0]
-            k = torch.cat([entry.k, k], dim=2)
-            v = torch.cat([entry.v, v], dim=2)
-            k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
-        stored = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, document_ids=document_ids)
-        stored.evicted = 0 if entry is None else entry.evicted
+        the keys' ``padding``, ``document_ids`` and token ``states`` (all ``[B, past + T]``).
+
+        ``keep_last``: the layer trims the entry to its last ``keep_last`` keys after this call
+        (:meth:`trim_to_window`); a preallocated cache then stores only those when the buffer
+        cannot hold them all."""
+        if self.max_length is not None:
+            k, v, k_pos, stored = self._append_in_place(entry, k, v, k_pos, keep_last)
+        else:
+            if entry is not None:
+                batch = k.shape[0]
+                k = torch.cat([entry.k, k], dim=2)
+                v = torch.cat([entry.v, v], dim=2)
+                k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
+            stored = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=padding)
+            stored.evicted = 0 if entry is None else entry.evicted
+        stored.padding, stored.document_ids = padding, document_ids
         if states is not None:
             stored.token_state, stored.token_index = states.k, states.k_index
-        self.write(layer, stored)
+        self.write(layer, stored, previous=entry)
         return k, v, k_pos
+
+    def _append_in_place(
+        self, entry: KVCacheEntry | None, k: Tensor, v: Tensor, k_pos: Tensor, keep_last: int | None
+    ) -> tuple[Tensor, Tensor, Tensor, KVCacheEntry]:
+        """:meth:`append` into the preallocated buffers: ``(k, v, k_pos, stored entry)``."""
+        self._check_in_place(entry, k, v, keep_last)
+        k_pos = k_pos.expand(k.shape[0], -1)
+        steps, evicted = k.shape[2], 0 if entry is None else entry.evicted
+        axes = None if entry is None else entry.axes
+        if axes is not None and axes["k"].fits(steps):
+            for name, new in (("k", k), ("v", v), ("k_pos", k_pos)):
+                axes[name].append(new)
+            stored = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=None, evicted=evicted, axes=axes)
+            stored.refresh_views()
+            return stored.k, stored.v, stored.k_pos, stored
+        if entry is not None:  # past + new exceed the buffer: a windowed layer keeps its tail
+            k = torch.cat([entry.k, k], dim=2)
+            v = torch.cat([entry.v, v], dim=2)
+            k_pos = torch.cat([entry.k_pos, k_pos], dim=1)
+        total = k.shape[2]
+        if total > self.max_length:
+            if keep_last is None:
+                raise CacheFullError(
+                    f"KVCache(max_length={self.max_length}) is full: this layer has {total - steps} tokens "
+                    f"cached and the call adds {steps}; pass a max_length that holds the prompt and every "
+                    "generated token, or use KVCache() (grows)"
+                )
+            kept = slice(total - keep_last, total)
+            evicted += total - keep_last
+        else:
+            kept = slice(0, total)
+        axes = {
+            "k": TimeAxis(k[:, :, kept], 2, self.max_length),
+            "v": TimeAxis(v[:, :, kept], 2, self.max_length),
+            "k_pos": TimeAxis(k_pos[:, kept], 1, self.max_length),
+        }
+        stored = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=None, evicted=evicted, axes=axes)
+        stored.refresh_views()
+        if kept.stop - kept.start == total:  # the kernel reads the buffers, as every later step will
+            return stored.k, stored.v, stored.k_pos, stored
+        return k, v, k_pos, stored
+
+    def _check_in_place(
+        self, entry: KVCacheEntry | None, k: Tensor, v: Tensor, keep_last: int | None
+    ) -> None:
+        """Refuse what in-place writes would get wrong: gradients, a changed dtype, a window longer
+        than the buffer."""
+        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
+            raise ValueError(
+                f"KVCache(max_length={self.max_length}) writes keys and values in place, which autograd "
+                "cannot differentiate through: decode under torch.no_grad() or torch.inference_mode(), "
+                "or use KVCache() (grows) to backpropagate through cached keys"
+            )
+        if entry is not None and entry.axes is not None and entry.k.dtype != k.dtype:
+            raise ValueError(
+                f"KVCache(max_length={self.max_length}) holds {entry.k.dtype} keys but this call writes "
+                f"{k.dtype}; keep one dtype per cache, or use a fresh KVCache"
+            )
+        if keep_last is not None and keep_last + 1 > self.max_length:
+            raise ValueError(
+                f"KVCache(max_length={self.max_length}) cannot hold a decode step of a layer with window="
+                f"{keep_last + 1} ({keep_last} cached keys plus the new one); pass max_length >= the window"
+            )
 
     def checked_keys(
         self, layer_idx: int, previous: KVCacheEntry | None, *, cross: bool
@@ -306,8 +486,13 @@ class KVCache:
         drop = entry.k.shape[2] - (window - 1)
         if drop <= 0:
             return
-        entry.k, entry.v = entry.k[:, :, drop:], entry.v[:, :, drop:]
-        entry.k_pos = entry.k_pos[:, drop:]
+        if entry.axes is not None:  # the views slide along the buffers; nothing moves
+            for axis in entry.axes.values():
+                axis.drop_front(drop)
+            entry.refresh_views()
+        else:
+            entry.k, entry.v = entry.k[:, :, drop:], entry.v[:, :, drop:]
+            entry.k_pos = entry.k_pos[:, drop:]
         if entry.token_state is not None:
             entry.token_state, entry.token_index = entry.token_state[..., drop:], entry.token_index[drop:]
         entry.evicted += drop
@@ -326,16 +511,41 @@ class KVCache:
         ``sink_tokens`` and the last ``recent_tokens`` (and their token states), unrotated."""
         past = 0 if entry is None else entry.k.shape[2]
         q_len = k.shape[2]
-        if entry is not None:
-            k, v = torch.cat([entry.k, k], dim=2), torch.cat([entry.v, v], dim=2)
         q_pos = torch.arange(past, past + q_len, device=k.device)[None]
         k_pos = torch.arange(past + q_len, device=k.device)[None]
         kept = self._kept(past + q_len)
-        stored = KVCacheEntry(k=k[:, :, kept], v=v[:, :, kept], k_pos=k_pos[:, kept], padding=None)
+        if self.max_length is not None:
+            k, v, stored = self._stream_in_place(entry, k, v, k_pos[:, kept])
+        else:
+            if entry is not None:
+                k, v = torch.cat([entry.k, k], dim=2), torch.cat([entry.v, v], dim=2)
+            stored = KVCacheEntry(k=k[:, :, kept], v=v[:, :, kept], k_pos=k_pos[:, kept], padding=None)
         if states is not None:
             stored.token_state, stored.token_index = states.k[..., kept], states.k_index[kept]
-        self.write(layer, stored)
+        self.write(layer, stored, previous=entry)
         return k, v, q_pos, k_pos
+
+    def _stream_in_place(
+        self, entry: KVCacheEntry | None, k: Tensor, v: Tensor, kept_pos: Tensor
+    ) -> tuple[Tensor, Tensor, KVCacheEntry]:
+        """StreamingLLM into the preallocated buffers: every key and value so far, and the entry
+        whose views are the kept ones (the sinks, then the recent tokens, at ``kept_pos``)."""
+        self._check_in_place(entry, k, v, None)
+        axes = None if entry is None else entry.axes
+        if axes is None or not axes["k"].fits(k.shape[2]):  # a prompt longer than the buffer
+            if entry is not None:
+                k, v = torch.cat([entry.k, k], dim=2), torch.cat([entry.v, v], dim=2)
+            kept = self._kept(k.shape[2])
+            axes = {name: TimeAxis(t[:, :, kept], 2, self.max_length) for name, t in (("k", k), ("v", v))}
+        else:
+            k, v = axes["k"].append(k), axes["v"].append(v)
+            if k.shape[2] > self.sink_tokens + self.recent_tokens:  # eviction moves what the kernel reads
+                k, v = k.clone(), v.clone()
+                for axis in axes.values():
+                    axis.keep(self.sink_tokens, self.recent_tokens)
+        stored = KVCacheEntry(k=k, v=v, k_pos=kept_pos, padding=None, axes=axes)
+        stored.refresh_views()
+        return k, v, stored
 
     def _kept(self, length: int) -> slice | Tensor:
         """Indices of the tokens StreamingLLM keeps out of ``length``."""

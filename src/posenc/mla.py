@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from .backends.run import attend
 from .base import LayerContext, PositionalEncoding
-from .cache import CacheStamp
+from .cache import CacheFullError, CacheStamp, TimeAxis
 from .encodings.rope import RoPE, register_rope_user
 from .encodings.rope_scaling import RopeScaling
 from .inputs import check_scale
@@ -114,6 +114,7 @@ class _LatentEntry(CacheStamp):
     k_rope: Tensor  # [B, T, qk_rope_head_dim], rotated
     k_pos: Tensor  # [B or 1, T] int64
     padding: Tensor | None  # [B, T] bool, True = padding
+    axes: dict[str, TimeAxis] | None = None  # LatentCache(max_length=N): the buffers of the views above
 
     def held(self) -> Tensor:
         return self.latent
@@ -130,8 +131,64 @@ class LatentCache:
     mode changed since (``drop_rotation="eval"`` and ``train()``/``eval()``) raises ``ValueError``.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_length: int | None = None) -> None:
+        """Args:
+        max_length: None (the cache grows by concatenation), or the tokens each layer's
+            preallocated latent and rotary-key buffers hold: every step is written in place and
+            the expansion reads views (as ``KVCache(max_length=...)``; inference only).
+        """
+        if max_length is not None and (
+            isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 1
+        ):
+            raise ValueError(f"LatentCache: max_length must be a positive int or None, got {max_length!r}")
+        self.max_length = max_length
         self._entries: dict[int, _LatentEntry] = {}
+
+    def append(
+        self,
+        entry: _LatentEntry | None,
+        latent: Tensor,
+        k_rope: Tensor,
+        k_pos: Tensor,
+        padding: Tensor | None,
+    ) -> _LatentEntry:
+        """The entry after ``entry`` (or None) with the new ``latent [B, T, r]``, ``k_rope [B, T, d_r]``
+        and ``k_pos`` appended: concatenated, or written in place with ``max_length``."""
+        batch = latent.shape[0]
+        k_pos = k_pos.expand(batch, -1)
+        new = {"latent": latent, "k_rope": k_rope, "k_pos": k_pos}
+        if self.max_length is None:
+            if entry is not None:
+                new = {
+                    name: torch.cat([getattr(entry, name).expand(batch, -1, *t.shape[2:]), t], dim=1)
+                    for name, t in new.items()
+                }
+            return _LatentEntry(**new, padding=padding)
+        if torch.is_grad_enabled() and (latent.requires_grad or k_rope.requires_grad):
+            raise ValueError(
+                f"LatentCache(max_length={self.max_length}) writes in place, which autograd cannot "
+                "differentiate through: decode under torch.no_grad() or torch.inference_mode(), or use "
+                "LatentCache() (grows)"
+            )
+        steps = latent.shape[1]
+        if entry is None:
+            if steps > self.max_length:
+                raise CacheFullError(
+                    f"LatentCache(max_length={self.max_length}) cannot hold a prompt of {steps} tokens; "
+                    "pass a larger max_length, or use LatentCache() (grows)"
+                )
+            axes = {name: TimeAxis(t, 1, self.max_length) for name, t in new.items()}
+        else:
+            axes = entry.axes
+            if not axes["latent"].fits(steps):
+                raise CacheFullError(
+                    f"LatentCache(max_length={self.max_length}) is full: {axes['latent'].length} tokens "
+                    f"cached and the call adds {steps}; pass a larger max_length, or use LatentCache() (grows)"
+                )
+            for name, t in new.items():
+                axes[name].append(t)
+        views = {name: axis.view() for name, axis in axes.items()}
+        return _LatentEntry(**views, padding=padding, axes=axes)
 
     def get(self, layer_idx: int = 0) -> _LatentEntry | None:
         return self._entries.get(layer_idx)
@@ -386,14 +443,11 @@ class MultiLatentAttention(nn.Module):
         latent, k_rope = self._latent(x)
         q_rope, k_rope = self._rotate(q_rope, k_rope, q_pos)
         k_pos = q_pos
-        if entry is not None:
-            latent = torch.cat([entry.latent, latent], dim=1)
-            k_rope = torch.cat([entry.k_rope, k_rope], dim=1)
-            k_pos = torch.cat([entry.k_pos.expand(batch, -1), k_pos.expand(batch, -1)], dim=1)
         if cache is not None:
-            written = _LatentEntry(latent=latent, k_rope=k_rope, k_pos=k_pos, padding=padding)
-            written.stamp(self)
+            written = cache.append(entry, latent, k_rope, k_pos, padding)
+            written.stamp(self, entry)
             cache.update(self.layer_idx, written)
+            latent, k_rope, k_pos = written.latent, written.k_rope, written.k_pos
         k, v = self.expand_latent(latent, k_rope)
         q = torch.cat([q_nope, q_rope], dim=-1)
 
