@@ -110,15 +110,21 @@ def _counted_decode_step(monkeypatch, cache_len: int) -> list[int]:
     with torch.no_grad():
         layer(torch.randn(1, cache_len, 32), cache=cache)
         counted: list[int] = []
-        real = backends_pkg._all_finite
+        real, real_together = backends_pkg._all_finite, backends_pkg._all_finite_together
 
         def counting(t: torch.Tensor) -> bool:
             counted.append(t.numel())
             return real(t)
 
+        def counting_together(tensors) -> bool:
+            counted.extend(t.numel() for t in tensors)
+            return real_together(tensors)
+
         monkeypatch.setattr(backends_pkg, "_all_finite", counting)
+        monkeypatch.setattr(backends_pkg, "_all_finite_together", counting_together)
         layer(torch.randn(1, 1, 32), cache=cache)
         monkeypatch.setattr(backends_pkg, "_all_finite", real)
+        monkeypatch.setattr(backends_pkg, "_all_finite_together", real_together)
     assert layer.last_backend == "sdpa"
     return counted
 
@@ -137,8 +143,13 @@ def test_cross_attention_cache_is_checked_once(monkeypatch) -> None:
     layer = posenc.MultiheadAttention(32, 4, "rope").eval()
     context, cache = torch.randn(1, 50, 32), posenc.KVCache()
     counted: list[int] = []
-    real = backends_pkg._all_finite
+    real, real_together = backends_pkg._all_finite, backends_pkg._all_finite_together
     monkeypatch.setattr(backends_pkg, "_all_finite", lambda t: counted.append(t.numel()) or real(t))
+    monkeypatch.setattr(
+        backends_pkg,
+        "_all_finite_together",
+        lambda ts: counted.extend(t.numel() for t in ts) or real_together(ts),
+    )
     with torch.no_grad():
         layer(torch.randn(1, 1, 32), context=context, cache=cache)
         first, counted[:] = sum(counted), []

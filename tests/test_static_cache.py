@@ -170,8 +170,10 @@ def test_full_cache_grad_dtype_and_window_errors_name_the_fix():
             layer.double()(x[:, 2:3].double(), cache=cache)
         layer.float()
         windowed = _layer("rope", window=6)
+        short = posenc.KVCache(max_length=5)
+        windowed(x[:, :5], cache=short)  # fits: no window trimmed yet
         with pytest.raises(ValueError, match=r"window=6.*max_length >= the window"):
-            windowed(x[:, :2], cache=posenc.KVCache(max_length=5))
+            windowed(x[:, 5:6], cache=short)
     for bad in (0, -1, 2.0, True):
         with pytest.raises(ValueError, match="max_length must be a positive int"):
             posenc.KVCache(max_length=bad)

@@ -52,6 +52,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "HF eager / sdpa vs attn_implementation='posenc' on HF's masks; BLOOM and T5 via use_posenc_attention",
     ),
+    "decode": (
+        "bench_decode",
+        [],
+        "decode steps vs the plain loop (growing, preallocated, compiled); HF Llama and TransformerLM generate",
+    ),
 }
 QUICK_ARGS: dict[str, list[str]] = {
     "bias": ["--sizes", "512,1024", "--repeats", "2", "--no-memory"],
@@ -61,6 +66,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "masks": ["--sizes", "1024", "--window", "128", "--repeats", "2", "--no-memory"],
     "hf": ["--sizes", "512", "--window", "64", "--repeats", "2"],
     "split": ["--sizes", "1024", "--window", "128", "--repeats", "2"],
+    "decode": ["--caches", "256", "--steps", "32", "--repeats", "2", "--new", "16", "--prompt", "32"],
 }
 
 

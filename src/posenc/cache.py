@@ -151,7 +151,7 @@ class TimeAxis:
     def __init__(self, first: Tensor, dim: int, capacity: int) -> None:
         shape = list(first.shape)
         shape[dim] = capacity
-        self.buffer = first.new_empty(shape)
+        self.buffer = first.new_zeros(shape)  # finite: a fixed-shape step reads (masked) unwritten slots
         self.dim, self.capacity, self.start, self.length = dim, capacity, 0, 0
         self.append(first)
 
@@ -403,7 +403,7 @@ class KVCache:
         self, entry: KVCacheEntry | None, k: Tensor, v: Tensor, k_pos: Tensor, keep_last: int | None
     ) -> tuple[Tensor, Tensor, Tensor, KVCacheEntry]:
         """:meth:`append` into the preallocated buffers: ``(k, v, k_pos, stored entry)``."""
-        self._check_in_place(entry, k, v, keep_last)
+        self._check_in_place(entry, k, v)
         k_pos = k_pos.expand(k.shape[0], -1)
         steps, evicted = k.shape[2], 0 if entry is None else entry.evicted
         axes = None if entry is None else entry.axes
@@ -419,6 +419,12 @@ class KVCache:
             k_pos = torch.cat([entry.k_pos, k_pos], dim=1)
         total = k.shape[2]
         if total > self.max_length:
+            if keep_last is not None and keep_last + 1 > self.max_length:
+                raise ValueError(
+                    f"KVCache(max_length={self.max_length}) cannot hold a decode step of a layer with "
+                    f"window={keep_last + 1} ({keep_last} cached keys plus the new one) once {total} tokens "
+                    "are seen; pass max_length >= the window"
+                )
             if keep_last is None:
                 raise CacheFullError(
                     f"KVCache(max_length={self.max_length}) is full: this layer has {total - steps} tokens "
@@ -440,11 +446,8 @@ class KVCache:
             return stored.k, stored.v, stored.k_pos, stored
         return k, v, k_pos, stored
 
-    def _check_in_place(
-        self, entry: KVCacheEntry | None, k: Tensor, v: Tensor, keep_last: int | None
-    ) -> None:
-        """Refuse what in-place writes would get wrong: gradients, a changed dtype, a window longer
-        than the buffer."""
+    def _check_in_place(self, entry: KVCacheEntry | None, k: Tensor, v: Tensor) -> None:
+        """Refuse what in-place writes would get wrong: gradients, a changed dtype."""
         if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
             raise ValueError(
                 f"KVCache(max_length={self.max_length}) writes keys and values in place, which autograd "
@@ -455,11 +458,6 @@ class KVCache:
             raise ValueError(
                 f"KVCache(max_length={self.max_length}) holds {entry.k.dtype} keys but this call writes "
                 f"{k.dtype}; keep one dtype per cache, or use a fresh KVCache"
-            )
-        if keep_last is not None and keep_last + 1 > self.max_length:
-            raise ValueError(
-                f"KVCache(max_length={self.max_length}) cannot hold a decode step of a layer with window="
-                f"{keep_last + 1} ({keep_last} cached keys plus the new one); pass max_length >= the window"
             )
 
     def checked_keys(
@@ -530,7 +528,7 @@ class KVCache:
     ) -> tuple[Tensor, Tensor, KVCacheEntry]:
         """StreamingLLM into the preallocated buffers: every key and value so far, and the entry
         whose views are the kept ones (the sinks, then the recent tokens, at ``kept_pos``)."""
-        self._check_in_place(entry, k, v, None)
+        self._check_in_place(entry, k, v)
         axes = None if entry is None else entry.axes
         if axes is None or not axes["k"].fits(k.shape[2]):  # a prompt longer than the buffer
             if entry is not None:

@@ -350,7 +350,9 @@ class AttentionMask:
         offset = int(causal_offset)
         if causal and prefix_len is not None:
             components.append(PrefixLMMask(prefix_len.to(device=device, dtype=torch.long), offset))
-        elif causal:
+        elif causal and offset < k_len - 1:
+            # (offset >= k_len - 1: every query sees every key, as in a one-token decode step; a
+            # mask that hides nothing would only cost its materialisation)
             components.append(CausalMask(offset))
         if window is not None:
             components.append(SlidingWindowMask(int(window), offset))

@@ -405,7 +405,8 @@ class TransformerLM(_Stack):
         """Greedy decoding: ``prompt [B, T0]`` -> ``[B, T0 + max_new_tokens]`` (argmax at every step).
 
         With ``use_cache`` each step feeds only the new token and reads keys/values from a
-        :class:`KVCache`; without it every step recomputes the whole sequence. Both give the same
+        :class:`KVCache` preallocated for ``T0 + max_new_tokens`` tokens; without it every step
+        recomputes the whole sequence. Runs under ``torch.no_grad()``. Both give the same
         tokens. When every row has produced ``eos_token`` the loop stops early (rows are then
         shorter than ``T0 + max_new_tokens``).
         """
@@ -413,10 +414,15 @@ class TransformerLM(_Stack):
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         if not self.causal:
             raise ValueError("generate needs a causal model (causal=True)")
+        with torch.no_grad():
+            return self._greedy(prompt, max_new_tokens, use_cache, eos_token)
+
+    def _greedy(self, prompt: Tensor, max_new_tokens: int, use_cache: bool, eos_token: int | None) -> Tensor:
         was_training = self.training
         self.eval()
         tokens = prompt
-        cache = KVCache() if use_cache else None
+        # Preallocated for the whole sequence: each step writes its keys in place (no concatenation).
+        cache = KVCache(max_length=prompt.shape[1] + max_new_tokens) if use_cache else None
         step_input = prompt
         finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
         try:

@@ -61,6 +61,29 @@ def _all_finite(t: Tensor) -> bool:
     return bool(torch.isfinite(t.sum(dtype=wide))) or bool(torch.isfinite(t).all())
 
 
+def _all_finite_together(tensors: tuple[Tensor, ...]) -> bool:
+    """:func:`_all_finite` of every floating tensor of ``tensors``, with one host sync when all are
+    finite (a decode step's q, k and v are a few hundred numbers: the syncs were the cost)."""
+    floating = [t for t in tensors if t.is_floating_point()]
+    if not floating:
+        return True
+    if len({(t.device, t.dtype) for t in floating}) == 1 and floating[0].device.type in ("cpu", "cuda"):
+        total = torch.stack([t.sum(dtype=torch.float64) for t in floating]).sum()
+        if bool(torch.isfinite(total)):
+            return True
+    return all(_all_finite(t) for t in floating)
+
+
+def _parameters(module: nn.Module) -> list[Tensor]:
+    """``list(module.parameters())`` without its generator chain and duplicate set (a hot path:
+    every request reads its encoding's parameters for nan); a shared parameter may appear twice."""
+    found = [p for p in module._parameters.values() if p is not None]
+    for child in module._modules.values():
+        if child is not None:
+            found += _parameters(child)
+    return found
+
+
 def _field_error(name: str, problem: str) -> ValueError:
     return ValueError(f"AttentionRequest.{name}: {problem}")
 
@@ -359,6 +382,8 @@ class AttentionRequest:
 
     @property
     def needs_grad(self) -> bool:
+        if not torch.is_grad_enabled():
+            return False
         tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
         if self.sinks is not None:
             tensors.append(self.sinks)
@@ -377,11 +402,11 @@ class AttentionRequest:
         """
         known = self.known_finite_keys
         k, v = (self.k, self.v) if known == 0 else (self.k[:, :, known:], self.v[:, :, known:])
-        if any(t.is_floating_point() and not _all_finite(t) for t in (self.q, k, v)):
+        if not _all_finite_together((self.q, k, v)):
             return True
         if self.finite_mark is not None:
             self.finite_mark.finite = True
-        tensors = [*self.encoding.parameters()]
+        tensors = _parameters(self.encoding)
         tensors += [t for t in (self.sinks, self.mask.additive) if t is not None]
         if self.token_states is not None:
             tensors.extend(self.token_states.tensors())
@@ -486,9 +511,21 @@ def register_backend(backend: Backend) -> Backend:
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
     """Backend names in the order ``auto`` tries them on ``device``."""
     _load_builtin()
-    from .dispatch import priority_list
+    from .dispatch import PRIORITY, priority_list
 
-    return priority_list(device, _BACKENDS)
+    device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
+    # Asked on every request: remembered until the order or the registered backends change.
+    key = (device_type, _memo.generation(), PRIORITY.get(device_type), len(_BACKENDS))
+    order = _ORDERS.get(key)
+    if order is None:
+        order = _ORDERS[key] = tuple(priority_list(device_type, _BACKENDS))
+        if len(_ORDERS) > 64:
+            _ORDERS.clear()
+            _ORDERS[key] = order
+    return list(order)
+
+
+_ORDERS: dict[tuple, tuple[str, ...]] = {}
 
 
 def get_backend(name: str) -> Backend:

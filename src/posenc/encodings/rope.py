@@ -450,7 +450,8 @@ class RoPE(RotaryEncoding):
             both = torch.cat((q_pos.reshape(-1), k_pos.reshape(-1)))
             self._refresh_frequencies(int(both.max()) + 1 if both.numel() else 1)
         q_cos, q_sin = self.cos_sin(q_pos)
-        k_cos, k_sin = self.cos_sin(k_pos)
+        # A self-attention step rotates q and k at the same positions: one table lookup
+        k_cos, k_sin = (q_cos, q_sin) if k_pos is q_pos else self.cos_sin(k_pos)
         return (
             apply_cos_sin(q, q_cos, q_sin, self.pairing, inplace),
             apply_cos_sin(k, k_cos, k_sin, self.pairing, inplace),

@@ -208,6 +208,13 @@ def apply_rotary(
     width = 2 * half
     if pairing == "interleaved" and _complex_ready(x) and _complex_ready(target):
         return _rotate_complex(x, target, cos, sin, width, inplace)
+    if width == x.shape[-1] and cos.shape[0] == 1 and x.numel() * x.element_size() <= CHUNK_BYTES:
+        # one chunk of every channel (a decode step's q and k): no slicing, which costs more than the math
+        if pairing == "half":
+            _rotate_half_pairs(x, target, cos[0], sin[0], half, inplace)
+        else:
+            _rotate_interleaved(x, target, cos[0], sin[0], inplace)
+        return target
     if not inplace and width < x.shape[-1]:
         target[..., width:] = x[..., width:]
     for b0, b1, h0, h1 in _chunks(x, cos.shape[0]):
@@ -235,8 +242,8 @@ def _chunks(x: Tensor, table_batch: int):
 
 
 def _rotate_half_pairs(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, half: int, inplace: bool) -> None:
-    x1, x2 = src[..., :half], src[..., half:]
-    o1, o2 = dst[..., :half], dst[..., half:]
+    x1, x2 = src.chunk(2, dim=-1)  # src and dst hold exactly the 2 * half rotated channels
+    o1, o2 = dst.chunk(2, dim=-1)
     if inplace:
         first = x1.clone()  # small: one chunk
         o1.mul_(cos).addcmul_(x2, sin, value=-1.0)
