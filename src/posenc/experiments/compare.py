@@ -14,6 +14,7 @@ not compared either: naming one is an error, as is naming a row the folder does 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,12 +113,14 @@ class Ranking:
 
     ``rows``: the ranked rows; ``unranked``: ``{row: why}`` for rows that did not fit or have no
     score beyond L; ``neighbours``: :func:`compare_rows` of each row with the next one, the verdict
-    ``posenc compare DIR A B`` prints for that pair."""
+    ``posenc compare DIR A B`` prints for that pair (``uncompared`` the pairs it refuses, and why)."""
 
     rows: list[str]
     scores: dict[str, float]
     unranked: dict[str, str]
     neighbours: list[Comparison]
+    #: ``{(a, b): why}`` for neighbours that cannot be compared (no seed in common).
+    uncompared: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
 
 def rank_rows(directory: str | Path, fit_threshold: float | None = None) -> Ranking:
@@ -149,8 +152,13 @@ def rank_rows(directory: str | Path, fit_threshold: float | None = None) -> Rank
         else:
             scores[row["encoding"]] = row["beyond"]
     ranked = sorted(scores, key=lambda row: -scores[row] if metric.higher_is_better else scores[row])
-    neighbours = [compare_rows(directory, a, b, threshold) for a, b in itertools.pairwise(ranked)]
-    return Ranking(ranked, scores, unranked, neighbours)
+    neighbours, uncompared = [], {}
+    for a, b in itertools.pairwise(ranked):
+        try:
+            neighbours.append(compare_rows(directory, a, b, threshold))
+        except ValueError as err:  # no seed in common (a shard of the grid): said, not hidden
+            uncompared[(a, b)] = str(err)
+    return Ranking(ranked, scores, unranked, neighbours, uncompared)
 
 
 def _signed(value: float, fmt: Any) -> str:

@@ -307,6 +307,10 @@ def _verdict_html(table: Any, unfit: dict[str, str], ranking: Any, why: str) -> 
             verdict = comparison.verdict
             word = {"a": "beats", "b": "loses to"}.get(verdict, "cannot tell from")
             against[comparison.a] = f"{word} <code>{html.escape(comparison.b)}</code>"
+        for (a, b), reason in ranking.uncompared.items():
+            against[a] = (
+                f'<span title="{html.escape(reason)}">no verdict against <code>{html.escape(b)}</code></span>'
+            )
     head = "".join(f'<th class="num">{html.escape(c)}</th>' for c in table.columns[1:])
     head = f'<th class="num">rank</th><th>encoding</th>{head}<th>against the next</th>'
     body = []
@@ -325,14 +329,18 @@ def _verdict_html(table: Any, unfit: dict[str, str], ranking: Any, why: str) -> 
             f"<td><code>{html.escape(name)}</code></td>{cells}<td>{last}</td></tr>"
         )
     sentences = ""
-    if ranking is not None and ranking.neighbours:
-        seeds = max(len(c.scores) for c in ranking.neighbours)
+    if ranking is not None and (ranking.neighbours or ranking.uncompared):
+        seeds = max((len(c.scores) for c in ranking.neighbours), default=1)
         method = (
             f"paired by seed, 95% {INTERVAL_METHOD} interval of the mean difference beyond L"
             if seeds > 1
             else "paired by seed; with one seed there is no interval, so no verdict (run --seeds 0,1,2)"
         )
         items = "".join(f"<li>{html.escape(c.sentence())}</li>" for c in ranking.neighbours)
+        items += "".join(
+            f"<li>{html.escape(a)} vs {html.escape(b)}: no verdict ({html.escape(why)})</li>"
+            for (a, b), why in ranking.uncompared.items()
+        )
         sentences = (
             f'<div id="neighbours"><p>Neighbours in the ranking, as <code>posenc compare DIR A B</code> '
             f"judges them ({html.escape(method)}; cannot tell when it contains 0):</p><ul>{items}</ul></div>"
