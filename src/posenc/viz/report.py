@@ -541,7 +541,7 @@ th, td { border: 1px solid #ddd; padding: .15em .5em; text-align: left; vertical
 thead th { background: #f3f3f3; } .num { text-align: right; font-variant-numeric: tabular-nums; }
 #summary tr.unfit td { color: #888; }
 #neighbours ul { margin: .2em 0; padding-left: 1.4em; columns: 2; font-size: .85em; }
-#neighbours p, .notes p { font-size: .85em; margin: .2em 0; }
+#neighbours p, .notes p { font-size: .85em; margin: .2em 0; } .notes p.note { color: #666; }
 table.heat { font-size: 10px; } table.heat td, table.heat th { padding: 1px; border: 1px solid #fff; }
 table.heat th.enc { text-align: left; background: #f3f3f3; }
 table.heat .l { border-left: 3px solid #222; }
