@@ -55,7 +55,7 @@ from ..experiments.results import (
     load_results,
     read_records,
 )
-from .curves import curve_figure
+from .curves import SMALL_MULTIPLES_ABOVE, curve_figure
 from .registry import PlotOptions, describe, figures_for, make_figure
 
 __all__ = ["render_report", "write_report"]
@@ -385,7 +385,7 @@ def _curves(
                 log_scale=headline.log_scale, width=width, title="",
             )  # fmt: skip
             # Small multiples: the L line's label is on the first panel; say what the grey lines are.
-            many = len({r.encoding for r in records if r.metric == metric}) > 6
+            many = len({r.encoding for r in records if r.metric == metric}) > SMALL_MULTIPLES_ABOVE
             alt = label + (
                 "; each panel one encoding over the others in grey; band: 95% interval; dashed line: L"
                 if many
@@ -450,11 +450,20 @@ def _diagnostics_html(directory: Path, encodings: list[str]) -> str:
             failures.append(f"{encoding}: {err}")
             continue
         if fig is not None:
+            _, drift, reached = diagnostics.learned_table_drift(path)  # type: ignore[misc]
+            moved = float(drift[reached:].max()) if len(drift) > reached else 0.0
+            verdict = (
+                f"Rows {reached}..{len(drift) - 1}, past the last position a training example reaches, "
+                "got no gradient: they are exactly their random init, which is what the model reads "
+                "beyond L."
+                if moved == 0
+                else f"Rows past position {reached - 1} moved too (largest change {moved:.2g}): training "
+                "reached them (randomized or packed positions)."
+            )
             parts += [
                 f"<h3>Learned positions past L: <code>{html.escape(encoding)}</code></h3>",
                 "<p>The trained table and how far each row moved from its initialisation (rebuilt from "
-                "the run's seed). Rows past the last trained position get no gradient: they are still "
-                "their random init, which is what the model reads beyond L.</p>",
+                f"the run's seed). {html.escape(verdict)}</p>",
                 _image(fig, f"learned absolute table after training: {encoding}", dpi=72),
             ]
     parts += [f'<p class="note">No diagnostic for {html.escape(f)}</p>' for f in failures]
