@@ -393,7 +393,11 @@ def _curves(
             )
             first = _image(fig, alt, dpi=80, id="headline-figure")
         else:
-            fig = curve_figure(records, task, metric, encodings, width=width)
+            # A fraction (token accuracy) keeps its band inside [0, 1]; with one seed it has none
+            # (the records' example counts are not its trials).
+            values = [r for r in records if r.task == task and r.metric == metric]
+            bounded = all(0 <= r.value <= 1 for r in values) and len({r.seed for r in values}) > 1
+            fig = curve_figure(records, task, metric, encodings, width=width, binomial=bounded)
             rest.append(_image(fig, label, dpi=80))
     if not first and rest:
         first, rest = rest[0], rest[1:]
