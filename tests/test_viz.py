@@ -307,3 +307,51 @@ def test_cli_plot_run(run_dir, tmp_path) -> None:
     assert ambiguous.exit_code == 2 and "name one" in ambiguous.output
     missing = CliRunner().invoke(app, ["plot", "t5", "--run", str(run_dir), "-o", str(out)])
     assert missing.exit_code == 2 and "no checkpoint for encoding 't5'" in " ".join(missing.output.split())
+
+
+# ---------------------------------------------------------------------------- curves (issue 26)
+
+
+def _curve_records(encodings: list[str], train_len: int = 16, eval_len: int = 48):
+    from posenc.experiments.results import Record
+
+    return [
+        Record(e, "copy", n, "exact_match", float(n <= train_len + i), 0, train_len, 100)
+        for i, e in enumerate(encodings)
+        for n in range(1, eval_len + 1)
+    ]
+
+
+def test_curves_have_a_linear_length_axis_over_the_evaluated_range_with_l_marked():
+    from posenc.viz.curves import curve_figure
+
+    encodings = ["rope", "alibi", "t5"]
+    fig = curve_figure(_curve_records(encodings), "copy", "exact_match", encodings, binomial=True)
+    (ax,) = fig.axes
+    assert ax.get_xscale() == "linear"
+    low, high = ax.get_xlim()
+    assert 0 <= low <= 1 and 48 <= high <= 49  # the evaluated lengths, nothing else
+    assert any(list(line.get_xdata()) == [16, 16] for line in ax.get_lines())  # L
+    assert any(text.get_text() == "L=16" for text in ax.texts)
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    assert labels == encodings
+    # A base-2 axis stays available.
+    log = curve_figure(_curve_records(encodings), "copy", "exact_match", encodings, log_lengths=True)
+    assert log.axes[0].get_xscale() == "log"
+
+
+def test_curves_past_six_encodings_are_small_multiples():
+    from posenc.viz.curves import SMALL_MULTIPLES_ABOVE, curve_figure
+
+    encodings = [f"alibi:slope_scale={i}" for i in range(SMALL_MULTIPLES_ABOVE + 1)]
+    fig = curve_figure(_curve_records(encodings), "copy", "exact_match", encodings, binomial=True)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in panels] == encodings
+    for ax, encoding in zip(panels, encodings):
+        labels = [line.get_label() for line in ax.get_lines()]
+        assert labels.count(encoding) == 1  # this encoding in colour ...
+        assert labels.count("_others") == len(encodings) - 1  # ... over the others in grey
+        assert ax.get_xscale() == "linear"
+    assert len(fig.axes) == 8  # a 4 x 2 grid, the last cell hidden
+    six = curve_figure(_curve_records(encodings[:6]), "copy", "exact_match", encodings[:6])
+    assert len(six.axes) == 1

@@ -14,6 +14,8 @@ not compared either: naming one is an error, as is naming a row the folder does 
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -22,7 +24,7 @@ from typing import Any
 from .results import INTERVAL_METHOD, experiment_settings, load_config, read_records, seed_interval, summarize
 from .tasks import TASKS, Metric
 
-__all__ = ["Comparison", "compare_rows"]
+__all__ = ["Comparison", "Ranking", "compare_rows", "rank_rows"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,22 @@ class Comparison:
         a_higher = self.interval[0] > 0
         return "a" if a_higher == self.metric.higher_is_better else "b"
 
+    def sentence(self) -> str:
+        """The verdict in one line: ``"shaw beats t5 (+12.0% [+4.1%, +19.9%])"`` or
+        ``"t5 vs alibi: cannot tell (+1.0% [-3.0%, +5.0%])"``; with one seed, ``"(one seed: no
+        interval)"``. The numbers are the mean paired difference A - B beyond L and its interval."""
+        fmt = self.metric.format
+        if self.interval is None:
+            numbers = f"{_signed(self.mean, fmt)}; one seed: no interval"
+        else:
+            low, high = (_signed(bound, fmt) for bound in self.interval)
+            numbers = f"{_signed(self.mean, fmt)} [{low}, {high}]"
+        if self.verdict == "a":
+            return f"{self.a} beats {self.b} ({numbers})"
+        if self.verdict == "b":
+            return f"{self.b} beats {self.a} ({numbers})"
+        return f"{self.a} vs {self.b}: cannot tell ({numbers})"
+
     def lines(self) -> list[str]:
         """The comparison as text: the setting, one line per seed, the mean difference and the verdict."""
         fmt, seeds = self.metric.format, list(self.scores)
@@ -86,6 +104,61 @@ class Comparison:
         else:
             lines.append("cannot tell: the interval contains 0")
         return lines
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """The rows of an experiment ranked by their score beyond ``L`` (mean over seeds of each seed's
+    mean over the lengths ``> L``, as in the summary table), best first.
+
+    ``rows``: the ranked rows; ``unranked``: ``{row: why}`` for rows that did not fit or have no
+    score beyond L; ``neighbours``: :func:`compare_rows` of each row with the next one, the verdict
+    ``posenc compare DIR A B`` prints for that pair (``uncompared`` the pairs it refuses, and why)."""
+
+    rows: list[str]
+    scores: dict[str, float]
+    unranked: dict[str, str]
+    neighbours: list[Comparison]
+    #: ``{(a, b): why}`` for neighbours that cannot be compared (no seed in common).
+    uncompared: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
+
+
+def rank_rows(directory: str | Path, fit_threshold: float | None = None) -> Ranking:
+    """Rank the rows of the experiment in ``directory`` beyond ``L`` and compare each with the next
+    (:func:`compare_rows`, paired by seed). Rows that did not fit are not ranked (nor compared).
+
+    Raises the errors of :func:`compare_rows` for a folder that is not an experiment folder."""
+    directory = Path(directory)
+    settings = experiment_settings(load_config(directory))
+    task = str(settings.get("task", ""))
+    if task not in TASKS or "train_len" not in settings:
+        raise ValueError(
+            f"{directory / 'config.json'} names no known task and train_len; is it a posenc folder?"
+        )
+    metric, train_len = TASKS[task].metric, int(settings["train_len"])
+    threshold = float(settings.get("fit_threshold", 0.95)) if fit_threshold is None else fit_threshold
+    records = [r for r in read_records(directory / "results.jsonl") if r["metric"] == metric.name]
+    rows = list(dict.fromkeys(r["encoding"] for r in records))
+    scores: dict[str, float] = {}
+    unranked: dict[str, str] = {}
+    for row in summarize(records, metric.name, train_len, rows, threshold if metric.fits else None):
+        if row["fit"] is not None and row["fit"] < row["seeds"]:
+            unranked[row["encoding"]] = (
+                f"did not fit: in-distribution {metric.format(row['iid'])}, {row['fit']}/{row['seeds']} "
+                f"seeds reach {metric.format(threshold)}"
+            )
+        elif row["beyond"] is None:
+            unranked[row["encoding"]] = f"no length beyond L={train_len}"
+        else:
+            scores[row["encoding"]] = row["beyond"]
+    ranked = sorted(scores, key=lambda row: -scores[row] if metric.higher_is_better else scores[row])
+    neighbours, uncompared = [], {}
+    for a, b in itertools.pairwise(ranked):
+        try:
+            neighbours.append(compare_rows(directory, a, b, threshold))
+        except ValueError as err:  # no seed in common (a shard of the grid): said, not hidden
+            uncompared[(a, b)] = str(err)
+    return Ranking(ranked, scores, unranked, neighbours, uncompared)
 
 
 def _signed(value: float, fmt: Any) -> str:

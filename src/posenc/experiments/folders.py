@@ -45,6 +45,7 @@ __all__ = [
     "finished_runs",
     "folder_lock",
     "lock_owner_alive",
+    "reproduce_command",
     "write_config",
     "write_outputs",
 ]
@@ -166,6 +167,56 @@ def lock_owner_alive(owner: str) -> bool:
     return True
 
 
+def reproduce_command(
+    config: ExperimentConfig, out: str | Path, shard: str | None = None
+) -> tuple[str, list[str]]:
+    """``(command, caveats)``: the ``posenc extrapolate`` command line that gives ``config`` (every
+    setting that differs from the command's default, as its option), writing into ``out``, and
+    the settings no option sets (``warmup``, ...: set from Python), which it cannot reproduce.
+
+    The options come from the fields' metadata, as the command's own (``posenc.experiments_cli``):
+    a list is comma-separated, a renamed option (``--eval-positions``) keeps its name, a boolean
+    is ``--name`` or ``--no-name``."""
+    import dataclasses
+    import shlex
+
+    from ..spec import split_specs
+
+    defaults = ExperimentConfig()
+    args = ["posenc", "extrapolate"]
+    caveats = []
+    for field in dataclasses.fields(ExperimentConfig):
+        meta, value = field.metadata, getattr(config, field.name)
+        default = getattr(defaults, field.name)
+        if field.name == "eval_batch":  # the command sets it from --eval-examples
+            default = min(config.eval_examples, defaults.eval_batch)
+        if field.name == "randomize_eval_positions":  # the command's default: "random"
+            if config.randomize_positions is not None and not value:
+                args += ["--eval-positions", "contiguous"]
+            continue
+        if value == default:
+            continue
+        if meta.get("option", True) is False:
+            caveats.append(f"{field.name}={value!r} (no command-line option; set from Python)")
+            continue
+        flag = "--" + (meta["option"] if isinstance(meta.get("option"), str) else field.name).replace(
+            "_", "-"
+        )
+        if isinstance(value, bool):
+            args.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, list):
+            text = ",".join(map(str, value))
+            if field.name == "encodings" and split_specs(text) != value:
+                caveats.append(f"encodings {value!r} do not survive a comma-separated list")
+            args += [flag, text]
+        else:
+            args += [flag, str(value)]
+    if shard is not None:
+        args += ["--shard", str(shard)]
+    args += ["--out", str(out)]
+    return shlex.join(args), caveats
+
+
 def write_config(
     out: Path,
     config: ExperimentConfig,
@@ -173,6 +224,9 @@ def write_config(
     data: dict[str, str] | None,
     preset: str | None = None,
 ) -> None:
+    command, caveats = reproduce_command(config, out, runtime.get("shard"))
+    # The command that gives these settings (a preset's folder: its settings spelt out as options).
+    runtime = {**runtime, "command": command, **({"command_caveats": caveats} if caveats else {})}
     payload: dict[str, Any] = {"experiment": config.to_dict(), "runtime": runtime}
     if data is not None:
         payload["data"] = data  # the corpus's path and sha256: a rerun on edited data is refused

@@ -91,12 +91,17 @@ def plot(
 def report(
     directory: Path = typer.Argument(..., help="experiment directory (results.jsonl, config.json)"),
     out: Path | None = typer.Option(None, "--out", "-o", help="HTML file to write (default DIR/report.html)"),
+    gallery: bool = typer.Option(
+        False, "--gallery", help="also draw every encoding as built, untrained (its default figure)"
+    ),
 ) -> None:
-    """Write one self-contained HTML report of an experiment: config, results, curves and figures."""
+    """Write one self-contained HTML report of an experiment: the verdict (fit, ranking beyond L with
+    intervals, neighbours compared), curves, per-length heat map, diagnostics from the checkpoints
+    and, last, the configuration with the command that reproduces the folder."""
     from .report import write_report
 
     try:
-        path = write_report(directory, out)
+        path = write_report(directory, out, gallery=gallery)
     except (ValueError, FileNotFoundError) as err:
         raise _fail(str(err)) from err
     print_line(f"wrote {path}")

@@ -1,19 +1,29 @@
 """The metric-against-length figure of an experiment: one line per encoding.
 
 Drawn for ``posenc report`` and for the ``extrapolation.png`` that the experiment runner writes
-(:func:`posenc.experiments.results.plot_results`), from records read by
-:mod:`posenc.experiments.results`.
+(:func:`posenc.viz.folder.write_figures`), from records read by :mod:`posenc.experiments.results`.
+
+The length axis is linear and spans the evaluated lengths, with the training length L marked and
+the lengths beyond it shaded: that is where the encodings differ, and a log axis would give it a
+small part of the width. Past :data:`SMALL_MULTIPLES_ABOVE` encodings the lines would overlap, so
+the figure becomes small multiples: one panel per encoding, drawn in colour over the others in grey.
 """
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from ..experiments.results import Record, seed_interval, wilson_interval
 from .registry import new_figure, set_title
 
-__all__ = ["curve_figure"]
+__all__ = ["SMALL_MULTIPLES_ABOVE", "curve_figure"]
+
+#: More encodings than this get one panel each (small multiples) instead of one shared panel.
+SMALL_MULTIPLES_ABOVE = 6
 
 
 def _records_by_length(records: list[Record], task: str, metric: str) -> dict[str, dict[int, list[Record]]]:
@@ -37,6 +47,49 @@ def _band(cell: list[Record], binomial: bool) -> tuple[float, float] | None:
     return None
 
 
+def _draw(
+    ax: Axes, cells: dict[int, list[Record]], color: str, label: str, binomial: bool, faded: bool
+) -> None:
+    """One encoding's mean over seeds with its 95% band; ``faded``: dashed and pale (did not fit)."""
+    lengths = sorted(cells)
+    means = [float(np.mean([r.value for r in cells[n]])) for n in lengths]
+    style = dict(linestyle="--", alpha=0.5) if faded else {}
+    ax.plot(lengths, means, marker="o", markersize=3, color=color, label=label, **style)
+    bands = [_band(cells[n], binomial) for n in lengths]
+    if any(band is not None for band in bands):
+        low = [band[0] if band else np.nan for band in bands]
+        high = [band[1] if band else np.nan for band in bands]
+        ax.fill_between(lengths, low, high, color=color, alpha=0.07 if faded else 0.18, linewidth=0)
+
+
+def _frame(ax: Axes, lengths: list[int], trained: list[int], log_lengths: bool, label_l: bool) -> None:
+    """The length axis: linear (or base-2 log) over the evaluated lengths, L marked, beyond L shaded."""
+    low, high = min(lengths), max(lengths)
+    if log_lengths and high / max(low, 1) >= 8:
+        ax.set_xscale("log", base=2)
+        ax.set_xlim(low, high)
+    else:
+        pad = max(0.5, 0.01 * (high - low))
+        ax.set_xlim(low - pad, high + pad)
+    for length in trained:
+        ax.axvline(length, color="0.35", linestyle="--", linewidth=0.9, label="_L")
+        if length < high:
+            ax.axvspan(length, ax.get_xlim()[1], color="0.5", alpha=0.07, linewidth=0, label="_beyond L")
+        if label_l:
+            ax.annotate(
+                f"L={length}",
+                (length, 1.0),
+                xycoords=("data", "axes fraction"),
+                xytext=(3, -3),
+                textcoords="offset points",
+                ha="left",
+                va="top",
+                fontsize=8,
+                color="0.3",
+            )
+    ax.grid(alpha=0.3)
+
+
 def curve_figure(
     records: list[Record],
     task: str,
@@ -48,6 +101,9 @@ def curve_figure(
     length_label: str = "evaluation length",
     binomial: bool = False,
     unfit: dict[str, str] | None = None,
+    log_lengths: bool = False,
+    small_multiples: bool | None = None,
+    width: float = 8.0,
 ) -> Figure:
     """``metric`` against evaluation length for each encoding (mean over seeds) with a 95% band.
 
@@ -56,42 +112,60 @@ def curve_figure(
     is a fraction of examples, exact match) the Wilson interval from the record's example count;
     otherwise none. ``unfit``: ``{encoding: note}`` for encodings that did not fit their training
     lengths, drawn dashed and faded, the note in the legend ("did not fit: iid 4.0%").
-    A dashed line marks each training length the records name. ``log_scale``: a logarithmic y axis
-    (perplexity) when every value is positive. The length axis is logarithmic (base 2) when the
-    lengths span a factor of 8 or more. ``title`` defaults to ``"task: metric against length"``.
+
+    The length axis is linear over the evaluated lengths (``log_lengths``: base 2 when they span a
+    factor of 8 or more); a dashed line marks each training length L the records name ("L=16") and
+    the lengths beyond it are shaded. ``log_scale``: a logarithmic y axis (perplexity) when every
+    value is positive. ``small_multiples`` (default: more than :data:`SMALL_MULTIPLES_ABOVE`
+    encodings): one panel per encoding, the others drawn faint grey behind it, titled by encoding.
+    ``title`` defaults to ``"task: metric against length"``; ``width`` in inches.
     """
     unfit = unfit or {}
     cells_of = _records_by_length(records, task, metric)
-    fig = new_figure(8, 4.8)
-    ax = fig.subplots()
-    drawn: list[float] = []
-    for index, enc in enumerate(encodings):
-        cells = cells_of.get(enc)
-        if not cells:
-            continue
-        lengths = sorted(cells)
-        values = [np.asarray([r.value for r in cells[n]]) for n in lengths]
-        drawn += [float(v) for vs in values for v in vs]
-        color = f"C{index % 10}"
-        style = dict(linestyle="--", alpha=0.5) if enc in unfit else {}
-        label = f"{enc} ({unfit[enc]})" if enc in unfit else enc
-        ax.plot(lengths, [v.mean() for v in values], marker="o", color=color, label=label, **style)
-        bands = [_band(cells[n], binomial) for n in lengths]
-        if any(band is not None for band in bands):
-            low = [band[0] if band else np.nan for band in bands]
-            high = [band[1] if band else np.nan for band in bands]
-            ax.fill_between(lengths, low, high, color=color, alpha=0.15 if enc not in unfit else 0.07)
+    shown = [(index, enc) for index, enc in enumerate(encodings) if cells_of.get(enc)]
+    lengths = sorted({r.length for r in records if r.task == task and r.metric == metric}) or [1]
+    trained = sorted({r.train_length for r in records if r.task == task and r.train_length is not None})
+    drawn = [r.value for r in records if r.task == task and r.metric == metric]
+    many = len(shown) > SMALL_MULTIPLES_ABOVE if small_multiples is None else small_multiples
+    if many and shown:
+        cols = min(4, len(shown))
+        rows = math.ceil(len(shown) / cols)
+        fig = new_figure(width, 1.9 * rows + 0.8)
+        grid = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+        axes = [ax for row in grid for ax in row]
+        for ax in axes[len(shown) :]:
+            ax.set_visible(False)
+        for ax, (index, enc) in zip(axes, shown):
+            for _, other in shown:
+                if other != enc:
+                    cells = cells_of[other]
+                    ax.plot(sorted(cells), [np.mean([r.value for r in cells[n]]) for n in sorted(cells)],
+                            color="0.6", alpha=0.35, linewidth=0.8, label="_others")  # fmt: skip
+            _draw(ax, cells_of[enc], f"C{index % 10}", enc, binomial, enc in unfit)
+            ax.set_title(f"{enc} ({unfit[enc]})" if enc in unfit else enc, fontsize=9,
+                         color="0.45" if enc in unfit else "black")  # fmt: skip
+            _frame(ax, lengths, trained, log_lengths, label_l=ax is axes[0])
+            ax.tick_params(labelsize=8)
+        for col in range(cols):  # the lowest panel of each column carries the length axis
+            bottom = grid[max(r for r in range(rows) if r * cols + col < len(shown))][col]
+            bottom.xaxis.set_tick_params(labelbottom=True)
+            bottom.set_xlabel(length_label, fontsize=8)
+        for row in grid:
+            row[0].set_ylabel(metric.replace("_", " "), fontsize=8)
+    else:
+        fig = new_figure(width, 0.6 * width)
+        main = fig.subplots()
+        axes = [main]
+        for index, enc in shown:
+            label = f"{enc} ({unfit[enc]})" if enc in unfit else enc
+            _draw(main, cells_of[enc], f"C{index % 10}", label, binomial, enc in unfit)
+        _frame(main, lengths, trained, log_lengths, label_l=True)
+        main.set_xlabel(length_label)
+        main.set_ylabel(metric.replace("_", " "))
+        if shown:
+            main.legend(fontsize=8)
     if log_scale and drawn and min(drawn) > 0:
-        ax.set_yscale("log")
-    trained = {r.train_length for r in records if r.task == task and r.train_length is not None}
-    for length in sorted(trained):
-        ax.axvline(length, color="gray", linestyle="--", linewidth=0.8)
-        ax.text(length, ax.get_ylim()[1], " train length", color="gray", fontsize=8, va="top")
-    if records and max(r.length for r in records) / max(min(r.length for r in records), 1) >= 8:
-        ax.set_xscale("log", base=2)
-    ax.set_xlabel(length_label)
-    ax.set_ylabel(metric.replace("_", " "))
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        for ax in axes:
+            ax.set_yscale("log")
     set_title(fig, title if title is not None else f"{task + ': ' if task else ''}{metric} against length")
     return fig
