@@ -1,0 +1,160 @@
+"""``posenc.decode.StaticDecodeStep``: fixed-shape decode steps equal the layer's own decoding.
+
+Expected values come from the layer itself through a growing ``KVCache()`` (the eager reference
+path, which the contract tests hold equal to a full forward). Every registered encoding is either
+served and equal, or refused with a reason.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posenc
+from posenc.decode import StaticDecodeStep
+from test_contract import EMBED, HEADS, _randomize, make_encoding
+
+NAMES = posenc.available()
+
+
+def _layer(name: str, **kwargs) -> posenc.MultiheadAttention:
+    layer = posenc.MultiheadAttention(EMBED, HEADS, encoding=make_encoding(name), causal=True, **kwargs)
+    _randomize(layer)
+    return layer.eval()
+
+
+def _served(name: str) -> bool:
+    enc = make_encoding(name)
+    return enc.kind is not posenc.Kind.CONTENT and not enc.input_dependent
+
+
+def _prefilled(layer, prompt, max_length):
+    cache = posenc.KVCache(max_length=max_length)
+    with torch.no_grad():
+        layer(prompt, cache=cache)
+    return cache
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_encoding_is_served_exactly_or_refused(name):
+    torch.manual_seed(0)
+    layer = _layer(name, num_kv_heads=1)
+    prompt, xs = torch.randn(2, 7, EMBED), torch.randn(6, 2, 1, EMBED)
+    cache = _prefilled(layer, prompt, 16)
+    if not _served(name):
+        with pytest.raises(ValueError, match=r"StaticDecodeStep cannot serve this layer: .*computes logits"):
+            StaticDecodeStep(layer, cache)
+        return
+    reference = posenc.KVCache()
+    step = StaticDecodeStep(layer, cache)
+    with torch.no_grad():
+        layer(prompt, cache=reference)
+        for x in xs:
+            want = layer(x, cache=reference)
+            got = step(x, step.next_position())
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        step.sync()  # the layer goes on eagerly after the steps, from the same cache
+        assert cache.length(0) == reference.length(0) == 13
+        x = torch.randn(2, 2, EMBED)
+        torch.testing.assert_close(layer(x, cache=cache), layer(x, cache=reference), rtol=1e-5, atol=1e-5)
+
+
+def test_nan_propagates_and_the_written_slot_holds_it():
+    torch.manual_seed(1)
+    layer = _layer("rope")
+    cache = _prefilled(layer, torch.randn(1, 5, EMBED), 12)
+    step = StaticDecodeStep(layer, cache)
+    with torch.no_grad():
+        bad = torch.randn(1, 1, EMBED)
+        bad[0, 0, 3] = float("nan")
+        assert torch.isnan(step(bad, step.next_position())).all()
+        # the nan key and value are now cached: the next token's attention reads them
+        assert torch.isnan(step(torch.randn(1, 1, EMBED), step.next_position())).all()
+        step.rewind(5)  # forget both: finite again
+        assert torch.isfinite(step(torch.randn(1, 1, EMBED), step.next_position())).all()
+
+
+def test_rewind_replays_the_same_outputs_and_positions_are_checked():
+    torch.manual_seed(2)
+    layer = _layer("alibi")
+    cache = _prefilled(layer, torch.randn(1, 4, EMBED), 7)
+    step = StaticDecodeStep(layer, cache)
+    xs = torch.randn(3, 1, 1, EMBED)
+    with torch.no_grad():
+        first = [step(x, step.next_position()) for x in xs]
+        step.rewind(4)
+        again = [step(x, step.next_position()) for x in xs]
+        assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+        with pytest.raises(ValueError, match="max_length=7 tokens are written"):
+            step.next_position()
+    for bad in (-1, 8, 2.0, True):
+        with pytest.raises(ValueError, match="rewind: length must be an int in"):
+            step.rewind(bad)
+
+
+@pytest.mark.parametrize(
+    ("build", "cache", "reason"),
+    [
+        (lambda: _layer("rope", window=4), lambda: posenc.KVCache(max_length=9), "window"),
+        (lambda: _layer("rope", sinks=True), lambda: posenc.KVCache(max_length=9), "sinks"),
+        (lambda: _layer("rope"), lambda: posenc.KVCache(), r"KVCache\(max_length=N\)"),
+        (lambda: _layer("rope"), lambda: posenc.KVCache(recent_tokens=4, max_length=9), "streaming"),
+    ],
+)
+def test_layers_and_caches_it_cannot_serve_are_refused_with_the_reason(build, cache, reason):
+    layer, kv = build(), cache()
+    with torch.no_grad():
+        layer(torch.randn(1, 3, EMBED), cache=kv)
+    with pytest.raises(ValueError, match=reason):
+        StaticDecodeStep(layer, kv)
+
+
+def test_padding_and_an_empty_cache_are_refused():
+    layer = _layer("rope")
+    empty = posenc.KVCache(max_length=8)
+    with pytest.raises(ValueError, match="no entry of layer_idx=0"):
+        StaticDecodeStep(layer, empty)
+    padded = posenc.KVCache(max_length=8)
+    with torch.no_grad():
+        layer(torch.randn(1, 3, EMBED), cache=padded, key_padding_mask=torch.tensor([[True, False, False]]))
+    with pytest.raises(ValueError, match="padding or document ids"):
+        StaticDecodeStep(layer, padded)
+
+
+def test_one_graph_serves_every_position():
+    """Traced by dynamo with fullgraph=True once: no recompilation as the position moves."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    torch.manual_seed(3)
+    layer = _layer("rope", num_kv_heads=1)
+    prompt, xs = torch.randn(1, 6, EMBED), torch.randn(5, 1, 1, EMBED)
+    cache, reference = _prefilled(layer, prompt, 16), posenc.KVCache()
+    step = StaticDecodeStep(layer, cache)
+    counter = CompileCounter()
+    compiled = torch.compile(step, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        layer(prompt, cache=reference)
+        for x in xs:
+            torch.testing.assert_close(
+                compiled(x, step.next_position()), layer(x, cache=reference), rtol=1e-5, atol=1e-5
+            )
+    assert counter.frame_count == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "sinusoidal"])
+def test_inductor_compiled_step_equals_the_layer(name):
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    layer = _layer(name)
+    prompt, xs = torch.randn(1, 6, EMBED), torch.randn(4, 1, 1, EMBED)
+    cache, reference = _prefilled(layer, prompt, 12), posenc.KVCache()
+    step = StaticDecodeStep(layer, cache)
+    compiled = torch.compile(step, fullgraph=True)
+    with torch.no_grad():
+        layer(prompt, cache=reference)
+        for x in xs:
+            torch.testing.assert_close(
+                compiled(x, step.next_position()), layer(x, cache=reference), rtol=1e-5, atol=1e-5
+            )
