@@ -149,6 +149,22 @@ def test_every_forced_posenc_backend_gives_the_same_logits(backend):
     torch.testing.assert_close(got, want, **tolerance)
 
 
+def test_generate_with_hf_static_cache_equals_sdpa():
+    """HF's StaticCache hands attention every preallocated slot, the empty ones masked: the same tokens."""
+    model = _model("llama")
+    ids, mask = _inputs()
+    options = {
+        "attention_mask": mask,
+        "max_new_tokens": 6,
+        "do_sample": False,
+        "cache_implementation": "static",
+    }
+    model.set_attn_implementation("sdpa")
+    want = model.generate(ids, **options)
+    model.set_attn_implementation(posenc_hf.ATTN_IMPLEMENTATION)
+    assert torch.equal(model.generate(ids, **options), want)
+
+
 @pytest.mark.parametrize("name", ["llama", "mistral", "gpt_oss"])
 def test_generate_equals_hf(name):
     model = _model(name)
