@@ -39,7 +39,7 @@ write_conf() {
     {
         echo "# Written by scripts/slurm_one_node.sh: $SLURM_NODES Slurm node(s) on $host"
         echo "ClusterName=posenc"
-        echo "SlurmctldHost=$host"
+        echo "SlurmctldHost=$host(127.0.0.1)"
         echo "AuthType=auth/munge"
         echo "SlurmUser=root"
         echo "SlurmdUser=root"

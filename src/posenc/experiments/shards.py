@@ -3,10 +3,10 @@
 A sweep is a grid of runs, one per (encoding, seed) in the order ``run_experiment`` plans them
 (seed-major, encodings in the order given). ``--shard i/n`` keeps the runs whose index in that
 grid is ``i`` modulo ``n``: every run lands in exactly one shard, the shards differ in size by at
-most one run, and the assignment depends only on the command line, so a Slurm job array
-(``--shard slurm``, which reads ``SLURM_ARRAY_TASK_ID`` and the array's size, :mod:`.slurm`) needs
-no coordination. A variant
-evaluated from a run's checkpoint (an inference-time setting, no retraining) goes with its run.
+most one run, and the assignment depends only on the command line, so a Slurm job array needs no
+coordination (``--shard slurm`` reads ``SLURM_ARRAY_TASK_ID`` and the array's size; ``posenc
+submit`` writes and submits the array and the merge job: :mod:`.slurm`). A variant evaluated from a
+run's checkpoint (an inference-time setting, no retraining) goes with its run.
 
 :func:`merge_folders` combines the folders the shards wrote into one: it refuses folders whose
 settings differ (naming the field), keeps one copy of records that are exact duplicates, refuses

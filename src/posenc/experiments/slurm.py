@@ -371,7 +371,7 @@ def _still_queued(jobs: list[str], run: Runner) -> list[str]:
     """Those of ``jobs`` (array or plain job ids) that ``squeue`` still lists."""
     if not jobs:
         return []
-    listed = set(run(["squeue", "--noheader", "--format=%F"]).split())
+    listed = set(run(["squeue", "--me", "--noheader", "--format=%F"]).split())
     return [job for job in jobs if job in listed]
 
 
