@@ -290,7 +290,7 @@ def test_submit_across_nodes_runs_slurm_torchrun_under_srun(tmp_path):
     script = done.array_script.read_text()
     assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n" in script
     assert (
-        f"exec srun {shlex.quote(sys.executable)} -m posenc slurm-torchrun --nproc-per-node=4 extrapolate "
+        f"exec srun {shlex.quote(sys.executable)} -m posenc slurm-torchrun --nproc-per-node=4 -- extrapolate "
         in script
     )
     assert "--workers" not in script
@@ -377,7 +377,7 @@ def _readme_cluster_section() -> str:
 
 def test_the_readme_shows_the_commands_the_slurm_tests_run():
     section = _readme_cluster_section()
-    for words in (SUBMIT, TORCHRUN_ACROSS_NODES):
+    for words in (SUBMIT, TORCHRUN_ACROSS_NODES, SUBMIT_ACROSS_NODES):
         assert shlex.join(["posenc", *words]) in section, shlex.join(["posenc", *words])
     assert "scripts/slurm_one_node.sh start" in section
 
@@ -395,6 +395,18 @@ SCALE = [*GRID, "--steps", "600", "--checkpoint-every", "20"]
 SUBMIT = ["submit", *SCALE, "--array-size", "2", "--time", "0:10:00", "--out", "runs/cluster"]
 DDP_RUN = ["extrapolate", *GRID, "--steps", "20", "--no-progress"]
 TORCHRUN_ACROSS_NODES = ["slurm-torchrun", "--", *DDP_RUN, "--out", "runs/ddp-slurm"]
+SUBMIT_ACROSS_NODES = [
+    "submit",
+    *GRID,
+    "--steps",
+    "20",
+    "--nodes",
+    "2",
+    "--array-size",
+    "1",
+    "--out",
+    "runs/ddp-array",
+]
 
 
 def _slurm_answers() -> bool:
@@ -517,7 +529,8 @@ def test_a_cancelled_array_task_is_completed_by_the_rerun(tmp_path, unsharded):
 @needs_slurm
 def test_one_run_across_two_slurm_nodes_equals_torchrun_on_one(tmp_path):
     """srun (2 nodes when the cluster has 2, else 2 tasks on one) + slurm-torchrun: one DDP job of
-    world size 2, whose results equal ``torchrun --standalone --nproc_per_node 2`` on one machine."""
+    world size 2, whose results equal ``torchrun --standalone --nproc_per_node 2`` on one machine;
+    and so do ``posenc submit --nodes 2``'s (with 2 nodes)."""
     nodes = len(
         subprocess.run(
             ["sinfo", "--noheader", "--Node", "--format=%N"], capture_output=True, text=True, check=True
@@ -538,3 +551,12 @@ def test_one_run_across_two_slurm_nodes_equals_torchrun_on_one(tmp_path):
     done = subprocess.run(standalone, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert _records(out) == _records(reference)
+    if nodes < 2:
+        return
+    # posenc submit --nodes 2: the array task runs srun slurm-torchrun itself; merged, the same records.
+    done = _posenc(SUBMIT_ACROSS_NODES, tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _wait_for(_job_ids(done.stdout))
+    merged = tmp_path / "runs" / "ddp-array"
+    assert json.loads((merged / "shards" / "0of1" / "config.json").read_text())["runtime"]["world_size"] == 2
+    assert _records(merged) == _records(reference)

@@ -437,7 +437,7 @@ def submit(
     task_args = [*args, "--shard", f'"$i"/{count}', "--out", shard_out, "--no-progress"]
     if options.distributed:
         launch = ["srun", shlex.quote(python), "-m", "posenc", "slurm-torchrun"]
-        launch += [f"--nproc-per-node={options.nproc_per_node}", "extrapolate"]
+        launch += [f"--nproc-per-node={options.nproc_per_node}", "--", "extrapolate"]
     else:
         launch = [shlex.quote(python), "-m", "posenc", "extrapolate"]
         task_args += ["--workers", str(workers or options.cpus or 1)]
