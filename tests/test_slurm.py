@@ -8,6 +8,7 @@ answer; CI runs them in a stage of their own (``python -m pytest -m slurm tests/
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -409,11 +410,13 @@ SUBMIT_ACROSS_NODES = [
 ]
 
 
+@functools.cache
 def _slurm_answers() -> bool:
+    """Whether ``sinfo`` lists a partition (asked once, and only when a ``slurm`` test is selected)."""
     if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
         return False
     try:
-        done = subprocess.run(["sinfo", "--noheader"], capture_output=True, text=True, timeout=10)
+        done = subprocess.run(["sinfo", "--noheader"], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired):
         return False
     return done.returncode == 0 and bool(done.stdout.strip())
@@ -421,18 +424,20 @@ def _slurm_answers() -> bool:
 
 #: CI sets it in its Slurm stage: a cluster that does not answer fails the tests instead of skipping them.
 REQUIRE_SLURM = os.environ.get("POSENC_REQUIRE_SLURM") == "1"
-SLURM_ANSWERS = _slurm_answers()
-needs_slurm = pytest.mark.skipif(
-    not SLURM_ANSWERS and not REQUIRE_SLURM, reason="no Slurm answers (scripts/slurm_one_node.sh start)"
-)
+
+
+def _require_slurm() -> None:
+    """Skip when no Slurm answers (fail instead under POSENC_REQUIRE_SLURM=1)."""
+    if not _slurm_answers():
+        if REQUIRE_SLURM:
+            pytest.fail("POSENC_REQUIRE_SLURM=1 but sinfo does not answer: start scripts/slurm_one_node.sh")
+        pytest.skip("no Slurm answers (scripts/slurm_one_node.sh start)")
 
 
 @pytest.fixture(autouse=True)
-def _slurm_if_required(request):
+def _slurm_or_skip(request):
     if request.node.get_closest_marker("slurm") is not None:
-        assert SLURM_ANSWERS, (
-            "POSENC_REQUIRE_SLURM=1 but sinfo does not answer: start scripts/slurm_one_node.sh"
-        )
+        _require_slurm()
     yield
 
 
@@ -465,6 +470,7 @@ def _wait_for(jobs: list[str], timeout: float = 300) -> None:
 @pytest.fixture(scope="module")
 def unsharded(tmp_path_factory) -> Path:
     """The grid run in one command, no Slurm, no shards: what a merged folder must equal."""
+    _require_slurm()  # before the run: a module fixture is set up before the tests' own skip
     cwd = tmp_path_factory.mktemp("unsharded")
     done = _posenc(
         ["extrapolate", *SCALE, "--no-progress", "--workers", "1", "--out", "runs/cluster"], cwd, timeout=600
@@ -474,7 +480,6 @@ def unsharded(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slurm
-@needs_slurm
 def test_slurm_array_merged_equals_an_unsharded_run(tmp_path, unsharded):
     done = _posenc(SUBMIT, tmp_path, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -492,7 +497,6 @@ def test_slurm_array_merged_equals_an_unsharded_run(tmp_path, unsharded):
 
 
 @pytest.mark.slurm
-@needs_slurm
 def test_a_cancelled_array_task_is_completed_by_the_rerun(tmp_path, unsharded):
     done = _posenc(SUBMIT, tmp_path, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
@@ -526,7 +530,6 @@ def test_a_cancelled_array_task_is_completed_by_the_rerun(tmp_path, unsharded):
 
 
 @pytest.mark.slurm
-@needs_slurm
 def test_one_run_across_two_slurm_nodes_equals_torchrun_on_one(tmp_path):
     """srun (2 nodes when the cluster has 2, else 2 tasks on one) + slurm-torchrun: one DDP job of
     world size 2, whose results equal ``torchrun --standalone --nproc_per_node 2`` on one machine;
