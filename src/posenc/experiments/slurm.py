@@ -46,18 +46,17 @@ from .variants import parse_eval_variants, variant_run_id
 
 __all__ = [
     "Rendezvous",
+    "Runner",
     "SlurmOptions",
     "Submission",
     "array_ranges",
     "missing_shards",
     "rendezvous_from_slurm",
+    "run_slurm_command",
     "shard_folder",
     "shard_from_slurm",
     "submit",
 ]
-
-#: The ``--shard`` value that reads the shard from the Slurm array task's environment.
-SLURM_SHARD = "slurm"
 
 #: ``run(argv) -> stdout``: runs a Slurm command (``sbatch``, ``squeue``, ``scontrol``); raises
 #: ``ValueError`` naming the command and its error when it fails.
@@ -72,6 +71,10 @@ def run_slurm_command(argv: list[str]) -> str:
     except FileNotFoundError as err:
         raise ValueError(
             f"{argv[0]} is not on PATH: run this on a Slurm login node (where sbatch, squeue and scontrol are)"
+        ) from err
+    except subprocess.TimeoutExpired as err:
+        raise ValueError(
+            f"{shlex.join(argv)} did not answer within {err.timeout:.0f} s: is slurmctld up (sinfo)?"
         ) from err
     if done.returncode != 0:
         raise ValueError(
