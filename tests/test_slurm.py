@@ -93,6 +93,24 @@ def test_shard_slurm_outside_an_array_names_the_variable(env, named):
     assert named in str(caught.value)
 
 
+def test_cli_shard_slurm_in_an_array_task_runs_its_shard(tmp_path, monkeypatch):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    # sbatch --array=1-2, its second task: shard 1/2 of nope0 alibi0 nope1 alibi1 (seed-major).
+    for name, value in _array_env(2, 1, 2, 2, 1).items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "part"
+    result = CliRunner().invoke(
+        app,
+        ["extrapolate", *TINY_ARGS, "--shard", "slurm", "--workers", "1", "--no-progress", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["runtime"]["shard"] == "1/2"
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {(r["encoding"], r["seed"]) for r in records} == {("alibi", 0), ("alibi", 1)}
+
+
 def test_cli_shard_slurm_outside_an_array_is_a_usage_error_naming_the_variables(tmp_path, monkeypatch):
     from posenc.cli import _load_command_modules, app
 
