@@ -251,8 +251,9 @@ def extrapolate(
     ),
     shard: str | None = typer.Option(
         None,
-        help="i/n: run only the i-th of n disjoint parts of the (encoding x seed) grid (0 <= i < n), e.g. "
-        "--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT; combine the folders with posenc merge",
+        help="i/n: run only the i-th of n disjoint parts of the (encoding x seed) grid (0 <= i < n); 'slurm' "
+        "in a Slurm array task reads i/n from SLURM_ARRAY_TASK_ID and the array's size; combine the folders "
+        "with posenc merge (posenc submit does all of it)",
     ),
     **options: Any,
 ) -> None:
@@ -428,3 +429,141 @@ def merge(
         )
     else:
         console.print("complete: every (encoding, seed) run of the grid has results")
+
+
+# ---------------------------------------------------------------------------- Slurm
+
+
+def _command_line_args(ctx: typer.Context, names: set[str]) -> list[str]:
+    """The options among ``names`` that were given on the command line, as command-line words
+    again (a flag as ``--flag`` or ``--no-flag``): what an array task passes on to ``extrapolate``."""
+    args: list[str] = []
+    for param in ctx.command.params:
+        if (
+            param.name not in names
+            or getattr(ctx.get_parameter_source(param.name), "name", "") != "COMMANDLINE"
+        ):
+            continue
+        value = ctx.params[param.name]
+        if getattr(param, "is_flag", False):
+            if value:
+                args.append(param.opts[0])
+            elif param.secondary_opts:
+                args.append(param.secondary_opts[0])
+            continue
+        args += [param.opts[0], str(getattr(value, "value", value))]
+    return args
+
+
+def submit_command(
+    ctx: typer.Context,
+    out: Path = typer.Option(
+        Path("runs/extrapolate"),
+        help="results folder: the merge job writes it, array task i writes OUT/shards/<i>of<n> (rerun the "
+        "same command to resubmit what is missing)",
+    ),
+    workers: int | None = typer.Option(None, help="processes per array task (default: --cpus, or 1)"),
+    threads: int | None = typer.Option(None, help="torch threads per process (extrapolate's --threads)"),
+    device: str | None = typer.Option(None, help="cpu, cuda or auto (extrapolate's --device)"),
+    array_size: int | None = typer.Option(
+        None, help="array tasks (shards of the grid; default one per run); a rerun must keep it"
+    ),
+    partition: str | None = typer.Option(None, help="sbatch --partition"),
+    time: str | None = typer.Option(None, help="sbatch --time per task, e.g. 2:00:00"),
+    cpus: int | None = typer.Option(None, min=1, help="sbatch --cpus-per-task"),
+    mem: str | None = typer.Option(None, help="sbatch --mem per node, e.g. 8G"),
+    gpus: str | None = typer.Option(None, help="sbatch --gpus-per-node, e.g. 1 or a100:2"),
+    account: str | None = typer.Option(None, help="sbatch --account"),
+    nodes: int = typer.Option(
+        1, min=1, help="nodes per array task: each run trains with DDP across them (srun + torchrun)"
+    ),
+    nproc_per_node: int = typer.Option(1, min=1, help="DDP processes per node under torchrun (one per GPU)"),
+    dry_run: bool = typer.Option(
+        False, help="write the sbatch scripts and print the commands; submit nothing"
+    ),
+    **options: Any,
+) -> None:
+    """Run the experiment on a Slurm cluster: the (encoding x seed) grid as one job array (task i
+    trains shard i/n) plus a merge job that runs when every task succeeded (afterok). Takes
+    extrapolate's options. Prints the job ids and the folder. Run the same command again after a
+    task failed or was cancelled: it submits only the shards that lack runs (resuming from their
+    checkpoints) and the merge."""
+    from .experiments.slurm import SlurmOptions, submit
+
+    config = config_from_options(options)
+    names = {option.name for option in CONFIG_OPTIONS}
+    passed = _command_line_args(ctx, names)
+    if threads is not None:
+        passed += ["--threads", str(threads)]
+    if device is not None:
+        passed += ["--device", device]
+    try:
+        scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
+        done = submit(
+            config, out, passed, array_size=array_size, options=scheduler, workers=workers, dry_run=dry_run
+        )
+    except ValueError as err:
+        print_error(str(err))
+        raise typer.Exit(2) from err
+    import shlex
+
+    if dry_run:
+        print_line(f"scripts: {done.array_script}, {done.merge_script}")
+        for command in done.commands:
+            print_line(shlex.join(command))
+        return
+    if done.complete:
+        print_line(f"complete: {done.out} holds every run of the grid, merged; nothing to submit")
+        return
+    if done.array_job is not None:
+        print_line(
+            f"submitted array job {done.array_job}: shard(s) {', '.join(map(str, done.shards))} of "
+            f"{done.count}, {len(done.missing)} run(s) to train; logs in {done.out / 'slurm' / 'logs'}"
+        )
+        print_line(f"submitted merge job {done.merge_job} (afterok:{done.array_job})")
+    else:
+        print_line(f"every run is trained; submitted merge job {done.merge_job}")
+    print_line(f"results: {done.out}")
+    jobs = ",".join(job for job in (done.array_job, done.merge_job) if job)
+    print_line(f"watch: squeue --jobs {jobs}; rerun this command if a task fails")
+
+
+app.command("submit")(with_config_options(submit_command))
+
+
+@app.command(
+    "slurm-torchrun",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def slurm_torchrun(
+    ctx: typer.Context,
+    nproc_per_node: int = typer.Option(1, min=1, help="processes on this node (one per GPU)"),
+    master_port: int | None = typer.Option(
+        None, help="rendezvous port (default 15000 + SLURM_JOB_ID % 20000, the same on every node)"
+    ),
+) -> None:
+    """Under srun, one task per node: start torchrun for this node's share of one DDP run.
+
+    Reads the rendezvous from Slurm (SLURM_JOB_NODELIST: the first node hosts it; SLURM_NTASKS:
+    the nodes; SLURM_PROCID: this node's rank; SLURM_JOB_ID: the port) and runs the posenc command
+    after `--` under torchrun, e.g. `srun --nodes 2 --ntasks-per-node 1 posenc slurm-torchrun --
+    extrapolate --out runs/big`."""
+    import os
+    import sys
+
+    from .experiments.slurm import rendezvous_from_slurm
+
+    if not ctx.args:
+        print_error(
+            "give the posenc command to run after --, e.g. posenc slurm-torchrun -- extrapolate --out DIR"
+        )
+        raise typer.Exit(2)
+    try:
+        rendezvous = rendezvous_from_slurm(master_port=master_port)
+        torchrun = rendezvous.torchrun_args(nproc_per_node)
+    except ValueError as err:
+        print_error(str(err))
+        raise typer.Exit(2) from err
+    argv = [sys.executable, "-m", "torch.distributed.run", *torchrun, "-m", "posenc", *ctx.args]
+    print(f"slurm-torchrun: {' '.join(torchrun)}", file=sys.stderr, flush=True)
+    os.execv(sys.executable, argv)

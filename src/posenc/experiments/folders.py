@@ -136,7 +136,8 @@ def folder_lock(out: Path, *, enabled: bool = True):
             if lock_owner_alive(owner):
                 raise ValueError(
                     f"{out} is being written by another posenc process ({owner}; lock file {path}): "
-                    "wait for it to finish, or use another --out"
+                    "wait for it to finish, or use another --out (a process on another host is taken to be alive: "
+                    "if it is gone, e.g. its Slurm node died, delete the lock file)"
                 ) from None
             path.unlink(missing_ok=True)  # its owner died: take the folder over
             continue

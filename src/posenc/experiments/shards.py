@@ -3,9 +3,10 @@
 A sweep is a grid of runs, one per (encoding, seed) in the order ``run_experiment`` plans them
 (seed-major, encodings in the order given). ``--shard i/n`` keeps the runs whose index in that
 grid is ``i`` modulo ``n``: every run lands in exactly one shard, the shards differ in size by at
-most one run, and the assignment depends only on the command line, so a Slurm job array
-(``--shard $SLURM_ARRAY_TASK_ID/$SLURM_ARRAY_TASK_COUNT``) needs no coordination. A variant
-evaluated from a run's checkpoint (an inference-time setting, no retraining) goes with its run.
+most one run, and the assignment depends only on the command line, so a Slurm job array needs no
+coordination (``--shard slurm`` reads ``SLURM_ARRAY_TASK_ID`` and the array's size; ``posenc
+submit`` writes and submits the array and the merge job: :mod:`.slurm`). A variant evaluated from a
+run's checkpoint (an inference-time setting, no retraining) goes with its run.
 
 :func:`merge_folders` combines the folders the shards wrote into one: it refuses folders whose
 settings differ (naming the field), keeps one copy of records that are exact duplicates, refuses
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -73,12 +74,19 @@ class Shard:
         return [run for position, run in enumerate(runs) if position % self.count == self.index]
 
 
-def parse_shard(text: str) -> Shard:
-    """``"2/8"`` -> ``Shard(2, 8)``; ``ValueError`` naming ``--shard`` for anything else."""
+def parse_shard(text: str, env: Mapping[str, str] | None = None) -> Shard:
+    """``"2/8"`` -> ``Shard(2, 8)``; ``"slurm"`` -> this Slurm array task's shard, read from ``env``
+    (default ``os.environ``; :func:`posenc.experiments.slurm.shard_from_slurm`); ``ValueError``
+    naming ``--shard`` (or the Slurm variable) for anything else."""
+    if text.strip().lower() == "slurm":
+        from .slurm import shard_from_slurm
+
+        return shard_from_slurm(env)
     parts = text.strip().split("/")
     if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
         raise ValueError(
-            f"--shard must be i/n with whole numbers 0 <= i < n (e.g. 0/4 for the first of four parts), got {text!r}"
+            f"--shard must be i/n with whole numbers 0 <= i < n (e.g. 0/4 for the first of four parts), or "
+            f"slurm in a Slurm array task, got {text!r}"
         )
     return Shard(int(parts[0]), int(parts[1]))
 

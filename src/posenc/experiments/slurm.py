@@ -1,0 +1,522 @@
+"""Slurm: a grid as one job array plus a merge job, ``--shard slurm``, and one run across nodes.
+
+Three pieces, each reading only what Slurm sets (see ``docs/architecture.md §8.1``):
+
+* :func:`shard_from_slurm` (``posenc extrapolate --shard slurm``): the shard ``i/n`` of an array
+  task, from ``SLURM_ARRAY_TASK_ID`` and the array's size (``SLURM_ARRAY_TASK_COUNT``, checked
+  against ``SLURM_ARRAY_TASK_MIN``/``MAX``/``STEP``): task ids ``min, min+step, ...`` are shards
+  ``0, 1, ...``. Outside an array task, or in a sparse array (``--array=0,3``), a ``ValueError``
+  names the variable.
+* :func:`submit` (``posenc submit``): writes two ``sbatch`` scripts into ``OUT/slurm/`` and
+  submits them: a job array whose task ``i`` trains shard ``i/n`` of the grid into
+  ``OUT/shards/<i>of<n>`` (``posenc extrapolate --shard $SLURM_ARRAY_TASK_ID/n``), and a merge
+  job (``--dependency=afterok:<array>``) that merges the shard folders into ``OUT``. Run again,
+  the same command submits only the shards whose runs ``OUT`` and the shard folders lack; a
+  shard whose task died resumes from its checkpoints (the shard folder is the one it wrote).
+* :func:`rendezvous_from_slurm` (``posenc slurm-torchrun``, one agent per Slurm task of an
+  ``srun``): ``torchrun``'s static rendezvous from ``SLURM_JOB_NODELIST`` (its first node, by
+  ``scontrol show hostnames``, at its ``NodeAddr``), ``SLURM_NTASKS`` (the number of agents),
+  ``SLURM_PROCID`` (this agent's rank) and ``SLURM_JOB_ID`` (the port), so that one run trains
+  with DDP across Slurm nodes (gloo on CPU, nccl on GPU, :mod:`.distributed`).
+
+Scripts rather than ``submitit``: the scripts are plain files a user can read, edit and resubmit
+by hand, they need no dependency beyond ``sbatch`` on ``PATH``, and each array task runs the
+ordinary ``posenc extrapolate`` command (so resume, the folder lock and merge are the ones tested
+without Slurm).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .folders import check_writable_folder, finished_runs
+from .plan import plan_runs
+from .shards import Shard
+from .train import ExperimentConfig, RunSpec, run_id_for
+from .variants import parse_eval_variants, variant_run_id
+
+__all__ = [
+    "Rendezvous",
+    "Runner",
+    "SlurmOptions",
+    "Submission",
+    "array_ranges",
+    "missing_shards",
+    "rendezvous_from_slurm",
+    "run_slurm_command",
+    "shard_folder",
+    "shard_from_slurm",
+    "submit",
+]
+
+#: ``run(argv) -> stdout``: runs a Slurm command (``sbatch``, ``squeue``, ``scontrol``); raises
+#: ``ValueError`` naming the command and its error when it fails.
+Runner = Callable[[list[str]], str]
+
+
+def run_slurm_command(argv: list[str]) -> str:
+    """Run ``argv`` (a Slurm client command) and return its stdout; ``ValueError`` naming the
+    command, its exit status and its error output when it fails or is not installed."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
+    except FileNotFoundError as err:
+        raise ValueError(
+            f"{argv[0]} is not on PATH: run this on a Slurm login node (where sbatch, squeue and scontrol are)"
+        ) from err
+    except subprocess.TimeoutExpired as err:
+        raise ValueError(
+            f"{shlex.join(argv)} did not answer within {err.timeout:.0f} s: is slurmctld up (sinfo)?"
+        ) from err
+    if done.returncode != 0:
+        raise ValueError(
+            f"{shlex.join(argv)} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()}"
+        )
+    return done.stdout
+
+
+# ---------------------------------------------------------------------------- --shard slurm
+
+
+def _int_variable(env: Mapping[str, str], name: str) -> int:
+    text = env.get(name)
+    if text is None:
+        raise ValueError(f"--shard slurm: {name} is not set ({_ARRAY_HINT})")
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError(f"--shard slurm: {name}={text!r} is not a whole number ({_ARRAY_HINT})") from None
+
+
+_ARRAY_HINT = (
+    "Slurm sets SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT, SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_MAX "
+    "in the tasks of a job array: run this inside `sbatch --array=0-<n-1>`, or give --shard i/n"
+)
+
+
+def shard_from_slurm(env: Mapping[str, str] | None = None) -> Shard:
+    """The shard of this Slurm array task: ``(SLURM_ARRAY_TASK_ID - MIN) / STEP`` of the array's size.
+
+    The size is ``SLURM_ARRAY_TASK_COUNT`` (or ``(MAX - MIN) / STEP + 1`` when Slurm does not set
+    it); both must agree, so a sparse array (``--array=0,3``: 2 tasks, ids up to 3) is refused, as
+    is a task id outside ``MIN..MAX``. ``ValueError`` naming the variable that is missing or wrong.
+    """
+    env = os.environ if env is None else env
+    if "SLURM_ARRAY_TASK_ID" not in env:
+        raise ValueError(
+            "--shard slurm: SLURM_ARRAY_TASK_ID is not set, so this is not a task of a Slurm job array "
+            f"({_ARRAY_HINT})"
+        )
+    task = _int_variable(env, "SLURM_ARRAY_TASK_ID")
+    low = _int_variable(env, "SLURM_ARRAY_TASK_MIN")
+    high = _int_variable(env, "SLURM_ARRAY_TASK_MAX")
+    step = _int_variable(env, "SLURM_ARRAY_TASK_STEP") if "SLURM_ARRAY_TASK_STEP" in env else 1
+    if step < 1 or high < low:
+        raise ValueError(
+            f"--shard slurm: SLURM_ARRAY_TASK_MIN={low}, SLURM_ARRAY_TASK_MAX={high}, "
+            f"SLURM_ARRAY_TASK_STEP={step} do not describe an array"
+        )
+    span = (high - low) // step + 1
+    count = _int_variable(env, "SLURM_ARRAY_TASK_COUNT") if "SLURM_ARRAY_TASK_COUNT" in env else span
+    if count != span or (high - low) % step:
+        raise ValueError(
+            f"--shard slurm: SLURM_ARRAY_TASK_COUNT={count} but ids {low}..{high} step {step} span {span} "
+            "tasks: a sparse array (e.g. --array=0,3) has no i/n; submit a contiguous array "
+            "(--array=0-<n-1>), or give --shard $SLURM_ARRAY_TASK_ID/n with the grid's n"
+        )
+    if not low <= task <= high or (task - low) % step:
+        raise ValueError(
+            f"--shard slurm: SLURM_ARRAY_TASK_ID={task} is not one of the array's ids "
+            f"{low}..{high} step {step} (SLURM_ARRAY_TASK_MIN/MAX/STEP)"
+        )
+    return Shard((task - low) // step, count)
+
+
+# ---------------------------------------------------------------------------- one run across nodes
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where the ``torchrun`` agents of one Slurm step meet: one agent per Slurm task."""
+
+    #: The first node of the job (its ``NodeAddr``): agent 0 serves the rendezvous there.
+    master_addr: str
+    master_port: int
+    #: Agents (``SLURM_NTASKS``): torchrun's ``--nnodes``.
+    nnodes: int
+    #: This agent (``SLURM_PROCID``): torchrun's ``--node_rank``.
+    node_rank: int
+
+    def torchrun_args(self, nproc_per_node: int) -> list[str]:
+        """``torchrun``'s options for this agent (static rendezvous), ``nproc_per_node`` processes."""
+        if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
+            raise ValueError(f"--nproc-per-node must be an integer >= 1, got {nproc_per_node!r}")
+        return [
+            f"--nnodes={self.nnodes}",
+            f"--node_rank={self.node_rank}",
+            f"--nproc_per_node={nproc_per_node}",
+            f"--master_addr={self.master_addr}",
+            f"--master_port={self.master_port}",
+        ]
+
+
+def _scontrol_first_address(nodelist: str, run: Runner) -> str:
+    """The ``NodeAddr`` of the first node of ``nodelist`` (``scontrol show hostnames`` expands it)."""
+    names = run(["scontrol", "show", "hostnames", nodelist]).split()
+    if not names:
+        raise ValueError(f"scontrol show hostnames {nodelist} named no node")
+    shown = run(["scontrol", "show", "node", "--oneliner", names[0]])
+    match = re.search(r"\bNodeAddr=(\S+)", shown)
+    if match is None:
+        raise ValueError(f"scontrol show node {names[0]} gave no NodeAddr: {shown.strip()[:200]}")
+    return match.group(1)
+
+
+def rendezvous_from_slurm(
+    env: Mapping[str, str] | None = None, *, master_port: int | None = None, run: Runner = run_slurm_command
+) -> Rendezvous:
+    """The rendezvous of this agent, from the Slurm step it runs in (``srun``, one agent per task).
+
+    Reads ``SLURM_JOB_NODELIST`` (the master: its first node), ``SLURM_NTASKS`` (agents),
+    ``SLURM_PROCID`` (this agent) and ``SLURM_JOB_ID`` (the port, ``15000 + id % 20000``, the same
+    for every agent of the job; ``master_port`` overrides it). ``ValueError`` naming the variable.
+    """
+    env = os.environ if env is None else env
+
+    def need(name: str) -> str:
+        if not env.get(name):
+            raise ValueError(
+                f"posenc slurm-torchrun: {name} is not set; run it under srun inside a Slurm job "
+                "(e.g. srun --nodes 2 --ntasks-per-node 1 posenc slurm-torchrun ...)"
+            )
+        return env[name]
+
+    def number(name: str) -> int:
+        text = need(name)
+        if not text.strip().isdigit():
+            raise ValueError(f"posenc slurm-torchrun: {name}={text!r} is not a whole number")
+        return int(text)
+
+    nodelist = need("SLURM_JOB_NODELIST")
+    tasks, rank, job = number("SLURM_NTASKS"), number("SLURM_PROCID"), number("SLURM_JOB_ID")
+    if not 0 <= rank < tasks:
+        raise ValueError(f"posenc slurm-torchrun: SLURM_PROCID={rank} is not below SLURM_NTASKS={tasks}")
+    port = 15000 + job % 20000 if master_port is None else master_port
+    return Rendezvous(_scontrol_first_address(nodelist, run), port, tasks, rank)
+
+
+# ---------------------------------------------------------------------------- submit
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """``sbatch`` options for the array tasks (the merge job takes partition, time, account, mem)."""
+
+    partition: str | None = None
+    time: str | None = None
+    #: CPUs per array task (``--cpus-per-task``); also the task's ``--workers`` on one node.
+    cpus: int | None = None
+    mem: str | None = None
+    #: GPUs per node (``--gpus-per-node``), e.g. ``"1"`` or ``"a100:2"``.
+    gpus: str | None = None
+    account: str | None = None
+    #: Nodes per array task: more than one trains each run with DDP across them (``slurm-torchrun``).
+    nodes: int = 1
+    #: Processes per node under ``torchrun`` (one per GPU); more than one uses ``slurm-torchrun``.
+    nproc_per_node: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("cpus", "nodes", "nproc_per_node"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
+        for name in ("partition", "time", "mem", "gpus", "account"):
+            value = getattr(self, name)
+            if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+                raise ValueError(
+                    f"--{name} must be one word without spaces (as sbatch takes it), got {value!r}"
+                )
+
+    @property
+    def distributed(self) -> bool:
+        """Each run trains with DDP under ``torchrun`` (several nodes or processes per node)."""
+        return self.nodes > 1 or self.nproc_per_node > 1
+
+    def array_lines(self) -> list[str]:
+        lines = self._common()
+        if self.cpus is not None:
+            lines.append(f"--cpus-per-task={self.cpus}")
+        if self.gpus is not None:
+            lines.append(f"--gpus-per-node={self.gpus}")
+        if self.distributed:
+            lines += [f"--nodes={self.nodes}", "--ntasks-per-node=1"]
+        return lines
+
+    def merge_lines(self) -> list[str]:
+        return self._common()
+
+    def _common(self) -> list[str]:
+        pairs = [("partition", self.partition), ("time", self.time), ("mem", self.mem)]
+        pairs.append(("account", self.account))
+        return [f"--{name}={value}" for name, value in pairs if value is not None]
+
+
+def shard_folder(out: Path, shard: Shard) -> Path:
+    """``OUT/shards/<i>of<n>``: the folder array task ``i`` of ``n`` writes (and resumes in)."""
+    return out / "shards" / f"{shard.index}of{shard.count}"
+
+
+def array_ranges(indices: Sequence[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"`` (sbatch's ``--array`` form)."""
+    parts: list[str] = []
+    ordered = sorted(set(indices))
+    start = previous = None
+    for index in [*ordered, None]:
+        if index is not None and previous is not None and index == previous + 1:
+            previous = index
+            continue
+        if start is not None:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = index
+    return ",".join(parts)
+
+
+def _run_ids(config: ExperimentConfig, run: RunSpec) -> list[str]:
+    """The ids whose records finish ``run``: the trained run and each inference-time variant of it."""
+    variants = [v for v in parse_eval_variants(list(config.eval_variants)) if not v.is_identity]
+    return [run_id_for(config, run), *(variant_run_id(config, run, variant) for variant in variants)]
+
+
+def missing_shards(config: ExperimentConfig, out: Path, count: int) -> tuple[list[RunSpec], list[int]]:
+    """The runs of the grid that neither ``out`` nor its shard folders finished, and the shards
+    (of ``count``) that hold them."""
+    metric = config.make_task().metric
+    folders = [out, *(shard_folder(out, Shard(index, count)) for index in range(count))]
+    finished: set[str] = set()
+    for folder in folders:
+        if (folder / "results.jsonl").is_file():
+            finished |= finished_runs(folder, config, metric)
+    missing, shards = [], []
+    for index in range(count):
+        lacking = [
+            run
+            for run in plan_runs(config, Shard(index, count))
+            if not set(_run_ids(config, run)) <= finished
+        ]
+        missing += lacking
+        if lacking:
+            shards.append(index)
+    return missing, shards
+
+
+@dataclass(frozen=True)
+class Submission:
+    """What :func:`submit` did: the job ids (None: not submitted), the shards and runs it covers."""
+
+    out: Path
+    #: Array tasks (shards) submitted, of ``count``.
+    shards: list[int]
+    count: int
+    #: Runs of the grid that no folder had finished.
+    missing: list[RunSpec]
+    array_job: str | None
+    merge_job: str | None
+    array_script: Path
+    merge_script: Path
+    commands: list[list[str]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing to do: every run is finished and merged into ``out``."""
+        return self.array_job is None and self.merge_job is None
+
+
+SUBMIT_FILE = "submit.json"
+
+
+def _check_same_submission(record: Path, config: ExperimentConfig, count: int) -> list[str]:
+    """The job ids of the earlier submissions into this folder; ``ValueError`` when they were of
+    other settings or another array size (naming the field)."""
+    if not record.is_file():
+        return []
+    try:
+        earlier = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(
+            f"{record} is not readable JSON ({err}); delete it to start the folder's jobs afresh"
+        ) from err
+    saved, now = earlier.get("experiment", {}), config.to_dict()
+    different = [k for k in sorted(saved.keys() | now.keys()) if saved.get(k) != now.get(k)]
+    if different:
+        details = ", ".join(f"{k}: {saved.get(k)!r} there vs {now.get(k)!r} now" for k in different)
+        raise ValueError(
+            f"{record.parent.parent} was submitted with other settings ({details}); rerun the same "
+            "command to resume it, or use another --out"
+        )
+    if earlier.get("array_size") != count:
+        raise ValueError(
+            f"{record.parent.parent} was submitted as {earlier.get('array_size')} array tasks, now "
+            f"--array-size {count}: the shards would differ; rerun with --array-size "
+            f"{earlier.get('array_size')}, or use another --out"
+        )
+    return [str(job) for entry in earlier.get("jobs", []) for job in entry.values() if job]
+
+
+def _still_queued(jobs: list[str], run: Runner) -> list[str]:
+    """Those of ``jobs`` (array or plain job ids) that ``squeue`` still lists."""
+    if not jobs:
+        return []
+    listed = set(run(["squeue", "--me", "--noheader", "--format=%F"]).split())
+    return [job for job in jobs if job in listed]
+
+
+def _script(lines: list[str], body: list[str]) -> str:
+    header = ["#!/bin/bash", *(f"#SBATCH {line}" for line in lines)]
+    return "\n".join([*header, "set -euo pipefail", *body]) + "\n"
+
+
+def submit(
+    config: ExperimentConfig,
+    out: str | Path,
+    extrapolate_args: Sequence[str],
+    *,
+    array_size: int | None = None,
+    options: SlurmOptions | None = None,
+    workers: int | None = None,
+    python: str = sys.executable,
+    run: Runner = run_slurm_command,
+    dry_run: bool = False,
+) -> Submission:
+    """Submit the grid of ``config`` as one Slurm job array and a merge job into ``out``.
+
+    ``extrapolate_args``: the ``posenc extrapolate`` options of ``config`` (without ``--out``,
+    ``--shard``, ``--workers``), as each array task runs them. ``array_size``: the number of
+    shards (default: one per run of the grid; a rerun must keep it). Writes
+    ``out/slurm/array.sh`` and ``out/slurm/merge.sh``, submits the array for the shards that
+    lack runs (``sbatch --array=<ids>``), then the merge job with
+    ``--dependency=afterok:<array> --kill-on-invalid-dep=yes``, and records both in
+    ``out/slurm/submit.json``. With every run finished but not merged it submits the merge job
+    alone; with everything merged, nothing. Refused (``ValueError``) while an earlier submission
+    into ``out`` is still queued or running, or when ``out`` was submitted with other settings.
+    ``dry_run``: write the scripts, submit nothing.
+    """
+    from .plan import check_experiment
+
+    options = options or SlurmOptions()
+    out = Path(out).absolute()
+    grid = plan_runs(config)
+    count = len(grid) if array_size is None else array_size
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(grid):
+        raise ValueError(
+            f"--array-size must be between 1 and the grid's {len(grid)} runs (encodings x seeds), got {array_size!r}"
+        )
+    if options.distributed and workers not in (None, 1):
+        raise ValueError(
+            "--workers cannot be combined with --nodes/--nproc-per-node (torchrun trains one run)"
+        )
+    check_writable_folder(out)
+    check_experiment(config, out)
+    folder = out / "slurm"
+    jobs = _check_same_submission(folder / SUBMIT_FILE, config, count)
+    queued = [] if dry_run else _still_queued(jobs, run)
+    if queued:
+        raise ValueError(
+            f"{out}: job(s) {', '.join(queued)} of an earlier posenc submit are still queued or running "
+            "(squeue); wait for them to end (or scancel them), then run this command again"
+        )
+    missing, shards = missing_shards(config, out, count)
+    merged = _finished_in(config, out, grid)
+
+    args = [shlex.quote(arg) for arg in extrapolate_args]
+    shard_out = shlex.quote(str(out / "shards")) + f'/"$i"of{count}'
+    task_args = [*args, "--shard", f'"$i"/{count}', "--out", shard_out, "--no-progress"]
+    if options.distributed:
+        launch = ["srun", shlex.quote(python), "-m", "posenc", "slurm-torchrun"]
+        launch += [f"--nproc-per-node={options.nproc_per_node}", "--", "extrapolate"]
+    else:
+        launch = [shlex.quote(python), "-m", "posenc", "extrapolate"]
+        task_args += ["--workers", str(workers or options.cpus or 1)]
+    logs = folder / "logs"
+    array_script = folder / "array.sh"
+    merge_script = folder / "merge.sh"
+    array_text = _script(
+        [f"--job-name=posenc-{out.name}", f"--output={logs}/array-%A_%a.out", *options.array_lines()],
+        [
+            f"# Written by posenc submit: array task i trains shard i/{count} of the grid into {out}/shards/<i>of{count};",
+            "# rerunning a task resumes its shard (finished runs kept, others from their checkpoints).",
+            'i="$SLURM_ARRAY_TASK_ID"',
+            " ".join(["exec", *launch, *task_args]),
+        ],
+    )
+    shard_list = " ".join(str(index) for index in range(count))
+    quoted_out = shlex.quote(str(out))
+    merge_text = _script(
+        [f"--job-name=posenc-{out.name}-merge", f"--output={logs}/merge-%j.out", *options.merge_lines()],
+        [
+            f"# Written by posenc submit: merges the shard folders (and what {out} holds already) into it.",
+            "folders=()",
+            f"if [ -f {quoted_out}/config.json ]; then folders+=({quoted_out}); fi",
+            f"for i in {shard_list}; do",
+            f'    if [ -d {shlex.quote(str(out / "shards"))}/"$i"of{count} ]; then folders+=({shlex.quote(str(out / "shards"))}/"$i"of{count}); fi',
+            "done",
+            f'exec {shlex.quote(python)} -m posenc merge {quoted_out} "${{folders[@]}}"',
+        ],
+    )
+    logs.mkdir(parents=True, exist_ok=True)
+    for path, text in ((array_script, array_text), (merge_script, merge_text)):
+        path.write_text(text, encoding="utf-8")
+        path.chmod(0o755)
+
+    array_command = ["sbatch", "--parsable", f"--array={array_ranges(shards)}", str(array_script)]
+    merge_command = ["sbatch", "--parsable", str(merge_script)]
+    commands: list[list[str]] = []
+    array_job = merge_job = None
+    if shards:
+        commands.append(array_command)
+        if not dry_run:
+            array_job = _job_id(array_command, run)
+        dependency = f"--dependency=afterok:{array_job or '<array job id>'}"
+        merge_command[2:2] = [dependency, "--kill-on-invalid-dep=yes"]
+    if shards or not merged:
+        commands.append(merge_command)
+        if not dry_run:
+            merge_job = _job_id(merge_command, run)
+    if commands and not dry_run:
+        _record(folder / SUBMIT_FILE, config, count, {"array": array_job, "merge": merge_job})
+    return Submission(out, shards, count, missing, array_job, merge_job, array_script, merge_script, commands)
+
+
+def _job_id(command: list[str], run: Runner) -> str:
+    """Run ``sbatch --parsable ...`` and return the job id it prints (``id`` or ``id;cluster``)."""
+    printed = run(command).strip()
+    job = printed.split(";")[0]
+    if not job.isdigit():
+        raise ValueError(f"{shlex.join(command)} printed {printed!r}, not a job id")
+    return job
+
+
+def _finished_in(config: ExperimentConfig, folder: Path, grid: list[RunSpec]) -> bool:
+    """Whether ``folder`` alone holds every run of ``grid`` (trained and every variant)."""
+    if not (folder / "results.jsonl").is_file():
+        return False
+    finished = finished_runs(folder, config, config.make_task().metric)
+    return all(set(_run_ids(config, run)) <= finished for run in grid)
+
+
+def _record(path: Path, config: ExperimentConfig, count: int, jobs: dict[str, Any]) -> None:
+    """Append this submission's job ids to ``out/slurm/submit.json`` (with the settings and size)."""
+    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    payload = {
+        "experiment": config.to_dict(),
+        "array_size": count,
+        "jobs": [*earlier.get("jobs", []), jobs],
+    }
+    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

@@ -1,0 +1,583 @@
+"""Slurm: ``--shard slurm``, ``posenc submit`` (job array + merge job) and ``posenc slurm-torchrun``.
+
+The first part needs no Slurm: the environment is monkeypatched, ``sbatch``/``squeue`` are fakes,
+and the generated scripts are run with ``bash`` as Slurm would run them. The tests marked ``slurm``
+submit to a real Slurm (``scripts/slurm_one_node.sh start``) and are skipped when ``sinfo`` does not
+answer; CI runs them in a stage of their own (``python -m pytest -m slurm tests/test_slurm.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc.experiments import ExperimentConfig, run_experiment
+from posenc.experiments.shards import Shard, parse_shard
+from posenc.experiments.slurm import (
+    Rendezvous,
+    SlurmOptions,
+    array_ranges,
+    missing_shards,
+    rendezvous_from_slurm,
+    shard_folder,
+    shard_from_slurm,
+    submit,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ---------------------------------------------------------------------------- --shard slurm
+
+
+def _array_env(task: int, low: int, high: int, count: int | None = None, step: int | None = None) -> dict:
+    env = {
+        "SLURM_ARRAY_TASK_ID": str(task),
+        "SLURM_ARRAY_TASK_MIN": str(low),
+        "SLURM_ARRAY_TASK_MAX": str(high),
+    }
+    if count is not None:
+        env["SLURM_ARRAY_TASK_COUNT"] = str(count)
+    if step is not None:
+        env["SLURM_ARRAY_TASK_STEP"] = str(step)
+    return env
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        (_array_env(0, 0, 3, 4, 1), (0, 4)),  # sbatch --array=0-3, first task
+        (_array_env(3, 0, 3, 4, 1), (3, 4)),
+        (_array_env(1, 1, 4, 4, 1), (0, 4)),  # --array=1-4: ids start at 1, shards at 0
+        (_array_env(4, 1, 4, 4, 1), (3, 4)),
+        (_array_env(7, 5, 9, 5), (2, 5)),  # no SLURM_ARRAY_TASK_STEP: step 1
+        (_array_env(6, 0, 6, 4, 2), (3, 4)),  # --array=0-6:2 is ids 0 2 4 6
+        (_array_env(2, 0, 2, None, 1), (2, 3)),  # no SLURM_ARRAY_TASK_COUNT: MIN..MAX
+    ],
+)
+def test_shard_slurm_reads_the_array_task(env, expected):
+    shard = shard_from_slurm(env)
+    assert (shard.index, shard.count) == expected
+    assert parse_shard("slurm", env) == Shard(*expected)
+
+
+@pytest.mark.parametrize(
+    "env, named",
+    [
+        ({}, "SLURM_ARRAY_TASK_ID is not set"),
+        ({"SLURM_JOB_ID": "12"}, "not a task of a Slurm job array"),  # a job, but not an array
+        ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MAX": "3"}, "SLURM_ARRAY_TASK_MIN is not set"),
+        ({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_MIN": "0"}, "SLURM_ARRAY_TASK_MAX is not set"),
+        (_array_env(1, 1, 3, 2, 1), "sparse array"),  # --array=1,3: two tasks, ids 1..3
+        (
+            {**_array_env(1, 0, 3, 4), "SLURM_ARRAY_TASK_ID": "x"},
+            "SLURM_ARRAY_TASK_ID='x' is not a whole number",
+        ),
+        (_array_env(5, 0, 3, 4), "SLURM_ARRAY_TASK_ID=5 is not one of the array's ids"),
+        (_array_env(1, 0, 6, 4, 2), "SLURM_ARRAY_TASK_ID=1 is not one of the array's ids"),
+        (_array_env(1, 3, 0, 4), "do not describe an array"),
+    ],
+)
+def test_shard_slurm_outside_an_array_names_the_variable(env, named):
+    with pytest.raises(ValueError, match=r"--shard slurm: .*") as caught:
+        shard_from_slurm(env)
+    assert named in str(caught.value)
+
+
+def test_cli_shard_slurm_in_an_array_task_runs_its_shard(tmp_path, monkeypatch):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    # sbatch --array=1-2, its second task: shard 1/2 of nope0 alibi0 nope1 alibi1 (seed-major).
+    for name, value in _array_env(2, 1, 2, 2, 1).items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "part"
+    result = CliRunner().invoke(
+        app,
+        ["extrapolate", *TINY_ARGS, "--shard", "slurm", "--workers", "1", "--no-progress", "--out", str(out)],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["runtime"]["shard"] == "1/2"
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {(r["encoding"], r["seed"]) for r in records} == {("alibi", 0), ("alibi", 1)}
+
+
+def test_cli_shard_slurm_outside_an_array_is_a_usage_error_naming_the_variables(tmp_path, monkeypatch):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    for name in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(name)
+    result = CliRunner().invoke(app, ["extrapolate", "--shard", "slurm", "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert "SLURM_ARRAY_TASK_ID" in result.output and "SLURM_ARRAY_TASK_COUNT" in result.output
+    assert not (tmp_path / "x").exists()
+
+
+# ---------------------------------------------------------------------------- rendezvous
+
+
+def _fake_scontrol(calls: list[list[str]]):
+    def run(argv: list[str]) -> str:
+        calls.append(argv)
+        if argv[:3] == ["scontrol", "show", "hostnames"]:
+            assert argv[3] == "gpu[07-08]"
+            return "gpu07\ngpu08\n"
+        if argv[:3] == ["scontrol", "show", "node"]:
+            return (
+                f"NodeName={argv[-1]} Arch=x86_64 NodeAddr=10.0.0.7 NodeHostName={argv[-1]} Version=22.05\n"
+            )
+        raise AssertionError(argv)
+
+    return run
+
+
+def test_rendezvous_from_slurm_reads_the_step():
+    env = {
+        "SLURM_JOB_NODELIST": "gpu[07-08]",
+        "SLURM_NTASKS": "2",
+        "SLURM_PROCID": "1",
+        "SLURM_JOB_ID": "123456",
+    }
+    calls: list[list[str]] = []
+    found = rendezvous_from_slurm(env, run=_fake_scontrol(calls))
+    # 15000 + 123456 % 20000 = 15000 + 3456
+    assert found == Rendezvous("10.0.0.7", 18456, 2, 1)
+    assert calls[1] == ["scontrol", "show", "node", "--oneliner", "gpu07"], "the first node hosts it"
+    assert found.torchrun_args(4) == [
+        "--nnodes=2",
+        "--node_rank=1",
+        "--nproc_per_node=4",
+        "--master_addr=10.0.0.7",
+        "--master_port=18456",
+    ]
+    assert rendezvous_from_slurm(env, master_port=29400, run=_fake_scontrol([])).master_port == 29400
+    with pytest.raises(ValueError, match="--nproc-per-node"):
+        found.torchrun_args(0)
+
+
+@pytest.mark.parametrize("missing", ["SLURM_JOB_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_JOB_ID"])
+def test_rendezvous_outside_a_slurm_step_names_the_variable(missing):
+    env = {"SLURM_JOB_NODELIST": "gpu[07-08]", "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_JOB_ID": "9"}
+    with pytest.raises(ValueError, match=r"SLURM_PROCID=2 is not below SLURM_NTASKS=2"):
+        rendezvous_from_slurm({**env, "SLURM_PROCID": "2"}, run=_fake_scontrol([]))
+    del env[missing]
+    with pytest.raises(ValueError, match=f"{missing} is not set; run it under srun"):
+        rendezvous_from_slurm(env, run=_fake_scontrol([]))
+
+
+# ---------------------------------------------------------------------------- submit without Slurm
+
+TINY = dict(
+    task="copy", encodings=["nope", "alibi"], seeds=[0, 1], train_len=2, eval_len=3, num_symbols=8, d_model=8,
+    num_layers=1, num_heads=1, d_ff=8, batch_size=2, steps=3, eval_examples=2,
+)  # fmt: skip
+#: TINY as ``posenc extrapolate`` options (warmup is not an option: the configs use its default).
+TINY_ARGS = [
+    "--encodings", "nope,alibi", "--seeds", "0,1", "--train-len", "2", "--eval-len", "3", "--num-symbols", "8",
+    "--d-model", "8", "--num-layers", "1", "--num-heads", "1", "--d-ff", "8", "--batch-size", "2",
+    "--steps", "3", "--eval-examples", "2",
+]  # fmt: skip
+
+
+class FakeSlurm:
+    """``sbatch`` and ``squeue`` answered in process: job ids from 100, a queue we set."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+        self.queue: list[str] = []
+
+    def __call__(self, argv: list[str]) -> str:
+        self.calls.append(argv)
+        if argv[0] == "sbatch":
+            return f"{100 + len(self.sbatch())};cluster\n"
+        if argv[0] == "squeue":
+            return "".join(job + "\n" for job in self.queue)
+        raise AssertionError(argv)
+
+    def sbatch(self) -> list[list[str]]:
+        return [call for call in self.calls if call[0] == "sbatch"]
+
+
+@pytest.mark.parametrize(
+    "indices, text", [([0], "0"), ([0, 1, 2, 3], "0-3"), ([3, 1], "1,3"), ([0, 1, 2, 5, 7, 8], "0-2,5,7-8")]
+)
+def test_array_ranges(indices, text):
+    assert array_ranges(indices) == text
+
+
+def test_submit_writes_an_array_and_a_merge_job_then_resubmits_only_what_is_missing(tmp_path):
+    config = ExperimentConfig(**TINY)
+    out = tmp_path / "grid"
+    slurm = FakeSlurm()
+    options = SlurmOptions(partition="cpu", time="0:10:00", cpus=2, mem="4G", gpus="a100:1", account="lab")
+    done = submit(config, out, TINY_ARGS, options=options, run=slurm)
+    assert (done.array_job, done.merge_job, done.shards, done.count) == ("101", "102", [0, 1, 2, 3], 4)
+    assert len(done.missing) == 4
+    array, merge = slurm.sbatch()
+    assert array == ["sbatch", "--parsable", "--array=0-3", str(out / "slurm" / "array.sh")]
+    assert merge == [
+        "sbatch", "--parsable", "--dependency=afterok:101", "--kill-on-invalid-dep=yes", str(out / "slurm" / "merge.sh")
+    ]  # fmt: skip
+    script = (out / "slurm" / "array.sh").read_text()
+    for line in (
+        "--partition=cpu",
+        "--time=0:10:00",
+        "--cpus-per-task=2",
+        "--mem=4G",
+        "--gpus-per-node=a100:1",
+    ):
+        assert f"#SBATCH {line}\n" in script
+    assert "#SBATCH --account=lab\n" in script and "--nodes" not in script
+    assert f'--shard "$i"/4 --out {out}/shards/"$i"of4 --no-progress --workers 2' in script
+    assert shlex.join(TINY_ARGS) in script
+    merge_script = (out / "slurm" / "merge.sh").read_text()
+    assert "#SBATCH --partition=cpu\n" in merge_script and "cpus-per-task" not in merge_script
+    assert "gpus" not in merge_script
+    assert json.loads((out / "slurm" / "submit.json").read_text())["jobs"] == [
+        {"array": "101", "merge": "102"}
+    ]
+
+    # While the array is queued, a rerun is refused (it would start a second writer per shard).
+    slurm.queue = ["101", "77"]
+    with pytest.raises(ValueError, match=r"job\(s\) 101 of an earlier posenc submit are still queued"):
+        submit(config, out, TINY_ARGS, options=options, run=slurm)
+    slurm.queue = []
+
+    # Shards 0 and 2 finished, 1 and 3 did not (a task cancelled, one never started): only they go again.
+    for index in (0, 2):
+        run_experiment(config, shard_folder(out, Shard(index, 4)), workers=1, shard=Shard(index, 4))
+    again = submit(config, out, TINY_ARGS, options=options, run=slurm)
+    assert again.shards == [1, 3] and [(r.encoding, r.seed) for r in again.missing] == [
+        ("alibi", 0),
+        ("alibi", 1),
+    ]
+    assert slurm.sbatch()[-2][2] == "--array=1,3"
+    assert slurm.sbatch()[-1][2] == f"--dependency=afterok:{again.array_job}"
+
+    # Every shard finished, the merge job did not run: the merge alone, with no dependency.
+    for index in (1, 3):
+        run_experiment(config, shard_folder(out, Shard(index, 4)), workers=1, shard=Shard(index, 4))
+    merge_only = submit(config, out, TINY_ARGS, options=options, run=slurm)
+    assert merge_only.array_job is None and merge_only.merge_job is not None
+    assert slurm.sbatch()[-1] == ["sbatch", "--parsable", str(out / "slurm" / "merge.sh")]
+
+    # Merged: nothing to submit.
+    calls = len(slurm.sbatch())
+    subprocess.run(
+        ["bash", str(out / "slurm" / "merge.sh")], check=True, capture_output=True, env=_python_env()
+    )
+    assert submit(config, out, TINY_ARGS, options=options, run=slurm).complete
+    assert len(slurm.sbatch()) == calls
+
+
+def test_submit_refuses_other_settings_another_array_size_and_bad_options(tmp_path):
+    config = ExperimentConfig(**TINY)
+    slurm = FakeSlurm()
+    submit(config, tmp_path, TINY_ARGS, array_size=2, run=slurm)
+    with pytest.raises(ValueError, match=r"other settings \(steps: 3 there vs 4 now\)"):
+        submit(ExperimentConfig(**{**TINY, "steps": 4}), tmp_path, TINY_ARGS, array_size=2, run=slurm)
+    with pytest.raises(ValueError, match=r"submitted as 2 array tasks, now --array-size 4"):
+        submit(config, tmp_path, TINY_ARGS, run=slurm)
+    with pytest.raises(ValueError, match=r"--array-size must be between 1 and the grid's 4 runs"):
+        submit(config, tmp_path / "b", TINY_ARGS, array_size=5, run=slurm)
+    with pytest.raises(ValueError, match=r"--mem must be one word"):
+        SlurmOptions(mem="4 G")
+    with pytest.raises(ValueError, match=r"--cpus must be an integer >= 1"):
+        SlurmOptions(cpus=0)
+    with pytest.raises(ValueError, match=r"--workers cannot be combined with --nodes"):
+        submit(config, tmp_path / "c", TINY_ARGS, options=SlurmOptions(nodes=2), workers=2, run=slurm)
+
+
+def test_submit_across_nodes_runs_slurm_torchrun_under_srun(tmp_path):
+    done = submit(
+        ExperimentConfig(**TINY),
+        tmp_path,
+        TINY_ARGS,
+        options=SlurmOptions(nodes=2, nproc_per_node=4),
+        dry_run=True,
+    )
+    script = done.array_script.read_text()
+    assert "#SBATCH --nodes=2\n#SBATCH --ntasks-per-node=1\n" in script
+    assert (
+        f"exec srun {shlex.quote(sys.executable)} -m posenc slurm-torchrun --nproc-per-node=4 -- extrapolate "
+        in script
+    )
+    assert "--workers" not in script
+    assert not (tmp_path / "slurm" / "submit.json").exists(), "a dry run submits nothing"
+
+
+def _python_env() -> dict[str, str]:
+    """This process's environment with this checkout's ``src`` first (the scripts run ``python -m posenc``)."""
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def test_the_generated_scripts_run_as_slurm_would_run_them(tmp_path):
+    """bash array.sh with SLURM_ARRAY_TASK_ID set, per task, then bash merge.sh: the merged folder
+    equals one unsharded run, record for record."""
+    config = ExperimentConfig(**TINY)
+    out = tmp_path / "grid"
+    submit(config, out, TINY_ARGS, array_size=2, run=FakeSlurm())
+    for task in (0, 1):
+        env = {**_python_env(), "SLURM_ARRAY_TASK_ID": str(task), "OMP_NUM_THREADS": "1"}
+        subprocess.run(["bash", str(out / "slurm" / "array.sh")], check=True, capture_output=True, env=env)
+    assert missing_shards(config, out, 2) == ([], [])
+    merged = subprocess.run(
+        ["bash", str(out / "slurm" / "merge.sh")],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=_python_env(),
+    )
+    assert "complete: every (encoding, seed) run" in merged.stdout
+    run_experiment(config, tmp_path / "full", workers=1)
+    assert _records(out) == _records(tmp_path / "full")
+    assert _records(out, "runs.jsonl") == _records(tmp_path / "full", "runs.jsonl")
+
+
+def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch.log"
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {log}\necho $((40 + $(wc -l < {log})))\n')
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("sbatch", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    out = tmp_path / "grid"
+    command = ["submit", *TINY_ARGS, "--no-distinct", "--out", str(out), "--time", "5", "--threads", "2"]
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "submitted array job 41: shard(s) 0, 1, 2, 3 of 4, 4 run(s) to train" in result.output
+    assert "submitted merge job 42 (afterok:41)" in result.output and f"results: {out}" in result.output
+    assert log.read_text().splitlines() == [
+        f"--parsable --array=0-3 {out}/slurm/array.sh",
+        f"--parsable --dependency=afterok:41 --kill-on-invalid-dep=yes {out}/slurm/merge.sh",
+    ]
+    script = (out / "slurm" / "array.sh").read_text()
+    assert "--no-distinct" in script and "--threads 2" in script and "#SBATCH --time=5\n" in script
+    bad = CliRunner().invoke(app, ["submit", *TINY_ARGS, "--out", str(tmp_path / "b"), "--mem", "4 G"])
+    assert bad.exit_code == 2 and "--mem must be one word" in bad.output
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    missing = CliRunner().invoke(app, ["submit", *TINY_ARGS, "--out", str(tmp_path / "c")])
+    assert missing.exit_code == 2 and "sbatch is not on PATH" in missing.output
+
+
+def _records(folder: Path, name: str = "results.jsonl") -> list[str]:
+    return sorted(
+        json.dumps(json.loads(line), sort_keys=True) for line in (folder / name).read_text().splitlines()
+    )
+
+
+# ---------------------------------------------------------------------------- the README's commands
+
+
+def _readme_cluster_section() -> str:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## On a cluster")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def test_the_readme_shows_the_commands_the_slurm_tests_run():
+    section = _readme_cluster_section()
+    for words in (SUBMIT, TORCHRUN_ACROSS_NODES, SUBMIT_ACROSS_NODES):
+        assert shlex.join(["posenc", *words]) in section, shlex.join(["posenc", *words])
+    assert "scripts/slurm_one_node.sh start" in section
+
+
+# ---------------------------------------------------------------------------- on a real Slurm
+
+#: The grid the real-Slurm tests submit (the README's "On a cluster" commands): 2 encodings x 2
+#: seeds as 2 array tasks; long enough (600 steps) for a task to be cancelled mid-run.
+GRID = [
+    "--task", "copy", "--encodings", "nope,alibi", "--seeds", "0,1", "--train-len", "2", "--eval-len", "3",
+    "--num-symbols", "8", "--d-model", "8", "--num-layers", "1", "--num-heads", "1", "--d-ff", "8",
+    "--batch-size", "2", "--eval-examples", "2",
+]  # fmt: skip
+SCALE = [*GRID, "--steps", "600", "--checkpoint-every", "20"]
+SUBMIT = ["submit", *SCALE, "--array-size", "2", "--time", "0:10:00", "--out", "runs/cluster"]
+DDP_RUN = ["extrapolate", *GRID, "--steps", "20", "--no-progress"]
+TORCHRUN_ACROSS_NODES = ["slurm-torchrun", "--", *DDP_RUN, "--out", "runs/ddp-slurm"]
+SUBMIT_ACROSS_NODES = [
+    "submit",
+    *GRID,
+    "--steps",
+    "20",
+    "--nodes",
+    "2",
+    "--array-size",
+    "1",
+    "--out",
+    "runs/ddp-array",
+]
+
+
+@functools.cache
+def _slurm_answers() -> bool:
+    """Whether ``sinfo`` lists a partition (asked once, and only when a ``slurm`` test is selected)."""
+    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
+        return False
+    try:
+        done = subprocess.run(["sinfo", "--noheader"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0 and bool(done.stdout.strip())
+
+
+#: CI sets it in its Slurm stage: a cluster that does not answer fails the tests instead of skipping them.
+REQUIRE_SLURM = os.environ.get("POSENC_REQUIRE_SLURM") == "1"
+
+
+def _require_slurm() -> None:
+    """Skip when no Slurm answers (fail instead under POSENC_REQUIRE_SLURM=1)."""
+    if not _slurm_answers():
+        if REQUIRE_SLURM:
+            pytest.fail("POSENC_REQUIRE_SLURM=1 but sinfo does not answer: start scripts/slurm_one_node.sh")
+        pytest.skip("no Slurm answers (scripts/slurm_one_node.sh start)")
+
+
+@pytest.fixture(autouse=True)
+def _slurm_or_skip(request):
+    if request.node.get_closest_marker("slurm") is not None:
+        _require_slurm()
+    yield
+
+
+def _posenc(words: list[str], cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    env = {**_python_env(), "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "posenc", *words], cwd=cwd, env=env, capture_output=True, text=True, **kwargs
+    )
+
+
+def _job_ids(output: str) -> list[str]:
+    return [line.split()[3].rstrip(":") for line in output.splitlines() if line.startswith("submitted ")]
+
+
+def _wait_for(jobs: list[str], timeout: float = 300) -> None:
+    """Until ``squeue`` lists none of ``jobs`` (pending, running or completing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        listed = subprocess.run(
+            ["squeue", "--noheader", "--format=%F"], capture_output=True, text=True, check=True
+        ).stdout.split()
+        if not set(jobs) & set(listed):
+            return
+        time.sleep(1)
+    raise AssertionError(
+        f"jobs {jobs} still queued after {timeout} s: {subprocess.run(['squeue'], capture_output=True, text=True).stdout}"
+    )
+
+
+@pytest.fixture(scope="module")
+def unsharded(tmp_path_factory) -> Path:
+    """The grid run in one command, no Slurm, no shards: what a merged folder must equal."""
+    _require_slurm()  # before the run: a module fixture is set up before the tests' own skip
+    cwd = tmp_path_factory.mktemp("unsharded")
+    done = _posenc(
+        ["extrapolate", *SCALE, "--no-progress", "--workers", "1", "--out", "runs/cluster"], cwd, timeout=600
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return cwd / "runs" / "cluster"
+
+
+@pytest.mark.slurm
+def test_slurm_array_merged_equals_an_unsharded_run(tmp_path, unsharded):
+    done = _posenc(SUBMIT, tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs = _job_ids(done.stdout)
+    assert len(jobs) == 2, done.stdout
+    _wait_for(jobs)
+    out = tmp_path / "runs" / "cluster"
+    assert sorted(p.name for p in (out / "shards").iterdir()) == ["0of2", "1of2"]
+    assert _records(out) == _records(unsharded) and len(_records(out)) == 2 * 2 * 3 * 2
+    assert _records(out, "runs.jsonl") == _records(unsharded, "runs.jsonl")
+    merge_log = next((out / "slurm" / "logs").glob("merge-*.out")).read_text()
+    assert "complete: every (encoding, seed) run of the grid has results" in merge_log
+    again = _posenc(SUBMIT, tmp_path, timeout=120)
+    assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.slurm
+def test_a_cancelled_array_task_is_completed_by_the_rerun(tmp_path, unsharded):
+    done = _posenc(SUBMIT, tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    array, merge = _job_ids(done.stdout)
+    out = tmp_path / "runs" / "cluster"
+    checkpoints = out / "shards" / "1of2" / "checkpoints"
+    deadline = time.monotonic() + 120
+    while not any(checkpoints.glob("*.pt")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert any(checkpoints.glob("*.pt")), "task 1 never wrote a checkpoint"
+    subprocess.run(["scancel", f"{array}_1"], check=True)  # mid-run: its first run has a checkpoint only
+    _wait_for([array, merge])
+    assert not (out / "results.jsonl").exists(), "the merge job depends on every task (afterok)"
+    log_1 = (out / "slurm" / "logs" / f"array-{array}_1.out").read_text()
+    assert "CANCELLED" in log_1 and "interrupted" in log_1, log_1
+
+    rerun = _posenc(SUBMIT, tmp_path, timeout=120)
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+    assert "shard(s) 1 of 2, 2 run(s) to train" in rerun.stdout, rerun.stdout
+    array_2, merge_2 = _job_ids(rerun.stdout)
+    _wait_for([array_2, merge_2])
+    log_2 = (out / "slurm" / "logs" / f"array-{array_2}_1.out").read_text()
+    assert "resumed from its checkpoint at step" in log_2, log_2
+    assert not list((out / "slurm" / "logs").glob(f"array-{array_2}_0.out")), "shard 0 was not resubmitted"
+    # Nothing lost, nothing twice: the merged folder equals the unsharded run, record for record.
+    assert _records(out) == _records(unsharded)
+    assert _records(out, "runs.jsonl") == _records(unsharded, "runs.jsonl")
+    for name in ("results.jsonl", "runs.jsonl"):
+        lines = (out / name).read_text().splitlines()
+        assert len(lines) == len(set(lines))
+
+
+@pytest.mark.slurm
+def test_one_run_across_two_slurm_nodes_equals_torchrun_on_one(tmp_path):
+    """srun (2 nodes when the cluster has 2, else 2 tasks on one) + slurm-torchrun: one DDP job of
+    world size 2, whose results equal ``torchrun --standalone --nproc_per_node 2`` on one machine;
+    and so do ``posenc submit --nodes 2``'s (with 2 nodes)."""
+    nodes = len(
+        subprocess.run(
+            ["sinfo", "--noheader", "--Node", "--format=%N"], capture_output=True, text=True, check=True
+        ).stdout.split()
+    )
+    layout = ["--nodes", "2", "--ntasks-per-node", "1"] if nodes >= 2 else ["--nodes", "1", "--ntasks", "2"]
+    env = {**_python_env(), "COLUMNS": "200", "OMP_NUM_THREADS": "1"}
+    command = ["srun", *layout, sys.executable, "-m", "posenc", *TORCHRUN_ACROSS_NODES]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "DDP world size 2" in done.stdout
+    assert done.stderr.count("slurm-torchrun: --nnodes=2") == 2 and "--node_rank=1" in done.stderr
+    out = tmp_path / "runs" / "ddp-slurm"
+    assert json.loads((out / "config.json").read_text())["runtime"]["world_size"] == 2
+    reference = tmp_path / "reference"
+    standalone = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    standalone += ["-m", "posenc", *DDP_RUN, "--out", str(reference)]
+    done = subprocess.run(standalone, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert _records(out) == _records(reference)
+    if nodes < 2:
+        return
+    # posenc submit --nodes 2: the array task runs srun slurm-torchrun itself; merged, the same records.
+    done = _posenc(SUBMIT_ACROSS_NODES, tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    _wait_for(_job_ids(done.stdout))
+    merged = tmp_path / "runs" / "ddp-array"
+    assert json.loads((merged / "shards" / "0of1" / "config.json").read_text())["runtime"]["world_size"] == 2
+    assert _records(merged) == _records(reference)
