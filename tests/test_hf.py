@@ -334,3 +334,66 @@ def test_bloom_runs_on_posenc_alibi_and_equals_hf():
     assert torch.equal(generated, model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False))
     with pytest.raises(ValueError, match="LlamaForCausalLM has no attention posenc patches"):
         posenc_hf.use_posenc_attention(_model("llama"))
+
+
+def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], object]:
+    """Elements the nan check reduces in the last layer's call of one decode step after a prompt."""
+    import posenc.backends as backends_pkg
+
+    torch.manual_seed(0)
+    ids = torch.randint(1, VOCAB, (1, prompt_len + 1))
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :prompt_len], past_key_values=cache, use_cache=True)
+        counted: list[int] = []
+        real = backends_pkg._all_finite_together
+        monkeypatch.setattr(
+            backends_pkg, "_all_finite_together", lambda ts: counted.extend(t.numel() for t in ts) or real(ts)
+        )
+        model(ids[:, prompt_len:], past_key_values=cache, use_cache=True)
+        monkeypatch.setattr(backends_pkg, "_all_finite_together", real)
+    return counted, cache
+
+
+def test_hf_decode_step_checks_only_the_new_tokens(monkeypatch):
+    """Through the HF bridge a decode step's nan check reads q and the new key and value, whatever
+    the cache holds: the same count after 4 or 40 cached tokens (O(new tokens), not O(cache))."""
+    model = _model("llama")
+    model.set_attn_implementation(posenc_hf.ATTN_IMPLEMENTATION)
+    short, _ = _hf_decode_counts(model, 4, monkeypatch)
+    long, _ = _hf_decode_counts(model, 40, monkeypatch)
+    assert short and sum(short) == sum(long)
+    # per layer: q [1, 4, 1, 16] and the new k, v [1, 2, 1, 16]
+    assert sum(short) == 2 * (4 * 16 + 2 * 2 * 16)
+
+
+def test_hf_cache_with_a_nan_is_checked_in_full_until_it_is_gone(monkeypatch):
+    """A nan written into an HF cache by one step keeps every later step on a backend that
+    propagates it, in every layer (the first included, whose new token is finite); a cache that
+    belongs to another sequence is not linked to it."""
+    import posenc.hf._attention as bridge
+
+    served: list[str] = []
+    real_note = bridge.note_backend
+    monkeypatch.setattr(bridge, "note_backend", lambda name: served.append(name) or real_note(name))
+    model = _model("llama")
+    model.set_attn_implementation(posenc_hf.ATTN_IMPLEMENTATION)
+    torch.manual_seed(1)
+    ids = torch.randint(1, VOCAB, (1, 8))
+    embed = model.get_input_embeddings()
+    bad = embed(ids[:, 5:6]).detach().clone()
+    bad[..., 0] = float("nan")
+    cache = transformers.DynamicCache(config=model.config)
+    other = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :5], past_key_values=cache, use_cache=True)
+        model(ids[:, :5], past_key_values=other, use_cache=True)
+        out = model(inputs_embeds=bad, past_key_values=cache, use_cache=True).logits
+        assert not torch.isfinite(out).any() and posenc_hf.last_backend() == "eager"
+        # another sequence of the same length through the same modules, all finite
+        model(ids[:, 5:6], past_key_values=other, use_cache=True)
+        assert posenc_hf.last_backend() == "sdpa"
+        # back to the cache holding the nan: its keys are not linked to the other's, so all are checked
+        served.clear()
+        out = model(ids[:, 6:7], past_key_values=cache, use_cache=True).logits
+        assert not torch.isfinite(out).any() and served == ["eager", "eager"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -9,7 +11,7 @@ from torch import Tensor, nn
 
 from ..backends import get_backend
 from ..backends.run import attend
-from ..base import Kind
+from ..base import FiniteMark, Kind, checks_values
 from ._common import BACKEND, NOPE, note_backend, transformers_module
 from ._positions import swapped_positions
 
@@ -41,6 +43,50 @@ def register(backend: str = "auto") -> str:
 #: Arguments HF's continuous batching hands the attention function with its paged cache: the cache
 #: itself (transformers 5.19-5.23) or the read/write indices into it (5.24).
 _PAGED_ARGUMENTS = ("read_index", "write_index", "block_table")
+
+
+@dataclass
+class _CheckedKeys:
+    """What a module's last call found finite: its keys' count, batch and last key's fingerprint."""
+
+    mark: FiniteMark
+    length: int
+    batch: int
+    tail: Tensor  # float64 sum of the last key (all rows and heads): links the next call's keys to these
+
+
+#: Per HF attention module, the keys its last call checked (weakly held: a dropped model frees them).
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, _CheckedKeys] = weakref.WeakKeyDictionary()
+
+
+def _known_finite_keys(module: nn.Module, key: Tensor, q_len: int) -> tuple[int, FiniteMark | None]:
+    """``(known_finite_keys, finite_mark)`` for a call of ``module``: the keys an HF cache handed back
+    that the module's previous call already found finite, so the nan check reads the new ones only.
+
+    HF's caches append: a decode step's keys are the last call's keys (possibly reordered by beam
+    search, which keeps them finite) followed by the ``q_len`` new ones. The link is accepted only
+    when the counts match (``past == the last call's keys``, same batch) and the key at ``past - 1``
+    sums to the last call's final key, bit for bit; anything else (a cropped, sliding, static or
+    other cache) checks every key, as before. Like posenc's own cache, it trusts a cache's tensors
+    as written by attention: a value written into an HF cache in place elsewhere is not seen.
+    """
+    if not checks_values() or key.device.type != "cpu":  # only CPU requests test values
+        return 0, None
+    past = key.shape[2] - q_len
+    previous = _CHECKED.get(module)
+    known = 0
+    if (
+        previous is not None
+        and previous.mark.finite
+        and past == previous.length
+        and past > 0
+        and key.shape[0] == previous.batch
+        and bool(key[:, :, past - 1].sum(dtype=torch.float64) == previous.tail)
+    ):
+        known = past
+    mark = FiniteMark()
+    _CHECKED[module] = _CheckedKeys(mark, key.shape[2], key.shape[0], key[:, :, -1].sum(dtype=torch.float64))
+    return known, mark
 
 
 def _check_supported(kwargs: dict[str, Any]) -> None:
@@ -98,6 +144,7 @@ def attention_forward(
         if encoding.kind is Kind.ROTARY:
             query, key = encoding.rotate(query, key, q_pos, k_pos)
             encoding = NOPE
+    known, mark = _known_finite_keys(module, key, q_len) if key.shape[2] else (0, None)
     name, out, weights = attend(
         query,
         key,
@@ -112,6 +159,8 @@ def attention_forward(
         need_weights=bool(kwargs.get("output_attentions", False)),
         sinks=s_aux,
         backend=BACKEND["name"],
+        known_finite_keys=known,
+        finite_mark=mark,
     )
     note_backend(name)
     return out.transpose(1, 2).contiguous(), weights
