@@ -161,8 +161,8 @@ class TimeAxis:
     def fits(self, steps: int) -> bool:
         return self.length + steps <= self.capacity
 
-    def append(self, new: Tensor) -> Tensor:
-        """Copy ``new`` after the live steps; return the live view, ``new`` included."""
+    def append(self, new: Tensor) -> None:
+        """Copy ``new`` after the live steps (:meth:`view` then includes it)."""
         steps = new.shape[self.dim]
         if not self.fits(steps):
             raise CacheFullError(f"{self.length} + {steps} steps exceed the capacity {self.capacity}")
@@ -170,7 +170,6 @@ class TimeAxis:
             self._to_front()
         self.buffer.narrow(self.dim, self.start + self.length, steps).copy_(new)
         self.length += steps
-        return self.view()
 
     def drop_front(self, steps: int) -> None:
         self.start, self.length = self.start + steps, self.length - steps
@@ -536,7 +535,9 @@ class KVCache:
             kept = self._kept(k.shape[2])
             axes = {name: TimeAxis(t[:, :, kept], 2, self.max_length) for name, t in (("k", k), ("v", v))}
         else:
-            k, v = axes["k"].append(k), axes["v"].append(v)
+            axes["k"].append(k)
+            axes["v"].append(v)
+            k, v = axes["k"].view(), axes["v"].view()
             if k.shape[2] > self.sink_tokens + self.recent_tokens:  # eviction moves what the kernel reads
                 k, v = k.clone(), v.clone()
                 for axis in axes.values():
