@@ -170,3 +170,24 @@ def test_known_finite_keys_is_checked() -> None:
     mark = posenc.base.FiniteMark()
     assert not AttentionRequest(**fields, known_finite_keys=4, finite_mark=mark).has_nonfinite
     assert mark.finite
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [1, 37, 20000])
+def test_all_finite_together_agrees_with_isfinite(dtype, size) -> None:
+    """The summed test against torch.isfinite element by element: nan, inf, inf - inf (which sums to
+    nan), and finite values whose sum overflows the dtype (still finite: the exact test decides)."""
+    torch.manual_seed(size)
+    big = torch.finfo(dtype).max / 2
+    cases = {
+        "finite": torch.randn(size).to(dtype),
+        "overflowing sum": torch.full((max(size, 4),), big, dtype=dtype),
+        "nan": torch.randn(size).to(dtype).index_fill(0, torch.tensor([size // 2]), float("nan")),
+        "inf": torch.randn(size).to(dtype).index_fill(0, torch.tensor([0]), float("inf")),
+        "inf - inf": torch.tensor([float("inf"), float("-inf")], dtype=dtype).repeat(max(size // 2, 1)),
+    }
+    other = torch.randn(3, 5)[:, ::2]  # a strided, finite companion
+    for name, tensor in cases.items():
+        want = bool(torch.isfinite(tensor).all())
+        got = backends_pkg._all_finite_together((other, tensor, torch.arange(3)))
+        assert got == want, name
