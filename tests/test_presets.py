@@ -207,3 +207,93 @@ def test_nope_paper_table_ranks_only_encodings_that_fit():
     assert any(
         "not ranked, did not fit" in note and "nope, alibi, sinusoidal" in note for note in table.notes
     )
+
+
+# ---------------------------------------------------------------------------- agreement (Kendall's τ)
+
+
+def test_kendall_tau_matches_known_values_ties_included():
+    from posenc.experiments.agreement import kendall_tau
+
+    # scipy.stats.kendalltau's docstring example (tau-b): tau = -0.47140452079103173.
+    assert kendall_tau([12, 2, 1, 12, 2], [1, 4, 7, 1, 0]) == pytest.approx(-0.47140452079103173)
+    assert kendall_tau([1, 2, 3, 4, 5], [5, 4, 3, 2, 1]) == pytest.approx(-1.0)
+    assert kendall_tau([1, 2, 3], [1, 3, 2]) == pytest.approx(1 / 3)  # C = 2, D = 1 of 3 pairs
+    # One tie in x: 6 pairs, 5 concordant, 1 tied in x -> 5 / sqrt(5 * 6).
+    assert kendall_tau([1, 2, 2, 3], [1, 2, 3, 4]) == pytest.approx(5 / math.sqrt(30))
+    assert kendall_tau([1, 1, 1], [1, 2, 3]) is None and kendall_tau([1], [2]) is None
+
+
+def test_seed_resamples_enumerate_the_bootstrap_exactly():
+    from posenc.experiments.agreement import seed_bootstrap, seed_resamples
+
+    resamples = seed_resamples([0, 1, 2])
+    assert len(resamples) == 10 and sum(p for p, _ in resamples) == pytest.approx(1.0)
+    probability = {tuple(sorted(counts.items())): p for p, counts in resamples}
+    assert probability[((0, 3),)] == pytest.approx(1 / 27)
+    assert probability[((0, 1), (1, 1), (2, 1))] == pytest.approx(6 / 27)
+    values = {0: 0.0, 1: 1.0, 2: 2.0}
+
+    def mean_of(resample):
+        counts = resample["t"]
+        return sum(values[s] * c for s, c in counts.items()) / sum(counts.values())
+
+    # The extremes 0 and 2 each have probability 1/27 > 2.5%: the 95% percentile interval is [0, 2].
+    exact = seed_bootstrap({"t": [0, 1, 2]}, mean_of)
+    assert (exact.low, exact.high) == (0.0, 2.0) and "exact" in exact.method
+    drawn = seed_bootstrap({"t": [0, 1, 2]}, mean_of, exact_limit=0, draws=2000)
+    assert "Monte Carlo" in drawn.method and drawn.low <= 1 / 3 and drawn.high >= 5 / 3
+    assert seed_bootstrap({"t": [0]}, mean_of) is None  # one seed: nothing to resample
+
+
+def _constant_records(task, per_seed, train_len=20, eval_len=24, iid=None):
+    """Exact-match records: ``per_seed[encoding][seed]`` at every length past L, ``iid`` (1.0) below."""
+    return [
+        {"encoding": e, "task": task, "seed": seed, "metric": "exact_match", "length": n}
+        | {"value": (iid or {}).get(e, 1.0) if n <= train_len else value}
+        for e, by_seed in per_seed.items()
+        for seed, value in enumerate(by_seed)
+        for n in range(1, eval_len + 1)
+    ]
+
+
+def test_nope_paper_table_gives_kendall_tau_with_its_interval_across_seeds():
+    preset = PAPER_PRESETS["nope-paper"]
+    # Paper order: nope > t5 > alibi > rope > sinusoidal. Ours: nope's mean (0.633) beats t5 (0.6)
+    # only when seed 2 (0.9) is drawn; a resample without it (probability (2/3)^3 = 8/27) puts t5
+    # first: tau = (9 - 1) / 10 = 0.8 there, 1.0 otherwise -> interval [0.8, 1.0].
+    per_seed = {
+        "nope": [0.5, 0.5, 0.9],
+        "t5": [0.6, 0.6, 0.6],
+        "alibi": [0.4, 0.4, 0.4],
+        "rope": [0.3, 0.3, 0.3],
+        "sinusoidal": [0.2, 0.2, 0.2],
+    }
+    table = preset.compare(preset, {"copy": ({"fit_threshold": 0.95}, _constant_records("copy", per_seed))})
+    assert "Kendall's τ vs the paper's order +1.00 [+0.80, +1.00]" in table.title
+    note = next(n for n in table.notes if n.startswith("agreement"))
+    assert (
+        "= +1.00, 95% interval [+0.80, +1.00]" in note and "exact bootstrap over seeds (10 distinct" in note
+    )
+    # A tie in ours (nope = t5 at 0.6): tau-b = 9 / sqrt(9 * 10).
+    tied = per_seed | {"nope": [0.6, 0.6, 0.6]}
+    table = preset.compare(preset, {"copy": ({"fit_threshold": 0.95}, _constant_records("copy", tied))})
+    assert f"+{9 / math.sqrt(90):.2f} [" in table.title
+
+
+def test_nope_paper_table_says_per_task_whether_each_adjacent_pair_is_reproduced():
+    preset = PAPER_PRESETS["nope-paper"]
+    per_seed = {
+        "nope": [0.9, 0.8, 0.85],  # nope - t5: +0.5, +0.5, +0.5 -> reproduced
+        "t5": [0.4, 0.3, 0.35],  # t5 - alibi: -0.3, -0.4, -0.35 -> reversed
+        "alibi": [0.7, 0.7, 0.7],  # alibi - rope: +0.01, -0.01, +0.02 -> cannot tell
+        "rope": [0.69, 0.71, 0.68],
+        "sinusoidal": [0.1, 0.1, 0.1],  # did not fit: rope > sinusoidal is not compared
+    }
+    records = _constant_records("reverse", per_seed, iid={"sinusoidal": 0.5})
+    table = preset.compare(preset, {"reverse": ({"fit_threshold": 0.95}, records)})
+    note = next(n for n in table.notes if n.startswith("reverse, the paper's order pair by pair"))
+    assert "nope > t5 reproduced (+50.0% [+50.0%, +50.0%])" in note
+    assert "t5 > alibi reversed (-35.0%" in note
+    assert "alibi > rope cannot tell (+0.7%" in note
+    assert "rope > sinusoidal not compared (sinusoidal did not fit)" in note

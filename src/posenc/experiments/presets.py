@@ -24,6 +24,7 @@ lm``, ``--train-len 16``) is an error before anything is written.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import math
 from collections import defaultdict
@@ -35,6 +36,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from .agreement import BootstrapInterval, kendall_tau, seed_bootstrap
+from .compare import _signed, paired_comparison
 from .results import experiment_settings, load_config, read_records, summarize
 from .shards import missing_runs
 from .summary import SummaryTable as Table  # the same plain-text table as the summary
@@ -245,6 +248,7 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
         )
     steps = sorted({settings.get("steps") for settings, _ in runs.values()})
     missing = [task for task in preset.tasks if task not in runs]
+    agreement = nope_agreement(runs, tasks, ranked, entry["values"], train_len)
     notes = [
         f"paper: {citation_line(entry)}; {entry['source']}"
         + (" (approximate: bar values of a figure)" if entry.get("approximate") else ""),
@@ -259,13 +263,160 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
             f"not ranked, did not fit (every seed of every task must reach the fit threshold in-distribution): "
             f"{', '.join(unfit)}; ours ranks the {len(ranked)} that fit among themselves"
         )
+    notes.append(agreement.note(entry["paper_names"]))
+    paper_order = sorted(encodings, key=lambda e: -entry["values"][e])
+    for task in tasks:
+        notes.append(adjacent_pairs_note(task, runs[task], paper_order, train_len))
     if missing:
         notes.append(f"not run here: {', '.join(missing)} (its folder is missing beside this one)")
     return Table(
-        f"{preset.name}: published beside ours (train <= {train_len}, test {train_len + 1}..{preset.settings['eval_len']})",
+        f"{preset.name}: published beside ours (train <= {train_len}, test {train_len + 1}..{preset.settings['eval_len']}); "
+        f"{agreement.headline()}",
         columns,
         rows,
         tuple(notes),
+    )
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Kendall's τ of our scores against the paper's over ``items``, with its interval across seeds."""
+
+    #: What is ranked (``"mean reciprocal rank"``, ``"ratio at 2x"``).
+    what: str
+    items: list[str]
+    tau: float | None
+    interval: BootstrapInterval | None
+
+    def headline(self) -> str:
+        """``"Kendall's τ vs the paper's order 0.80 [0.60, 1.00]"``."""
+        if self.tau is None:
+            return f"Kendall's τ vs the paper's order: - ({len(self.items)} ranked)"
+        text = f"Kendall's τ vs the paper's order {self.tau:+.2f}"
+        if self.interval is not None:
+            text += f" [{self.interval.low:+.2f}, {self.interval.high:+.2f}]"
+        return text
+
+    def note(self, paper_names: dict[str, str]) -> str:
+        if self.tau is None:
+            return (
+                f"agreement: Kendall's τ needs two ranked encodings that are not all tied; "
+                f"ranked: {', '.join(self.items) or 'none'}"
+            )
+        text = (
+            f"agreement: Kendall's τ (tau-b, ties in ours count as ties) of our {self.what} against the "
+            f"paper's over the {len(self.items)} ranked encodings ({', '.join(self.items)}) = {self.tau:+.2f}"
+        )
+        if self.interval is None:
+            return text + "; one seed: no interval across seeds"
+        text += (
+            f", 95% interval [{self.interval.low:+.2f}, {self.interval.high:+.2f}] (percentile interval of the "
+            f"{self.interval.method}, each task's seeds resampled with replacement, tasks independently; with "
+            "few seeds it shows how far swapping seeds moves the order, it is not a calibrated 95%)"
+        )
+        if self.interval.undefined:
+            text += f"; τ undefined (all tied) on {self.interval.undefined:.0%} of the resamples, left out"
+        return text
+
+
+def nope_agreement(
+    runs: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]],
+    tasks: list[str],
+    ranked: list[str],
+    paper: dict[str, float],
+    train_len: int,
+) -> Agreement:
+    """Kendall's τ of our mean reciprocal rank (over ``tasks``, among ``ranked``) against the
+    paper's, with its percentile interval over seed resamples (:func:`seed_bootstrap`)."""
+    if len(ranked) < 2 or not tasks:
+        return Agreement("mean reciprocal rank", ranked, None, None)
+    per_seed = {task: _per_seed_curves(runs[task][1], "exact_match", ranked) for task in tasks}
+    seeds = {
+        task: sorted(set.intersection(*(set(per_seed[task].get(e, {})) for e in ranked))) for task in tasks
+    }
+    paper_scores = [paper[e] for e in ranked]
+
+    @cache
+    def task_sums(task: str, counts: tuple[tuple[int, int], ...]) -> tuple[list[float], int]:
+        """Per ranked encoding, the sum of its reciprocal ranks over ``task``'s lengths past L under the
+        seed weights ``counts``, and how many lengths that is."""
+        weights = dict(counts)
+        curves = {e: _weighted_curve(per_seed[task][e], weights) for e in ranked}
+        lengths = sorted(n for n in set.intersection(*(set(c) for c in curves.values())) if n > train_len)
+        sums = [0.0] * len(ranked)
+        for length in lengths:
+            ranks = reciprocal_ranks({e: curves[e][length] for e in ranked})
+            for i, encoding in enumerate(ranked):
+                sums[i] += ranks[encoding]
+        return sums, len(lengths)
+
+    def tau_of(resample: dict[str, dict[int, int]]) -> float | None:
+        totals, scenarios = [0.0] * len(ranked), 0
+        for task, counts in resample.items():
+            sums, count = task_sums(task, tuple(sorted(counts.items())))
+            totals = [a + b for a, b in zip(totals, sums)]
+            scenarios += count
+        return kendall_tau([t / scenarios for t in totals], paper_scores) if scenarios else None
+
+    tau = tau_of({task: dict.fromkeys(seeds[task], 1) for task in tasks})
+    interval = seed_bootstrap(seeds, tau_of) if tau is not None else None
+    return Agreement("mean reciprocal rank", ranked, tau, interval)
+
+
+def _per_seed_curves(
+    records: list[dict[str, Any]], metric: str, encodings: list[str]
+) -> dict[str, dict[int, dict[int, float]]]:
+    """``{encoding: {seed: {length: value}}}`` of ``metric`` (no variants)."""
+    curves: dict[str, dict[int, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for record in records:
+        if record.get("metric") == metric and not record.get("variant") and record["encoding"] in encodings:
+            curves[record["encoding"]][int(record.get("seed", 0))][int(record["length"])] = float(
+                record["value"]
+            )
+    return curves
+
+
+def _weighted_curve(by_seed: dict[int, dict[int, float]], weights: dict[int, int]) -> dict[int, float]:
+    """``{length: mean over seeds}`` with seed ``s`` counted ``weights[s]`` times (a resample)."""
+    totals: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    for seed, weight in weights.items():
+        for length, value in by_seed.get(seed, {}).items():
+            totals[length][0] += weight * value
+            totals[length][1] += weight
+    return {length: total / count for length, (total, count) in totals.items() if count}
+
+
+def adjacent_pairs_note(
+    task: str, run: tuple[dict[str, Any], list[dict[str, Any]]], paper_order: list[str], train_len: int
+) -> str:
+    """Per adjacent pair of the paper's order, whether ``task`` reproduces it under ``posenc
+    compare``'s test (:func:`~posenc.experiments.compare.paired_comparison`): "reproduced" (the
+    interval lies on the paper's side of 0), "reversed" or "cannot tell"; a pair with an encoding
+    that did not fit this task is not compared."""
+    records = run[1]
+    fits = _seeds_fit(run, paper_order, train_len)
+    verdicts = []
+    for a, b in itertools.pairwise(paper_order):
+        unfit = [e for e in (a, b) if not (0 < fits.get(e, (0, 0))[1] == fits.get(e, (0, 0))[0])]
+        if unfit:
+            verdicts.append(f"{a} > {b} not compared ({', '.join(unfit)} did not fit)")
+            continue
+        try:
+            comparison = paired_comparison(task, records, a, b, train_len)
+        except ValueError as err:
+            verdicts.append(f"{a} > {b} not compared ({err})")
+            continue
+        word = {"a": "reproduced", "b": "reversed"}.get(comparison.verdict, "cannot tell")
+        fmt = comparison.metric.format
+        numbers = (
+            "one seed"
+            if comparison.interval is None
+            else f"{_signed(comparison.mean, fmt)} [{', '.join(_signed(b, fmt) for b in comparison.interval)}]"
+        )
+        verdicts.append(f"{a} > {b} {word} ({numbers})")
+    return (
+        f"{task}, the paper's order pair by pair under posenc compare's test (mean paired difference beyond L "
+        f"and its 95% Student's t interval across seeds): " + "; ".join(verdicts)
     )
 
 
