@@ -297,3 +297,33 @@ def test_nope_paper_table_says_per_task_whether_each_adjacent_pair_is_reproduced
     assert "t5 > alibi reversed (-35.0%" in note
     assert "alibi > rope cannot tell (+0.7%" in note
     assert "rope > sinusoidal not compared (sinusoidal did not fit)" in note
+
+
+def _lm_records(base, longer, seeds=(0, 1, 2), train_len=64, eval_len=512):
+    """Perplexity records: ``base[e]`` at positions 1..L, ``longer[e]`` past L, every seed."""
+    return [
+        {"encoding": e, "task": "lm", "seed": seed, "metric": "perplexity", "length": n}
+        | {"value": base[e] if n <= train_len else longer[e]}
+        for e in base
+        for seed in seeds
+        for n in range(1, eval_len + 1)
+    ]
+
+
+def test_alibi_paper_table_checks_the_fit_at_l_and_gives_tau_per_factor():
+    preset = PAPER_PRESETS["alibi-paper"]
+    # t5 is 25% above the best at L (> 10%): it did not fit and is left out of tau.
+    base = {"sinusoidal": 4.0, "rope": 4.0, "t5": 5.0, "alibi": 4.0}
+    longer = {"sinusoidal": 40.0, "rope": 8.0, "t5": 5.0, "alibi": 3.0}
+    table = preset.compare(preset, {"lm": ({}, _lm_records(base, longer))})
+    rows = {row[0].split()[0]: row for row in table.rows}
+    assert rows["t5"][-2:] == ["5.00", "0/3"] and rows["alibi"][-2:] == ["4.00", "3/3"]
+    # Ours orders alibi < rope < sinusoidal as Table 3 does at every factor: tau = 1 (seeds agree).
+    assert "2x +1.00 [+1.00, +1.00]; 4x +1.00 [+1.00, +1.00]; 8x +1.00 [+1.00, +1.00]" in table.title
+    assert any("did not fit: t5" in note for note in table.notes)
+    # Swap sinusoidal and rope past L: one discordant pair of three -> (2 - 1) / 3.
+    swapped = longer | {"sinusoidal": 8.0, "rope": 40.0}
+    table = preset.compare(preset, {"lm": ({}, _lm_records(base, swapped))})
+    assert "2x +0.33 [+0.33, +0.33]" in table.title
+    one_seed = preset.compare(preset, {"lm": ({}, _lm_records(base, longer, seeds=(0,)))})
+    assert "8x +1.00;" not in one_seed.title and one_seed.title.endswith("8x +1.00")
