@@ -115,12 +115,24 @@ def test_apply_preset_sets_the_published_setup_and_refuses_contradictions():
     assert [(c.task, c.train_len, c.eval_len) for c in alibi] == [("lm", 64, 512)]
 
 
+def test_nope_paper_trains_until_fit_unless_the_command_line_says_otherwise():
+    base = ExperimentConfig()
+    (reverse,) = apply_preset("nope-paper", base, {}, task="reverse")
+    # The budget README.md's "Published setups side by side" states (found by experiment).
+    assert (reverse.until_fit, reverse.steps, reverse.lr, reverse.num_layers) == (True, 6000, 1e-3, 4)
+    given = {"steps": 300, "lr": 3e-3, "until_fit": False}  # what the command line gave, also in the config
+    (mine,) = apply_preset("nope-paper", ExperimentConfig(**given), given, task="copy")
+    assert (mine.until_fit, mine.steps, mine.lr, mine.num_layers) == (False, 300, 3e-3, 4)
+    # The reduced form: a subset of the published seeds.
+    assert [c.seeds for c in apply_preset("nope-paper", base, {"seeds": [0]})] == [[0], [0], [0]]
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
         (["--task", "lm"], "--task lm is not one of them"),
         (["--train-len", "16"], "sets --train-len 20"),
-        (["--seeds", "0"], "sets --seeds 0,1,2"),
+        (["--seeds", "0,5"], "sets --seeds 0,1,2 (the published setup); drop --seeds 0,5"),
         (["--corpus", "README.md"], "corpus is only used by the lm task"),
         (["--shard", "3/3"], "--shard 3/3"),
     ],

@@ -88,9 +88,13 @@ class Preset:
     tasks: tuple[str, ...]
     #: ExperimentConfig fields the preset sets (the others keep the command line's values).
     settings: dict[str, Any]
-    #: Fields an explicit option may not change (they define the published setup).
+    #: Fields an explicit option may not change (they define the published setup). ``seeds`` may
+    #: be narrowed to a non-empty subset of the preset's (the reduced form: fewer seeds).
     fixed: tuple[str, ...]
     compare: Comparison = field(repr=False)
+    #: ExperimentConfig fields the preset sets unless the command line gives them (the training
+    #: budget that makes every run fit: ``until_fit``, the step cap, the learning rate).
+    defaults: dict[str, Any] = field(default_factory=dict)
 
 
 def apply_preset(
@@ -110,15 +114,21 @@ def apply_preset(
             f"--preset {name} runs --task {', '.join(preset.tasks)}; --task {task} is not one of them "
             "(drop --task, or run without --preset)"
         )
+    settings = dict(preset.settings)
     for key, value in explicit.items():
+        if key == "seeds" and key in preset.fixed and value and set(value) <= set(preset.settings[key]):
+            settings[key] = list(value)  # the reduced form: a subset of the published seeds
+            continue
         if key in preset.fixed and value != preset.settings[key]:
             option = "--" + key.replace("_", "-")
             raise ValueError(
                 f"--preset {name} sets {option} {_option_text(preset.settings[key])} (the published setup); "
                 f"drop {option} {_option_text(value)}, or run without --preset"
+                + (" (--seeds may name a subset of them)" if key == "seeds" else "")
             )
     tasks = (task,) if task is not None else preset.tasks
-    return [dataclasses.replace(config, **preset.settings, task=one) for one in tasks]
+    defaults = {key: value for key, value in preset.defaults.items() if key not in explicit}
+    return [dataclasses.replace(config, **defaults, **settings, task=one) for one in tasks]
 
 
 def _option_text(value: Any) -> str:
@@ -253,10 +263,17 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
         f"paper: {citation_line(entry)}; {entry['source']}"
         + (" (approximate: bar values of a figure)" if entry.get("approximate") else ""),
         f"ours: mean reciprocal rank over {', '.join(tasks)} at lengths {train_len + 1}..{preset.settings['eval_len']} "
-        f"(exact match, mean over seeds {preset.settings['seeds']}; ties share their ranks), d_model "
+        f"(exact match, mean over seeds {_setting(runs, 'seeds')}; ties share their ranks), d_model "
         f"{_setting(runs, 'd_model')}, {_setting(runs, 'num_layers')} layer(s), {', '.join(map(str, steps))} steps; "
         "the paper's MRR spans ten tasks at 107M parameters: compare the order, not the values",
     ]
+    if any(settings.get("until_fit") for settings, _ in runs.values()):
+        notes[-1] = notes[-1].replace(
+            f"{', '.join(map(str, steps))} steps",
+            f"trained until fit, at most {', '.join(map(str, steps))} steps",
+        )
+        for task in tasks:
+            notes.append(steps_to_fit_note(task, runs[task][1], encodings))
     unfit = [encoding for encoding in encodings if encoding not in ranked]
     if unfit:
         notes.append(
@@ -384,6 +401,20 @@ def _weighted_curve(by_seed: dict[int, dict[int, float]], weights: dict[int, int
             totals[length][0] += weight * value
             totals[length][1] += weight
     return {length: total / count for length, (total, count) in totals.items() if count}
+
+
+def steps_to_fit_note(task: str, records: list[dict[str, Any]], encodings: list[str]) -> str:
+    """``"reverse, steps to fit per seed (until fit): nope 2750, 3000, 2500; ..."`` from the iid
+    records of an ``until_fit`` folder ("no" for a run that did not fit within the cap)."""
+    per_encoding: dict[str, list[str]] = defaultdict(list)
+    for record in sorted(records, key=lambda r: int(r.get("seed", 0))):
+        if record.get("metric") == "iid" and "steps_to_fit" in record and not record.get("variant"):
+            value = record["steps_to_fit"]
+            per_encoding[record["encoding"]].append("no" if value is None else str(value))
+    shown = [f"{e} {', '.join(per_encoding[e])}" for e in encodings if e in per_encoding]
+    return f"{task}, steps to fit per seed (checked on held-out examples; no: not within the cap): " + (
+        "; ".join(shown) or "-"
+    )
 
 
 def adjacent_pairs_note(
@@ -629,6 +660,10 @@ PAPER_PRESETS: dict[str, Preset] = {
             },
             fixed=("encodings", "train_len", "eval_len", "min_train_len", "seeds"),
             compare=_compare_nope,
+            # Found by experiment on CPU (README.md, "Published setups side by side"): at 2 layers
+            # NoPE does not fit reverse in 8000 steps (lr 3e-3 or 1e-3); at 4 layers and lr 1e-3
+            # every encoding fits every task well within the cap.
+            defaults={"until_fit": True, "steps": 6000, "lr": 1e-3, "num_layers": 4, "fit_check_every": 250},
         ),
         Preset(
             name="alibi-paper",
