@@ -46,6 +46,7 @@ def test_every_preset_has_published_numbers_with_a_full_citation():
         )
         assert set(entry["paper_names"]) == set(preset.settings["encodings"])
     nope = published("nope-paper")
+    assert {"what", "why"} <= set(nope["ours_changes"])  # what posenc changed from the paper's setup
     assert set(nope["values"]) == set(PAPER_PRESETS["nope-paper"].settings["encodings"])
     # Reciprocal ranks of five methods sum to 1/1 + ... + 1/5 = 2.283 (two-decimal values: within 0.02).
     assert abs(sum(nope["values"].values()) - sum(1 / k for k in range(1, 6))) < 0.02
