@@ -152,6 +152,7 @@ def test_cli_nope_paper_prints_published_beside_ours_and_the_report_shows_it(tmp
     for cells in (("nope (NoPE)", "0.69"), ("sinusoidal (APE, sinusoidal)", "0.22"), ("t5", "0.55")):
         assert all(cell in out for cell in cells)
     assert "not run here: count_copy, reverse" in " ".join(out.split())
+    assert "Kendall's τ vs the paper's order" in " ".join(out.split())  # beside the paper's MRR column
     config = json.loads((tmp_path / "copy" / "config.json").read_text())
     assert config["preset"] == "nope-paper" and config["experiment"]["train_len"] == 20
     records = [json.loads(line) for line in (tmp_path / "copy" / "results.jsonl").read_text().splitlines()]
@@ -185,6 +186,7 @@ def test_cli_alibi_paper_prints_paper_ratios_from_table_3(tmp_path):
     )  # attention maps at 512 positions take seconds; not tested here
     page = render_report(tmp_path / "lm")
     assert 'id="published"' in page and "14.73" in page and "Press, Smith, Lewis (2022)" in page
+    assert "Kendall&#x27;s τ vs Table 3&#x27;s order" in page and "ours ppl at L" in page
 
 
 def test_the_published_table_says_when_ours_rests_on_a_shard(tmp_path):
