@@ -121,6 +121,7 @@ def test_nope_paper_trains_until_fit_unless_the_command_line_says_otherwise():
     (reverse,) = apply_preset("nope-paper", base, {}, task="reverse")
     # The budget README.md's "Published setups side by side" states (found by experiment).
     assert (reverse.until_fit, reverse.steps, reverse.lr, reverse.num_layers) == (True, 6000, 1e-3, 4)
+    assert (reverse.fit_threshold, reverse.fit_margin) == (0.95, 0.02)  # stops at 97% held out
     given = {"steps": 300, "lr": 3e-3, "until_fit": False}  # what the command line gave, also in the config
     (mine,) = apply_preset("nope-paper", ExperimentConfig(**given), given, task="copy")
     assert (mine.until_fit, mine.steps, mine.lr, mine.num_layers) == (False, 300, 3e-3, 4)

@@ -663,7 +663,16 @@ PAPER_PRESETS: dict[str, Preset] = {
             # Found by experiment on CPU (README.md, "Published setups side by side"): at 2 layers
             # NoPE does not fit reverse in 8000 steps (lr 3e-3 or 1e-3); at 4 layers and lr 1e-3
             # every encoding fits every task well within the cap.
-            defaults={"until_fit": True, "steps": 6000, "lr": 1e-3, "num_layers": 4, "fit_check_every": 250},
+            # The fit check stops at 97% on held-out examples, so that the evaluation's own examples
+            # (which decide the fit the table ranks on) clear 95% too.
+            defaults={
+                "until_fit": True,
+                "steps": 6000,
+                "lr": 1e-3,
+                "num_layers": 4,
+                "fit_check_every": 250,
+                "fit_margin": 0.02,
+            },
         ),
         Preset(
             name="alibi-paper",
