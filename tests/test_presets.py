@@ -165,6 +165,11 @@ def test_cli_nope_paper_prints_published_beside_ours_and_the_report_shows_it(tmp
 
     table = comparison_for_folder(tmp_path / "copy")  # what posenc report shows for this folder
     assert table.rows[0][:2] == ["nope (NoPE)", "0.69"] and table.columns[-1] == "copy >20"
+    # Trained until fit (at most --steps 1): the steps each run took, from runs.jsonl ("no": not fit).
+    assert (
+        "copy, steps to fit per seed (checked on held-out examples; no: not within the cap): nope no, no, no"
+        in (" ".join(table.notes))
+    )
 
 
 def test_cli_alibi_paper_prints_paper_ratios_from_table_3(tmp_path):

@@ -38,7 +38,7 @@ from typing import Any
 
 from .agreement import BootstrapInterval, kendall_tau, seed_bootstrap
 from .compare import _signed, paired_comparison
-from .results import experiment_settings, load_config, read_records, summarize
+from .results import experiment_settings, load_config, read_records, read_run_records, summarize
 from .shards import missing_runs
 from .summary import SummaryTable as Table  # the same plain-text table as the summary
 from .train import ExperimentConfig
@@ -169,16 +169,16 @@ def compare_folders(name: str, folders: dict[str, Path]) -> Table:
     preset = PAPER_PRESETS.get(name)
     if preset is None:
         raise ValueError(f"unknown preset {name!r} (known: {', '.join(PAPER_PRESETS)})")
+    results = {task: read_records(folder / "results.jsonl") for task, folder in folders.items()}
+    # The per-run records (runs.jsonl: "iid", with steps_to_fit under --until-fit) go along.
     runs = {
-        task: (
-            experiment_settings(load_config(folder)),
-            read_records(folder / "results.jsonl"),
-        )
+        task: (experiment_settings(load_config(folder)), results[task] + read_run_records(folder))
         for task, folder in folders.items()
     }
     table = preset.compare(preset, runs)
     incomplete = []
-    for task, (settings, records) in runs.items():
+    for task, (settings, _) in runs.items():
+        records = results[task]
         missing = missing_runs(task, settings.get("encodings", []), settings.get("seeds", []), records)
         if missing:
             shown = ", ".join(run.label for run in missing[:4]) + (", ..." if len(missing) > 4 else "")
