@@ -440,7 +440,7 @@ def adjacent_pairs_note(
         word = {"a": "reproduced", "b": "reversed"}.get(comparison.verdict, "cannot tell")
         fmt = comparison.metric.format
         numbers = (
-            "one seed"
+            f"one seed: {_signed(comparison.mean, fmt)}"
             if comparison.interval is None
             else f"{_signed(comparison.mean, fmt)} [{', '.join(_signed(b, fmt) for b in comparison.interval)}]"
         )
