@@ -136,6 +136,18 @@ def test_until_fit_stops_at_the_first_check_that_fits(tmp_path, monkeypatch):
     assert run["steps_trained"] == 9 and run["steps_to_fit"] is None and len(checked) == 5
 
 
+def test_until_fit_with_a_margin_stops_only_above_threshold_plus_margin(tmp_path, monkeypatch):
+    """Scripted scores 0.96 (step 2), 0.99 (step 4): at 0.95 + 0.02, 0.96 does not stop it."""
+    scores = iter([0.96, 0.99])
+    monkeypatch.setattr(train_module, "fit_check_score", lambda *args: next(scores))
+    base = dict(task="copy", encodings=["alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY)
+    config = ExperimentConfig(**{**base, "steps": 9}, until_fit=True, fit_check_every=2, fit_margin=0.02)
+    assert config.identity()["fit_margin"] == 0.02 and "fit_margin" not in ExperimentConfig(**base).identity()
+    run_experiment(config, tmp_path, workers=1)
+    (run,) = read_run_records(tmp_path)
+    assert run["steps_trained"] == 4 and run["steps_to_fit"] == 4
+
+
 def test_a_run_that_fitted_resumes_without_training_past_its_fit(tmp_path, monkeypatch):
     monkeypatch.setattr(train_module, "fit_check_score", lambda *args: 1.0)
     base = dict(task="copy", encodings=["alibi"], train_len=2, eval_len=3, num_symbols=8, **TINY)

@@ -247,7 +247,9 @@ def extrapolate(
         None,
         help="run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
         "2023: copy, count_copy, reverse) or alibi-paper (Press et al. 2022: LM perplexity at 2x/4x/8x L); "
-        "one folder per task under --out; --steps, --d-model etc. set the scale",
+        "one folder per task under --out; nope-paper trains each run until it fits (at most 6000 steps, "
+        "4 layers, lr 1e-3) unless --steps, --lr etc. say otherwise; --seeds 0 and --task reverse give its "
+        "reduced form",
     ),
     shard: str | None = typer.Option(
         None,

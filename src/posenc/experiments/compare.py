@@ -24,7 +24,7 @@ from typing import Any
 from .results import INTERVAL_METHOD, experiment_settings, load_config, read_records, seed_interval, summarize
 from .tasks import TASKS, Metric
 
-__all__ = ["Comparison", "Ranking", "compare_rows", "rank_rows"]
+__all__ = ["Comparison", "Ranking", "compare_rows", "paired_comparison", "rank_rows"]
 
 
 @dataclass(frozen=True)
@@ -211,9 +211,20 @@ def compare_rows(directory: str | Path, a: str, b: str, fit_threshold: float | N
             f"compare: {' and '.join(repr(m) for m in missing)} not in {directory} (it has: {', '.join(rows)})"
         )
     _refuse_unfit(records, metric, train_len, [a, b], threshold)
+    return paired_comparison(task, records, a, b, train_len, where=str(directory))
+
+
+def paired_comparison(
+    task: str, records: list[dict[str, Any]], a: str, b: str, train_len: int, where: str = "the records"
+) -> Comparison:
+    """The paired-by-seed comparison of rows ``a`` and ``b`` of ``records`` (one task's records)
+    beyond ``train_len``: the test :func:`compare_rows` applies once it has checked the folder and
+    the fit. ``ValueError`` when a row has no length beyond L or the rows share no seed."""
+    metric = TASKS[task].metric
+    records = [r for r in records if r["metric"] == metric.name]
     per_seed = {name: _beyond_per_seed(records, name, metric.name, train_len) for name in (a, b)}
     if not per_seed[a] or not per_seed[b]:
-        raise ValueError(f"compare: {directory} has no lengths beyond L={train_len} to compare")
+        raise ValueError(f"compare: {where} has no lengths beyond L={train_len} to compare")
     shared = [seed for seed in per_seed[a] if seed in per_seed[b]]
     if not shared:
         raise ValueError(

@@ -152,6 +152,15 @@ class ExperimentConfig:
             "or --steps run out; the steps it took go into its iid record"
         },
     )
+    #: With ``until_fit``: train until the held-out score reaches ``fit_threshold + fit_margin``
+    #: (at most 1), so that the evaluation, which scores other examples, also clears the threshold.
+    fit_margin: float = field(
+        default=0.0,
+        metadata={
+            "help": "with --until-fit: train until the held-out score reaches --fit-threshold plus this (the "
+            "evaluation scores other examples; a margin keeps a run that just fit from falling under the threshold there)"
+        },
+    )
     #: With ``until_fit``: steps between two fit checks.
     fit_check_every: int = field(
         default=250, metadata={"help": "with --until-fit: steps between two fit checks", "min": 1}
@@ -185,6 +194,7 @@ class ExperimentConfig:
             ("randomize_positions", self.randomize_positions is None or self.randomize_positions >= 1),
             ("fit_threshold", 0 < self.fit_threshold <= 1),
             ("fit_check_every", self.fit_check_every >= 1),
+            ("fit_margin", 0 <= self.fit_margin < 1),
         ]
         for name, ok in checks:
             if not ok:
@@ -204,6 +214,7 @@ class ExperimentConfig:
             settings["fit_threshold"] = self.fit_threshold
         else:
             settings.pop("fit_check_every")
+            settings.pop("fit_margin")
         return settings
 
     def make_task(self) -> Task:
@@ -445,7 +456,7 @@ def train_and_evaluate(
             report(run.label, "train", step, config.steps, f"loss {loss.item():.3f}")
             if config.until_fit and (step % config.fit_check_every == 0 or step == config.steps):
                 score = fit_check_score(model, config, task, run) if rank == 0 else 0.0
-                if _any_rank(score >= config.fit_threshold, world_size):
+                if _any_rank(score >= min(1.0, config.fit_threshold + config.fit_margin), world_size):
                     fitted_at = step
                 report(run.label, "train", step, config.steps, f"in-distribution {task.metric.format(score)}")
                 model.train()
