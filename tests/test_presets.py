@@ -27,10 +27,16 @@ SCALE += ["--batch-size", "4", "--eval-examples", "1", "--workers", "1", "--no-p
 
 
 def _cli(args):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli import _load_command_modules, app, console
 
     _load_command_modules()
-    return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    # Wide enough for the preset tables' headers on one line, whatever terminal a test worker has
+    # (rich reads its width once per console, not from each CliRunner's environment).
+    width, console.width = console.width, 200
+    try:
+        return CliRunner().invoke(app, args, env={"COLUMNS": "200"})
+    finally:
+        console.width = width
 
 
 def test_every_preset_has_published_numbers_with_a_full_citation():
@@ -179,7 +185,7 @@ def test_cli_alibi_paper_prints_paper_ratios_from_table_3(tmp_path):
     assert "alibi-paper: perplexity ratio" in out and "Table 3" in out and "Press" in out
     # Table 3 by hand: sinusoidal 51.09 / 19.34 = 2.64, 284.88 / 19.34 = 14.73; ALiBi 18.05 / 18.66 = 0.97.
     for text in ("2.64", "14.73", "0.97", "paper 8x", "ours 8x"):
-        assert text in out
+        assert text in out, out
     ours_row = next(line for line in out.splitlines() if "alibi (ALiBi)" in line)
     assert ours_row.count("-") < 2  # our ratios were measured (not '-')
     assert json.loads((tmp_path / "lm" / "config.json").read_text())["preset"] == "alibi-paper"
