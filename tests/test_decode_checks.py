@@ -191,3 +191,10 @@ def test_all_finite_together_agrees_with_isfinite(dtype, size) -> None:
         want = bool(torch.isfinite(tensor).all())
         got = backends_pkg._all_finite_together((other, tensor, torch.arange(3)))
         assert got == want, name
+
+
+def test_the_nan_test_of_a_training_call_reads_values_without_warning(recwarn) -> None:
+    """q, k, v that require grad are read as values (``float`` of a graph tensor warns)."""
+    layer = posenc.MultiheadAttention(32, 4, "rope", causal=True)
+    layer(torch.randn(2, 5, 32, requires_grad=True)).sum().backward()
+    assert not [w for w in recwarn if "requires_grad" in str(w.message)]

@@ -80,6 +80,7 @@ def _sums_finite(floating: list[Tensor]) -> bool:
     if all(t.device.type == "cpu" for t in floating):
         total = 0.0
         for t in floating:
+            t = t.detach() if t.requires_grad else t  # a value read, not a graph (and no warning)
             total += float(t.sum(dtype=torch.float64) if t.numel() > _SMALL_SUM else t.sum())
         return math.isfinite(total)
     if len({(t.device, t.dtype) for t in floating}) == 1 and floating[0].device.type == "cuda":
