@@ -162,6 +162,10 @@ def test_cli_nope_paper_prints_published_beside_ours_and_the_report_shows_it(tmp
     assert "Kendall's τ vs the paper's order" in " ".join(out.split())  # beside the paper's MRR column
     config = json.loads((tmp_path / "copy" / "config.json").read_text())
     assert config["preset"] == "nope-paper" and config["experiment"]["train_len"] == 20
+    # The preset's training defaults, except what the command line gave (--num-layers 1, --steps 1).
+    experiment = config["experiment"]
+    assert (experiment["until_fit"], experiment["fit_margin"], experiment["lr"]) == (True, 0.02, 1e-3)
+    assert (experiment["num_layers"], experiment["steps"]) == (1, 1)
     records = [json.loads(line) for line in (tmp_path / "copy" / "results.jsonl").read_text().splitlines()]
     assert {(r["encoding"], r["seed"]) for r in records} == {
         (e, s) for e in ("nope", "rope", "alibi", "t5", "sinusoidal") for s in (0, 1, 2)
