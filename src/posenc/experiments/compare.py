@@ -123,20 +123,25 @@ class Ranking:
     uncompared: dict[tuple[str, str], str] = dataclasses.field(default_factory=dict)
 
 
-def rank_rows(directory: str | Path, fit_threshold: float | None = None) -> Ranking:
-    """Rank the rows of the experiment in ``directory`` beyond ``L`` and compare each with the next
-    (:func:`compare_rows`, paired by seed). Rows that did not fit are not ranked (nor compared).
-
-    Raises the errors of :func:`compare_rows` for a folder that is not an experiment folder."""
-    directory = Path(directory)
+def _folder_metric(directory: Path, fit_threshold: float | None) -> tuple[str, Metric, int, float]:
+    """``(task, metric, train_len, fit threshold)`` of the experiment in ``directory`` (its config.json)."""
     settings = experiment_settings(load_config(directory))
     task = str(settings.get("task", ""))
     if task not in TASKS or "train_len" not in settings:
         raise ValueError(
             f"{directory / 'config.json'} names no known task and train_len; is it a posenc folder?"
         )
-    metric, train_len = TASKS[task].metric, int(settings["train_len"])
     threshold = float(settings.get("fit_threshold", 0.95)) if fit_threshold is None else fit_threshold
+    return task, TASKS[task].metric, int(settings["train_len"]), threshold
+
+
+def rank_rows(directory: str | Path, fit_threshold: float | None = None) -> Ranking:
+    """Rank the rows of the experiment in ``directory`` beyond ``L`` and compare each with the next
+    (:func:`compare_rows`, paired by seed). Rows that did not fit are not ranked (nor compared).
+
+    Raises the errors of :func:`compare_rows` for a folder that is not an experiment folder."""
+    directory = Path(directory)
+    _, metric, train_len, threshold = _folder_metric(directory, fit_threshold)
     records = [r for r in read_records(directory / "results.jsonl") if r["metric"] == metric.name]
     rows = list(dict.fromkeys(r["encoding"] for r in records))
     scores: dict[str, float] = {}
@@ -191,14 +196,7 @@ def compare_rows(directory: str | Path, a: str, b: str, fit_threshold: float | N
         raise FileNotFoundError(
             f"{directory / 'results.jsonl'} not found: is {directory} an experiment folder?"
         )
-    settings = experiment_settings(load_config(directory))
-    task = str(settings.get("task", ""))
-    if task not in TASKS or "train_len" not in settings:
-        raise ValueError(
-            f"{directory / 'config.json'} names no known task and train_len; is it a posenc folder?"
-        )
-    metric, train_len = TASKS[task].metric, int(settings["train_len"])
-    threshold = float(settings.get("fit_threshold", 0.95)) if fit_threshold is None else fit_threshold
+    task, metric, train_len, threshold = _folder_metric(directory, fit_threshold)
     if not 0 < threshold <= 1:
         raise ValueError(f"--fit-threshold must be in (0, 1], got {threshold}")
     if a == b:
