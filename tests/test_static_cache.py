@@ -150,6 +150,16 @@ def test_mla_latent_cache_preallocated():
     )
     with pytest.raises(CacheFullError, match=r"max_length=11\) is full"), torch.no_grad():
         mla(x[:, :1], cache=cache)
+    # in-place writes refuse gradients and another dtype, as KVCache(max_length) does
+    with pytest.raises(ValueError, match=r"LatentCache\(max_length=4\) writes in place.*torch.no_grad"):
+        mla(x[:, :2], cache=LatentCache(max_length=4))
+    half = LatentCache(max_length=4)
+    with torch.no_grad():
+        mla(x[:, :2], cache=half)
+        with pytest.raises(
+            ValueError, match=r"holds torch.float32 latents but this call writes torch.float64"
+        ):
+            mla.double()(x[:, 2:3].double(), cache=half)
 
 
 def test_full_cache_grad_dtype_and_window_errors_name_the_fix():

@@ -39,6 +39,7 @@ __all__ = [
     "KVCache",
     "KVCacheEntry",
     "TimeAxis",
+    "check_in_place_write",
     "context_key",
     "rotation_dropped",
     "token_states_with_cache",
@@ -186,6 +187,24 @@ class TimeAxis:
         live = self.view().clone()  # source and destination may overlap
         self.start = 0
         self.buffer.narrow(self.dim, 0, self.length).copy_(live)
+
+
+def check_in_place_write(owner: str, growing: str, what: str, held: Tensor | None, *new: Tensor) -> None:
+    """Refuse what writing ``new`` in place into the preallocated buffers of ``owner`` (which now
+    hold ``what`` like ``held``, or nothing yet) would get wrong: gradients, which autograd cannot
+    carry through an in-place write, and another dtype, which ``copy_`` would cast silently.
+    ``growing`` names the cache to use instead."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in new):
+        raise ValueError(
+            f"{owner} writes in place, which autograd cannot differentiate through: decode under "
+            f"torch.no_grad() or torch.inference_mode(), or use {growing} (grows) to backpropagate "
+            "through the cache"
+        )
+    if held is not None and held.dtype != new[0].dtype:
+        raise ValueError(
+            f"{owner} holds {held.dtype} {what} but this call writes {new[0].dtype}; keep one dtype "
+            f"per cache, or use a fresh one"
+        )
 
 
 @dataclass(kw_only=True)
@@ -446,18 +465,8 @@ class KVCache:
         return k, v, k_pos, stored
 
     def _check_in_place(self, entry: KVCacheEntry | None, k: Tensor, v: Tensor) -> None:
-        """Refuse what in-place writes would get wrong: gradients, a changed dtype."""
-        if torch.is_grad_enabled() and (k.requires_grad or v.requires_grad):
-            raise ValueError(
-                f"KVCache(max_length={self.max_length}) writes keys and values in place, which autograd "
-                "cannot differentiate through: decode under torch.no_grad() or torch.inference_mode(), "
-                "or use KVCache() (grows) to backpropagate through cached keys"
-            )
-        if entry is not None and entry.axes is not None and entry.k.dtype != k.dtype:
-            raise ValueError(
-                f"KVCache(max_length={self.max_length}) holds {entry.k.dtype} keys but this call writes "
-                f"{k.dtype}; keep one dtype per cache, or use a fresh KVCache"
-            )
+        held = None if entry is None or entry.axes is None else entry.k
+        check_in_place_write(f"KVCache(max_length={self.max_length})", "KVCache()", "keys", held, k, v)
 
     def checked_keys(
         self, layer_idx: int, previous: KVCacheEntry | None, *, cross: bool

@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from .backends.run import attend
 from .base import LayerContext, PositionalEncoding
-from .cache import CacheFullError, CacheStamp, TimeAxis
+from .cache import CacheFullError, CacheStamp, TimeAxis, check_in_place_write
 from .encodings.rope import RoPE, register_rope_user
 from .encodings.rope_scaling import RopeScaling
 from .inputs import check_scale
@@ -164,12 +164,10 @@ class LatentCache:
                     for name, t in new.items()
                 }
             return _LatentEntry(**new, padding=padding)
-        if torch.is_grad_enabled() and (latent.requires_grad or k_rope.requires_grad):
-            raise ValueError(
-                f"LatentCache(max_length={self.max_length}) writes in place, which autograd cannot "
-                "differentiate through: decode under torch.no_grad() or torch.inference_mode(), or use "
-                "LatentCache() (grows)"
-            )
+        held = None if entry is None else entry.latent
+        check_in_place_write(
+            f"LatentCache(max_length={self.max_length})", "LatentCache()", "latents", held, latent, k_rope
+        )
         steps = latent.shape[1]
         if entry is None:
             if steps > self.max_length:
