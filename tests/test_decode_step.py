@@ -158,3 +158,15 @@ def test_inductor_compiled_step_equals_the_layer(name):
             torch.testing.assert_close(
                 compiled(x, step.next_position()), layer(x, cache=reference), rtol=1e-5, atol=1e-5
             )
+
+
+def test_a_layer_whose_dtype_changed_is_refused_not_cast():
+    layer = _layer("rope")
+    cache = _prefilled(layer, torch.randn(1, 3, EMBED), 8)
+    step = StaticDecodeStep(layer, cache)
+    layer.double()
+    with (
+        torch.no_grad(),
+        pytest.raises(ValueError, match=r"holds torch.float32 keys but the layer now makes torch.float64"),
+    ):
+        step(torch.randn(1, 1, EMBED, dtype=torch.float64), step.next_position())

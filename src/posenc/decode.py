@@ -116,9 +116,14 @@ class StaticDecodeStep(nn.Module):
         v = layer._heads(layer.v_proj(x), layer.num_kv_heads)
         if encoding.kind is Kind.ROTARY:
             q, k = encoding.rotate(q, k, pos, pos)
+        if k.dtype != self.k_buffer.dtype:  # a dtype, not a value: compiled graphs check it too
+            raise ValueError(
+                f"StaticDecodeStep: the cache holds {self.k_buffer.dtype} keys but the layer now makes "
+                f"{k.dtype}; keep the layer's dtype, or prefill a fresh KVCache(max_length=...)"
+            )
         index = position.reshape(1)
-        self.k_buffer.index_copy_(2, index, k.to(self.k_buffer.dtype))
-        self.v_buffer.index_copy_(2, index, v.to(self.v_buffer.dtype))
+        self.k_buffer.index_copy_(2, index, k)
+        self.v_buffer.index_copy_(2, index, v)
         self.pos_buffer.index_copy_(1, index, pos.expand(batch, 1))
         out = self._attend(q, pos)
         return layer.out_proj(out.transpose(1, 2).reshape(batch, 1, layer.embed_dim))
