@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,6 +12,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from posenc.experiments import ExperimentConfig, run_experiment, summary_table
+from posenc.experiments.folders import reproduce_command
 from posenc.experiments.tasks import IGNORE, TASKS, make_task
 from posenc.experiments.train import RunSpec, evaluate
 from posenc.spec import split_specs
@@ -424,3 +427,35 @@ def test_summary_ranks_only_encodings_that_fit_and_gives_seed_intervals():
 def test_fit_threshold_outside_0_1_is_refused(threshold):
     with pytest.raises(ValueError, match="fit_threshold"):
         ExperimentConfig(task="copy", encodings=["rope"], fit_threshold=threshold).validate()
+
+
+@pytest.mark.parametrize(
+    "settings, name, need",
+    [
+        ({"warmup": -1}, "warmup", "0 or more steps"),
+        ({"train_len": 8, "eval_len": 4}, "eval_len", "at least train_len"),
+        ({"min_train_len": 0}, "min_train_len", "between 1 and train_len"),
+        ({"lr": 0.0}, "lr", "positive"),
+        ({"seeds": [1, 1]}, "seeds", "no duplicates"),
+        ({"fit_margin": 1.0}, "fit_margin", "in [0, 1)"),
+    ],
+)
+def test_invalid_setting_names_itself_and_what_it_must_be(settings, name, need):
+    with pytest.raises(ValueError) as error:
+        ExperimentConfig(task="copy", encodings=["rope"], **settings).validate()
+    assert f"invalid {name}=" in str(error.value) and need in str(error.value)
+
+
+def test_warmup_is_an_option_and_shapes_the_schedule():
+    from posenc.experiments.train import _lr_factor
+
+    # The paper formula written out: linear to the peak over `warmup` steps, then cosine to 10%.
+    config = ExperimentConfig(task="copy", encodings=["rope"], steps=100, warmup=10)
+    factor = _lr_factor(config)
+    assert factor(0) == pytest.approx(0.1) and factor(9) == pytest.approx(1.0)
+    assert factor(10) == pytest.approx(1.0) and factor(100) == pytest.approx(0.1)
+    assert factor(55) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    no_warmup = _lr_factor(ExperimentConfig(task="copy", encodings=["rope"], steps=100, warmup=0))
+    assert no_warmup(0) == pytest.approx(1.0)
+    command, caveats = reproduce_command(config, Path("out"))
+    assert "--warmup 10" in command and caveats == []

@@ -340,8 +340,8 @@ def test_recorded_command_parses_back_to_the_settings() -> None:
     assert config_from_options(context.params) == config
     assert context.params["out"] == Path("runs/x y")
     # A setting no option reaches is named, not silently dropped.
-    _, caveats = reproduce_command(ExperimentConfig(warmup=10), Path("out"))
-    assert caveats == ["warmup=10 (no command-line option; set from Python)"]
+    _, caveats = reproduce_command(ExperimentConfig(weight_decay=0.1), Path("out"))
+    assert caveats == ["weight_decay=0.1 (no command-line option; set from Python)"]
 
 
 def test_gallery_is_a_flag(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ answer; CI runs them in a stage of their own (``python -m pytest -m slurm tests/
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -181,7 +182,7 @@ TINY = dict(
     task="copy", encodings=["nope", "alibi"], seeds=[0, 1], train_len=2, eval_len=3, num_symbols=8, d_model=8,
     num_layers=1, num_heads=1, d_ff=8, batch_size=2, steps=3, eval_examples=2,
 )  # fmt: skip
-#: TINY as ``posenc extrapolate`` options (warmup is not an option: the configs use its default).
+#: TINY as ``posenc extrapolate`` options (warmup left at its default, as in TINY).
 TINY_ARGS = [
     "--encodings", "nope,alibi", "--seeds", "0,1", "--train-len", "2", "--eval-len", "3", "--num-symbols", "8",
     "--d-model", "8", "--num-layers", "1", "--num-heads", "1", "--d-ff", "8", "--batch-size", "2",
@@ -376,6 +377,119 @@ def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     missing = CliRunner().invoke(app, ["submit", *TINY_ARGS, "--out", str(tmp_path / "c")])
     assert missing.exit_code == 2 and "sbatch is not on PATH" in missing.output
+
+
+# ---------------------------------------------------------------------------- submit --preset
+
+#: nope-paper at a test's scale: the preset fixes the encodings, lengths and seeds (a subset of
+#: them may be named); everything else is an explicit option.
+PRESET_ARGS = [
+    "--seeds", "0", "--steps", "2", "--no-until-fit", "--num-symbols", "40", "--d-model", "8", "--num-layers",
+    "1", "--num-heads", "1", "--d-ff", "8", "--batch-size", "2", "--eval-examples", "1",
+]  # fmt: skip
+
+
+def _fake_slurm_on_path(tmp_path: Path, monkeypatch) -> Path:
+    """``sbatch`` (prints job ids from 41, logs its arguments) and ``squeue`` (an empty queue) on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "sbatch.log"
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {log}\necho $((40 + $(wc -l < {log})))\n')
+    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
+    for tool in ("sbatch", "squeue"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_submit_preset_runs_every_task_and_merges_each_into_its_folder(tmp_path, monkeypatch):
+    """posenc submit --preset nope-paper: array task i runs shard i/n of all three tasks; the merge
+    job writes OUT/<task>; each equals ``extrapolate --preset`` without Slurm, record for record,
+    preset recorded; a rerun submits nothing."""
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    log = _fake_slurm_on_path(tmp_path, monkeypatch)
+    out = tmp_path / "paper"
+    command = ["submit", "--preset", "nope-paper", *PRESET_ARGS, "--array-size", "2", "--out", str(out)]
+    result = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "submitted array job 41: shard(s) 0, 1 of 2, 15 run(s) to train" in result.output
+    assert f"results: {out}/<task>" in result.output
+    assert log.read_text().splitlines()[0] == f"--parsable --array=0-1 {out}/slurm/array.sh"
+    script = (out / "slurm" / "array.sh").read_text()
+    assert "-m posenc extrapolate --preset nope-paper " in script
+    assert all(f" {word} " in script for word in PRESET_ARGS)
+    for task in (0, 1):
+        env = {**_python_env(), "SLURM_ARRAY_TASK_ID": str(task), "OMP_NUM_THREADS": "1"}
+        done = subprocess.run(
+            ["bash", str(out / "slurm" / "array.sh")], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+    tasks = ("copy", "count_copy", "reverse")
+    assert sorted(p.name for p in (out / "shards" / "0of2").iterdir()) == list(tasks)
+    merged = subprocess.run(
+        ["bash", str(out / "slurm" / "merge.sh")], capture_output=True, text=True, env=_python_env()
+    )
+    assert merged.returncode == 0, merged.stderr[-2000:]
+    assert merged.stdout.count("complete: every (encoding, seed) run") == 3
+
+    reference = tmp_path / "reference"
+    plain = CliRunner().invoke(
+        app,
+        [
+            "extrapolate",
+            "--preset",
+            "nope-paper",
+            *PRESET_ARGS,
+            "--workers",
+            "1",
+            "--no-progress",
+            "--out",
+            str(reference),
+        ],
+        env={"COLUMNS": "200"},
+    )
+    assert plain.exit_code == 0, plain.output
+    for task in tasks:
+        assert json.loads((out / task / "config.json").read_text())["preset"] == "nope-paper"
+        assert _records(out / task) == _records(reference / task) and _records(out / task)
+        assert _records(out / task, "runs.jsonl") == _records(reference / task, "runs.jsonl")
+
+    again = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    assert again.exit_code == 0 and "nothing to submit" in again.output, again.output
+    assert len(log.read_text().splitlines()) == 2
+
+
+def test_submit_preset_resubmits_a_shard_any_task_lacks_and_names_a_changed_task_setting(tmp_path):
+    from posenc.experiments.presets import apply_preset
+
+    small = {"seeds": [0], "steps": 2, "until_fit": False, "num_symbols": 40, "d_model": 8, "num_layers": 1,
+             "num_heads": 1, "d_ff": 8, "batch_size": 2, "eval_examples": 1}  # fmt: skip
+    configs = apply_preset("nope-paper", ExperimentConfig(**small), dict(small))
+    out = tmp_path / "paper"
+    slurm = FakeSlurm()
+    first = submit(configs, out, ["--preset", "nope-paper"], preset="nope-paper", array_size=5, run=slurm)
+    assert first.shards == [0, 1, 2, 3, 4] and len(first.missing) == 15
+    # Shard 3 finished for copy and count_copy only: reverse still needs it, so it goes again.
+    for one in configs[:2]:
+        run_experiment(one, shard_folder(out, Shard(3, 5)) / one.task, workers=1, shard=Shard(3, 5))
+    again = submit(configs, out, ["--preset", "nope-paper"], preset="nope-paper", array_size=5, run=slurm)
+    assert again.shards == [0, 1, 2, 3, 4] and len(again.missing) == 13
+    for one in configs[2:]:
+        run_experiment(one, shard_folder(out, Shard(3, 5)) / one.task, workers=1, shard=Shard(3, 5))
+    third = submit(configs, out, ["--preset", "nope-paper"], preset="nope-paper", array_size=5, run=slurm)
+    assert third.shards == [0, 1, 2, 4] and len(third.missing) == 12
+    changed = [configs[0], configs[1], dataclasses.replace(configs[2], lr=0.5)]
+    with pytest.raises(ValueError, match=r"other settings \(reverse\.lr: 0\.001 there vs 0\.5 now\)"):
+        submit(changed, out, ["--preset", "nope-paper"], preset="nope-paper", array_size=5, run=slurm)
+    with pytest.raises(ValueError, match="grids differ"):
+        submit(
+            [configs[0], dataclasses.replace(configs[1], seeds=[0, 1])], tmp_path / "b", [], preset="nope-paper",
+            run=slurm,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="pass preset=NAME"):
+        submit(configs, tmp_path / "c", [], run=slurm)
 
 
 def _records(folder: Path, name: str = "results.jsonl") -> list[str]:

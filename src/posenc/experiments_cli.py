@@ -483,26 +483,41 @@ def submit_command(
     dry_run: bool = typer.Option(
         False, help="write the sbatch scripts and print the commands; submit nothing"
     ),
+    preset: str | None = typer.Option(
+        None,
+        help="submit a published setup (nope-paper, alibi-paper) as extrapolate --preset runs it: array task "
+        "i runs shard i/n of every task, the merge job writes OUT/<task>",
+    ),
     **options: Any,
 ) -> None:
     """Run the experiment on a Slurm cluster: the (encoding x seed) grid as one job array (task i
     trains shard i/n) plus a merge job that runs when every task succeeded (afterok). Takes
-    extrapolate's options. Prints the job ids and the folder. Run the same command again after a
-    task failed or was cancelled: it submits only the shards that lack runs (resuming from their
-    checkpoints) and the merge."""
+    extrapolate's options, --preset included. Prints the job ids and the folder. Run the same
+    command again after a task failed or was cancelled: it submits only the shards that lack runs
+    (resuming from their checkpoints) and the merge."""
     from .experiments.slurm import SlurmOptions, submit
 
     config = config_from_options(options)
     names = {option.name for option in CONFIG_OPTIONS}
     passed = _command_line_args(ctx, names)
+    if preset is not None:
+        passed = ["--preset", preset, *passed]
     if threads is not None:
         passed += ["--threads", str(threads)]
     if device is not None:
         passed += ["--device", device]
     try:
         scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
+        configs = config if preset is None else [one for one, _ in _preset_plan(ctx, preset, config, out)]
         done = submit(
-            config, out, passed, array_size=array_size, options=scheduler, workers=workers, dry_run=dry_run
+            configs,
+            out,
+            passed,
+            preset=preset,
+            array_size=array_size,
+            options=scheduler,
+            workers=workers,
+            dry_run=dry_run,
         )
     except ValueError as err:
         print_error(str(err))
@@ -525,7 +540,7 @@ def submit_command(
         print_line(f"submitted merge job {done.merge_job} (afterok:{done.array_job})")
     else:
         print_line(f"every run is trained; submitted merge job {done.merge_job}")
-    print_line(f"results: {done.out}")
+    print_line(f"results: {done.out}" + ("/<task>" if preset is not None else ""))
     jobs = ",".join(job for job in (done.array_job, done.merge_job) if job)
     print_line(f"watch: squeue --jobs {jobs}; rerun this command if a task fails")
 

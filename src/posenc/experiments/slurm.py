@@ -13,6 +13,10 @@ Three pieces, each reading only what Slurm sets (see ``docs/architecture.md §8.
   job (``--dependency=afterok:<array>``) that merges the shard folders into ``OUT``. Run again,
   the same command submits only the shards whose runs ``OUT`` and the shard folders lack; a
   shard whose task died resumes from its checkpoints (the shard folder is the one it wrote).
+  With ``preset`` (``posenc submit --preset NAME``) each array task runs its shard of every task
+  of the preset (``extrapolate --preset NAME --shard i/n`` writes ``OUT/shards/<i>of<n>/<task>``)
+  and the merge job merges each task's shard folders into ``OUT/<task>``, the layout of
+  ``posenc extrapolate --preset NAME --out OUT``.
 * :func:`rendezvous_from_slurm` (``posenc slurm-torchrun``, one agent per Slurm task of an
   ``srun``): ``torchrun``'s static rendezvous from ``SLURM_JOB_NODELIST`` (its first node, by
   ``scontrol show hostnames``, at its ``NodeAddr``), ``SLURM_NTASKS`` (the number of agents),
@@ -45,6 +49,7 @@ from .train import ExperimentConfig, RunSpec, run_id_for
 from .variants import parse_eval_variants, variant_run_id
 
 __all__ = [
+    "Part",
     "Rendezvous",
     "Runner",
     "SlurmOptions",
@@ -295,11 +300,33 @@ def _run_ids(config: ExperimentConfig, run: RunSpec) -> list[str]:
     return [run_id_for(config, run), *(variant_run_id(config, run, variant) for variant in variants)]
 
 
-def missing_shards(config: ExperimentConfig, out: Path, count: int) -> tuple[list[RunSpec], list[int]]:
+@dataclass(frozen=True)
+class Part:
+    """One experiment of a submission and where it lives: ``inside`` is its sub-folder of ``OUT``
+    and of each shard folder; empty for a plain grid, the task for a preset (``extrapolate
+    --preset`` writes one folder per task under its ``--out``)."""
+
+    config: ExperimentConfig
+    inside: str = ""
+
+    def merged(self, out: Path) -> Path:
+        """The folder the merge job writes."""
+        return out / self.inside if self.inside else out
+
+    def shard(self, out: Path, shard: Shard) -> Path:
+        """The folder array task ``shard.index`` writes (and resumes in)."""
+        folder = shard_folder(out, shard)
+        return folder / self.inside if self.inside else folder
+
+
+def missing_shards(
+    config: ExperimentConfig, out: Path, count: int, inside: str = ""
+) -> tuple[list[RunSpec], list[int]]:
     """The runs of the grid that neither ``out`` nor its shard folders finished, and the shards
-    (of ``count``) that hold them."""
+    (of ``count``) that hold them. ``inside``: the sub-folder the experiment writes (a preset's task)."""
+    part = Part(config, inside)
     metric = config.make_task().metric
-    folders = [out, *(shard_folder(out, Shard(index, count)) for index in range(count))]
+    folders = [part.merged(out), *(part.shard(out, Shard(index, count)) for index in range(count))]
     finished: set[str] = set()
     for folder in folders:
         if (folder / "results.jsonl").is_file():
@@ -342,7 +369,18 @@ class Submission:
 SUBMIT_FILE = "submit.json"
 
 
-def _check_same_submission(record: Path, config: ExperimentConfig, count: int) -> list[str]:
+def _submitted_settings(parts: Sequence[Part], preset: str | None) -> dict[str, Any]:
+    """What a rerun must match: the config's fields, or a preset's name and each task's fields
+    (``reverse.lr``), so that a difference names the field."""
+    if preset is None:
+        return parts[0].config.to_dict()
+    settings: dict[str, Any] = {"preset": preset}
+    for part in parts:
+        settings.update({f"{part.inside}.{key}": value for key, value in part.config.to_dict().items()})
+    return settings
+
+
+def _check_same_submission(record: Path, settings: dict[str, Any], count: int) -> list[str]:
     """The job ids of the earlier submissions into this folder; ``ValueError`` when they were of
     other settings or another array size (naming the field)."""
     if not record.is_file():
@@ -353,7 +391,7 @@ def _check_same_submission(record: Path, config: ExperimentConfig, count: int) -
         raise ValueError(
             f"{record} is not readable JSON ({err}); delete it to start the folder's jobs afresh"
         ) from err
-    saved, now = earlier.get("experiment", {}), config.to_dict()
+    saved, now = earlier.get("experiment", {}), settings
     different = [k for k in sorted(saved.keys() | now.keys()) if saved.get(k) != now.get(k)]
     if different:
         details = ", ".join(f"{k}: {saved.get(k)!r} there vs {now.get(k)!r} now" for k in different)
@@ -384,10 +422,11 @@ def _script(lines: list[str], body: list[str]) -> str:
 
 
 def submit(
-    config: ExperimentConfig,
+    config: ExperimentConfig | Sequence[ExperimentConfig],
     out: str | Path,
     extrapolate_args: Sequence[str],
     *,
+    preset: str | None = None,
     array_size: int | None = None,
     options: SlurmOptions | None = None,
     workers: int | None = None,
@@ -407,12 +446,17 @@ def submit(
     alone; with everything merged, nothing. Refused (``ValueError``) while an earlier submission
     into ``out`` is still queued or running, or when ``out`` was submitted with other settings.
     ``dry_run``: write the scripts, submit nothing.
+
+    ``preset``: ``config`` is the preset's configs, one per task (:func:`.presets.apply_preset`),
+    and ``extrapolate_args`` hold ``--preset NAME``. Array task ``i`` then trains shard ``i/n`` of
+    every task into ``out/shards/<i>of<n>/<task>`` and the merge job writes ``out/<task>``.
     """
     from .plan import check_experiment
 
     options = options or SlurmOptions()
     out = Path(out).absolute()
-    grid = plan_runs(config)
+    parts = _parts(config, preset)
+    grid = plan_runs(parts[0].config)
     count = len(grid) if array_size is None else array_size
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(grid):
         raise ValueError(
@@ -423,17 +467,25 @@ def submit(
             "--workers cannot be combined with --nodes/--nproc-per-node (torchrun trains one run)"
         )
     check_writable_folder(out)
-    check_experiment(config, out)
+    for part in parts:
+        check_experiment(part.config, part.merged(out))
     folder = out / "slurm"
-    jobs = _check_same_submission(folder / SUBMIT_FILE, config, count)
+    settings = _submitted_settings(parts, preset)
+    jobs = _check_same_submission(folder / SUBMIT_FILE, settings, count)
     queued = [] if dry_run else _still_queued(jobs, run)
     if queued:
         raise ValueError(
             f"{out}: job(s) {', '.join(queued)} of an earlier posenc submit are still queued or running "
             "(squeue); wait for them to end (or scancel them), then run this command again"
         )
-    missing, shards = missing_shards(config, out, count)
-    merged = _finished_in(config, out, grid)
+    missing: list[RunSpec] = []
+    lacking: set[int] = set()
+    for part in parts:
+        runs, indices = missing_shards(part.config, out, count, part.inside)
+        missing += runs
+        lacking.update(indices)
+    shards = sorted(lacking)
+    merged = all(_finished_in(part.config, part.merged(out), grid) for part in parts)
 
     args = [shlex.quote(arg) for arg in extrapolate_args]
     shard_out = shlex.quote(str(out / "shards")) + f'/"$i"of{count}'
@@ -447,28 +499,19 @@ def submit(
     logs = folder / "logs"
     array_script = folder / "array.sh"
     merge_script = folder / "merge.sh"
+    writes = f"{out}/shards/<i>of{count}" + ("/<task>" if preset else "")
     array_text = _script(
         [f"--job-name=posenc-{out.name}", f"--output={logs}/array-%A_%a.out", *options.array_lines()],
         [
-            f"# Written by posenc submit: array task i trains shard i/{count} of the grid into {out}/shards/<i>of{count};",
+            f"# Written by posenc submit: array task i trains shard i/{count} of the grid into {writes};",
             "# rerunning a task resumes its shard (finished runs kept, others from their checkpoints).",
             'i="$SLURM_ARRAY_TASK_ID"',
             " ".join(["exec", *launch, *task_args]),
         ],
     )
-    shard_list = " ".join(str(index) for index in range(count))
-    quoted_out = shlex.quote(str(out))
     merge_text = _script(
         [f"--job-name=posenc-{out.name}-merge", f"--output={logs}/merge-%j.out", *options.merge_lines()],
-        [
-            f"# Written by posenc submit: merges the shard folders (and what {out} holds already) into it.",
-            "folders=()",
-            f"if [ -f {quoted_out}/config.json ]; then folders+=({quoted_out}); fi",
-            f"for i in {shard_list}; do",
-            f'    if [ -d {shlex.quote(str(out / "shards"))}/"$i"of{count} ]; then folders+=({shlex.quote(str(out / "shards"))}/"$i"of{count}); fi',
-            "done",
-            f'exec {shlex.quote(python)} -m posenc merge {quoted_out} "${{folders[@]}}"',
-        ],
+        _merge_lines(parts, out, count, python, preset),
     )
     logs.mkdir(parents=True, exist_ok=True)
     for path, text in ((array_script, array_text), (merge_script, merge_text)):
@@ -490,8 +533,56 @@ def submit(
         if not dry_run:
             merge_job = _job_id(merge_command, run)
     if commands and not dry_run:
-        _record(folder / SUBMIT_FILE, config, count, {"array": array_job, "merge": merge_job})
+        _record(folder / SUBMIT_FILE, settings, count, {"array": array_job, "merge": merge_job})
     return Submission(out, shards, count, missing, array_job, merge_job, array_script, merge_script, commands)
+
+
+def _parts(config: ExperimentConfig | Sequence[ExperimentConfig], preset: str | None) -> list[Part]:
+    """The experiments of a submission: one plain grid, or one per task of a preset (each in
+    ``OUT/<task>``); a preset's tasks must share the grid, since one array task runs shard ``i``
+    of each."""
+    if preset is None:
+        if not isinstance(config, ExperimentConfig):
+            raise ValueError("several configs are one per task of a preset: pass preset=NAME")
+        return [Part(config)]
+    configs = [config] if isinstance(config, ExperimentConfig) else list(config)
+    tasks = [one.task for one in configs]
+    if not configs or len(set(tasks)) != len(tasks):
+        raise ValueError(f"preset {preset}: need one config per task, got tasks {tasks}")
+    grids = {tuple(plan_runs(one)) for one in configs}
+    if len(grids) != 1:
+        raise ValueError(
+            f"preset {preset}: its tasks' (encoding x seed) grids differ; one array cannot run them"
+        )
+    return [Part(one, one.task) for one in configs]
+
+
+def _merge_lines(parts: Sequence[Part], out: Path, count: int, python: str, preset: str | None) -> list[str]:
+    """The merge job's body: per experiment, ``posenc merge`` of what its folder holds already and
+    the shard folders that exist into that folder."""
+    lines = [
+        f"# Written by posenc submit: merges the shard folders (and what {out} holds already) into it."
+        if preset is None
+        else f"# Written by posenc submit: merges each task's shard folders (and what {out}/<task> holds already) into {out}/<task>."
+    ]
+    shard_list = " ".join(str(index) for index in range(count))
+    for part in parts:
+        target = shlex.quote(str(part.merged(out)))
+        shard = (
+            shlex.quote(str(out / "shards"))
+            + f'/"$i"of{count}'
+            + ("/" + shlex.quote(part.inside) if part.inside else "")
+        )
+        merge = f'{shlex.quote(python)} -m posenc merge {target} "${{folders[@]}}"'
+        lines += [
+            "folders=()",
+            f"if [ -f {target}/config.json ]; then folders+=({target}); fi",
+            f"for i in {shard_list}; do",
+            f"    if [ -d {shard} ]; then folders+=({shard}); fi",
+            "done",
+            f"exec {merge}" if preset is None else merge,
+        ]
+    return lines
 
 
 def _job_id(command: list[str], run: Runner) -> str:
@@ -511,11 +602,11 @@ def _finished_in(config: ExperimentConfig, folder: Path, grid: list[RunSpec]) ->
     return all(set(_run_ids(config, run)) <= finished for run in grid)
 
 
-def _record(path: Path, config: ExperimentConfig, count: int, jobs: dict[str, Any]) -> None:
+def _record(path: Path, settings: dict[str, Any], count: int, jobs: dict[str, Any]) -> None:
     """Append this submission's job ids to ``out/slurm/submit.json`` (with the settings and size)."""
     earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     payload = {
-        "experiment": config.to_dict(),
+        "experiment": settings,
         "array_size": count,
         "jobs": [*earlier.get("jobs", []), jobs],
     }

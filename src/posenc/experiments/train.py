@@ -82,7 +82,9 @@ class ExperimentConfig:
     lr: float = field(
         default=3e-3, metadata={"help": "peak AdamW learning rate (warm-up, then cosine to 10%)"}
     )
-    warmup: int = field(default=100, metadata={"option": False})
+    warmup: int = field(
+        default=100, metadata={"help": "linear learning-rate warm-up steps before the cosine decay (0: none)"}
+    )
     weight_decay: float = field(default=0.0, metadata={"option": False})
     grad_clip: float = field(default=1.0, metadata={"option": False})
     d_model: int = 64
@@ -181,26 +183,37 @@ class ExperimentConfig:
 
     def validate(self) -> None:
         checks = [
-            ("train_len", self.train_len >= 1),
-            ("eval_len", self.eval_len >= self.train_len),
-            ("min_train_len", 1 <= self.min_train_len <= self.train_len),
-            ("steps", self.steps >= 1),
-            ("batch_size", self.batch_size >= 1),
-            ("lr", self.lr > 0),
-            ("eval_examples", self.eval_examples >= 1),
-            ("checkpoint_every", self.checkpoint_every >= 1),
-            ("encodings", len(self.encodings) > 0 and len(set(self.encodings)) == len(self.encodings)),
-            ("seeds", len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds)),
-            ("randomize_positions", self.randomize_positions is None or self.randomize_positions >= 1),
-            ("fit_threshold", 0 < self.fit_threshold <= 1),
-            ("fit_check_every", self.fit_check_every >= 1),
-            ("fit_margin", 0 <= self.fit_margin < 1),
+            ("train_len", self.train_len >= 1, "at least 1"),
+            ("eval_len", self.eval_len >= self.train_len, "at least train_len"),
+            ("min_train_len", 1 <= self.min_train_len <= self.train_len, "between 1 and train_len"),
+            ("steps", self.steps >= 1, "at least 1"),
+            ("batch_size", self.batch_size >= 1, "at least 1"),
+            ("lr", self.lr > 0, "positive"),
+            ("warmup", self.warmup >= 0, "0 or more steps"),
+            ("eval_examples", self.eval_examples >= 1, "at least 1"),
+            ("checkpoint_every", self.checkpoint_every >= 1, "at least 1"),
+            (
+                "encodings",
+                len(self.encodings) > 0 and len(set(self.encodings)) == len(self.encodings),
+                "one or more, no duplicates",
+            ),
+            (
+                "seeds",
+                len(self.seeds) > 0 and len(set(self.seeds)) == len(self.seeds),
+                "one or more, no duplicates",
+            ),
+            (
+                "randomize_positions",
+                self.randomize_positions is None or self.randomize_positions >= 1,
+                "at least 1 (or unset)",
+            ),
+            ("fit_threshold", 0 < self.fit_threshold <= 1, "in (0, 1]"),
+            ("fit_check_every", self.fit_check_every >= 1, "at least 1"),
+            ("fit_margin", 0 <= self.fit_margin < 1, "in [0, 1)"),
         ]
-        for name, ok in checks:
+        for name, ok, need in checks:
             if not ok:
-                raise ValueError(
-                    f"invalid {name}={getattr(self, name)!r} (need eval_len >= train_len >= min_train_len >= 1, positive sizes, no duplicates)"
-                )
+                raise ValueError(f"invalid {name}={getattr(self, name)!r}: must be {need}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
