@@ -695,3 +695,42 @@ def test_one_run_across_two_slurm_nodes_equals_torchrun_on_one(tmp_path):
     merged = tmp_path / "runs" / "ddp-array"
     assert json.loads((merged / "shards" / "0of1" / "config.json").read_text())["runtime"]["world_size"] == 2
     assert _records(merged) == _records(reference)
+
+
+#: A published setup through the real Slurm, at a test's scale (the README's command at PRESET_ARGS).
+SUBMIT_PRESET = [
+    "submit",
+    "--preset",
+    "nope-paper",
+    *PRESET_ARGS,
+    "--array-size",
+    "2",
+    "--out",
+    "runs/nope-paper",
+]
+
+
+@pytest.mark.slurm
+def test_slurm_preset_submission_gives_the_preset_folders(tmp_path):
+    """posenc submit --preset nope-paper on a real Slurm: the merged OUT/<task> folders equal
+    ``extrapolate --preset`` on one machine, the report shows the paper beside ours, a rerun submits nothing."""
+    done = _posenc(SUBMIT_PRESET, tmp_path, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs = _job_ids(done.stdout)
+    assert len(jobs) == 2, done.stdout
+    _wait_for(jobs)
+    out = tmp_path / "runs" / "nope-paper"
+    merge_log = next((out / "slurm" / "logs").glob("merge-*.out")).read_text()
+    assert merge_log.count("complete: every (encoding, seed) run of the grid has results") == 3, merge_log
+    reference = tmp_path / "reference"
+    plain = ["extrapolate", "--preset", "nope-paper", *PRESET_ARGS, "--workers", "1", "--no-progress"]
+    done = _posenc([*plain, "--out", str(reference)], tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    for task in ("copy", "count_copy", "reverse"):
+        assert _records(out / task) == _records(reference / task) and _records(out / task)
+        assert _records(out / task, "runs.jsonl") == _records(reference / task, "runs.jsonl")
+    shown = _posenc(["report", str(out / "reverse")], tmp_path, timeout=120)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "Kazemnejad" in (out / "reverse" / "report.html").read_text()  # the paper's numbers beside ours
+    again = _posenc(SUBMIT_PRESET, tmp_path, timeout=120)
+    assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr

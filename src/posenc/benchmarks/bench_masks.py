@@ -71,7 +71,10 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     rows = []
     for length in (int(s) for s in args.sizes.split(",")):
         for train in (False, True):
@@ -81,7 +84,10 @@ def main() -> None:
             full = timings["full"].median
             memory = {}
             if train and not args.no_memory:
-                memory = {name: peak_memory_mb("bench_masks", name, **params) for name in ("full", "window")}
+                memory = {
+                    name: peak_memory_mb("bench_masks", name, threads=torch.get_num_threads(), **params)
+                    for name in ("full", "window")
+                }
             for name in ("window", "documents", "sinks"):
                 speedup = full / timings[name].median
                 rows.append(

@@ -147,7 +147,10 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--documents", type=int, default=8)
     parser.add_argument("--memory", action="store_true", help="peak memory of fwd+bwd in a fresh process")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     labels = []
     if args.part in ("bias", "all"):
         labels += [e for e in args.encodings.split(",") if e]
@@ -170,7 +173,11 @@ def main() -> None:
                 for impl, name in impls.items():
                     memory = "—"
                     if args.memory and train:
-                        memory = memory_cell(peak_memory_mb("bench_split", f"{label}|{impl}", **params))
+                        memory = memory_cell(
+                            peak_memory_mb(
+                                "bench_split", f"{label}|{impl}", threads=torch.get_num_threads(), **params
+                            )
+                        )
                     floor_name = (
                         "no-mask SDPA (floor)"
                         if impl == "sdpa" and not ENCODINGS.get(label, ("", True))[1]
