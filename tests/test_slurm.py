@@ -379,6 +379,93 @@ def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "sbatch is not on PATH" in missing.output
 
 
+# ---------------------------------------------------------------------------- the folder lock across nodes
+
+
+def _squeue_says(tmp_path: Path, monkeypatch, *, prints: str = "", status: int = 0, error: str = "") -> Path:
+    """A fake ``squeue`` alone on PATH that logs its arguments, prints ``prints`` and exits ``status``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    log = tmp_path / "squeue.log"
+    script = f'#!/bin/sh\necho "$@" >> {log}\nprintf "{prints}"\necho "{error}" >&2\nexit {status}\n'
+    (bin_dir / "squeue").write_text(script)
+    (bin_dir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", str(bin_dir))
+    return log
+
+
+def test_a_lock_inside_a_slurm_job_names_the_job_and_its_restart(monkeypatch):
+    import socket
+
+    from posenc.experiments.folders import lock_text
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert lock_text() == f"{os.getpid()} {socket.gethostname()}"
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    assert lock_text() == f"{os.getpid()} {socket.gethostname()} slurm=77.2"
+
+
+@pytest.mark.parametrize(
+    "squeue, taken_over",
+    [
+        ({"prints": "RUNNING\\n"}, False),
+        ({"prints": "PENDING\\n"}, False),
+        ({"prints": "NODE_FAIL\\n"}, True),  # its node died: the writer is gone
+        ({"prints": "CANCELLED\\n"}, True),
+        ({"prints": ""}, True),
+        ({"status": 1, "error": "slurm_load_jobs error: Invalid job id specified"}, True),  # long gone
+        ({"status": 1, "error": "slurm_load_jobs error: Unable to contact slurm controller"}, False),
+    ],
+)
+def test_a_lock_from_another_node_is_taken_over_once_slurm_says_its_job_ended(
+    tmp_path, monkeypatch, squeue, taken_over
+):
+    from posenc.experiments.folders import LOCK_NAME, folder_lock
+
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    log = _squeue_says(tmp_path, monkeypatch, **squeue)
+    out = tmp_path / "shard"
+    out.mkdir()
+    (out / LOCK_NAME).write_text("4242 node-that-died slurm=77.0\n")
+    if taken_over:
+        with folder_lock(out):
+            assert (out / LOCK_NAME).read_text().split()[0] == str(os.getpid())
+        assert not (out / LOCK_NAME).exists()
+    else:
+        with pytest.raises(ValueError, match="being written by another posenc process"), folder_lock(out):
+            pass
+        assert (out / LOCK_NAME).read_text() == "4242 node-that-died slurm=77.0\n"
+    assert log.read_text().split() == ["--noheader", "--jobs=77", "--states=all", "--format=%T"]
+
+
+def test_a_lock_from_another_node_stays_alive_without_squeue_or_a_slurm_job(tmp_path, monkeypatch):
+    from posenc.experiments.folders import LOCK_NAME, folder_lock
+
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    for owner in ("4242 node-that-died slurm=77.0", "4242 node-that-died"):
+        (tmp_path / LOCK_NAME).write_text(owner + "\n")
+        with pytest.raises(ValueError, match="delete the lock file"), folder_lock(tmp_path):
+            pass
+
+
+def test_a_requeued_job_takes_over_its_earlier_runs_lock(tmp_path, monkeypatch):
+    """Requeued after its node failed, a job keeps its id: squeue shows it RUNNING (this very run),
+    yet the lock of its earlier run (restart 0) on the dead node is stale."""
+    from posenc.experiments.folders import LOCK_NAME, folder_lock
+
+    _squeue_says(tmp_path, monkeypatch, prints="RUNNING\\n")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    (tmp_path / LOCK_NAME).write_text("4242 node-that-died slurm=77.0\n")
+    with folder_lock(tmp_path):
+        assert (tmp_path / LOCK_NAME).read_text().strip().endswith("slurm=77.1")
+    (tmp_path / LOCK_NAME).write_text("4242 node-that-died slurm=77.1\n")  # the same run on another node
+    with pytest.raises(ValueError, match="being written by another posenc process"), folder_lock(tmp_path):
+        pass
+
+
 # ---------------------------------------------------------------------------- submit --preset
 
 #: nope-paper at a test's scale: the preset fixes the encodings, lengths and seeds (a subset of
@@ -734,3 +821,34 @@ def test_slurm_preset_submission_gives_the_preset_folders(tmp_path):
     assert "Kazemnejad" in (out / "reverse" / "report.html").read_text()  # the paper's numbers beside ours
     again = _posenc(SUBMIT_PRESET, tmp_path, timeout=120)
     assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
+
+
+@pytest.mark.slurm
+def test_the_lock_asks_the_real_squeue_about_a_writer_on_another_node(tmp_path):
+    """The seam with squeue's own output: a lock naming a running job holds, one naming a job that
+    ended is taken over."""
+    from posenc.experiments.folders import lock_owner_alive
+
+    def job(command: str) -> str:
+        done = subprocess.run(
+            ["sbatch", "--parsable", f"--output={tmp_path}/%j.out", "--wrap", command],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return done.stdout.strip().split(";")[0]
+
+    running, ended = job("sleep 60"), job("true")
+    _wait_for([ended])
+    try:
+        deadline = time.monotonic() + 60
+        while (
+            "RUNNING"
+            not in subprocess.run(
+                ["squeue", "--noheader", f"--jobs={running}", "--format=%T"], capture_output=True, text=True
+            ).stdout
+        ):
+            assert time.monotonic() < deadline, "the sleep job never started"
+            time.sleep(0.5)
+        assert lock_owner_alive(f"4242 node-that-died slurm={running}.0")
+        assert not lock_owner_alive(f"4242 node-that-died slurm={ended}.0")
+    finally:
+        subprocess.run(["scancel", running], check=False)

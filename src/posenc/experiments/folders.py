@@ -45,6 +45,7 @@ __all__ = [
     "finished_runs",
     "folder_lock",
     "lock_owner_alive",
+    "lock_text",
     "reproduce_command",
     "write_config",
     "write_outputs",
@@ -112,10 +113,12 @@ def _check_data(path: Path, saved: Any, current: dict[str, str] | None) -> None:
 
 @contextmanager
 def folder_lock(out: Path, *, enabled: bool = True):
-    """Hold ``out/.posenc.lock`` (this process's pid and host) while writing into ``out``.
+    """Hold ``out/.posenc.lock`` (this process's pid and host, and its Slurm job inside one) while
+    writing into ``out``.
 
     A second writer gets a ``ValueError`` naming the owner; a lock left by a process that no longer
-    runs (killed) is taken over. ``enabled=False`` (the non-writing DDP ranks) does nothing.
+    runs is taken over (:func:`lock_owner_alive`: killed on this host, or its Slurm job ended, e.g.
+    with its node). ``enabled=False`` (the non-writing DDP ranks) does nothing.
     """
     if not enabled:
         yield
@@ -127,7 +130,7 @@ def folder_lock(out: Path, *, enabled: bool = True):
             f"--out {out}: cannot create the folder ({err.strerror or err}); give a writable folder"
         ) from err
     path = out / LOCK_NAME
-    me = f"{os.getpid()} {socket.gethostname()}"
+    me = lock_text()
     for _ in range(2):
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -136,8 +139,8 @@ def folder_lock(out: Path, *, enabled: bool = True):
             if lock_owner_alive(owner):
                 raise ValueError(
                     f"{out} is being written by another posenc process ({owner}; lock file {path}): "
-                    "wait for it to finish, or use another --out (a process on another host is taken to be alive: "
-                    "if it is gone, e.g. its Slurm node died, delete the lock file)"
+                    "wait for it to finish, or use another --out (a process on another host is taken to be alive "
+                    "unless the lock names a Slurm job that squeue says has ended: if it is gone, delete the lock file)"
                 ) from None
             path.unlink(missing_ok=True)  # its owner died: take the folder over
             continue
@@ -151,14 +154,37 @@ def folder_lock(out: Path, *, enabled: bool = True):
             path.unlink()
 
 
+def lock_text() -> str:
+    """What a lock records of its writer: ``"pid host"``, and inside a Slurm job
+    ``"pid host slurm=JOB.RESTARTS"`` (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``), so that a
+    writer on another node can be known to be gone when its job has ended."""
+    text = f"{os.getpid()} {socket.gethostname()}"
+    job = os.environ.get("SLURM_JOB_ID", "")
+    if job.isdigit():
+        text += f" slurm={job}.{_restart_count()}"
+    return text
+
+
+def _restart_count() -> int:
+    """How many times Slurm requeued this job (``SLURM_RESTART_COUNT``; 0 when unset)."""
+    count = os.environ.get("SLURM_RESTART_COUNT", "0")
+    return int(count) if count.isdigit() else 0
+
+
 def lock_owner_alive(owner: str) -> bool:
-    """Whether the ``"pid host"`` that wrote a lock still runs (on another host: assume it does)."""
+    """Whether the writer a lock names (:func:`lock_text`) still runs.
+
+    On this host: whether its pid runs. On another host: alive, unless the lock names a Slurm job
+    and that job has ended (``squeue`` shows it finished, or no longer knows it), or the job is
+    this one requeued (a job runs once at a time: the lock is its earlier run's). When ``squeue``
+    cannot answer, the writer is taken to be alive: two writers in one folder are worse than a
+    refusal that names the lock file."""
     parts = owner.split()
-    if len(parts) != 2 or not parts[0].isdigit():
+    if len(parts) not in (2, 3) or not parts[0].isdigit():
         return False
     pid, host = int(parts[0]), parts[1]
     if host != socket.gethostname():
-        return True
+        return _slurm_job_alive(parts[2]) if len(parts) == 3 else True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -166,6 +192,19 @@ def lock_owner_alive(owner: str) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _slurm_job_alive(field: str) -> bool:
+    """``slurm=JOB.RESTARTS`` from a lock: False when that run of the job has ended."""
+    job, _, restarts = field.removeprefix("slurm=").partition(".")
+    if not field.startswith("slurm=") or not job.isdigit() or not restarts.isdigit():
+        return True  # not a lock this version wrote: cannot tell
+    if job == os.environ.get("SLURM_JOB_ID") and int(restarts) < _restart_count():
+        return False  # this job, requeued: the lock is its earlier run's
+    from .slurm import slurm_job_active
+
+    active = slurm_job_active(job)
+    return True if active is None else active
 
 
 def reproduce_command(

@@ -60,6 +60,7 @@ __all__ = [
     "run_slurm_command",
     "shard_folder",
     "shard_from_slurm",
+    "slurm_job_active",
     "submit",
 ]
 
@@ -89,6 +90,28 @@ def run_slurm_command(argv: list[str]) -> str:
 
 
 # ---------------------------------------------------------------------------- --shard slurm
+
+
+#: ``squeue`` job states of a job that still runs or will run again (``man squeue``, JOB STATE
+#: CODES); any other state it shows (COMPLETED, CANCELLED, FAILED, NODE_FAIL, TIMEOUT, ...) has ended.
+ACTIVE_JOB_STATES = frozenset(
+    {
+        "PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING", "REQUEUED",
+        "REQUEUE_FED", "REQUEUE_HOLD", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+    }
+)  # fmt: skip
+
+
+def slurm_job_active(job: str, run: Runner = run_slurm_command) -> bool | None:
+    """Whether Slurm job ``job`` still runs or waits to (True), has ended (False: a final state, or
+    ``squeue`` no longer knows it), or None when ``squeue`` cannot be asked (not installed, no
+    controller): the folder lock then takes its writer to be alive."""
+    try:
+        shown = run(["squeue", "--noheader", f"--jobs={job}", "--states=all", "--format=%T"])
+    except ValueError as err:
+        return False if "invalid job id" in str(err).lower() else None
+    states = {line.strip().upper() for line in shown.splitlines() if line.strip()}
+    return bool(states & ACTIVE_JOB_STATES)
 
 
 def _int_variable(env: Mapping[str, str], name: str) -> int:
