@@ -348,10 +348,8 @@ def test_the_generated_scripts_run_as_slurm_would_run_them(tmp_path):
     assert _records(out, "runs.jsonl") == _records(tmp_path / "full", "runs.jsonl")
 
 
-def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
-    from posenc.cli import _load_command_modules, app
-
-    _load_command_modules()
+def _fake_slurm_on_path(tmp_path: Path, monkeypatch) -> Path:
+    """``sbatch`` (prints job ids from 41, logs its arguments) and ``squeue`` (an empty queue) on PATH."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     log = tmp_path / "sbatch.log"
@@ -360,6 +358,14 @@ def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
     for tool in ("sbatch", "squeue"):
         (bin_dir / tool).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    log = _fake_slurm_on_path(tmp_path, monkeypatch)
     out = tmp_path / "grid"
     command = ["submit", *TINY_ARGS, "--no-distinct", "--out", str(out), "--time", "5", "--threads", "2"]
     result = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
@@ -474,19 +480,6 @@ PRESET_ARGS = [
     "--seeds", "0", "--steps", "2", "--no-until-fit", "--num-symbols", "40", "--d-model", "8", "--num-layers",
     "1", "--num-heads", "1", "--d-ff", "8", "--batch-size", "2", "--eval-examples", "1",
 ]  # fmt: skip
-
-
-def _fake_slurm_on_path(tmp_path: Path, monkeypatch) -> Path:
-    """``sbatch`` (prints job ids from 41, logs its arguments) and ``squeue`` (an empty queue) on PATH."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    log = tmp_path / "sbatch.log"
-    (bin_dir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {log}\necho $((40 + $(wc -l < {log})))\n')
-    (bin_dir / "squeue").write_text("#!/bin/sh\nexit 0\n")
-    for tool in ("sbatch", "squeue"):
-        (bin_dir / tool).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return log
 
 
 def test_submit_preset_runs_every_task_and_merges_each_into_its_folder(tmp_path, monkeypatch):
@@ -686,6 +679,15 @@ def _wait_for(jobs: list[str], timeout: float = 300) -> None:
     )
 
 
+def _submit_and_wait(words: list[str], cwd: Path) -> None:
+    """Run ``posenc submit``, then wait until its array and merge jobs have left the queue."""
+    done = _posenc(words, cwd, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    jobs = _job_ids(done.stdout)
+    assert len(jobs) == 2, done.stdout
+    _wait_for(jobs)
+
+
 @pytest.fixture(scope="module")
 def unsharded(tmp_path_factory) -> Path:
     """The grid run in one command, no Slurm, no shards: what a merged folder must equal."""
@@ -700,11 +702,7 @@ def unsharded(tmp_path_factory) -> Path:
 
 @pytest.mark.slurm
 def test_slurm_array_merged_equals_an_unsharded_run(tmp_path, unsharded):
-    done = _posenc(SUBMIT, tmp_path, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    jobs = _job_ids(done.stdout)
-    assert len(jobs) == 2, done.stdout
-    _wait_for(jobs)
+    _submit_and_wait(SUBMIT, tmp_path)
     out = tmp_path / "runs" / "cluster"
     assert sorted(p.name for p in (out / "shards").iterdir()) == ["0of2", "1of2"]
     assert _records(out) == _records(unsharded) and len(_records(out)) == 2 * 2 * 3 * 2
@@ -801,11 +799,7 @@ SUBMIT_PRESET = [
 def test_slurm_preset_submission_gives_the_preset_folders(tmp_path):
     """posenc submit --preset nope-paper on a real Slurm: the merged OUT/<task> folders equal
     ``extrapolate --preset`` on one machine, the report shows the paper beside ours, a rerun submits nothing."""
-    done = _posenc(SUBMIT_PRESET, tmp_path, timeout=120)
-    assert done.returncode == 0, done.stdout + done.stderr
-    jobs = _job_ids(done.stdout)
-    assert len(jobs) == 2, done.stdout
-    _wait_for(jobs)
+    _submit_and_wait(SUBMIT_PRESET, tmp_path)
     out = tmp_path / "runs" / "nope-paper"
     merge_log = next((out / "slurm" / "logs").glob("merge-*.out")).read_text()
     assert merge_log.count("complete: every (encoding, seed) run of the grid has results") == 3, merge_log
