@@ -109,6 +109,43 @@ def test_gqa_padding_and_odd_sizes(name):
     assert cache.get(0).k.shape == (3, 1, 13, EMBED // HEADS)
 
 
+@pytest.mark.parametrize("name", ["rope", "alibi", "t5", "sinusoidal", "nope"])
+@pytest.mark.parametrize("window", [1, 3, 6])
+@pytest.mark.parametrize("max_length", [None, 8])
+@pytest.mark.parametrize("mask_form", ["every token", "new tokens"])
+def test_windowed_layer_with_left_padding_keeps_only_its_window(name, window, max_length, mask_form):
+    """A padding mask no longer makes a windowed cache keep every key: padded keys leave with their
+    window, their real tokens are counted, and each step equals the full forward (no cache) at the
+    real positions, whether the mask covers every token so far or only the new ones."""
+    torch.manual_seed(5)
+    layer = _layer(name, window=window)
+    x = _x(3, 30)
+    padding = torch.zeros(3, 30, dtype=torch.bool)
+    padding[1, :3] = True  # left padding, longer than some windows
+    padding[2, :7] = True
+    with torch.no_grad():
+        full = layer(x, key_padding_mask=padding)
+    cache = posenc.KVCache(max_length=max_length)
+    outs, start = [], 0
+    with torch.no_grad():
+        for size in [9] + [1] * 19 + [2]:
+            mask = (
+                padding[:, : start + size] if mask_form == "every token" else padding[:, start : start + size]
+            )
+            outs.append(layer(x[:, start : start + size], cache=cache, key_padding_mask=mask))
+            assert cache.length(0) <= max(window - 1, 0) or start == 0
+            start += size
+    cached = torch.cat(outs, dim=1)
+    real = ~padding
+    torch.testing.assert_close(cached[real], full[real], rtol=1e-5, atol=1e-5)
+    assert cache.length(0) == window - 1
+    # The next token's position counts every real token so far, evicted ones included.
+    seen = real.sum(dim=1)
+    assert layer.default_positions(3, 1, torch.zeros(3, 1, dtype=torch.bool), cache).flatten().tolist() == (
+        seen.tolist()
+    )
+
+
 @pytest.mark.parametrize("name", ["rope", "alibi", "t5"])
 @pytest.mark.parametrize("sinks", [0, 2])
 def test_streaming_sinks_and_recent_tokens(name, sinks):

@@ -225,12 +225,14 @@ class MultiheadAttention(nn.Module):
                 padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
                 docs = self._documents_with_cache(document_ids, entry, batch, q_len)
                 evicted = 0 if entry is None else entry.evicted
-                default = self_attention_positions(q_len, past, evicted, padding, docs, x.device)
+                real = None if entry is None else entry.evicted_real
+                default = self_attention_positions(q_len, past, evicted, padding, docs, x.device, real)
                 q_pos = checked_positions(self.encoding, positions, "positions", batch, q_len, default)
                 states = token_states_with_cache(self.encoding, x, entry, padding)
-                # chunks count keys from the start; padding, documents and prefixes read every key
+                # chunks count keys from the start; documents and prefixes read every key (padding is
+                # evicted with its keys, and the evicted real tokens counted for positions)
                 trims = self.window is not None and self.chunk is None and cache is not None
-                trims = trims and padding is None and docs is None and prefix_len is None
+                trims = trims and docs is None and prefix_len is None
                 keep_last = self.window - 1 if trims else None
                 q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs, states, keep_last)
                 if trims:
@@ -306,7 +308,8 @@ class MultiheadAttention(nn.Module):
             None if docs is not None else self._padding_with_cache(key_padding_mask, entry, batch, q_len)
         )
         evicted = 0 if entry is None else entry.evicted
-        return self_attention_positions(q_len, past, evicted, padding, docs, device)
+        real = None if entry is None else entry.evicted_real
+        return self_attention_positions(q_len, past, evicted, padding, docs, device, real)
 
     def _streaming_inputs(
         self, x: Tensor, entry: KVCacheEntry | None, cache: KVCache, states: TokenStates | None
@@ -450,7 +453,7 @@ class MultiheadAttention(nn.Module):
     ) -> Tensor | None:
         """The padding mask over all keys: cached padding plus the new tokens' (or the full mask)."""
         cached = None if entry is None else (entry.k.shape[2], entry.padding)
-        return padding_with_cache(mask, cached, batch, q_len)
+        return padding_with_cache(mask, cached, batch, q_len, 0 if entry is None else entry.evicted)
 
     def _documents_with_cache(
         self, document_ids: Tensor | None, entry: KVCacheEntry | None, batch: int, q_len: int

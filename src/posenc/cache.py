@@ -218,6 +218,9 @@ class KVCacheEntry(CacheStamp):
     document_ids: Tensor | None = None  # [B, T] int64, the keys' documents
     context_key: tuple | None = None  # cross-attention: which context tensor the keys came from
     evicted: int = 0  # tokens dropped from the front (a windowed layer keeps what its window sees)
+    # [B] int64: the real (unpadded) tokens among the evicted ones, once a padded key was evicted
+    # (None: every evicted token was real); positions count the real tokens before each new one
+    evicted_real: Tensor | None = None
     token_state: Tensor | None = None  # [B, S, T]: an input-dependent bias's states of the keys (FoX)
     token_index: Tensor | None = None  # [T] int64: the keys' indices among all tokens seen
     finite: FiniteMark = field(default_factory=FiniteMark)  # set once every stored k and v is seen finite
@@ -232,6 +235,16 @@ class KVCacheEntry(CacheStamp):
         """Point ``k``, ``v`` and ``k_pos`` at the live part of the preallocated buffers."""
         for name, axis in self.axes.items():
             setattr(self, name, axis.view())
+
+    def evict_padding(self, drop: int, evicted_before: int) -> None:
+        """Drop the padding of the ``drop`` oldest keys (evicted with them, after ``evicted_before``
+        earlier ones) and count their real tokens, so that positions still count every real token."""
+        if self.padding is None or drop <= 0:
+            return
+        real = (~self.padding[:, :drop]).sum(dim=1)
+        before = self.evicted_real if self.evicted_real is not None else torch.full_like(real, evicted_before)
+        self.evicted_real = before + real
+        self.padding = self.padding[:, drop:]
 
 
 def context_key(x: Tensor) -> tuple:
@@ -412,6 +425,9 @@ class KVCache:
             stored = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=padding)
             stored.evicted = 0 if entry is None else entry.evicted
         stored.padding, stored.document_ids = padding, document_ids
+        stored.evicted_real = None if entry is None else entry.evicted_real
+        if padding is not None:  # a full buffer kept only the window's keys: their padding with them
+            stored.evict_padding(padding.shape[1] - stored.k.shape[2], 0 if entry is None else entry.evicted)
         if states is not None:
             stored.token_state, stored.token_index = states.k, states.k_index
         self.write(layer, stored, previous=entry)
@@ -501,6 +517,7 @@ class KVCache:
             entry.k_pos = entry.k_pos[:, drop:]
         if entry.token_state is not None:
             entry.token_state, entry.token_index = entry.token_state[..., drop:], entry.token_index[drop:]
+        entry.evict_padding(drop, entry.evicted)
         entry.evicted += drop
 
     def append_streaming(

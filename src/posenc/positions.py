@@ -37,15 +37,17 @@ __all__ = [
 ]
 
 
-def default_positions(q_len: int, past: int, padding: Tensor | None, device: torch.device) -> Tensor:
+def default_positions(
+    q_len: int, past: int, padding: Tensor | None, device: torch.device, real_before: Tensor | None = None
+) -> Tensor:
     """Positions ``[B or 1, q_len]`` of ``q_len`` new tokens after ``past`` earlier ones.
 
     ``past`` counts every earlier token, those a windowed cache has evicted included. Without
     padding, ``past + arange(q_len)``. With ``padding [B, S]`` (True = padding, left padding as HF
     ``generate`` and BLOOM use it) over the last ``S`` of the ``past + q_len`` tokens, a token's
     position counts the real tokens before it, so every sequence starts at 0 whatever its padding;
-    the ``past + q_len - S`` tokens before the mask (evicted from a windowed cache, which evicts
-    only tokens it holds no padding for) count as real.
+    the ``past + q_len - S`` tokens before the mask (evicted from a windowed cache) count as real,
+    unless ``real_before [B]`` says how many of them were real (the cache evicted padded keys).
     """
     if padding is None:
         return torch.arange(past, past + q_len, device=device)[None]
@@ -56,7 +58,8 @@ def default_positions(q_len: int, past: int, padding: Tensor | None, device: tor
             f"{past + q_len} of past={past} and q_len={q_len}"
         )
     real = (~padding).long()
-    positions = (real.cumsum(dim=1) - 1 + before).clamp(min=0)
+    offset = before if real_before is None else real_before.to(device)[:, None]
+    positions = (real.cumsum(dim=1) - 1 + offset).clamp(min=0)
     return positions[:, positions.shape[1] - q_len :]
 
 
@@ -74,14 +77,21 @@ def document_positions(document_ids: Tensor) -> Tensor:
 
 
 def self_attention_positions(
-    q_len: int, past: int, evicted: int, padding: Tensor | None, docs: Tensor | None, device: torch.device
+    q_len: int,
+    past: int,
+    evicted: int,
+    padding: Tensor | None,
+    docs: Tensor | None,
+    device: torch.device,
+    evicted_real: Tensor | None = None,
 ) -> Tensor:
     """The default positions of ``q_len`` new tokens after ``past`` cached ones (``evicted`` more
-    dropped by a windowed cache): restarting at each document with ``docs [B, past + q_len]``, else
-    :func:`default_positions` (counted from ``padding`` when given)."""
+    dropped by a windowed cache, ``evicted_real [B]`` of them real when some were padding):
+    restarting at each document with ``docs [B, past + q_len]``, else :func:`default_positions`
+    (counted from ``padding`` when given)."""
     if docs is not None:
         return document_positions(docs)[:, past:]
-    return default_positions(q_len, past + evicted, padding, device)
+    return default_positions(q_len, past + evicted, padding, device, evicted_real)
 
 
 def checked_positions(
@@ -100,12 +110,18 @@ def checked_positions(
 
 
 def padding_with_cache(
-    mask: Tensor | None, cached: tuple[int, Tensor | None] | None, batch: int, q_len: int
+    mask: Tensor | None,
+    cached: tuple[int, Tensor | None] | None,
+    batch: int,
+    q_len: int,
+    evicted: int = 0,
 ) -> Tensor | None:
     """The key padding ``[B, past + q_len]`` (True = padding) of a call, or None when nothing is padded.
 
     ``cached`` is ``(past, cached padding or None)`` when a cache holds ``past`` tokens. ``mask`` may
-    cover every key ``[B, past + q_len]`` or, after a cache, only the new tokens ``[B, q_len]``.
+    cover every key ``[B, past + q_len]``, after a cache only the new tokens ``[B, q_len]``, or,
+    when a windowed cache evicted ``evicted`` tokens, every token since the first ``[B, evicted +
+    past + q_len]`` (as HF's growing ``attention_mask``), whose evicted part is dropped.
     """
     past, previous = cached if cached is not None else (0, None)
     if mask is None:
@@ -117,6 +133,8 @@ def padding_with_cache(
         raise ValueError(f"key_padding_mask must be a bool tensor (True = padding), got {got}")
     if tuple(mask.shape) == (batch, past + q_len):
         return mask
+    if evicted and tuple(mask.shape) == (batch, evicted + past + q_len):
+        return mask[:, evicted:]
     if tuple(mask.shape) == (batch, q_len) and cached is not None:
         previous = previous if previous is not None else mask.new_zeros(batch, past)
         return torch.cat([previous, mask], dim=1)
