@@ -224,9 +224,7 @@ class MultiheadAttention(nn.Module):
             else:
                 padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
                 docs = self._documents_with_cache(document_ids, entry, batch, q_len)
-                evicted = 0 if entry is None else entry.evicted
-                real = None if entry is None else entry.evicted_real
-                default = self_attention_positions(q_len, past, evicted, padding, docs, x.device, real)
+                default = self._positions_after(entry, q_len, padding, docs, x.device)
                 q_pos = checked_positions(self.encoding, positions, "positions", batch, q_len, default)
                 states = token_states_with_cache(self.encoding, x, entry, padding)
                 # chunks count keys from the start; documents and prefixes read every key (padding is
@@ -307,8 +305,21 @@ class MultiheadAttention(nn.Module):
         padding = (
             None if docs is not None else self._padding_with_cache(key_padding_mask, entry, batch, q_len)
         )
-        evicted = 0 if entry is None else entry.evicted
-        real = None if entry is None else entry.evicted_real
+        return self._positions_after(entry, q_len, padding, docs, device)
+
+    @staticmethod
+    def _positions_after(
+        entry: KVCacheEntry | None,
+        q_len: int,
+        padding: Tensor | None,
+        docs: Tensor | None,
+        device: torch.device,
+    ) -> Tensor:
+        """The default positions of ``q_len`` new tokens after ``entry``'s: the keys it holds, those
+        a window evicted, and the real tokens among them (:func:`self_attention_positions`)."""
+        if entry is None:
+            return self_attention_positions(q_len, 0, 0, padding, docs, device)
+        past, evicted, real = entry.k.shape[2], entry.evicted, entry.evicted_real
         return self_attention_positions(q_len, past, evicted, padding, docs, device, real)
 
     def _streaming_inputs(

@@ -329,6 +329,16 @@ def _preset_plan(
     anything is written: an option given on the command line that contradicts the preset, a bad
     setting, or a folder holding other settings is a ``ValueError``."""
     from .experiments.plan import check_experiment
+
+    configs = _preset_configs(ctx, name, config)
+    for one in configs:
+        check_experiment(one, out / one.task)
+    return [(one, out / one.task) for one in configs]
+
+
+def _preset_configs(ctx: typer.Context, name: str, config: ExperimentConfig) -> list[ExperimentConfig]:
+    """One config per task of preset ``name``: ``config`` with the preset's settings, the options
+    given on the command line kept (one that contradicts the preset is a ``ValueError``)."""
     from .experiments.presets import apply_preset
 
     # By name: typer may bring its own copy of click's ParameterSource enum.
@@ -336,10 +346,7 @@ def _preset_plan(
         param for param in ctx.params if getattr(ctx.get_parameter_source(param), "name", "") == "COMMANDLINE"
     }
     explicit = {key: getattr(config, key) for key in given if key != "task" and hasattr(config, key)}
-    configs = apply_preset(name, config, explicit, task=config.task if "task" in given else None)
-    for one in configs:
-        check_experiment(one, out / one.task)
-    return [(one, out / one.task) for one in configs]
+    return apply_preset(name, config, explicit, task=config.task if "task" in given else None)
 
 
 def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, options: dict[str, Any]) -> None:
@@ -508,7 +515,8 @@ def submit_command(
         passed += ["--device", device]
     try:
         scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
-        configs = config if preset is None else [one for one, _ in _preset_plan(ctx, preset, config, out)]
+        # submit checks each task's folder itself (check_experiment), so only the configs here
+        configs = config if preset is None else _preset_configs(ctx, preset, config)
         done = submit(
             configs,
             out,
