@@ -397,3 +397,116 @@ def test_hf_cache_with_a_nan_is_checked_in_full_until_it_is_gone(monkeypatch):
         served.clear()
         out = model(ids[:, 6:7], past_key_values=cache, use_cache=True).logits
         assert not torch.isfinite(out).any() and served == ["eager", "eager"]
+
+
+# ---------------------------------------------------------------------------- swapped models under HF's crop
+#: Swapped encodings that read the keys' positions, one of each kind: rotary, bias (ALiBi, T5's
+#: buckets) and content (Shaw's relative keys).
+CROP_SPECS = ["rope:base=10000.0", "alibi", "t5:num_buckets=8,max_distance=16", "shaw"]
+#: float64 run through calls of other shapes (another summation order): rounding is ~1e-15 relative;
+#: one key at a wrong position moved these logits by 1e-3 to 1e-1 (the positions kept before a crop).
+CROP_EXACT = {"rtol": 1e-10, "atol": 1e-10}
+#: ``generate``'s logits are float32 copies of the float64 ones: equal float64 logits round to
+#: float32 values one ulp apart at most.
+FLOAT32_ROUNDING = {"rtol": 1e-6, "atol": 1e-7}
+
+
+def _swapped(name: str, spec: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = MODELS[name]().to(torch.float64).eval()
+    return posenc_hf.swap_encoding(model, spec)
+
+
+@pytest.mark.parametrize("spec", CROP_SPECS)
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_a_swapped_model_s_cropped_cache_continues_as_the_full_pass(name, spec):
+    """HF's assisted and speculative generation crop the cache after a rejected draft. After a crop,
+    the keys a swapped layer is handed are the cache's own, at their own positions (read off the
+    cache's length): multi-token continuations equal the full pass, in full layers and in a sliding
+    window (mistral's 6 < the 9 tokens prefilled), for a left-padded batch."""
+    model = _swapped(name, spec)
+    ids, mask = _inputs()
+    cache = transformers.DynamicCache(config=model.config)
+    cache.activate_past_recording()  # what HF's generate does before it crops (a sliding layer needs it)
+    got = {}
+    with torch.no_grad():
+        full = model(ids, attention_mask=mask).logits
+        model(ids[:, :9], attention_mask=mask[:, :9], past_key_values=cache, use_cache=True)
+        # (tokens to crop, then the next tokens to run): a rejected draft of 3 and a continuation of
+        # 6, one of 2 and a continuation of 3, none (HF's crop(0) between steps) and the rest
+        for crop, stop in ((-3, 12), (-2, 13), (0, LEN)):
+            cache.crop(crop)
+            start = cache.get_seq_length()
+            out = model(
+                ids[:, start:stop], attention_mask=mask[:, :stop], past_key_values=cache, use_cache=True
+            )
+            got[start, stop] = out.logits
+    assert list(got) == [(6, 12), (10, 13), (13, LEN)]
+    for (start, stop), logits in got.items():
+        torch.testing.assert_close(logits, full[:, start:stop], **CROP_EXACT)
+
+
+def _prompt_with_repeats():
+    """A prompt whose n-grams repeat, so prompt lookup proposes drafts (which the model rejects)."""
+    return torch.tensor([[3, 14, 15, 9, 26, 5, 35] * 3])
+
+
+@pytest.mark.parametrize("assistant", ["draft_model", "prompt_lookup"])
+@pytest.mark.parametrize("spec", CROP_SPECS[:3])
+@pytest.mark.parametrize("name", ["llama", "mistral"])
+def test_assisted_generation_of_a_swapped_model_equals_its_greedy_generation(
+    name, spec, assistant, monkeypatch
+):
+    """``generate(assistant_model=...)`` and prompt lookup verify a draft in one call and crop what
+    was rejected: the tokens and every step's logits equal the same swapped model's plain greedy
+    generation and its full pass (a swapped draft model crops its own cache too)."""
+    from transformers.cache_utils import Cache
+
+    crops: list[int] = []
+    real_crop = Cache.crop
+    monkeypatch.setattr(Cache, "crop", lambda cache, n: crops.append(int(n)) or real_crop(cache, n))
+    model = _swapped(name, spec)
+    if assistant == "draft_model":
+        ids, extra = _inputs()[0][:1], {"assistant_model": _swapped(name, spec, seed=1)}
+    else:
+        ids, extra = _prompt_with_repeats(), {"prompt_lookup_num_tokens": 3}
+    options = {
+        "max_new_tokens": 10,
+        "do_sample": False,
+        "output_logits": True,
+        "return_dict_in_generate": True,
+    }
+    with torch.no_grad():
+        assisted = model.generate(ids, **extra, **options)
+        assert any(n < 0 for n in crops)  # a draft was rejected and cropped
+        greedy = model.generate(ids, **options)
+        full = model(assisted.sequences).logits[:, ids.shape[1] - 1 : -1]
+    assert torch.equal(assisted.sequences, greedy.sequences)
+    steps = torch.stack(assisted.logits, 1)  # [1, 10, V]
+    torch.testing.assert_close(steps, torch.stack(greedy.logits, 1), **FLOAT32_ROUNDING)
+    torch.testing.assert_close(steps, full.to(steps.dtype), **FLOAT32_ROUNDING)
+
+
+def test_a_swapped_model_refuses_a_cache_whose_keys_it_cannot_place():
+    """Nothing silent: a static cache hands over empty slots, a cache written by the unswapped model
+    holds keys at positions nobody kept, an object without ``get_seq_length`` tells no length."""
+    from posenc.hf._positions import swapped_positions
+
+    model = _swapped("llama", "alibi")
+    ids = _inputs()[0][:1]
+    with pytest.raises(ValueError, match=r"StaticCache \(layer 0: StaticLayer\), counts only 19 tokens"):
+        model.generate(ids, max_new_tokens=4, do_sample=False, cache_implementation="static")
+    plain = _model("llama")
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        plain(ids[:, :5], past_key_values=cache, use_cache=True)
+        with pytest.raises(ValueError, match="layer 0 kept the positions of none"):
+            model(ids[:, 5:], past_key_values=cache, use_cache=True)
+
+    class NoLength:
+        pass
+
+    attention = model.model.layers[0].self_attn
+    attention.__dict__["_posenc_call_cache"] = NoLength()
+    with pytest.raises(ValueError, match=r"NoLength, does not tell its length \(get_seq_length\(0\)"):
+        swapped_positions(attention, torch.arange(3)[None], 3, 3, torch.device("cpu"))
