@@ -26,7 +26,9 @@ cache (continuous batching).
 spec for every layer or one per layer: the model's own rotation becomes the identity, and each
 layer's attention applies its posenc encoding inside :func:`attention_forward` (rotations of q and
 k, biases, relative terms) at the positions HF gives (``position_ids``). Keys then sit in HF's cache
-unrotated; the layer remembers their positions. :func:`set_rope_scaling` changes the RoPE scaling
+unrotated; the layer keeps their positions beside the cache and places the keys of each call by the
+cache's length, so a cropped cache (assisted generation's rejected drafts) and a sliding window
+continue at the right positions; a static cache is refused. :func:`set_rope_scaling` changes the RoPE scaling
 of a loaded model in place, as if it had been loaded with those ``rope_parameters``.
 
 :func:`use_posenc_attention` serves bias models whose bias HF computes outside the attention
