@@ -44,6 +44,7 @@ COMMAND_MODULES = [
     "posenc.experiments_cli",
     "posenc.viz.cli",
     "posenc.bench_cli",
+    "posenc.pretrained_cli",
 ]
 
 
