@@ -170,3 +170,34 @@ def test_a_layer_whose_dtype_changed_is_refused_not_cast():
         pytest.raises(ValueError, match=r"holds torch.float32 keys but the layer now makes torch.float64"),
     ):
         step(torch.randn(1, 1, EMBED, dtype=torch.float64), step.next_position())
+
+
+# A prompt at explicit positions: one row shifted, one spaced out (row 0: 100..104, row 1: 0, 3, ..., 12)
+PROMPT_POSITIONS = torch.stack([torch.arange(100, 105), torch.arange(0, 15, 3)])
+
+
+def _continued(positions: torch.Tensor, new: int) -> torch.Tensor:
+    """``positions [B, T]`` then ``new`` more per row, each one after the row's last."""
+    after = positions[:, -1:] + torch.arange(1, new + 1)
+    return torch.cat([positions, after], dim=1)
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "sinusoidal", "alibi", "t5"])
+def test_a_prompt_at_explicit_positions_is_continued_from_them(name):
+    """Steps after ``layer(prompt, positions=..., cache=c)`` equal the full pass at the true
+    positions (the prompt's, continued), not at their slots; so does the layer after sync()."""
+    torch.manual_seed(5)
+    layer = _layer(name)
+    prompt, xs = torch.randn(2, 5, EMBED), torch.randn(2, 4, EMBED)
+    positions = _continued(PROMPT_POSITIONS, 4)
+    with torch.no_grad():
+        full = layer(torch.cat([prompt, xs], dim=1), positions=positions)
+        cache = posenc.KVCache(max_length=12)
+        layer(prompt, positions=PROMPT_POSITIONS, cache=cache)
+        step = StaticDecodeStep(layer, cache)
+        for t in range(3):
+            got = step(xs[:, t : t + 1], step.next_position())
+            torch.testing.assert_close(got, full[:, 5 + t : 6 + t], rtol=1e-5, atol=1e-5)
+        step.sync()  # the cache holds the steps' true positions: the layer's bias reads them
+        got = layer(xs[:, 3:], positions=positions[:, 8:], cache=cache)
+    torch.testing.assert_close(got, full[:, 8:], rtol=1e-5, atol=1e-5)

@@ -10,6 +10,8 @@ HF's ``StaticCache`` does for ``torch.compile``:
   prompt goes through the layer as usual, then the step takes over the same cache);
 * each step writes its key and value at ``position`` with ``index_copy_`` and attends over all ``N``
   slots, the unwritten ones hidden by a mask built from ``position`` (a tensor, not a Python int);
+* the token is encoded at the position after the cached token before it (the prompt's positions,
+  whatever they were, continued), the slot only decides where it is written and what it sees;
 * nothing reads a tensor's value in Python, so ``torch.compile(step, fullgraph=True)`` traces one graph
   and reuses it for every position.
 
@@ -52,9 +54,10 @@ class StaticDecodeStep(nn.Module):
         cache: a ``KVCache(max_length=N)`` that ``layer`` has written (the prompt), without padding or
             document ids.
 
-    Call: ``step(x [B, 1, E], position)`` with ``position`` a 0-d int64 tensor (the token's position,
-    :meth:`next_position`) returns ``[B, 1, E]``: the layer's output for that token, its key and value
-    written into the cache's buffers.
+    Call: ``step(x [B, 1, E], position)`` with ``position`` a 0-d int64 tensor, the token's slot in the
+    buffers (:meth:`next_position`), returns ``[B, 1, E]``: the layer's output for that token, its key
+    and value written into the slot. The token is encoded at the position after the cached token
+    before it: a prompt run at ``positions=arange(100, 105)`` is continued at 105, 106, ...
     """
 
     def __init__(self, layer: nn.Module, cache: KVCache) -> None:
@@ -74,10 +77,13 @@ class StaticDecodeStep(nn.Module):
         axes = entry.axes
         self.k_buffer, self.v_buffer, self.pos_buffer = (axes[n].buffer for n in ("k", "v", "k_pos"))
         self.max_length = self.k_buffer.shape[2]
-        self._written = axes["k"].length  # tokens in the buffers; the steps advance it
+        # the step at slot s encodes position s + offset (per row), the position after the last
+        # cached token's: the prompt may sit at any positions
+        self._offset = self.pos_buffer.new_zeros(self.pos_buffer.shape[0], 1)
+        self._continue_from(axes["k"].length)
 
     def next_position(self) -> Tensor:
-        """The position of the next token, as the 0-d int64 tensor the step takes."""
+        """The slot of the next token, as the 0-d int64 tensor the step takes."""
         if self._written >= self.max_length:
             raise ValueError(
                 f"StaticDecodeStep: the cache's max_length={self.max_length} tokens are written; "
@@ -89,12 +95,12 @@ class StaticDecodeStep(nn.Module):
 
     def rewind(self, length: int) -> None:
         """Forget the tokens after the first ``length`` (a rejected speculative draft, a benchmark's
-        next repeat): the next step writes at position ``length``."""
+        next repeat): the next step writes at slot ``length``."""
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._written:
             raise ValueError(
                 f"StaticDecodeStep.rewind: length must be an int in [0, {self._written}], got {length!r}"
             )
-        self._written = length
+        self._continue_from(length)
 
     def sync(self) -> None:
         """Record in the cache the tokens the steps wrote, so the layer (eager) continues after them."""
@@ -104,10 +110,16 @@ class StaticDecodeStep(nn.Module):
         self.entry.refresh_views()
         self.entry.finite.finite = False  # the steps checked nothing: the next eager call checks all
 
+    def _continue_from(self, length: int) -> None:
+        """Write the next token at slot ``length``, at the position after the token in slot ``length - 1``."""
+        self._written = length
+        before = self.pos_buffer[:, length - 1 : length] + 1 - length if length else self.pos_buffer[:, :1]
+        self._offset.copy_(before)  # in place: a compiled graph reads this tensor
+
     def forward(self, x: Tensor, position: Tensor) -> Tensor:
         layer = self.layer
         batch = x.shape[0]
-        pos = position.reshape(1, 1)
+        pos = position.reshape(1, 1) + self._offset  # [B, 1]: the token's position, not its slot
         encoding = layer.encoding
         if encoding.kind is Kind.ABSOLUTE:
             x = encoding.embed(x, pos.expand(batch, 1))
@@ -125,16 +137,17 @@ class StaticDecodeStep(nn.Module):
         self.k_buffer.index_copy_(2, index, k)
         self.v_buffer.index_copy_(2, index, v)
         self.pos_buffer.index_copy_(1, index, pos.expand(batch, 1))
-        out = self._attend(q, pos)
+        out = self._attend(q, position, pos)
         return layer.out_proj(out.transpose(1, 2).reshape(batch, 1, layer.embed_dim))
 
-    def _attend(self, q: Tensor, pos: Tensor) -> Tensor:
-        """Softmax attention of ``q [B, H, 1, D]`` over every slot, those after ``pos`` hidden."""
+    def _attend(self, q: Tensor, position: Tensor, pos: Tensor) -> Tensor:
+        """Softmax attention of ``q [B, H, 1, D]`` (at positions ``pos [B, 1]``) over every slot, those
+        after ``position`` hidden."""
         layer = self.layer
         slots = torch.arange(self.max_length, device=q.device)
         wide = torch.promote_types(q.dtype, torch.float32)
         hidden = torch.zeros(self.max_length, dtype=wide, device=q.device)
-        hidden = hidden.masked_fill(slots > pos.reshape(()), float("-inf"))
+        hidden = hidden.masked_fill(slots > position.reshape(()), float("-inf"))
         groups = layer.num_heads // layer.num_kv_heads
         batch = q.shape[0]
         # [B, Hkv, G, 1, D] against [B, Hkv, 1, N, D]: grouped-query heads without copying keys
@@ -142,8 +155,9 @@ class StaticDecodeStep(nn.Module):
         logits = torch.matmul(qg, self.k_buffer.to(wide).unsqueeze(2).transpose(-1, -2)) * layer.scale
         logits = logits + hidden
         if layer.encoding.kind is Kind.BIAS:
-            bias = layer.encoding.bias_for_positions(pos, slots[None])  # [1, H, 1, N]
-            logits = logits + bias.to(wide).reshape(1, layer.num_kv_heads, groups, 1, self.max_length)
+            # the keys' positions as written: the prompt's may be any, not their slots
+            bias = layer.encoding.bias_for_positions(pos, self.pos_buffer)  # [B, H, 1, N]
+            logits = logits + bias.to(wide).reshape(batch, layer.num_kv_heads, groups, 1, self.max_length)
         probs = torch.softmax(logits, dim=-1)
         out = torch.matmul(probs, self.v_buffer.to(wide).unsqueeze(2))
         return out.reshape(batch, layer.num_heads, 1, -1).to(q.dtype)
