@@ -170,3 +170,131 @@ def test_a_layer_whose_dtype_changed_is_refused_not_cast():
         pytest.raises(ValueError, match=r"holds torch.float32 keys but the layer now makes torch.float64"),
     ):
         step(torch.randn(1, 1, EMBED, dtype=torch.float64), step.next_position())
+
+
+# A prompt at explicit positions: one row shifted, one spaced out (row 0: 100..104, row 1: 0, 3, ..., 12)
+PROMPT_POSITIONS = torch.stack([torch.arange(100, 105), torch.arange(0, 15, 3)])
+
+
+def _continued(positions: torch.Tensor, new: int) -> torch.Tensor:
+    """``positions [B, T]`` then ``new`` more per row, each one after the row's last."""
+    after = positions[:, -1:] + torch.arange(1, new + 1)
+    return torch.cat([positions, after], dim=1)
+
+
+@pytest.mark.parametrize("name", ["rope", "xpos", "sinusoidal", "alibi", "t5"])
+def test_a_prompt_at_explicit_positions_is_continued_from_them(name):
+    """Steps after ``layer(prompt, positions=..., cache=c)`` equal the full pass at the true
+    positions (the prompt's, continued), not at their slots; so does the layer after sync()."""
+    torch.manual_seed(5)
+    layer = _layer(name)
+    prompt, xs = torch.randn(2, 5, EMBED), torch.randn(2, 4, EMBED)
+    positions = _continued(PROMPT_POSITIONS, 4)
+    with torch.no_grad():
+        full = layer(torch.cat([prompt, xs], dim=1), positions=positions)
+        cache = posenc.KVCache(max_length=12)
+        layer(prompt, positions=PROMPT_POSITIONS, cache=cache)
+        step = StaticDecodeStep(layer, cache)
+        for t in range(3):
+            got = step(xs[:, t : t + 1], step.next_position())
+            torch.testing.assert_close(got, full[:, 5 + t : 6 + t], rtol=1e-5, atol=1e-5)
+        step.sync()  # the cache holds the steps' true positions: the layer's bias reads them
+        got = layer(xs[:, 3:], positions=positions[:, 8:], cache=cache)
+    torch.testing.assert_close(got, full[:, 8:], rtol=1e-5, atol=1e-5)
+
+
+def test_the_compiled_step_continues_explicit_positions_in_one_graph():
+    """The positions' offset is a tensor the graph reads: after eager tokens that jump to another
+    position, the steps continue after them without recompiling."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    torch.manual_seed(6)
+    layer = _layer("rope")
+    prompt, xs = torch.randn(2, 5, EMBED), torch.randn(2, 5, EMBED)
+    positions = torch.cat([_continued(PROMPT_POSITIONS, 2), torch.tensor([[200, 201, 202]] * 2)], dim=1)
+    counter = CompileCounter()
+    with torch.no_grad():
+        full = layer(torch.cat([prompt, xs], dim=1), positions=positions)
+        cache = posenc.KVCache(max_length=12)
+        layer(prompt, positions=PROMPT_POSITIONS, cache=cache)
+        step = StaticDecodeStep(layer, cache)
+        compiled = torch.compile(step, backend=counter, fullgraph=True)
+        got = [compiled(xs[:, t : t + 1], step.next_position()) for t in range(2)]
+        step.sync()
+        got.append(layer(xs[:, 2:3], positions=positions[:, 7:8], cache=cache))  # eager, at 200
+        got += [compiled(xs[:, t : t + 1], step.next_position()) for t in range(3, 5)]  # 201, 202
+    torch.testing.assert_close(torch.cat(got, dim=1), full[:, 5:], rtol=1e-5, atol=1e-5)
+    assert counter.frame_count == 1
+
+
+def test_an_eager_call_after_unsynced_steps_is_refused_and_continues_after_sync():
+    """The layer would write its tokens over the steps'; after sync() it goes on after them, and the
+    steps after an eager call go on after its tokens."""
+    torch.manual_seed(7)
+    layer = _layer("rope")
+    prompt, xs = torch.randn(2, 5, EMBED), torch.randn(2, 6, EMBED)
+    with torch.no_grad():
+        full = layer(torch.cat([prompt, xs], dim=1))
+        cache = _prefilled(layer, prompt, 12)
+        step = StaticDecodeStep(layer, cache)
+        got = [step(xs[:, t : t + 1], step.next_position()) for t in range(2)]
+        with pytest.raises(ValueError, match=r"holds 7 tokens, the cache records 5.*call sync\(\) on that"):
+            layer(xs[:, 2:4], cache=cache)
+        with pytest.raises(ValueError, match=r"call sync\(\) on that"):  # so is another step on the cache
+            StaticDecodeStep(layer, cache)
+        step.sync()
+        got.append(layer(xs[:, 2:4], cache=cache))
+        got += [step(xs[:, t : t + 1], step.next_position()) for t in range(4, 6)]
+        step.rewind(9)  # a rewind changes what the cache holds too: refused until sync()
+        with pytest.raises(ValueError, match=r"call sync\(\) on that StaticDecodeStep"):
+            layer(xs[:, 5:], cache=cache)
+    torch.testing.assert_close(torch.cat(got, dim=1), full[:, 5:], rtol=1e-5, atol=1e-5)
+
+
+def test_a_step_on_a_replaced_entry_is_refused():
+    layer = _layer("rope")
+    cache = _prefilled(layer, torch.randn(1, 3, EMBED), 8)
+    step = StaticDecodeStep(layer, cache)
+    with torch.no_grad():
+        step(torch.randn(1, 1, EMBED), step.next_position())
+        cache.reset()  # forgets the step too: a new prompt may go in
+        layer(torch.randn(1, 4, EMBED), cache=cache)
+    with pytest.raises(ValueError, match=r"entry of layer_idx=0 was replaced.*build a new StaticDecodeStep"):
+        step.next_position()
+
+
+def test_a_training_layer_with_dropout_and_a_grad_call_are_refused():
+    layer = _layer("rope", dropout=0.5)
+    cache = _prefilled(layer, torch.randn(1, 3, EMBED), 8)
+    step = StaticDecodeStep(layer, cache)
+    x = torch.randn(1, 1, EMBED)
+    layer.train()
+    with torch.no_grad(), pytest.raises(ValueError, match=r"training mode with dropout=0.5.*layer.eval\(\)"):
+        step(x, step.next_position())
+    layer.eval()
+    with pytest.raises(ValueError, match=r"writes in place.*torch.no_grad\(\)"):
+        step(x, step.next_position())
+    with torch.no_grad():
+        assert step(x, step.next_position()).shape == (1, 1, EMBED)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "position", "message"),
+    [
+        ((3, 1, EMBED), None, r"x must be \[B=2, 1, E=32\], got \(3, 1, 32\): the cache holds a batch of 2"),
+        ((2, 2, EMBED), None, r"x must be \[B=2, 1, E=32\], got \(2, 2, 32\): one token per step"),
+        ((2, 1, EMBED), torch.tensor(8), r"position=8 is outside the cache's max_length=8 slots"),
+        ((2, 1, EMBED), torch.tensor(-1), r"position=-1 is outside the cache's max_length=8 slots"),
+        ((2, 1, EMBED), torch.tensor(6), r"position=6 was not handed out by next_position\(\)"),
+        ((2, 1, EMBED), torch.tensor([4]), r"position must be a 0-d int64 tensor .* got shape \(1,\)"),
+        ((2, 1, EMBED), 4, r"position must be a 0-d int64 tensor .* got int"),
+    ],
+)
+def test_a_call_of_the_wrong_shape_is_refused_by_name(x_shape, position, message):
+    layer = _layer("rope")
+    cache = _prefilled(layer, torch.randn(2, 3, EMBED), 8)
+    step = StaticDecodeStep(layer, cache)
+    handed = step.next_position()
+    with torch.no_grad(), pytest.raises(ValueError, match="StaticDecodeStep: " + message):
+        step(torch.randn(*x_shape), handed if position is None else position)

@@ -129,6 +129,22 @@ def test_use_backend_set_priority_and_register_backend_change_the_choice():
         assert select_backend(make()).name == "sdpa"
 
 
+@pytest.mark.parametrize("edit", ["tuple", "list"])
+def test_a_direct_edit_of_priority_changes_the_remembered_choice(monkeypatch, edit):
+    """``PRIORITY`` edited in place (no set_priority, so no bump) after a choice was remembered: the
+    memo answers as a fresh full selection does, and again once the edit is undone."""
+    make = Maker(DECODE, nan=False, grad=False)
+    before = PRIORITY["cpu"]
+    eager_first = ("eager", *(n for n in before if n != "eager"))
+    with torch.no_grad():
+        assert remembered_choice(make) == fresh_choice(make) == "sdpa"
+        monkeypatch.setitem(PRIORITY, "cpu", eager_first if edit == "tuple" else list(eager_first))
+        assert fresh_choice(make) == "eager"
+        assert remembered_choice(make) == "eager"
+        monkeypatch.setitem(PRIORITY, "cpu", before)
+        assert remembered_choice(make) == fresh_choice(make) == "sdpa"
+
+
 def test_a_repeated_signature_asks_no_backend_again(monkeypatch):
     calls = []
     from posenc.backends import available_backends

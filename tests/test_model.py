@@ -48,6 +48,24 @@ def test_cached_generation_equals_full_recomputation(name):
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("use_cache", [True, False])
+@pytest.mark.parametrize(
+    ("prompt", "hint"),
+    [
+        (torch.zeros(2, 0, dtype=torch.long), r"shape \(2, 0\); give every row at least one token"),
+        (torch.tensor([3, 1, 4]), r"shape \(3,\); for one sequence pass prompt\[None\]"),
+        (torch.ones(1, 2), r"shape \(1, 2\) torch.float32; pass integer token ids"),
+    ],
+)
+def test_generate_names_a_prompt_without_a_last_token(prompt, hint, use_cache):
+    """An empty or 1-D prompt has no last token per row to continue: a named error, not an IndexError."""
+    model = _lm("rope")
+    with pytest.raises(
+        ValueError, match=r"generate: prompt must be integer token ids \[B, T >= 1\], got " + hint
+    ):
+        model.generate(prompt, 3, use_cache=use_cache)
+
+
 def test_causal_lm_ignores_future_tokens_and_encoder_does_not():
     tokens = torch.randint(0, 23, (1, 8))
     changed = tokens.clone()

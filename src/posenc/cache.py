@@ -24,6 +24,7 @@ cache's retention is ``recent_tokens``.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -315,6 +316,7 @@ class KVCache:
             )
         self.recent_tokens, self.sink_tokens, self.max_length = recent_tokens, sink_tokens, max_length
         self._entries: dict[tuple[int, bool], KVCacheEntry] = {}
+        self._steps: dict[int, weakref.ref] = {}  # layer_idx -> the StaticDecodeStep writing its buffers
 
     @property
     def streaming(self) -> bool:
@@ -343,6 +345,21 @@ class KVCache:
 
     def reset(self) -> None:
         self._entries.clear()
+        self._steps.clear()
+
+    def attach_step(self, layer_idx: int, step: Any) -> None:
+        """Note that ``step`` (a :class:`~posenc.decode.StaticDecodeStep`) writes the buffers of layer
+        ``layer_idx``: the layer refuses eager calls while ``step.unsynced()`` says why."""
+        self._steps[layer_idx] = weakref.ref(step)
+
+    def _check_steps_synced(self, layer_idx: int) -> None:
+        ref = self._steps.get(layer_idx)
+        reason = None if ref is None or ref() is None else ref().unsynced()
+        if reason:
+            raise ValueError(
+                f"cache: the self-attention entry of layer_idx={layer_idx}: {reason}; call sync() on that "
+                "StaticDecodeStep before the layer's next eager call"
+            )
 
     def __repr__(self) -> str:
         layers = sorted({idx for idx, _ in self._entries})
@@ -361,6 +378,8 @@ class KVCache:
     ) -> KVCacheEntry | None:
         """``layer``'s entry, after checking that ``layer`` wrote it, in its current form, for this
         batch on ``device`` (and, in cross-attention, from the same ``context`` tensor); None if empty."""
+        if not cross:
+            self._check_steps_synced(layer.layer_idx)
         entry = self.get(layer.layer_idx, cross=cross)
         if entry is None:
             return None

@@ -10,14 +10,17 @@ HF's ``StaticCache`` does for ``torch.compile``:
   prompt goes through the layer as usual, then the step takes over the same cache);
 * each step writes its key and value at ``position`` with ``index_copy_`` and attends over all ``N``
   slots, the unwritten ones hidden by a mask built from ``position`` (a tensor, not a Python int);
-* nothing reads a tensor's value in Python, so ``torch.compile(step, fullgraph=True)`` traces one graph
-  and reuses it for every position.
+* the token is encoded at the position after the cached token before it (the prompt's positions,
+  whatever they were, continued), the slot only decides where it is written and what it sees;
+* a compiled step reads no tensor's value in Python (an eager one checks ``position``'s), so
+  ``torch.compile(step, fullgraph=True)`` traces one graph and reuses it for every position.
 
 Attention is written out (``q k^T``, softmax, ``p v``) in float32 or wider, so nan and inf propagate as
 in the eager reference backend; a fused kernel may turn them into finite numbers. The step serves
 rotary, absolute and position-only bias encodings (and none) in causal layers without windows, chunks,
 sinks, a query temperature or padding; any other layer is refused with the reason. After the steps,
-:meth:`StaticDecodeStep.sync` tells the cache how many tokens it holds, so the layer can go on eagerly.
+:meth:`StaticDecodeStep.sync` tells the cache how many tokens it holds, so the layer can go on eagerly
+(before it, the layer refuses to: its call would overwrite the steps' tokens).
 
 Example (``docs/decoding.md`` has the measured speed)::
 
@@ -37,8 +40,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .base import Kind
-from .cache import KVCache
+from .base import Kind, checks_values
+from .cache import KVCache, check_in_place_write
 
 __all__ = ["StaticDecodeStep"]
 
@@ -52,9 +55,15 @@ class StaticDecodeStep(nn.Module):
         cache: a ``KVCache(max_length=N)`` that ``layer`` has written (the prompt), without padding or
             document ids.
 
-    Call: ``step(x [B, 1, E], position)`` with ``position`` a 0-d int64 tensor (the token's position,
-    :meth:`next_position`) returns ``[B, 1, E]``: the layer's output for that token, its key and value
-    written into the cache's buffers.
+    Call: ``step(x [B, 1, E], position)`` with ``position`` a 0-d int64 tensor, the token's slot in the
+    buffers (:meth:`next_position`), returns ``[B, 1, E]``: the layer's output for that token, its key
+    and value written into the slot. The token is encoded at the position after the cached token
+    before it: a prompt run at ``positions=arange(100, 105)`` is continued at 105, 106, ...
+
+    The step keeps the count of written tokens; :meth:`sync` hands it to the cache. Until then the
+    layer refuses eager calls on the cache (they would overwrite the steps' tokens); after eager calls
+    the next step continues after their tokens. Shapes, the layer's mode and grad mode are checked on
+    every call (a compiled graph guards on them); ``position``'s value only in eager calls.
     """
 
     def __init__(self, layer: nn.Module, cache: KVCache) -> None:
@@ -62,22 +71,23 @@ class StaticDecodeStep(nn.Module):
         problems = _unsupported(layer, cache)
         if problems:
             raise ValueError("StaticDecodeStep cannot serve this layer: " + "; ".join(problems))
-        entry = cache.get(layer.layer_idx)
-        entry.check_reader(
-            layer,
-            what=f"the self-attention entry of layer_idx={layer.layer_idx}",
-            batch=entry.k.shape[0],
-            device=layer.q_proj.weight.device,
-            fresh="KVCache",
-        )
-        self.layer, self.cache, self.entry = layer, cache, entry
-        axes = entry.axes
-        self.k_buffer, self.v_buffer, self.pos_buffer = (axes[n].buffer for n in ("k", "v", "k_pos"))
+        batch = cache.get(layer.layer_idx).k.shape[0]
+        # read as the layer would: its writer, form, batch and device, and no other step's unsynced tokens
+        entry = cache.read(layer, cross=False, batch=batch, device=layer.q_proj.weight.device)
+        self.layer, self.cache, self.axes = layer, cache, entry.axes
+        self.k_buffer, self.v_buffer, self.pos_buffer = (self.axes[n].buffer for n in ("k", "v", "k_pos"))
         self.max_length = self.k_buffer.shape[2]
-        self._written = axes["k"].length  # tokens in the buffers; the steps advance it
+        # the step at slot s encodes position s + offset (per row), the position after the last
+        # cached token's: the prompt may sit at any positions
+        self._offset = self.pos_buffer.new_zeros(self.pos_buffer.shape[0], 1)
+        self._dirty = False  # steps taken (or a rewind) since the last sync(): the cache's count is stale
+        self._continue_from(self.axes["k"].length)
+        cache.attach_step(layer.layer_idx, self)
 
     def next_position(self) -> Tensor:
-        """The position of the next token, as the 0-d int64 tensor the step takes."""
+        """The slot of the next token, as the 0-d int64 tensor the step takes (after the cache's
+        tokens, including any the layer added eagerly since the last :meth:`sync`)."""
+        self._follow_cache()
         if self._written >= self.max_length:
             raise ValueError(
                 f"StaticDecodeStep: the cache's max_length={self.max_length} tokens are written; "
@@ -85,29 +95,68 @@ class StaticDecodeStep(nn.Module):
             )
         position = torch.tensor(self._written, device=self.k_buffer.device)
         self._written += 1
+        self._dirty = True
         return position
 
     def rewind(self, length: int) -> None:
         """Forget the tokens after the first ``length`` (a rejected speculative draft, a benchmark's
-        next repeat): the next step writes at position ``length``."""
+        next repeat): the next step writes at slot ``length``."""
+        self._follow_cache()
         if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= self._written:
             raise ValueError(
                 f"StaticDecodeStep.rewind: length must be an int in [0, {self._written}], got {length!r}"
             )
-        self._written = length
+        self._continue_from(length)
+        self._dirty = True
 
     def sync(self) -> None:
         """Record in the cache the tokens the steps wrote, so the layer (eager) continues after them."""
-        written = self._written
-        for axis in self.entry.axes.values():
-            axis.length = written
-        self.entry.refresh_views()
-        self.entry.finite.finite = False  # the steps checked nothing: the next eager call checks all
+        entry = self._follow_cache()
+        if not self._dirty:
+            return  # nothing written since the last sync (the layer may have added tokens since)
+        for axis in self.axes.values():
+            axis.length = self._written
+        entry.refresh_views()
+        entry.finite.finite = False  # the steps checked nothing: the next eager call checks all
+        self._dirty = False
+
+    def unsynced(self) -> str | None:
+        """Why the layer must not call the cache eagerly now (steps :meth:`sync` has not recorded), or None."""
+        if not self._dirty:
+            return None
+        return (
+            f"a StaticDecodeStep wrote tokens into its buffers since its last sync() (the step holds "
+            f"{self._written} tokens, the cache records {self.axes['k'].length}); an eager call would "
+            "overwrite them"
+        )
+
+    def _continue_from(self, length: int) -> None:
+        """Write the next token at slot ``length``, at the position after the token in slot ``length - 1``."""
+        self._written = length
+        before = self.pos_buffer[:, length - 1 : length] + 1 - length if length else self.pos_buffer[:, :1]
+        self._offset.copy_(before)  # in place: a compiled graph reads this tensor
+
+    def _follow_cache(self):
+        """The cache's current entry of the layer; with no steps since the last sync, the step
+        continues after the tokens the layer added eagerly meanwhile."""
+        entry = self.cache.get(self.layer.layer_idx)
+        if entry is None or entry.axes is not self.axes:
+            raise ValueError(
+                f"StaticDecodeStep: the cache's entry of layer_idx={self.layer.layer_idx} was replaced since "
+                "this step was built (cache.reset() or another prompt); build a new StaticDecodeStep"
+            )
+        if not self._dirty and self.axes["k"].length != self._written:
+            self._continue_from(self.axes["k"].length)
+        return entry
 
     def forward(self, x: Tensor, position: Tensor) -> Tensor:
+        self._check_call(x, position)
+        if checks_values():  # eager calls only: a compiled graph reads no value
+            self._check_position_value(position)
+            self._dirty = True
         layer = self.layer
         batch = x.shape[0]
-        pos = position.reshape(1, 1)
+        pos = position.reshape(1, 1) + self._offset  # [B, 1]: the token's position, not its slot
         encoding = layer.encoding
         if encoding.kind is Kind.ABSOLUTE:
             x = encoding.embed(x, pos.expand(batch, 1))
@@ -121,20 +170,60 @@ class StaticDecodeStep(nn.Module):
                 f"StaticDecodeStep: the cache holds {self.k_buffer.dtype} keys but the layer now makes "
                 f"{k.dtype}; keep the layer's dtype, or prefill a fresh KVCache(max_length=...)"
             )
+        check_in_place_write("StaticDecodeStep", "the layer with KVCache()", "keys", None, k, v)
         index = position.reshape(1)
         self.k_buffer.index_copy_(2, index, k)
         self.v_buffer.index_copy_(2, index, v)
         self.pos_buffer.index_copy_(1, index, pos.expand(batch, 1))
-        out = self._attend(q, pos)
+        out = self._attend(q, position, pos)
         return layer.out_proj(out.transpose(1, 2).reshape(batch, 1, layer.embed_dim))
 
-    def _attend(self, q: Tensor, pos: Tensor) -> Tensor:
-        """Softmax attention of ``q [B, H, 1, D]`` over every slot, those after ``pos`` hidden."""
+    def _check_call(self, x: Tensor, position: Tensor) -> None:
+        """Refuse what the step would get wrong, from flags and shapes only (dynamo guards on them:
+        the compiled graph stays whole)."""
+        layer = self.layer
+        if layer.training and layer.dropout > 0:
+            raise ValueError(
+                f"StaticDecodeStep: the layer is in training mode with dropout={layer.dropout}, which the "
+                "step does not apply; call layer.eval() to decode, or train with the layer itself"
+            )
+        want = (self.k_buffer.shape[0], 1, layer.embed_dim)
+        if not isinstance(x, Tensor) or tuple(x.shape) != want:
+            raise ValueError(
+                f"StaticDecodeStep: x must be [B={want[0]}, 1, E={want[2]}], {_x_problem(x, want)}"
+            )
+        if not isinstance(position, Tensor) or position.dim() != 0 or position.dtype != torch.int64:
+            got = (
+                f"shape {tuple(position.shape)} {position.dtype}"
+                if isinstance(position, Tensor)
+                else type(position).__name__
+            )
+            raise ValueError(
+                f"StaticDecodeStep: position must be a 0-d int64 tensor (step.next_position()), got {got}"
+            )
+
+    def _check_position_value(self, position: Tensor) -> None:
+        """An eager call's slot lies in what :meth:`next_position` handed out (below ``max_length``)."""
+        slot = int(position)
+        if not 0 <= slot < self.max_length:
+            raise ValueError(
+                f"StaticDecodeStep: position={slot} is outside the cache's max_length={self.max_length} "
+                "slots; take positions from step.next_position(), or build the cache with a larger max_length"
+            )
+        if slot >= self._written:
+            raise ValueError(
+                f"StaticDecodeStep: position={slot} was not handed out by next_position() (the step holds "
+                f"{self._written} tokens, and sync() records only those); take it from step.next_position()"
+            )
+
+    def _attend(self, q: Tensor, position: Tensor, pos: Tensor) -> Tensor:
+        """Softmax attention of ``q [B, H, 1, D]`` (at positions ``pos [B, 1]``) over every slot, those
+        after ``position`` hidden."""
         layer = self.layer
         slots = torch.arange(self.max_length, device=q.device)
         wide = torch.promote_types(q.dtype, torch.float32)
         hidden = torch.zeros(self.max_length, dtype=wide, device=q.device)
-        hidden = hidden.masked_fill(slots > pos.reshape(()), float("-inf"))
+        hidden = hidden.masked_fill(slots > position.reshape(()), float("-inf"))
         groups = layer.num_heads // layer.num_kv_heads
         batch = q.shape[0]
         # [B, Hkv, G, 1, D] against [B, Hkv, 1, N, D]: grouped-query heads without copying keys
@@ -142,11 +231,24 @@ class StaticDecodeStep(nn.Module):
         logits = torch.matmul(qg, self.k_buffer.to(wide).unsqueeze(2).transpose(-1, -2)) * layer.scale
         logits = logits + hidden
         if layer.encoding.kind is Kind.BIAS:
-            bias = layer.encoding.bias_for_positions(pos, slots[None])  # [1, H, 1, N]
-            logits = logits + bias.to(wide).reshape(1, layer.num_kv_heads, groups, 1, self.max_length)
+            # the keys' positions as written: the prompt's may be any, not their slots
+            bias = layer.encoding.bias_for_positions(pos, self.pos_buffer)  # [B, H, 1, N]
+            logits = logits + bias.to(wide).reshape(batch, layer.num_kv_heads, groups, 1, self.max_length)
         probs = torch.softmax(logits, dim=-1)
         out = torch.matmul(probs, self.v_buffer.to(wide).unsqueeze(2))
         return out.reshape(batch, layer.num_heads, 1, -1).to(q.dtype)
+
+
+def _x_problem(x: object, want: tuple[int, int, int]) -> str:
+    """What is wrong with a step's ``x`` (not ``want``), and what to do instead."""
+    if not isinstance(x, Tensor):
+        return f"got {type(x).__name__}"
+    got = f"got {tuple(x.shape)}"
+    if x.dim() == 3 and x.shape[0] != want[0]:
+        return f"{got}: the cache holds a batch of {want[0]}; a new batch needs a fresh KVCache and step"
+    if x.dim() == 3 and x.shape[1] != 1:
+        return f"{got}: one token per step; run several tokens through the layer itself, after sync()"
+    return got
 
 
 def _unsupported(layer: nn.Module, cache: KVCache) -> list[str]:

@@ -412,6 +412,7 @@ class TransformerLM(_Stack):
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        _check_prompt(prompt)
         if not self.causal:
             raise ValueError("generate needs a causal model (causal=True)")
         with torch.no_grad():
@@ -438,6 +439,22 @@ class TransformerLM(_Stack):
         finally:
             self.train(was_training)
         return tokens
+
+
+def _check_prompt(prompt: object) -> None:
+    """``generate`` continues the last token of every row: ``prompt`` must be ``[B, T >= 1]`` ids."""
+    ok = isinstance(prompt, Tensor) and prompt.dim() == 2 and prompt.shape[1] >= 1
+    if ok and not prompt.dtype.is_floating_point and prompt.dtype != torch.bool:
+        return  # the ids' range is checked with the tokens of the first forward
+    if not isinstance(prompt, Tensor):
+        got, hint = type(prompt).__name__, "pass torch.tensor([[ids...]])"
+    elif prompt.dim() == 1:
+        got, hint = f"shape {tuple(prompt.shape)}", "for one sequence pass prompt[None] ([1, T])"
+    elif prompt.dim() == 2 and prompt.shape[1] == 0:
+        got, hint = f"shape {tuple(prompt.shape)}", "give every row at least one token (a BOS id)"
+    else:
+        got, hint = f"shape {tuple(prompt.shape)} {prompt.dtype}", "pass integer token ids [B, T]"
+    raise ValueError(f"generate: prompt must be integer token ids [B, T >= 1], got {got}; {hint}")
 
 
 class TransformerEncoder(_Stack):

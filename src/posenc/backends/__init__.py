@@ -529,11 +529,11 @@ def register_backend(backend: Backend) -> Backend:
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
     """Backend names in the order ``auto`` tries them on ``device``."""
     _load_builtin()
-    from .dispatch import PRIORITY, priority_list
+    from .dispatch import listed_order, priority_list
 
     device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
     # Asked on every request: remembered until the order or the registered backends change.
-    key = (device_type, _memo.generation(), PRIORITY.get(device_type), len(_BACKENDS))
+    key = (device_type, _memo.generation(), listed_order(device_type), len(_BACKENDS))
     order = _ORDERS.get(key)
     if order is None:
         order = _ORDERS[key] = tuple(priority_list(device_type, _BACKENDS))

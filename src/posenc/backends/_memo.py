@@ -10,9 +10,10 @@ built-in backends read from a request, and only for the requests where that is a
   costs read their values: documents, padding, prefixes);
 * every registered backend is a built-in one (a user's backend may read anything).
 
-The key: the requested backend, the device, dtype and shapes of q, k and v, the kind, the causal
-offset, sinks (present or not), dropout > 0, need_weights, grad mode and whether anything requires
-grad. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
+The key: the requested backend, the device type's order (``dispatch.PRIORITY`` as it stands: a
+direct edit of it changes the answer as :func:`~posenc.backends.dispatch.set_priority` does), the
+device, dtype and shapes of q, k and v, the kind, the causal offset, sinks (present or not),
+dropout > 0, need_weights, grad mode and whether anything requires grad. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
 made without finding nan or inf, and the caller tests it again on every hit.
 
 :func:`bump` (``set_priority``, ``register_backend``, ``use_backend``) empties the memo.
@@ -24,6 +25,7 @@ import torch
 
 from ..base import Kind
 from ..masks import CausalMask
+from . import dispatch
 
 _MAX_ENTRIES = 512
 
@@ -69,6 +71,7 @@ def signature(request, requested: str, backends: dict) -> tuple | None:
     q, k, v = request.q, request.k, request.v
     return (
         requested,
+        dispatch.listed_order(q.device.type),
         q.device,
         q.dtype,
         q.shape,

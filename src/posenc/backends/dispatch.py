@@ -16,7 +16,8 @@ another whether it could run.
   backward), then as on CPU (the splits run the CPU kernel: they state that as a reason).
 
 A backend that is registered but named in no list is tried after the listed ones, in
-registration order; :func:`set_priority` replaces a device type's list.
+registration order; :func:`set_priority` replaces a device type's list (so does editing ``PRIORITY``
+directly: the dispatcher's memo is keyed on the order as it stands, see :func:`listed_order`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 
 from . import _memo
 
-__all__ = ["DEFAULT_PRIORITY", "PRIORITY", "priority_list", "set_priority"]
+__all__ = ["DEFAULT_PRIORITY", "PRIORITY", "listed_order", "priority_list", "set_priority"]
 
 DEFAULT_PRIORITY: tuple[str, ...] = (
     "near_far",
@@ -48,10 +49,17 @@ def _device_type(device: torch.device | str) -> str:
     return torch.device(device).type if not isinstance(device, torch.device) else device.type
 
 
+def listed_order(device_type: str) -> tuple[str, ...]:
+    """``PRIORITY``'s list for ``device_type`` as it stands now, as a tuple: memos key on it, so an edit
+    of ``PRIORITY`` (not only :func:`set_priority`) changes what they answer."""
+    listed = PRIORITY.get(device_type, DEFAULT_PRIORITY)
+    return listed if type(listed) is tuple else tuple(listed)
+
+
 def priority_list(device: torch.device | str, registered: Mapping[str, object] | Iterable[str]) -> list[str]:
     """The registered backend names in ``auto``'s order for ``device``."""
     names = list(registered)
-    listed = PRIORITY.get(_device_type(device), DEFAULT_PRIORITY)
+    listed = listed_order(_device_type(device))
     return [n for n in listed if n in names] + [n for n in names if n not in listed]
 
 
