@@ -126,6 +126,30 @@ def test_windowed_layer_cache_trims_the_states_with_the_keys():
     assert cache.get(0).token_state.shape[-1] == cache.get(0).k.shape[2] == 3
 
 
+@pytest.mark.parametrize("mode", ["causal", "bidirectional"])
+@pytest.mark.parametrize("window,max_length", [(1, 1), (3, 3), (4, 6), (5, 8)])
+@pytest.mark.parametrize("chunks", [[9, 1, 1, 2, 1], [2, 1, 10, 1, 2]], ids=["long_prompt", "long_step"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_preallocated_windowed_cache_trims_the_states_with_the_keys(mode, window, max_length, chunks, padded):
+    """KVCache(max_length=N) after a prompt or a step longer than N keeps only the window's keys,
+    and their token states with them: every step equals the full pass with the same window."""
+    layer = _layer(mode, window=window)
+    x = torch.randn(2, sum(chunks), E, dtype=torch.float64)
+    padding = torch.zeros(2, sum(chunks), dtype=torch.bool)
+    padding[1, :3] = padded  # left padding of the second sequence
+    cache, outs, start = posenc.KVCache(max_length=max_length), [], 0
+    with torch.no_grad():
+        full = layer(x, key_padding_mask=padding)
+        for size in chunks:
+            mask = padding[:, : start + size]
+            outs.append(layer(x[:, start : start + size], cache=cache, key_padding_mask=mask))
+            start += size
+    real = ~padding
+    torch.testing.assert_close(torch.cat(outs, 1)[real], full[real], rtol=1e-10, atol=1e-12)
+    entry = cache.get(0)
+    assert entry.token_state.shape[-1] == entry.token_index.shape[0] == entry.k.shape[2] == window - 1
+
+
 def test_padding_tokens_do_not_decay_so_padding_never_changes_real_tokens():
     layer = _layer()
     x = torch.randn(1, 6, E, dtype=torch.float64)
