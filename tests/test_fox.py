@@ -15,8 +15,10 @@ import pytest
 import torch
 
 import posenc
-from posenc.backends import AttentionRequest, NoBackendError
-from posenc.base import TokenStates
+from posenc.backends import AttentionRequest, NoBackendError, backend_limits, get_backend
+from posenc.backends.flex import flex_bias_attention
+from posenc.base import InputBias, TokenStates
+from posenc.encodings.fox import FoX
 
 H, D = 3, 8
 E = H * D
@@ -124,6 +126,30 @@ def test_windowed_layer_cache_trims_the_states_with_the_keys():
     assert cache.get(0).token_state.shape[-1] == cache.get(0).k.shape[2] == 3
 
 
+@pytest.mark.parametrize("mode", ["causal", "bidirectional"])
+@pytest.mark.parametrize("window,max_length", [(1, 1), (3, 3), (4, 6), (5, 8)])
+@pytest.mark.parametrize("chunks", [[9, 1, 1, 2, 1], [2, 1, 10, 1, 2]], ids=["long_prompt", "long_step"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_preallocated_windowed_cache_trims_the_states_with_the_keys(mode, window, max_length, chunks, padded):
+    """KVCache(max_length=N) after a prompt or a step longer than N keeps only the window's keys,
+    and their token states with them: every step equals the full pass with the same window."""
+    layer = _layer(mode, window=window)
+    x = torch.randn(2, sum(chunks), E, dtype=torch.float64)
+    padding = torch.zeros(2, sum(chunks), dtype=torch.bool)
+    padding[1, :3] = padded  # left padding of the second sequence
+    cache, outs, start = posenc.KVCache(max_length=max_length), [], 0
+    with torch.no_grad():
+        full = layer(x, key_padding_mask=padding)
+        for size in chunks:
+            mask = padding[:, : start + size]
+            outs.append(layer(x[:, start : start + size], cache=cache, key_padding_mask=mask))
+            start += size
+    real = ~padding
+    torch.testing.assert_close(torch.cat(outs, 1)[real], full[real], rtol=1e-10, atol=1e-12)
+    entry = cache.get(0)
+    assert entry.token_state.shape[-1] == entry.token_index.shape[0] == entry.k.shape[2] == window - 1
+
+
 def test_padding_tokens_do_not_decay_so_padding_never_changes_real_tokens():
     layer = _layer()
     x = torch.randn(1, 6, E, dtype=torch.float64)
@@ -176,11 +202,86 @@ def test_cross_attention_is_refused():
         layer(torch.randn(1, 3, E, dtype=torch.float64), context=torch.randn(1, 5, E, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("backend", ["blocked", "flex", "relative"])
+@pytest.mark.parametrize("backend", ["blocked", "relative"])
 def test_backends_that_read_positions_only_refuse_with_the_reason(backend):
     layer = _layer(dtype=torch.float32)
     with posenc.use_backend(backend), pytest.raises(NoBackendError, match="depends on the layer input"):
         layer(torch.randn(1, 300, E))
+
+
+def _flex_request(enc, x, past, causal):
+    """A request whose queries are the tokens of ``x`` after the first ``past`` (a decode step over
+    the cache: query indices follow the cached keys'), with random q, k, v."""
+    batch, length, _ = x.shape
+    states, index = enc.token_states(x), torch.arange(length)
+    token_states = TokenStates(q=states[..., past:], k=states, q_index=index[past:], k_index=index)
+    q = torch.randn(batch, H, length - past, D)
+    k, v = torch.randn(2, batch, H, length, D)
+    pos = index[None]
+    return AttentionRequest(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos[:, past:], k_pos=pos, scale=D**-0.5,
+        causal=causal, causal_offset=past, token_states=token_states,
+    )  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize(
+    "mode,causal,past",
+    [("causal", True, 0), ("causal", True, 7), ("bidirectional", False, 0), ("bidirectional", False, 7)],
+)
+def test_flex_score_mod_reads_the_token_states(mode, causal, past):
+    """flex's score_mod adds the bias of the tokens' gates, not bias_at (the bias at zero input):
+    FlexAttention's uncompiled reference (the score_mod the compiled kernel fuses) equals the
+    explicit-sum formula, for a fresh sequence and for queries after ``past`` cached tokens."""
+    enc = _layer(mode, causal, dtype=torch.float32).encoding
+    x = torch.randn(2, 12, E)
+    with torch.no_grad():  # FlexAttention has no CPU backward
+        req = _flex_request(enc, x, past, causal)
+        got = flex_bias_attention(req, compiled=False)
+        limits = backend_limits(get_backend("flex"), req)
+    gates = enc.to_gates
+    bias = reference_bias(x.double(), gates.weight.double(), gates.bias.double(), H, mode == "bidirectional")
+    logits = req.q.double() @ req.k.double().transpose(-1, -2) * D**-0.5 + bias[:, :, past:]
+    if causal:
+        future = torch.arange(12)[None, :] > torch.arange(past, 12)[:, None]
+        logits = logits.masked_fill(future, float("-inf"))
+    want = torch.softmax(logits, -1) @ req.v.double()
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
+    assert limits == []  # so auto and a forced flex serve FoX, no longer refused as position-only
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("mode,causal", [("causal", True), ("bidirectional", False)])
+def test_gpu_flex_trains_fox_like_eager(mode, causal):
+    """On a GPU flex runs first: its output and every gradient (the gates' through the token states
+    the score_mod captures) equal eager's."""
+    layer = _layer(mode, causal, dtype=torch.float32).cuda()
+    x = torch.randn(2, 37, E, device="cuda")
+    results = {}
+    for backend in ("eager", "flex"):
+        layer.zero_grad()
+        x_in = x.clone().requires_grad_(True)
+        with posenc.use_backend(backend):
+            out = layer(x_in)
+        assert layer.last_backend == backend
+        (out * torch.linspace(-1, 1, out.numel(), device="cuda").view_as(out)).sum().backward()
+        results[backend] = [out.detach(), x_in.grad] + [p.grad for p in layer.parameters()]
+    for got, want in zip(results["flex"], results["eager"], strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-4)
+
+
+def test_flex_refuses_an_input_bias_without_a_pointwise_form():
+    """An input-dependent bias that declares only the dense bias_from_states cannot run in a
+    score_mod: flex states why, so auto passes it over and a forced flex raises with the reason."""
+
+    class DenseOnlyFoX(FoX):
+        def input_bias(self):
+            return InputBias(self.token_states, self.bias_from_states)
+
+    enc = DenseOnlyFoX(num_heads=H, dim=E)
+    req = _flex_request(enc, torch.randn(1, 5, E), 0, causal=True)
+    assert any("bias_at_index" in r for r in backend_limits(get_backend("flex"), req))
 
 
 def test_auto_never_picks_a_position_only_backend():

@@ -452,11 +452,15 @@ class InputBias:
     term for keys at or before the query (``bias_ij = row_i + key_j``, ``j <= i``), the key term; under
     a causal mask the row term cancels in the softmax, so sdpa runs the bias as plain causal attention
     over keys with one extra dimension (FoX: ``key_j = −c_j``).
+    ``bias_at_index(TokenStates, b, h, q_idx, kv_idx) -> Tensor``, or None: the same bias for
+    broadcastable integer tensors of batch, head, query and key indices, elementwise in them (the
+    flex backend's ``score_mod`` evaluates it per score; it must equal ``bias_from_states``).
     """
 
     token_states: Callable[[Tensor, Tensor | None, Tensor | None], Tensor]
     bias_from_states: Callable[[TokenStates], Tensor]
     causal_key_term: Callable[[TokenStates], Tensor] | None = None
+    bias_at_index: Callable[[TokenStates, Tensor, Tensor, Tensor, Tensor], Tensor] | None = None
 
 
 class BiasEncoding(PositionalEncoding):

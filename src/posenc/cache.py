@@ -237,6 +237,13 @@ class KVCacheEntry(CacheStamp):
         for name, axis in self.axes.items():
             setattr(self, name, axis.view())
 
+    def evict_with_keys(self, drop: int, evicted_before: int) -> None:
+        """The padding and token states of the ``drop`` oldest keys leave with them (evicted after
+        ``evicted_before`` earlier ones): every per-key field stays as long as the keys."""
+        if self.token_state is not None and drop > 0:
+            self.token_state, self.token_index = self.token_state[..., drop:], self.token_index[drop:]
+        self.evict_padding(drop, evicted_before)
+
     def evict_padding(self, drop: int, evicted_before: int) -> None:
         """Drop the padding of the ``drop`` oldest keys (evicted with them, after ``evicted_before``
         earlier ones) and count their real tokens, so that positions still count every real token."""
@@ -445,10 +452,10 @@ class KVCache:
             stored.evicted = 0 if entry is None else entry.evicted
         stored.padding, stored.document_ids = padding, document_ids
         stored.evicted_real = None if entry is None else entry.evicted_real
-        if padding is not None:  # a full buffer kept only the window's keys: their padding with them
-            stored.evict_padding(padding.shape[1] - stored.k.shape[2], 0 if entry is None else entry.evicted)
         if states is not None:
             stored.token_state, stored.token_index = states.k, states.k_index
+        # A full buffer kept only the window's keys (k holds every key): the rest leave with them.
+        stored.evict_with_keys(k.shape[2] - stored.k.shape[2], 0 if entry is None else entry.evicted)
         self.write(layer, stored, previous=entry)
         return k, v, k_pos
 
@@ -534,9 +541,7 @@ class KVCache:
         else:
             entry.k, entry.v = entry.k[:, :, drop:], entry.v[:, :, drop:]
             entry.k_pos = entry.k_pos[:, drop:]
-        if entry.token_state is not None:
-            entry.token_state, entry.token_index = entry.token_state[..., drop:], entry.token_index[drop:]
-        entry.evict_padding(drop, entry.evicted)
+        entry.evict_with_keys(drop, entry.evicted)
         entry.evicted += drop
 
     def append_streaming(

@@ -13,7 +13,7 @@ from .encodings.axial_rope import axial_rope_cos_sin
 from .encodings.cope import cope_interpolate, cope_positions
 from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_relative_index
 from .encodings.fire import fire_input
-from .encodings.fox import fox_bias, fox_states
+from .encodings.fox import fox_bias, fox_bias_at, fox_states
 from .encodings.kerple import kerple_bias
 from .encodings.learned import resample_positions
 from .encodings.mlp_bias import log_distance
@@ -60,6 +60,7 @@ __all__ = [
     "dinov3_rope_inv_freq",
     "fire_input",
     "fox_bias",
+    "fox_bias_at",
     "fox_states",
     "grid_row_col",
     "kerple_bias",

@@ -2,7 +2,8 @@
 
 The ``score_mod`` adds ``encoding.bias_at(h, q_pos[b, q_idx], k_pos[b, kv_idx])`` to each score:
 positions are looked up, not taken from the indices, so explicit positions, left padding and KV
-caches work. The request's mask supplies the ``mask_mod`` and block mask
+caches work. An input-dependent bias (FoX) adds ``input_bias().bias_at_index(token_states, b, h,
+q_idx, kv_idx)`` instead: its ``bias_at`` is the bias at zero input, for plots only. The request's mask supplies the ``mask_mod`` and block mask
 (:meth:`posenc.masks.AttentionMask.block_mask`); a float ``attn_mask`` is added in the ``score_mod``. ``flex_attention`` is wrapped in ``torch.compile``
 once (``dynamic=False``): dynamo compiles it once per shape and dtype and reuses it, and a fresh
 ``score_mod`` closure per call does not recompile.
@@ -12,6 +13,7 @@ What this backend refuses, with the reason stated (facts measured on torch 2.13)
 * gradients on CPU: FlexAttention has no CPU backward (``NotImplementedError``); ``blocked`` trains;
 * float64 on CPU (the CPU lowering takes float32, float16 and bfloat16 only);
 * ``need_weights`` (FlexAttention returns no weights) and attention dropout (not supported);
+* an input-dependent bias whose ``input_bias()`` declares no pointwise ``bias_at_index``;
 * no C++ compiler on a CPU machine (inductor needs one), or a torch without FlexAttention;
 * a new shape (or encoding object, or mask combination) once dynamo's recompile limit is used up
   (it would silently run uncompiled).
@@ -92,18 +94,30 @@ def _shape_key(req: AttentionRequest) -> tuple:
 # ---------------------------------------------------------------------------- score mod
 
 
-def _score_mod(req: AttentionRequest) -> Callable:
-    """``score + bias_at(h, q_pos[b, q], k_pos[b, kv])`` (+ the float mask), for FlexAttention."""
+def _bias_mod(req: AttentionRequest) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """The bias of score ``(b, h, q_idx, kv_idx)``: ``bias_at`` of the positions, or, for an
+    input-dependent bias, the encoding's ``bias_at_index`` of the token states (its ``bias_at`` is
+    then only the bias at zero input, never the attention's)."""
+    states = req.token_states
+    if states is not None:
+        at_index = req.input_bias().bias_at_index
+        return lambda b, h, q_idx, kv_idx: at_index(states, b, h, q_idx, kv_idx)
     batch = req.q.shape[0]
     q_pos = req.q_pos.long().expand(batch, -1).contiguous()
     k_pos = req.k_pos.long().expand(batch, -1).contiguous()
     encoding = req.encoding
+    return lambda b, h, q_idx, kv_idx: encoding.bias_at(h, q_pos[b, q_idx], k_pos[b, kv_idx])
+
+
+def _score_mod(req: AttentionRequest) -> Callable:
+    """``score + bias(b, h, q, kv)`` (+ the float mask), for FlexAttention."""
+    bias_of = _bias_mod(req)
     additive = req.mask.additive
     if additive is not None:
-        additive = additive.expand(batch, req.num_heads, req.q_len, req.k_len)
+        additive = additive.expand(req.q.shape[0], req.num_heads, req.q_len, req.k_len)
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        bias = encoding.bias_at(h, q_pos[b, q_idx], k_pos[b, kv_idx])
+        bias = bias_of(b, h, q_idx, kv_idx)
         if additive is not None:
             bias = bias + additive[b, h, q_idx, kv_idx]
         return score + bias.to(score.dtype)
@@ -140,6 +154,8 @@ def flex_bias_attention(req: AttentionRequest, *, compiled: bool = True) -> Tens
 
 class FlexBackend:
     name = "flex"
+    # An input-dependent bias (FoX) runs through its pointwise bias_at_index (the score_mod).
+    serves_input_bias = True
 
     def declines(self, request: AttentionRequest) -> list[str]:
         if request.q.device.type == "cpu":
@@ -150,6 +166,11 @@ class FlexBackend:
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         reasons = kind_reasons(request, Kind.BIAS)
+        if request.token_states is not None and request.input_bias().bias_at_index is None:
+            reasons.append(
+                f"{request.encoding.name} declares no pointwise bias_at_index in its input_bias(), "
+                "which the score_mod evaluates"
+            )
         missing = flex_available()
         if missing:
             return [*reasons, missing]

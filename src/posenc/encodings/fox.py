@@ -34,7 +34,8 @@ logit to about ``eps · |c_j − centre|``, as the dense bias rounds ``c_i − c
 
 Input-dependent: the layer calls :meth:`FoX.token_states` on its input (``[B, S, T]`` with
 ``S = H`` causal, ``2H`` bidirectional, continuing the cached tokens' states in decoding) and the
-eager and sdpa backends evaluate :meth:`FoX.bias_from_states`. Queries and keys must come from one
+eager and sdpa backends evaluate :meth:`FoX.bias_from_states`, the flex backend's ``score_mod``
+the same bias per score (:meth:`FoX.bias_at_index`). Queries and keys must come from one
 sequence, so FoX serves self-attention only. ``bias_at`` is the bias at zero input (every gate
 ``sigmoid(b_h)``), for plots; attention never uses it. Positions do not enter, so FoX is shift
 invariant.
@@ -52,7 +53,7 @@ from torch import Tensor, nn
 from ..base import BiasEncoding, InputBias, TokenStates
 from ..registry import at_least, greater_than, register
 
-__functional__ = ["fox_bias", "fox_states"]
+__functional__ = ["fox_bias", "fox_bias_at", "fox_states"]
 
 Mode = Literal["causal", "bidirectional"]
 _MODES = ("causal", "bidirectional")
@@ -78,6 +79,18 @@ def fox_bias(states: TokenStates, num_heads: int, bidirectional: bool) -> Tensor
     forward = states.k[:, num_heads:, None, :] - states.q[:, num_heads:, :, None]
     later = states.k_index[None, :] > states.q_index[:, None]
     return torch.where(later, forward, backward)
+
+
+def fox_bias_at(
+    states: TokenStates, num_heads: int, bidirectional: bool, b: Tensor, h: Tensor, q: Tensor, k: Tensor
+) -> Tensor:
+    """:func:`fox_bias` at batch ``b``, head ``h``, query ``q`` and key ``k`` (broadcastable integer
+    tensors), elementwise: what FlexAttention's ``score_mod`` evaluates per score."""
+    backward = states.q[b, h, q] - states.k[b, h, k]
+    if not bidirectional:
+        return backward
+    forward = states.k[b, h + num_heads, k] - states.q[b, h + num_heads, q]
+    return torch.where(states.k_index[k] > states.q_index[q], forward, backward)
 
 
 @register("fox")
@@ -131,7 +144,9 @@ class FoX(BiasEncoding):
 
     def input_bias(self) -> InputBias:
         """The bias from the tokens' cumulative log gates (:meth:`token_states`)."""
-        return InputBias(self.token_states, self.bias_from_states, self.causal_key_term)
+        return InputBias(
+            self.token_states, self.bias_from_states, self.causal_key_term, bias_at_index=self.bias_at_index
+        )
 
     def token_states(
         self, x: Tensor, previous: Tensor | None = None, padding: Tensor | None = None
@@ -145,6 +160,10 @@ class FoX(BiasEncoding):
     def bias_from_states(self, states: TokenStates) -> Tensor:
         """The bias ``[B, H, Tq, Tk]`` (float32 or wider) from the tokens' cumulative log gates."""
         return fox_bias(states, self.num_heads, self.bidirectional)
+
+    def bias_at_index(self, states: TokenStates, b: Tensor, h: Tensor, q: Tensor, k: Tensor) -> Tensor:
+        """The bias at batch, head, query and key indices, elementwise (the flex backend's score_mod)."""
+        return fox_bias_at(states, self.num_heads, self.bidirectional, b, h, q, k)
 
     def causal_key_term(self, states: TokenStates) -> Tensor:
         """``−c_j`` ``[B, H, Tk]``: for keys at or before the query the bias is ``c_i − c_j`` (both modes)."""
