@@ -299,6 +299,46 @@ def test_submit_refuses_other_settings_another_array_size_and_bad_options(tmp_pa
         submit(config, tmp_path / "c", TINY_ARGS, options=SlurmOptions(nodes=2), workers=2, run=slurm)
 
 
+class MergeRefused(FakeSlurm):
+    """FakeSlurm whose ``sbatch merge.sh`` fails (a bad option, the controller down) while ``refuse``."""
+
+    refuse = True
+
+    def __call__(self, argv: list[str]) -> str:
+        if argv[0] == "sbatch" and argv[-1].endswith("merge.sh") and self.refuse:
+            self.calls.append(argv)
+            raise ValueError(f"{shlex.join(argv)} failed (exit 1): Socket timed out on send/recv operation")
+        return super().__call__(argv)
+
+
+def test_a_rerun_after_the_merge_failed_to_submit_submits_the_merge_alone_after_the_queued_array(tmp_path):
+    """The array was queued, the merge's sbatch failed: the array is recorded at once, so the rerun
+    submits no second array (whose tasks would write the same shard folders) but the merge job,
+    after that array."""
+    config = ExperimentConfig(**TINY)
+    out = tmp_path / "grid"
+    slurm = MergeRefused()
+    with pytest.raises(ValueError) as failed:
+        submit(config, out, TINY_ARGS, run=slurm)
+    slurm.refuse, slurm.queue = False, ["101"]  # the array still runs
+    calls = len(slurm.sbatch())
+    again = submit(config, out, TINY_ARGS, run=slurm)
+    assert slurm.sbatch()[calls:] == [
+        ["sbatch", "--parsable", "--dependency=afterok:101", "--kill-on-invalid-dep=yes", str(out / "slurm" / "merge.sh")]
+    ]  # fmt: skip
+    # The first error said so: the array is queued, rerun for the merge.
+    assert "array job 101 is queued" in str(failed.value) and "Socket timed out" in str(failed.value)
+    assert "run this command again: it submits the merge job alone, after array job 101" in str(failed.value)
+    record = out / "slurm" / "submit.json"
+    assert again.earlier_array and (again.array_job, again.merge_job) == ("101", "103")
+    assert again.shards == [0, 1, 2, 3] and again.commands == slurm.sbatch()[calls:]
+    assert json.loads(record.read_text())["jobs"] == [{"array": "101", "merge": "103"}]
+    # Both jobs are recorded and queued now: a third run is refused as before.
+    slurm.queue = ["101", "103"]
+    with pytest.raises(ValueError, match=r"job\(s\) 101, 103 of an earlier posenc submit are still queued"):
+        submit(config, out, TINY_ARGS, run=slurm)
+
+
 def test_submit_across_nodes_runs_slurm_torchrun_under_srun(tmp_path):
     done = submit(
         ExperimentConfig(**TINY),
@@ -383,6 +423,37 @@ def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     missing = CliRunner().invoke(app, ["submit", *TINY_ARGS, "--out", str(tmp_path / "c")])
     assert missing.exit_code == 2 and "sbatch is not on PATH" in missing.output
+
+
+def test_cli_submit_says_the_array_is_queued_when_the_merge_fails_and_the_rerun_submits_the_merge(
+    tmp_path, monkeypatch
+):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    log = _fake_slurm_on_path(tmp_path, monkeypatch)
+    bin_dir = tmp_path / "bin"
+    sbatch = (bin_dir / "sbatch").read_text()
+    refuse = tmp_path / "refuse"
+    refuse.touch()
+    # sbatch merge.sh fails while `refuse` exists; squeue lists array job 41 once the merge is refused.
+    failing = f'case "$*" in *merge.sh) if [ -e {refuse} ]; then echo "sbatch: error: Batch job submission failed: Invalid account" >&2; exit 1; fi;; esac\n'
+    (bin_dir / "sbatch").write_text(sbatch.replace("\n", "\n" + failing, 1))
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n[ -e {refuse} ] || echo 41\n")
+    out = tmp_path / "grid"
+    command = ["submit", *TINY_ARGS, "--out", str(out)]
+    first = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    refuse.unlink()
+    again = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    assert log.read_text().splitlines() == [
+        f"--parsable --array=0-3 {out}/slurm/array.sh",
+        f"--parsable --dependency=afterok:41 --kill-on-invalid-dep=yes {out}/slurm/merge.sh",
+    ]
+    assert first.exit_code == 2, first.output
+    assert "array job 41 is queued" in first.output and "Invalid account" in first.output
+    assert again.exit_code == 0, again.output
+    assert "array job 41 of the earlier posenc submit is still queued" in again.output
+    assert "submitted merge job 42 (afterok:41)" in again.output
 
 
 # ---------------------------------------------------------------------------- the folder lock across nodes
