@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -293,6 +294,11 @@ def test_submit_refuses_other_settings_another_array_size_and_bad_options(tmp_pa
         submit(config, tmp_path / "b", TINY_ARGS, array_size=5, run=slurm)
     with pytest.raises(ValueError, match=r"--mem must be one word"):
         SlurmOptions(mem="4 G")
+    for value in ("bob's", "lab#2", 'a"b'):  # sbatch would read a quote or a comment in the #SBATCH line
+        with pytest.raises(
+            ValueError, match=r"--account must be one word without spaces, quotes, backslashes or '#'"
+        ):
+            SlurmOptions(account=value)
     with pytest.raises(ValueError, match=r"--cpus must be an integer >= 1"):
         SlurmOptions(cpus=0)
     with pytest.raises(ValueError, match=r"--workers cannot be combined with --nodes"):
@@ -386,6 +392,99 @@ def test_the_generated_scripts_run_as_slurm_would_run_them(tmp_path):
     run_experiment(config, tmp_path / "full", workers=1)
     assert _records(out) == _records(tmp_path / "full")
     assert _records(out, "runs.jsonl") == _records(tmp_path / "full", "runs.jsonl")
+
+
+def _sbatch_words(line: str) -> list[str]:
+    """The words sbatch reads from what follows ``#SBATCH``, split as ``_get_argument`` of Slurm's
+    ``src/sbatch/opt.c`` splits them: a backslash keeps the next character (inside quotes too),
+    ``"`` or ``'`` quotes up to the same quote (spaces and ``#`` kept, the quotes dropped), unquoted
+    whitespace ends a word and an unquoted ``#`` the line; an unmatched quote is fatal."""
+    words: list[str] = []
+    word: list[str] | None = None
+    quote, escaped = None, False
+    for char in line:
+        if escaped or (quote and char != quote and char != "\\"):
+            word, escaped = [*(word or []), char], False
+        elif char == "\\":
+            word, escaped = word or [], True
+        elif char == quote:
+            quote = None
+        elif char in "\"'" and not quote:
+            word, quote = word or [], char
+        elif char == "#":
+            break
+        elif char.isspace():
+            if word is not None:
+                words.append("".join(word))
+            word = None
+        else:
+            word = [*(word or []), char]
+    assert quote is None, f"sbatch: Unmatched `{quote}` in [{line}]"
+    return words if word is None else [*words, "".join(word)]
+
+
+def _sbatch_options(script: str) -> dict[str, str]:
+    """``{"--output": value, ...}``: the ``--option=value`` words of the script's ``#SBATCH`` lines."""
+    header = [line[len("#SBATCH") :] for line in script.splitlines() if line.startswith("#SBATCH")]
+    words = [word for line in header for word in _sbatch_words(line)]
+    for word in words:
+        assert re.match(r"--[a-z-]+=", word), (
+            f"sbatch: error: Invalid directive found in batch script: {word}"
+        )
+    return dict(word.split("=", 1) for word in words)
+
+
+def _slurm_log_file(pattern: str, job: int, task: int) -> str:
+    """The file Slurm writes array task ``task`` of job ``job`` to, from ``--output``'s pattern
+    (``src/slurmd/common/fname.c``): ``%%`` is ``%``, ``%A`` the array job, ``%a`` the task,
+    ``%j`` the task's own job id (``job + task + 1`` here)."""
+    assert "\\" not in pattern, "a backslash turns Slurm's substitution off"
+    values = {"%": "%", "A": str(job), "a": str(task), "j": str(job + task + 1)}
+    return re.sub(r"%(.)", lambda match: values.get(match[1], match[0]), pattern)
+
+
+@pytest.mark.parametrize("name", ["my study", "bob's", 'the "best" run', "100%done #2", "a'b\"c d"])
+def test_the_sbatch_lines_and_the_scripts_carry_any_out_folder(tmp_path, name):
+    """An --out with spaces, quotes, % or #: sbatch reads the #SBATCH lines as the job name and the
+    log files in OUT/slurm/logs, and bash runs the scripts on OUT (a fake python logs its arguments)."""
+    out = tmp_path / "runs" / name
+    python = tmp_path / "my bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" >> {shlex.quote(str(tmp_path / 'argv'))}\n")
+    python.chmod(0o755)
+    done = submit(ExperimentConfig(**TINY), out, TINY_ARGS, python=str(python), dry_run=True)
+    array, merge = (_sbatch_options(path.read_text()) for path in (done.array_script, done.merge_script))
+    logs = out / "slurm" / "logs"
+    assert _slurm_log_file(array["--output"], 7, 2) == str(logs / "array-7_2.out")
+    assert _slurm_log_file(merge["--output"], 9, 0) == str(logs / "merge-10.out")
+    assert (array["--job-name"], merge["--job-name"]) == (f"posenc-{name}", f"posenc-{name}-merge")
+
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1"}
+    subprocess.run(["bash", str(done.array_script)], check=True, env=env)
+    (out / "shards" / "0of4").mkdir(parents=True)
+    subprocess.run(["bash", str(done.merge_script)], check=True)
+    argv = (tmp_path / "argv").read_text().splitlines()
+    task, merged = argv[: argv.index("merge") - 2], argv[argv.index("merge") - 2 :]
+    assert task[task.index("--out") + 1] == str(out / "shards" / "1of4")
+    assert merged == ["-m", "posenc", "merge", str(out), str(out / "shards" / "0of4")]
+
+
+@pytest.mark.parametrize(
+    "name, named",
+    [
+        ("two\nlines", r"holds '\n', a control character"),
+        ("back\\slash", r"holds '\\', a backslash"),
+        ("my-HetJob-study", "holds the word 'hetjob'"),
+    ],
+)
+def test_submit_refuses_an_out_the_sbatch_lines_cannot_carry_before_writing_anything(tmp_path, name, named):
+    slurm = FakeSlurm()
+    out = tmp_path / name
+    with pytest.raises(ValueError) as refused:
+        submit(ExperimentConfig(**TINY), out, TINY_ARGS, run=slurm)
+    assert str(refused.value).startswith(f"--out {str(out)!r} ") and named in str(refused.value)
+    assert "choose an --out path without it" in str(refused.value)
+    assert not out.exists() and slurm.calls == []
 
 
 def _fake_slurm_on_path(tmp_path: Path, monkeypatch) -> Path:

@@ -270,9 +270,11 @@ class SlurmOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         for name in ("partition", "time", "mem", "gpus", "account"):
             value = getattr(self, name)
-            if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            # sbatch reads a #SBATCH line as words: '#' starts a comment, quotes and '\\' are its own.
+            if value is not None and (not value.strip() or any(c.isspace() or c in "#'\"\\" for c in value)):
                 raise ValueError(
-                    f"--{name} must be one word without spaces (as sbatch takes it), got {value!r}"
+                    f"--{name} must be one word without spaces, quotes, backslashes or '#' (as sbatch reads "
+                    f"it in a #SBATCH line), got {value!r}"
                 )
 
     @property
@@ -458,6 +460,43 @@ def _script(lines: list[str], body: list[str]) -> str:
     return "\n".join([*header, "set -euo pipefail", *body]) + "\n"
 
 
+def _directive(option: str, value: str) -> str:
+    """``--option="value"``, quoted as sbatch splits a ``#SBATCH`` line into words (``_get_argument``
+    of ``src/sbatch/opt.c``): inside double quotes spaces, ``'`` and ``#`` are kept, and a
+    backslash keeps the next character, so ``"`` and ``\\`` get one."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'--{option}="{escaped}"'
+
+
+def _log_file(folder: Path, name: str) -> str:
+    """``folder/name`` as an ``--output`` file name pattern (``name`` holds ``%A``, ``%a`` or
+    ``%j``): Slurm reads ``%%`` as ``%``, so a ``%`` of the folder is doubled."""
+    return str(folder).replace("%", "%%") + "/" + name
+
+
+def _check_out_path(out: Path) -> None:
+    """Refuse an ``out`` whose path the ``#SBATCH`` lines (its job name and log files) cannot carry,
+    before anything is written; the error names the character, why, and what to do."""
+    text = str(out)
+    for char in text:
+        if ord(char) < 32 or ord(char) == 127:
+            why = "a control character: a #SBATCH line is one line of the script"
+        elif char == "\\":
+            why = (
+                "a backslash: in the --output log file name Slurm drops it and expands no %A/%a, so "
+                "the tasks would log to another file"
+            )
+        else:
+            continue
+        raise ValueError(f"--out {text!r} holds {char!r}, {why}; choose an --out path without it")
+    word = next((word for word in ("hetjob", "packjob") if word in text.lower()), None)
+    if word is not None:
+        raise ValueError(
+            f"--out {text!r} holds the word {word!r}, which sbatch reads in a #SBATCH line as the "
+            "separator of a heterogeneous job, quoted or not; choose an --out path without it"
+        )
+
+
 def submit(
     config: ExperimentConfig | Sequence[ExperimentConfig],
     out: str | Path,
@@ -494,6 +533,7 @@ def submit(
 
     options = options or SlurmOptions()
     out = Path(out).absolute()
+    _check_out_path(out)
     parts = _parts(config, preset)
     grid = plan_runs(parts[0].config)
     count = len(grid) if array_size is None else array_size
@@ -542,7 +582,11 @@ def submit(
     merge_script = folder / "merge.sh"
     writes = f"{out}/shards/<i>of{count}" + ("/<task>" if preset else "")
     array_text = _script(
-        [f"--job-name=posenc-{out.name}", f"--output={logs}/array-%A_%a.out", *options.array_lines()],
+        [
+            _directive("job-name", f"posenc-{out.name}"),
+            _directive("output", _log_file(logs, "array-%A_%a.out")),
+            *options.array_lines(),
+        ],
         [
             f"# Written by posenc submit: array task i trains shard i/{count} of the grid into {writes};",
             "# rerunning a task resumes its shard (finished runs kept, others from their checkpoints).",
@@ -551,7 +595,11 @@ def submit(
         ],
     )
     merge_text = _script(
-        [f"--job-name=posenc-{out.name}-merge", f"--output={logs}/merge-%j.out", *options.merge_lines()],
+        [
+            _directive("job-name", f"posenc-{out.name}-merge"),
+            _directive("output", _log_file(logs, "merge-%j.out")),
+            *options.merge_lines(),
+        ],
         _merge_lines(parts, out, count, python, preset),
     )
     logs.mkdir(parents=True, exist_ok=True)
