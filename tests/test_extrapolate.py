@@ -438,12 +438,68 @@ def test_fit_threshold_outside_0_1_is_refused(threshold):
         ({"lr": 0.0}, "lr", "positive"),
         ({"seeds": [1, 1]}, "seeds", "no duplicates"),
         ({"fit_margin": 1.0}, "fit_margin", "in [0, 1)"),
+        # inf passed `lr > 0` and trained nan weights; the other float settings had the same hole.
+        ({"lr": math.inf}, "lr", "positive and finite"),
+        ({"weight_decay": math.nan}, "weight_decay", "0 or more and finite"),
+        ({"weight_decay": math.inf}, "weight_decay", "0 or more and finite"),
+        ({"grad_clip": math.nan}, "grad_clip", "positive finite norm"),
+        ({"grad_clip": math.inf}, "grad_clip", "positive finite norm"),
+        ({"dropout": math.nan}, "dropout", "in [0, 1)"),
+        ({"dropout": math.inf}, "dropout", "in [0, 1)"),
     ],
 )
 def test_invalid_setting_names_itself_and_what_it_must_be(settings, name, need):
     with pytest.raises(ValueError) as error:
         ExperimentConfig(task="copy", encodings=["rope"], **settings).validate()
     assert f"invalid {name}=" in str(error.value) and need in str(error.value)
+
+
+def test_until_fit_refuses_a_target_above_an_exact_match_of_one():
+    """--fit-threshold 0.95 --fit-margin 0.06 asks for 101%: no run would fit, each would train to
+    --steps without a word. Up to 1 exactly is fine, and without --until-fit the margin is unused."""
+    config = ExperimentConfig(task="copy", encodings=["rope"], until_fit=True, fit_margin=0.06)
+    with pytest.raises(ValueError) as error:
+        config.validate()
+    message = str(error.value)
+    assert "invalid fit_margin=0.06" in message and "0.95 + 0.06 = 1.01" in message
+    assert "lower --fit-margin to at most 0.05" in message
+    ExperimentConfig(task="copy", encodings=["rope"], until_fit=True, fit_margin=0.05).validate()
+    ExperimentConfig(
+        task="copy", encodings=["rope"], until_fit=True, fit_threshold=0.93, fit_margin=0.07
+    ).validate()
+    ExperimentConfig(task="copy", encodings=["rope"], fit_margin=0.06).validate()
+
+
+@pytest.mark.parametrize(
+    "words, named",
+    [
+        (["--lr", "inf"], "invalid lr=inf"),
+        (["--until-fit", "--fit-margin", "0.06"], "invalid fit_margin=0.06"),
+    ],
+)
+def test_cli_refuses_an_infinite_lr_and_an_unreachable_fit_target_before_writing(tmp_path, words, named):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    out = tmp_path / "x"
+    # A tiny grid, so that were the settings accepted the run would end in seconds.
+    tiny = [
+        "--encodings",
+        "nope",
+        "--steps",
+        "1",
+        "--train-len",
+        "2",
+        "--eval-len",
+        "2",
+        "--num-symbols",
+        "8",
+    ]
+    tiny += ["--d-model", "8", "--num-layers", "1", "--num-heads", "1", "--d-ff", "8", "--batch-size", "2"]
+    tiny += ["--eval-examples", "1", "--workers", "1", "--no-progress", "--out", str(out)]
+    result = CliRunner().invoke(app, ["extrapolate", *tiny, *words])
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert not out.exists()
 
 
 def test_warmup_is_an_option_and_shapes_the_schedule():

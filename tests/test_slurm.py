@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -293,10 +294,55 @@ def test_submit_refuses_other_settings_another_array_size_and_bad_options(tmp_pa
         submit(config, tmp_path / "b", TINY_ARGS, array_size=5, run=slurm)
     with pytest.raises(ValueError, match=r"--mem must be one word"):
         SlurmOptions(mem="4 G")
+    for value in ("bob's", "lab#2", 'a"b'):  # sbatch would read a quote or a comment in the #SBATCH line
+        with pytest.raises(
+            ValueError, match=r"--account must be one word without spaces, quotes, backslashes or '#'"
+        ):
+            SlurmOptions(account=value)
     with pytest.raises(ValueError, match=r"--cpus must be an integer >= 1"):
         SlurmOptions(cpus=0)
     with pytest.raises(ValueError, match=r"--workers cannot be combined with --nodes"):
         submit(config, tmp_path / "c", TINY_ARGS, options=SlurmOptions(nodes=2), workers=2, run=slurm)
+
+
+class MergeRefused(FakeSlurm):
+    """FakeSlurm whose ``sbatch merge.sh`` fails (a bad option, the controller down) while ``refuse``."""
+
+    refuse = True
+
+    def __call__(self, argv: list[str]) -> str:
+        if argv[0] == "sbatch" and argv[-1].endswith("merge.sh") and self.refuse:
+            self.calls.append(argv)
+            raise ValueError(f"{shlex.join(argv)} failed (exit 1): Socket timed out on send/recv operation")
+        return super().__call__(argv)
+
+
+def test_a_rerun_after_the_merge_failed_to_submit_submits_the_merge_alone_after_the_queued_array(tmp_path):
+    """The array was queued, the merge's sbatch failed: the array is recorded at once, so the rerun
+    submits no second array (whose tasks would write the same shard folders) but the merge job,
+    after that array."""
+    config = ExperimentConfig(**TINY)
+    out = tmp_path / "grid"
+    slurm = MergeRefused()
+    with pytest.raises(ValueError) as failed:
+        submit(config, out, TINY_ARGS, run=slurm)
+    slurm.refuse, slurm.queue = False, ["101"]  # the array still runs
+    calls = len(slurm.sbatch())
+    again = submit(config, out, TINY_ARGS, run=slurm)
+    assert slurm.sbatch()[calls:] == [
+        ["sbatch", "--parsable", "--dependency=afterok:101", "--kill-on-invalid-dep=yes", str(out / "slurm" / "merge.sh")]
+    ]  # fmt: skip
+    # The first error said so: the array is queued, rerun for the merge.
+    assert "array job 101 is queued" in str(failed.value) and "Socket timed out" in str(failed.value)
+    assert "run this command again: it submits the merge job alone, after array job 101" in str(failed.value)
+    record = out / "slurm" / "submit.json"
+    assert again.earlier_array and (again.array_job, again.merge_job) == ("101", "103")
+    assert again.shards == [0, 1, 2, 3] and again.commands == slurm.sbatch()[calls:]
+    assert json.loads(record.read_text())["jobs"] == [{"array": "101", "merge": "103"}]
+    # Both jobs are recorded and queued now: a third run is refused as before.
+    slurm.queue = ["101", "103"]
+    with pytest.raises(ValueError, match=r"job\(s\) 101, 103 of an earlier posenc submit are still queued"):
+        submit(config, out, TINY_ARGS, run=slurm)
 
 
 def test_submit_across_nodes_runs_slurm_torchrun_under_srun(tmp_path):
@@ -348,6 +394,99 @@ def test_the_generated_scripts_run_as_slurm_would_run_them(tmp_path):
     assert _records(out, "runs.jsonl") == _records(tmp_path / "full", "runs.jsonl")
 
 
+def _sbatch_words(line: str) -> list[str]:
+    """The words sbatch reads from what follows ``#SBATCH``, split as ``_get_argument`` of Slurm's
+    ``src/sbatch/opt.c`` splits them: a backslash keeps the next character (inside quotes too),
+    ``"`` or ``'`` quotes up to the same quote (spaces and ``#`` kept, the quotes dropped), unquoted
+    whitespace ends a word and an unquoted ``#`` the line; an unmatched quote is fatal."""
+    words: list[str] = []
+    word: list[str] | None = None
+    quote, escaped = None, False
+    for char in line:
+        if escaped or (quote and char != quote and char != "\\"):
+            word, escaped = [*(word or []), char], False
+        elif char == "\\":
+            word, escaped = word or [], True
+        elif char == quote:
+            quote = None
+        elif char in "\"'" and not quote:
+            word, quote = word or [], char
+        elif char == "#":
+            break
+        elif char.isspace():
+            if word is not None:
+                words.append("".join(word))
+            word = None
+        else:
+            word = [*(word or []), char]
+    assert quote is None, f"sbatch: Unmatched `{quote}` in [{line}]"
+    return words if word is None else [*words, "".join(word)]
+
+
+def _sbatch_options(script: str) -> dict[str, str]:
+    """``{"--output": value, ...}``: the ``--option=value`` words of the script's ``#SBATCH`` lines."""
+    header = [line[len("#SBATCH") :] for line in script.splitlines() if line.startswith("#SBATCH")]
+    words = [word for line in header for word in _sbatch_words(line)]
+    for word in words:
+        assert re.match(r"--[a-z-]+=", word), (
+            f"sbatch: error: Invalid directive found in batch script: {word}"
+        )
+    return dict(word.split("=", 1) for word in words)
+
+
+def _slurm_log_file(pattern: str, job: int, task: int) -> str:
+    """The file Slurm writes array task ``task`` of job ``job`` to, from ``--output``'s pattern
+    (``src/slurmd/common/fname.c``): ``%%`` is ``%``, ``%A`` the array job, ``%a`` the task,
+    ``%j`` the task's own job id (``job + task + 1`` here)."""
+    assert "\\" not in pattern, "a backslash turns Slurm's substitution off"
+    values = {"%": "%", "A": str(job), "a": str(task), "j": str(job + task + 1)}
+    return re.sub(r"%(.)", lambda match: values.get(match[1], match[0]), pattern)
+
+
+@pytest.mark.parametrize("name", ["my study", "bob's", 'the "best" run', "100%done #2", "a'b\"c d"])
+def test_the_sbatch_lines_and_the_scripts_carry_any_out_folder(tmp_path, name):
+    """An --out with spaces, quotes, % or #: sbatch reads the #SBATCH lines as the job name and the
+    log files in OUT/slurm/logs, and bash runs the scripts on OUT (a fake python logs its arguments)."""
+    out = tmp_path / "runs" / name
+    python = tmp_path / "my bin" / "python"
+    python.parent.mkdir()
+    python.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" >> {shlex.quote(str(tmp_path / 'argv'))}\n")
+    python.chmod(0o755)
+    done = submit(ExperimentConfig(**TINY), out, TINY_ARGS, python=str(python), dry_run=True)
+    array, merge = (_sbatch_options(path.read_text()) for path in (done.array_script, done.merge_script))
+    logs = out / "slurm" / "logs"
+    assert _slurm_log_file(array["--output"], 7, 2) == str(logs / "array-7_2.out")
+    assert _slurm_log_file(merge["--output"], 9, 0) == str(logs / "merge-10.out")
+    assert (array["--job-name"], merge["--job-name"]) == (f"posenc-{name}", f"posenc-{name}-merge")
+
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "1"}
+    subprocess.run(["bash", str(done.array_script)], check=True, env=env)
+    (out / "shards" / "0of4").mkdir(parents=True)
+    subprocess.run(["bash", str(done.merge_script)], check=True)
+    argv = (tmp_path / "argv").read_text().splitlines()
+    task, merged = argv[: argv.index("merge") - 2], argv[argv.index("merge") - 2 :]
+    assert task[task.index("--out") + 1] == str(out / "shards" / "1of4")
+    assert merged == ["-m", "posenc", "merge", str(out), str(out / "shards" / "0of4")]
+
+
+@pytest.mark.parametrize(
+    "name, named",
+    [
+        ("two\nlines", r"holds '\n', a control character"),
+        ("back\\slash", r"holds '\\', a backslash"),
+        ("my-HetJob-study", "holds the word 'hetjob'"),
+    ],
+)
+def test_submit_refuses_an_out_the_sbatch_lines_cannot_carry_before_writing_anything(tmp_path, name, named):
+    slurm = FakeSlurm()
+    out = tmp_path / name
+    with pytest.raises(ValueError) as refused:
+        submit(ExperimentConfig(**TINY), out, TINY_ARGS, run=slurm)
+    assert str(refused.value).startswith(f"--out {str(out)!r} ") and named in str(refused.value)
+    assert "choose an --out path without it" in str(refused.value)
+    assert not out.exists() and slurm.calls == []
+
+
 def _fake_slurm_on_path(tmp_path: Path, monkeypatch) -> Path:
     """``sbatch`` (prints job ids from 41, logs its arguments) and ``squeue`` (an empty queue) on PATH."""
     bin_dir = tmp_path / "bin"
@@ -383,6 +522,37 @@ def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     missing = CliRunner().invoke(app, ["submit", *TINY_ARGS, "--out", str(tmp_path / "c")])
     assert missing.exit_code == 2 and "sbatch is not on PATH" in missing.output
+
+
+def test_cli_submit_says_the_array_is_queued_when_the_merge_fails_and_the_rerun_submits_the_merge(
+    tmp_path, monkeypatch
+):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    log = _fake_slurm_on_path(tmp_path, monkeypatch)
+    bin_dir = tmp_path / "bin"
+    sbatch = (bin_dir / "sbatch").read_text()
+    refuse = tmp_path / "refuse"
+    refuse.touch()
+    # sbatch merge.sh fails while `refuse` exists; squeue lists array job 41 once the merge is refused.
+    failing = f'case "$*" in *merge.sh) if [ -e {refuse} ]; then echo "sbatch: error: Batch job submission failed: Invalid account" >&2; exit 1; fi;; esac\n'
+    (bin_dir / "sbatch").write_text(sbatch.replace("\n", "\n" + failing, 1))
+    (bin_dir / "squeue").write_text(f"#!/bin/sh\n[ -e {refuse} ] || echo 41\n")
+    out = tmp_path / "grid"
+    command = ["submit", *TINY_ARGS, "--out", str(out)]
+    first = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    refuse.unlink()
+    again = CliRunner().invoke(app, command, env={"COLUMNS": "200"})
+    assert log.read_text().splitlines() == [
+        f"--parsable --array=0-3 {out}/slurm/array.sh",
+        f"--parsable --dependency=afterok:41 --kill-on-invalid-dep=yes {out}/slurm/merge.sh",
+    ]
+    assert first.exit_code == 2, first.output
+    assert "array job 41 is queued" in first.output and "Invalid account" in first.output
+    assert again.exit_code == 0, again.output
+    assert "array job 41 of the earlier posenc submit is still queued" in again.output
+    assert "submitted merge job 42 (afterok:41)" in again.output
 
 
 # ---------------------------------------------------------------------------- the folder lock across nodes

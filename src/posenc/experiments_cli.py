@@ -540,7 +540,13 @@ def submit_command(
     if done.complete:
         print_line(f"complete: {done.out} holds every run of the grid, merged; nothing to submit")
         return
-    if done.array_job is not None:
+    if done.earlier_array:
+        print_line(
+            f"array job {done.array_job} of the earlier posenc submit is still queued (shard(s) "
+            f"{', '.join(map(str, done.shards))} of {done.count} lack runs); its merge job had not been submitted"
+        )
+        print_line(f"submitted merge job {done.merge_job} (afterok:{done.array_job})")
+    elif done.array_job is not None:
         print_line(
             f"submitted array job {done.array_job}: shard(s) {', '.join(map(str, done.shards))} of "
             f"{done.count}, {len(done.missing)} run(s) to train; logs in {done.out / 'slurm' / 'logs'}"

@@ -12,7 +12,9 @@ Three pieces, each reading only what Slurm sets (see ``docs/architecture.md §8.
   ``OUT/shards/<i>of<n>`` (``posenc extrapolate --shard $SLURM_ARRAY_TASK_ID/n``), and a merge
   job (``--dependency=afterok:<array>``) that merges the shard folders into ``OUT``. Run again,
   the same command submits only the shards whose runs ``OUT`` and the shard folders lack; a
-  shard whose task died resumes from its checkpoints (the shard folder is the one it wrote).
+  shard whose task died resumes from its checkpoints (the shard folder is the one it wrote). The
+  array job is recorded as soon as it is queued, so a rerun after the merge's ``sbatch`` failed
+  submits the merge job alone, after that array.
   With ``preset`` (``posenc submit --preset NAME``) each array task runs its shard of every task
   of the preset (``extrapolate --preset NAME --shard i/n`` writes ``OUT/shards/<i>of<n>/<task>``)
   and the merge job merges each task's shard folders into ``OUT/<task>``, the layout of
@@ -268,9 +270,11 @@ class SlurmOptions:
                 raise ValueError(f"--{name.replace('_', '-')} must be an integer >= 1, got {value!r}")
         for name in ("partition", "time", "mem", "gpus", "account"):
             value = getattr(self, name)
-            if value is not None and (not value.strip() or any(c.isspace() for c in value)):
+            # sbatch reads a #SBATCH line as words: '#' starts a comment, quotes and '\\' are its own.
+            if value is not None and (not value.strip() or any(c.isspace() or c in "#'\"\\" for c in value)):
                 raise ValueError(
-                    f"--{name} must be one word without spaces (as sbatch takes it), got {value!r}"
+                    f"--{name} must be one word without spaces, quotes, backslashes or '#' (as sbatch reads "
+                    f"it in a #SBATCH line), got {value!r}"
                 )
 
     @property
@@ -382,6 +386,9 @@ class Submission:
     array_script: Path
     merge_script: Path
     commands: list[list[str]] = field(default_factory=list)
+    #: ``array_job`` was queued by an earlier ``posenc submit`` whose merge job failed to submit;
+    #: this one submitted that merge job alone (``shards`` and ``missing``: what the array still lacks).
+    earlier_array: bool = False
 
     @property
     def complete(self) -> bool:
@@ -403,9 +410,9 @@ def _submitted_settings(parts: Sequence[Part], preset: str | None) -> dict[str, 
     return settings
 
 
-def _check_same_submission(record: Path, settings: dict[str, Any], count: int) -> list[str]:
-    """The job ids of the earlier submissions into this folder; ``ValueError`` when they were of
-    other settings or another array size (naming the field)."""
+def _check_same_submission(record: Path, settings: dict[str, Any], count: int) -> list[dict[str, Any]]:
+    """The earlier submissions into this folder (``{"array": id, "merge": id}`` each, oldest
+    first); ``ValueError`` when they were of other settings or another array size (naming the field)."""
     if not record.is_file():
         return []
     try:
@@ -428,7 +435,16 @@ def _check_same_submission(record: Path, settings: dict[str, Any], count: int) -
             f"--array-size {count}: the shards would differ; rerun with --array-size "
             f"{earlier.get('array_size')}, or use another --out"
         )
-    return [str(job) for entry in earlier.get("jobs", []) for job in entry.values() if job]
+    return list(earlier.get("jobs", []))
+
+
+def _array_awaiting_merge(entries: list[dict[str, Any]], queued: list[str]) -> str | None:
+    """The array job of the last submission when it alone is still queued and its merge job was
+    never submitted (that ``sbatch`` failed): a rerun then submits the merge job alone, after it,
+    rather than a second array whose tasks would write the same shard folders."""
+    last = entries[-1] if entries else {}
+    array = last.get("array")
+    return str(array) if array and not last.get("merge") and queued == [str(array)] else None
 
 
 def _still_queued(jobs: list[str], run: Runner) -> list[str]:
@@ -442,6 +458,43 @@ def _still_queued(jobs: list[str], run: Runner) -> list[str]:
 def _script(lines: list[str], body: list[str]) -> str:
     header = ["#!/bin/bash", *(f"#SBATCH {line}" for line in lines)]
     return "\n".join([*header, "set -euo pipefail", *body]) + "\n"
+
+
+def _directive(option: str, value: str) -> str:
+    """``--option="value"``, quoted as sbatch splits a ``#SBATCH`` line into words (``_get_argument``
+    of ``src/sbatch/opt.c``): inside double quotes spaces, ``'`` and ``#`` are kept, and a
+    backslash keeps the next character, so ``"`` and ``\\`` get one."""
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'--{option}="{escaped}"'
+
+
+def _log_file(folder: Path, name: str) -> str:
+    """``folder/name`` as an ``--output`` file name pattern (``name`` holds ``%A``, ``%a`` or
+    ``%j``): Slurm reads ``%%`` as ``%``, so a ``%`` of the folder is doubled."""
+    return str(folder).replace("%", "%%") + "/" + name
+
+
+def _check_out_path(out: Path) -> None:
+    """Refuse an ``out`` whose path the ``#SBATCH`` lines (its job name and log files) cannot carry,
+    before anything is written; the error names the character, why, and what to do."""
+    text = str(out)
+    for char in text:
+        if ord(char) < 32 or ord(char) == 127:
+            why = "a control character: a #SBATCH line is one line of the script"
+        elif char == "\\":
+            why = (
+                "a backslash: in the --output log file name Slurm drops it and expands no %A/%a, so "
+                "the tasks would log to another file"
+            )
+        else:
+            continue
+        raise ValueError(f"--out {text!r} holds {char!r}, {why}; choose an --out path without it")
+    word = next((word for word in ("hetjob", "packjob") if word in text.lower()), None)
+    if word is not None:
+        raise ValueError(
+            f"--out {text!r} holds the word {word!r}, which sbatch reads in a #SBATCH line as the "
+            "separator of a heterogeneous job, quoted or not; choose an --out path without it"
+        )
 
 
 def submit(
@@ -464,10 +517,12 @@ def submit(
     shards (default: one per run of the grid; a rerun must keep it). Writes
     ``out/slurm/array.sh`` and ``out/slurm/merge.sh``, submits the array for the shards that
     lack runs (``sbatch --array=<ids>``), then the merge job with
-    ``--dependency=afterok:<array> --kill-on-invalid-dep=yes``, and records both in
-    ``out/slurm/submit.json``. With every run finished but not merged it submits the merge job
-    alone; with everything merged, nothing. Refused (``ValueError``) while an earlier submission
-    into ``out`` is still queued or running, or when ``out`` was submitted with other settings.
+    ``--dependency=afterok:<array> --kill-on-invalid-dep=yes``, and records each job in
+    ``out/slurm/submit.json`` as soon as it is queued. With every run finished but not merged it
+    submits the merge job alone; with everything merged, nothing. Refused (``ValueError``) while an
+    earlier submission into ``out`` is still queued or running, or when ``out`` was submitted with
+    other settings; but when the earlier array alone is queued because its merge job's ``sbatch``
+    failed, the rerun submits that merge job alone, after the array (``Submission.earlier_array``).
     ``dry_run``: write the scripts, submit nothing.
 
     ``preset``: ``config`` is the preset's configs, one per task (:func:`.presets.apply_preset`),
@@ -478,6 +533,7 @@ def submit(
 
     options = options or SlurmOptions()
     out = Path(out).absolute()
+    _check_out_path(out)
     parts = _parts(config, preset)
     grid = plan_runs(parts[0].config)
     count = len(grid) if array_size is None else array_size
@@ -494,9 +550,11 @@ def submit(
         check_experiment(part.config, part.merged(out))
     folder = out / "slurm"
     settings = _submitted_settings(parts, preset)
-    jobs = _check_same_submission(folder / SUBMIT_FILE, settings, count)
+    entries = _check_same_submission(folder / SUBMIT_FILE, settings, count)
+    jobs = [str(entry[key]) for entry in entries for key in ("array", "merge") if entry.get(key)]
     queued = [] if dry_run else _still_queued(jobs, run)
-    if queued:
+    awaiting = _array_awaiting_merge(entries, queued)
+    if queued and awaiting is None:
         raise ValueError(
             f"{out}: job(s) {', '.join(queued)} of an earlier posenc submit are still queued or running "
             "(squeue); wait for them to end (or scancel them), then run this command again"
@@ -524,7 +582,11 @@ def submit(
     merge_script = folder / "merge.sh"
     writes = f"{out}/shards/<i>of{count}" + ("/<task>" if preset else "")
     array_text = _script(
-        [f"--job-name=posenc-{out.name}", f"--output={logs}/array-%A_%a.out", *options.array_lines()],
+        [
+            _directive("job-name", f"posenc-{out.name}"),
+            _directive("output", _log_file(logs, "array-%A_%a.out")),
+            *options.array_lines(),
+        ],
         [
             f"# Written by posenc submit: array task i trains shard i/{count} of the grid into {writes};",
             "# rerunning a task resumes its shard (finished runs kept, others from their checkpoints).",
@@ -533,7 +595,11 @@ def submit(
         ],
     )
     merge_text = _script(
-        [f"--job-name=posenc-{out.name}-merge", f"--output={logs}/merge-%j.out", *options.merge_lines()],
+        [
+            _directive("job-name", f"posenc-{out.name}-merge"),
+            _directive("output", _log_file(logs, "merge-%j.out")),
+            *options.merge_lines(),
+        ],
         _merge_lines(parts, out, count, python, preset),
     )
     logs.mkdir(parents=True, exist_ok=True)
@@ -541,23 +607,47 @@ def submit(
         path.write_text(text, encoding="utf-8")
         path.chmod(0o755)
 
-    array_command = ["sbatch", "--parsable", f"--array={array_ranges(shards)}", str(array_script)]
-    merge_command = ["sbatch", "--parsable", str(merge_script)]
+    scripts = (array_script, merge_script)
+    ledger = _Ledger(folder / SUBMIT_FILE, settings, count)
+    array_job, merge_job, commands = _queue(shards, merged, awaiting, scripts, ledger, run, dry_run)
+    return Submission(
+        out, shards, count, missing, array_job, merge_job, *scripts, commands, earlier_array=bool(awaiting)
+    )
+
+
+def _queue(
+    shards: list[int],
+    merged: bool,
+    awaiting: str | None,
+    scripts: tuple[Path, Path],
+    ledger: _Ledger,
+    run: Runner,
+    dry_run: bool,
+) -> tuple[str | None, str | None, list[list[str]]]:
+    """Submit what is left (the array for ``shards``, then the merge job unless ``merged``; with an
+    ``awaiting`` array job, the merge job alone, after it), recording each job in ``ledger`` as soon
+    as it is queued. Returns the array and merge job ids and the ``sbatch`` commands."""
+    array_script, merge_script = scripts
+    if awaiting is not None:
+        merge_command = _merge_command(merge_script, awaiting)
+        merge_job = _submit_merge(merge_command, awaiting, ledger.path, run)
+        ledger.add({"merge": merge_job}, amend=True)
+        return awaiting, merge_job, [merge_command]
     commands: list[list[str]] = []
     array_job = merge_job = None
     if shards:
-        commands.append(array_command)
+        commands.append(["sbatch", "--parsable", f"--array={array_ranges(shards)}", str(array_script)])
         if not dry_run:
-            array_job = _job_id(array_command, run)
-        dependency = f"--dependency=afterok:{array_job or '<array job id>'}"
-        merge_command[2:2] = [dependency, "--kill-on-invalid-dep=yes"]
+            array_job = _job_id(commands[-1], run)
+            # Recorded at once: should the merge's sbatch fail, the rerun must see this array queued
+            # and submit the merge job alone, not a second array writing the same shard folders.
+            ledger.add({"array": array_job, "merge": None})
     if shards or not merged:
-        commands.append(merge_command)
+        commands.append(_merge_command(merge_script, array_job or ("<array job id>" if shards else None)))
         if not dry_run:
-            merge_job = _job_id(merge_command, run)
-    if commands and not dry_run:
-        _record(folder / SUBMIT_FILE, settings, count, {"array": array_job, "merge": merge_job})
-    return Submission(out, shards, count, missing, array_job, merge_job, array_script, merge_script, commands)
+            merge_job = _submit_merge(commands[-1], array_job, ledger.path, run)
+            ledger.add({"array": array_job, "merge": merge_job}, amend=bool(array_job))
+    return array_job, merge_job, commands
 
 
 def _parts(config: ExperimentConfig | Sequence[ExperimentConfig], preset: str | None) -> list[Part]:
@@ -608,6 +698,27 @@ def _merge_lines(parts: Sequence[Part], out: Path, count: int, python: str, pres
     return lines
 
 
+def _merge_command(script: Path, after: str | None) -> list[str]:
+    """``sbatch`` of the merge job: once every task of array job ``after`` succeeded, if given
+    (``--kill-on-invalid-dep``: a failed task cancels it rather than leaving it pending)."""
+    dependency = [f"--dependency=afterok:{after}", "--kill-on-invalid-dep=yes"] if after else []
+    return ["sbatch", "--parsable", *dependency, str(script)]
+
+
+def _submit_merge(command: list[str], array_job: str | None, record: Path, run: Runner) -> str:
+    """Submit the merge job and return its id. When its ``sbatch`` fails after array job
+    ``array_job`` was queued, the error says so and that rerunning the command submits the merge alone."""
+    try:
+        return _job_id(command, run)
+    except ValueError as err:
+        if array_job is None:
+            raise
+        raise ValueError(
+            f"array job {array_job} is queued (recorded in {record}) but its merge job is not: {err}; "
+            f"fix that, then run this command again: it submits the merge job alone, after array job {array_job}"
+        ) from err
+
+
 def _job_id(command: list[str], run: Runner) -> str:
     """Run ``sbatch --parsable ...`` and return the job id it prints (``id`` or ``id;cluster``)."""
     printed = run(command).strip()
@@ -625,12 +736,22 @@ def _finished_in(config: ExperimentConfig, folder: Path, grid: list[RunSpec]) ->
     return all(set(_run_ids(config, run)) <= finished for run in grid)
 
 
-def _record(path: Path, settings: dict[str, Any], count: int, jobs: dict[str, Any]) -> None:
-    """Append this submission's job ids to ``out/slurm/submit.json`` (with the settings and size)."""
-    earlier = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-    payload = {
-        "experiment": settings,
-        "array_size": count,
-        "jobs": [*earlier.get("jobs", []), jobs],
-    }
-    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+@dataclass(frozen=True)
+class _Ledger:
+    """``out/slurm/submit.json``: the settings and array size submitted into ``out``, and the job ids."""
+
+    path: Path
+    settings: dict[str, Any]
+    count: int
+
+    def add(self, jobs: dict[str, Any], *, amend: bool = False) -> None:
+        """Append a submission's job ids; ``amend``: add them to the last one instead (the merge
+        job of the array it records)."""
+        earlier = json.loads(self.path.read_text(encoding="utf-8")) if self.path.is_file() else {}
+        entries = list(earlier.get("jobs", []))
+        if amend:
+            entries[-1] = {**entries[-1], **jobs}
+        else:
+            entries.append(jobs)
+        payload = {"experiment": self.settings, "array_size": self.count, "jobs": entries}
+        self.path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")

@@ -155,7 +155,7 @@ class ExperimentConfig:
         },
     )
     #: With ``until_fit``: train until the held-out score reaches ``fit_threshold + fit_margin``
-    #: (at most 1), so that the evaluation, which scores other examples, also clears the threshold.
+    #: (refused above 1), so that the evaluation, which scores other examples, also clears the threshold.
     fit_margin: float = field(
         default=0.0,
         metadata={
@@ -188,7 +188,12 @@ class ExperimentConfig:
             ("min_train_len", 1 <= self.min_train_len <= self.train_len, "between 1 and train_len"),
             ("steps", self.steps >= 1, "at least 1"),
             ("batch_size", self.batch_size >= 1, "at least 1"),
-            ("lr", self.lr > 0, "positive"),
+            # Written `0 < x < inf`, not `x > 0`: nan fails every comparison, but inf passes `> 0`
+            # and trains nan weights that still write records.
+            ("lr", 0 < self.lr < math.inf, "positive and finite"),
+            ("weight_decay", 0 <= self.weight_decay < math.inf, "0 or more and finite"),
+            ("grad_clip", 0 <= self.grad_clip < math.inf, "0 (no clipping) or a positive finite norm"),
+            ("dropout", 0 <= self.dropout < 1, "in [0, 1)"),
             ("warmup", self.warmup >= 0, "0 or more steps"),
             ("eval_examples", self.eval_examples >= 1, "at least 1"),
             ("checkpoint_every", self.checkpoint_every >= 1, "at least 1"),
@@ -214,6 +219,19 @@ class ExperimentConfig:
         for name, ok, need in checks:
             if not ok:
                 raise ValueError(f"invalid {name}={getattr(self, name)!r}: must be {need}")
+        self._check_fit_target()
+
+    def _check_fit_target(self) -> None:
+        """With ``until_fit``, the held-out score to reach, ``fit_threshold + fit_margin``, must be
+        at most 1: above it no run fits and each trains to ``steps`` without a word."""
+        target = self.fit_threshold + self.fit_margin
+        if self.until_fit and target > 1 + 1e-9:  # 1e-9: 0.95 + 0.05 may round above 1
+            raise ValueError(
+                f"invalid fit_margin={self.fit_margin!r}: with until_fit, fit_threshold + fit_margin = "
+                f"{self.fit_threshold!r} + {self.fit_margin!r} = {target:.4g} asks for an exact match above "
+                f"100%, which no run reaches; lower --fit-margin to at most {1 - self.fit_threshold:.4g} "
+                "(or --fit-threshold)"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
