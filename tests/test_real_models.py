@@ -118,7 +118,9 @@ class _BackendSpy:
         types = getattr(model.config, "layer_types", None)
         for index, layer in enumerate(model.model.layers):
             kind = types[index] if types else "attention"
-            layer.self_attn.register_forward_pre_hook(lambda *args, kind=kind: setattr(self, "layer_type", kind))
+            layer.self_attn.register_forward_pre_hook(
+                lambda *args, kind=kind: setattr(self, "layer_type", kind)
+            )
 
 
 # ---------------------------------------------------------------------------- SmolLM2-135M (Llama)
@@ -185,8 +187,9 @@ def test_smollm2_greedy_generation_gives_hf_tokens():
 def test_smollm2_cached_decoding_equals_the_full_pass():
     """Prefill 2000 tokens into HF's DynamicCache, then 48 one-token steps, all through posenc: each
     step's logits equal the full 2048-token pass at that position."""
-    import posenc.hf
     from transformers import DynamicCache
+
+    import posenc.hf
 
     model, _ = _load(SMOL)
     ids = _ids(SMOL)
@@ -259,6 +262,7 @@ def _raw_gguf_weights(name: str) -> dict[str, torch.Tensor]:
     """The q/k projection weights of every layer as llama.cpp stored them (dequantized by ``gguf``)."""
     from gguf import GGUFReader
     from gguf.quants import dequantize
+
     from posenc.pretrained import model_path
 
     reader = GGUFReader(str(model_path(name)))
@@ -335,8 +339,9 @@ def test_gemma3_logits_equal_hf_eager_with_the_local_layers_on_a_window_backend(
 def test_gemma3_cached_decoding_past_the_window_equals_the_full_pass():
     """Prefill 1000 tokens, then one-token steps to 1040: the local layers' cache holds 511 keys
     (HF's sliding cache) and every step equals the full pass."""
-    import posenc.hf
     from transformers import DynamicCache
+
+    import posenc.hf
 
     model, _ = _load(GEMMA)
     ids = _ids(GEMMA)[:, :1040]
@@ -348,10 +353,7 @@ def test_gemma3_cached_decoding_past_the_window_equals_the_full_pass():
         steps = [model(ids[:, :prefill], past_key_values=cache_, use_cache=True).logits[:, -1]]
         for t in range(prefill, ids.shape[1] - 1):
             steps.append(model(ids[:, t : t + 1], past_key_values=cache_, use_cache=True).logits[:, -1])
-    held = {
-        kind: cache_.layers[index].keys.shape[2]
-        for index, kind in enumerate(model.config.layer_types)
-    }
+    held = {kind: cache_.layers[index].keys.shape[2] for index, kind in enumerate(model.config.layer_types)}
     assert held["sliding_attention"] == 511 and held["full_attention"] == ids.shape[1] - 1
     decoded = torch.stack(steps, dim=1)
     assert _max_diff(decoded, full[:, prefill - 1 : -1]) <= _bound(GEMMA)
@@ -373,12 +375,19 @@ def test_the_gemma3_pattern_matches_the_real_config():
     default = TransformerLM(vocab_size=16, d_model=32, num_heads=2, num_layers=layers, pattern="gemma3")
     # The preset's window is Gemma 3's published 1024 (1B-27B); the 270M model uses 512.
     sized = TransformerLM(
-        vocab_size=16, d_model=32, num_heads=2, num_layers=layers, pattern=f"gemma3:window={config.sliding_window}"
+        vocab_size=16,
+        d_model=32,
+        num_heads=2,
+        num_layers=layers,
+        pattern=f"gemma3:window={config.sliding_window}",
     )
     thetas = config.rope_parameters
     for index, kind in enumerate(config.layer_types):
         local = kind == "sliding_attention"
         for lm in (default, sized):
-            assert lm.blocks[index].attn.encoding.base == thetas[kind]["rope_theta"], (index, kind)
+            assert lm.blocks[index].attn.encoding.config()["base"] == thetas[kind]["rope_theta"], (
+                index,
+                kind,
+            )
             assert (lm.blocks[index].attn.window is not None) == local, (index, kind)
         assert sized.blocks[index].attn.window == (config.sliding_window if local else None)

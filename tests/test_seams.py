@@ -18,7 +18,7 @@ import warnings
 import pytest
 import torch
 
-from posenc.seams import SEAMS, TRANSFORMERS_RANGE
+from posenc.seams import SEAMS, TORCH_RANGE, TRANSFORMERS_RANGE
 
 pytestmark = pytest.mark.hf  # the posenc.hf seam: CI runs these at both ends of the transformers range
 
@@ -233,6 +233,23 @@ def _declared(package: str, extra: str) -> set[str]:
 
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.lstrip("<>=!~").split("."))
+
+
+def test_pyproject_declares_the_torch_range_ci_tests():
+    """The core requirement is TORCH_RANGE (the range .ci/run tests at both ends), floor and cap."""
+    (requirement,) = [
+        r for r in importlib.metadata.requires("posenc") or [] if r.startswith("torch") and ";" not in r
+    ]
+    declared = {clause.strip() for clause in requirement[len("torch") :].split(",")}
+    assert declared == {clause.strip() for clause in TORCH_RANGE.split(",")}
+
+
+def test_the_installed_torch_is_in_the_declared_range():
+    import torch
+
+    cap, floor = sorted(TORCH_RANGE.split(","))  # "<2.16", ">=2.12"
+    version = _version(".".join(torch.__version__.split("+")[0].split(".")[:2]))
+    assert _version(floor) <= version < _version(cap), torch.__version__
 
 
 def test_pyproject_declares_the_transformers_range_posenc_binds_to():

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "SEAMS",
+    "TORCH_RANGE",
     "TRANSFORMERS_RANGE",
     "Seam",
     "drift_report",
@@ -41,6 +42,13 @@ __all__ = [
 
 #: The transformers releases ``posenc.hf`` supports (declared in ``pyproject.toml``; both ends tested).
 TRANSFORMERS_RANGE = ">=5.15,<5.25"
+
+#: The torch releases posenc supports (``pyproject.toml``'s core requirement; ``.ci/run`` tests the
+#: floor and the newest release, each from PyPI's default build). The floor is the oldest release
+#: whose ``torch.compile`` traces the layer in one graph and whose FlexAttention compiles the learned
+#: bias score_mods (FIRE, the MLP bias): 2.11 graph-breaks on the attention request's cached checks,
+#: 2.9 also fails those score_mods, 2.6 also builds derived buffers on the meta device wrongly.
+TORCH_RANGE = ">=2.12,<2.16"
 
 
 def parameter_names(obj: Callable) -> tuple[str, ...]:
@@ -232,7 +240,7 @@ SEAMS: dict[str, Seam] = {
         Seam(
             name="torch aten::_scaled_dot_product_flash_attention_for_cpu",
             package="torch",
-            supported=">=2.13",
+            supported=TORCH_RANGE,
             module="torch",
             path="ops.aten._scaled_dot_product_flash_attention_for_cpu",
             known=(
@@ -253,7 +261,7 @@ SEAMS: dict[str, Seam] = {
         Seam(
             name="torch aten::_scaled_dot_product_flash_attention_for_cpu_backward",
             package="torch",
-            supported=">=2.13",
+            supported=TORCH_RANGE,
             module="torch",
             path="ops.aten._scaled_dot_product_flash_attention_for_cpu_backward",
             known=(
