@@ -510,3 +510,53 @@ def test_a_swapped_model_refuses_a_cache_whose_keys_it_cannot_place():
     attention.__dict__["_posenc_call_cache"] = NoLength()
     with pytest.raises(ValueError, match=r"NoLength, does not tell its length \(get_seq_length\(0\)"):
         swapped_positions(attention, torch.arange(3)[None], 3, 3, torch.device("cpu"))
+
+
+# ---------------------------------------------------------------------------- HF's sliding window as posenc's
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3", "gpt_oss"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_sliding_layer_gets_posenc_s_window_mask_when_hf_s_mask_is_exactly_that(name, padded, monkeypatch):
+    """The bridge reads HF's ``sliding_window``: an unpadded sliding layer reaches posenc's dispatcher
+    with a structured window (so the window backends can serve it), not HF's dense mask; a padded
+    batch keeps the dense mask (the window alone would be wrong). Logits equal HF either way, and a
+    window one wider than HF's would differ (the test can fail)."""
+    import posenc.hf._attention as bridge
+    from posenc.masks import SlidingWindowMask, UserBoolMask
+
+    seen = []
+    original_attend = bridge.attend
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["mask"])
+        return original_attend(*args, **kwargs)
+
+    monkeypatch.setattr(bridge, "attend", spy)
+    model = _model(name)
+    ids, mask = _inputs()
+    if not padded:
+        mask = torch.ones_like(mask)
+    reference, _ = _run(model, REFERENCE[name][0], ids, mask)
+    got, _ = _run(model, "posenc", ids, mask)
+    torch.testing.assert_close(got, reference, **REFERENCE[name][2])
+    windows = [
+        m for m in seen if m is not None and any(isinstance(c, SlidingWindowMask) for c in m.components)
+    ]
+    window = model.config.sliding_window
+    if padded:
+        assert windows == []
+    else:
+        layer_types = getattr(model.config, "layer_types", None) or ["sliding_attention"] * 2
+        assert len(windows) == layer_types.count("sliding_attention")
+        assert all(not any(isinstance(c, UserBoolMask) for c in m.components) for m in windows)
+        assert {c.window for m in windows for c in m.components if isinstance(c, SlidingWindowMask)} == {
+            window
+        }
+        # A wider window is not what HF computes: the comparison that admits the structured mask
+        # would refuse it.
+        query = torch.zeros(1, 1, LEN, 4)
+        hf_mask = torch.ones(LEN, LEN, dtype=torch.bool).tril()
+        hf_mask &= ~torch.ones(LEN, LEN, dtype=torch.bool).tril(-window)
+        assert bridge._window_mask(hf_mask[None, None], window, query, query) is not None
+        assert bridge._window_mask(hf_mask[None, None], window + 1, query, query) is None
