@@ -560,3 +560,43 @@ def test_a_sliding_layer_gets_posenc_s_window_mask_when_hf_s_mask_is_exactly_tha
         hf_mask &= ~torch.ones(LEN, LEN, dtype=torch.bool).tril(-window)
         assert bridge._window_mask(hf_mask[None, None], window, query, query) is not None
         assert bridge._window_mask(hf_mask[None, None], window + 1, query, query) is None
+
+
+# ---------------------------------------------------------------------------- the RoPE pairing of a swapped model
+
+
+def test_switching_a_swapped_model_s_rope_pairing_keeps_its_logits_and_refuses_an_old_cache():
+    """``posenc.hf.switch_rope_pairing_``: q/k rows permuted and the encoding interleaved, the logits
+    of the half-pairing model to float64 rounding; keys cached before the switch are in the old
+    layout, so continuing that cache is refused; ``posenc.switch_rope_pairing_`` points to it."""
+    import posenc
+    from posenc.encodings.rope import RoPE
+
+    model = _model("llama")
+    posenc_hf.swap_encoding(model, "rope:base=10000")
+    ids, mask = _inputs()
+    before = model(ids, attention_mask=mask).logits.detach()
+    rows = model.model.layers[0].self_attn.q_proj.weight.clone()
+    cache = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :10], attention_mask=mask[:, :10], past_key_values=cache, use_cache=True)
+    with pytest.raises(ValueError, match=r"posenc\.hf\.switch_rope_pairing_"):
+        posenc.switch_rope_pairing_(model)
+    assert posenc_hf.switch_rope_pairing_(model, "interleaved") == 2
+    assert posenc_hf.switch_rope_pairing_(model, "interleaved") == 0
+    assert all(
+        isinstance(layer.self_attn.posenc_encoding, RoPE)
+        and layer.self_attn.posenc_encoding.pairing == "interleaved"
+        for layer in model.model.layers
+    )
+    assert not torch.equal(model.model.layers[0].self_attn.q_proj.weight, rows)
+    after = model(ids, attention_mask=mask).logits.detach()
+    real = mask.bool()
+    torch.testing.assert_close(after[real], before[real], **EXACT)
+    with pytest.raises(ValueError, match=r"before posenc\.hf\.switch_rope_pairing_"), torch.no_grad():
+        model(ids[:, 10:12], attention_mask=mask[:, :12], past_key_values=cache, use_cache=True)
+    fresh = transformers.DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(ids[:, :10], attention_mask=mask[:, :10], past_key_values=fresh, use_cache=True)
+        step = model(ids[:, 10:12], attention_mask=mask[:, :12], past_key_values=fresh, use_cache=True).logits
+    torch.testing.assert_close(step[:, -1], before[:, 11], **EXACT)

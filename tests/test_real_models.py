@@ -207,7 +207,8 @@ def test_smollm2_cached_decoding_equals_the_full_pass():
 
 def test_smollm2_with_its_rope_swapped_for_posenc_s_equals_hf():
     """``swap_encoding(model, "rope:base=100000")``: posenc's RoPE (half pairing) inside every layer
-    in place of HF's rotary embedding gives HF's logits."""
+    in place of HF's rotary embedding gives HF's logits, and so does the model after
+    ``switch_rope_pairing_`` moves it to the interleaved pairing."""
     import posenc.hf
 
     model, _ = _load(SMOL)
@@ -216,6 +217,11 @@ def test_smollm2_with_its_rope_swapped_for_posenc_s_equals_hf():
     with torch.no_grad():
         out = model(_ids(SMOL)).logits
     assert _max_diff(out, _hf_logits(SMOL, "sdpa")) <= _bound(SMOL)
+    # switch_rope_pairing_ keeps the logits: every layer's q/k rows permuted, RoPE interleaved.
+    assert posenc.hf.switch_rope_pairing_(model, "interleaved") == model.config.num_hidden_layers
+    with torch.no_grad():
+        switched = model(_ids(SMOL)).logits
+    assert _max_diff(switched, _hf_logits(SMOL, "sdpa")) <= _bound(SMOL)
 
 
 SCALINGS = {

@@ -534,6 +534,14 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
         A :class:`~posenc.KVCache` entry written before the switch is refused afterwards.
     """
     check_pairing(pairing)
+    swapped = [
+        name for name, m in module.named_modules() if isinstance(getattr(m, "posenc_encoding", None), RoPE)
+    ]
+    if swapped:  # an HF attention given posenc's RoPE by posenc.hf.swap_encoding: HF's projections
+        raise ValueError(
+            f"switch_rope_pairing_: {swapped[0]!r} is an HF attention swapped by posenc.hf.swap_encoding; "
+            "use posenc.hf.switch_rope_pairing_(model, pairing). Nothing was changed"
+        )
     layers = [
         m
         for m in module.modules()

@@ -29,7 +29,9 @@ k, biases, relative terms) at the positions HF gives (``position_ids``). Keys th
 unrotated; the layer keeps their positions beside the cache and places the keys of each call by the
 cache's length, so a cropped cache (assisted generation's rejected drafts) and a sliding window
 continue at the right positions; a static cache is refused. :func:`set_rope_scaling` changes the RoPE scaling
-of a loaded model in place, as if it had been loaded with those ``rope_parameters``.
+of a loaded model in place, as if it had been loaded with those ``rope_parameters``;
+:func:`switch_rope_pairing_` moves a swapped model's RoPE to the interleaved pairing (q/k rows
+permuted, logits unchanged).
 
 :func:`use_posenc_attention` serves bias models whose bias HF computes outside the attention
 function, BLOOM (ALiBi) and T5 / mT5 (relative buckets), through posenc's own encodings: the bias is
@@ -41,7 +43,7 @@ from __future__ import annotations
 from ._attention import ATTN_IMPLEMENTATION, attention_forward, register
 from ._bias_models import use_posenc_attention
 from ._common import last_backend
-from ._swap import set_rope_scaling, swap_encoding
+from ._swap import set_rope_scaling, swap_encoding, switch_rope_pairing_
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
@@ -50,5 +52,6 @@ __all__ = [
     "register",
     "set_rope_scaling",
     "swap_encoding",
+    "switch_rope_pairing_",
     "use_posenc_attention",
 ]

@@ -42,6 +42,7 @@ class _StreamPositions:
 
     start: int
     positions: Tensor  # [B or 1, n] int64
+    layout: int = 0  # the layer's q/k channel layout when written (switch_rope_pairing_ bumps it)
 
     @property
     def stop(self) -> int:
@@ -137,6 +138,12 @@ def swapped_positions(
     first = seen - past  # the stream index of the first cached key handed over
     store = _key_positions_store(cache)
     kept = store.get(layer)
+    layout = int(module.__dict__.get("posenc_qk_layout", 0))
+    if past and kept is not None and kept.layout != layout:
+        raise ValueError(
+            f"swap_encoding: layer {layer}'s cached keys were written before posenc.hf.switch_rope_pairing_ "
+            "permuted its q/k rows, so they are in the old channel layout; start a fresh cache after switching"
+        )
     if past == 0:
         k_pos = q_pos
     elif first >= 0 and kept is not None and kept.covers(first, seen):
@@ -159,7 +166,7 @@ def swapped_positions(
     wanted = 0 if held is None else seen + q_len - held  # the first stream index worth keeping
     if kept is not None and wanted < first and kept.covers(max(wanted, kept.start), seen):
         start = max(wanted, kept.start)
-        store[layer] = _StreamPositions(start, _cat(kept.take(start, seen).to(device), q_pos))
+        store[layer] = _StreamPositions(start, _cat(kept.take(start, seen).to(device), q_pos), layout)
     else:
-        store[layer] = _StreamPositions(first, k_pos)
+        store[layer] = _StreamPositions(first, k_pos, layout)
     return q_pos, k_pos

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from ..base import Kind, LayerContext
@@ -90,6 +91,48 @@ def swap_encoding(model: nn.Module, encoding: str | Sequence[str]) -> nn.Module:
     decoder.rotary_emb = _NoRotation(head_dim)
     model.set_attn_implementation(register(BACKEND["name"]))
     return model
+
+
+def switch_rope_pairing_(model: nn.Module, pairing: str = "interleaved") -> int:
+    """Switch the posenc RoPE of a swapped HF model to ``pairing``, in place, exactly.
+
+    The HF counterpart of :func:`posenc.switch_rope_pairing_`: each layer whose ``swap_encoding`` gave
+    it a RoPE of another pairing gets its ``q_proj`` and ``k_proj`` output rows (weights and biases)
+    permuted by :func:`~posenc.encodings.rope.convert_rope_pairing` and its encoding switched, so the
+    logits stay the same up to float rounding while the rotation takes the faster interleaved path.
+    Keys an HF cache holds from before the switch are in the old layout: a later call that hands
+    them over is refused (start a fresh cache).
+
+    Returns:
+        How many layers were switched (layers already in ``pairing``, or not RoPE, are left alone).
+    """
+    from ..encodings.rope import RoPE, check_pairing, convert_rope_pairing
+
+    check_pairing(pairing)
+    attentions = [layer.self_attn for layer in _decoder(model).layers]
+    if not any(hasattr(attention, "posenc_encoding") for attention in attentions):
+        raise ValueError(
+            "switch_rope_pairing_: the model's encoding was not swapped; call swap_encoding first"
+        )
+    switched = [
+        a for a in attentions if isinstance(a.posenc_encoding, RoPE) and a.posenc_encoding.pairing != pairing
+    ]
+    with torch.no_grad():
+        for attention in switched:
+            enc = attention.posenc_encoding
+            for proj in (attention.q_proj, attention.k_proj):
+                heads = proj.out_features // enc.head_dim
+                for param in (proj.weight, proj.bias):
+                    if param is not None:
+                        param.copy_(
+                            convert_rope_pairing(
+                                param, heads, enc.head_dim, enc.pairing, pairing, enc.rotary_dim
+                            )
+                        )
+            attention.posenc_qk_layout = int(getattr(attention, "posenc_qk_layout", 0)) + 1
+    for enc in {id(a.posenc_encoding): a.posenc_encoding for a in switched}.values():
+        enc.switch_pairing_(pairing)
+    return len(switched)
 
 
 def _check_rotary_interface(rotary: nn.Module) -> None:
