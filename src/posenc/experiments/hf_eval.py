@@ -1,5 +1,10 @@
 """``posenc extrapolate --hf-model DIR``: evaluate a local HF causal LM beyond its training context.
 
+``DIR`` may also be a fetched model's name (``smollm2-135m``) or a ``.gguf`` file, loaded by
+:func:`posenc.pretrained.load`. The tasks ``text``, ``text-lm`` and ``text-passkey`` are the
+context-extension study of a pretrained model (:mod:`posenc.experiments.hf_study`); this module
+runs ``lm`` and ``passkey``.
+
 No training: the model in ``DIR`` is loaded with ``AutoModelForCausalLM.from_pretrained(DIR)`` and
 scored by the harness's own metrics, so the results folder (``config.json``, ``results.jsonl``,
 ``results.csv``, ``extrapolation.png``, ``depth.png``), the summary table and ``posenc report`` are

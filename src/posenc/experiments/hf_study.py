@@ -161,7 +161,7 @@ def position_buckets(context: int, eval_len: int) -> list[tuple[int, int]]:
         position = min(position + max(1, context // 2), eval_len)
         bounds.append(position)
     bounds = [b for b in dict.fromkeys(bounds) if b <= eval_len]
-    if bounds[-1] != eval_len:
+    if not bounds or bounds[-1] != eval_len:
         bounds.append(eval_len)
     return list(zip([0, *bounds[:-1]], bounds))
 
@@ -224,8 +224,11 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, key: int) -> tuple
     return ids, len(prefix) + at
 
 
-def greedy_answer(model: nn.Module, ids: Tensor, steps: int) -> list[int]:
-    """The ``steps`` tokens the model decodes greedily after ``ids [1, T]`` (KV cache)."""
+def greedy_answer(
+    model: nn.Module, ids: Tensor, steps: int, stop: Callable[[list[int]], bool] | None = None
+) -> list[int]:
+    """The tokens (at most ``steps``) the model decodes greedily after ``ids [1, T]`` (KV cache);
+    decoding ends early once ``stop(tokens so far)`` is true."""
     import inspect
 
     # transformers 5.x names the KV cache ``cache``; earlier versions ``past_key_values``.
@@ -236,8 +239,9 @@ def greedy_answer(model: nn.Module, ids: Tensor, steps: int) -> list[int]:
         for step in range(steps):
             token = out.logits[:, -1].argmax(-1)
             answer.append(int(token))
-            if step + 1 < steps:
-                out = model(input_ids=token[:, None], use_cache=True, **{name: getattr(out, name)})
+            if step + 1 == steps or (stop is not None and stop(answer)):
+                break
+            out = model(input_ids=token[:, None], use_cache=True, **{name: getattr(out, name)})
     return answer
 
 
@@ -491,7 +495,12 @@ def _run_unit(
                 rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
                 key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
                 ids, _ = passkey_prompt(tokenizer, length, depth, key)
-                answer = greedy_answer(model, torch.tensor([ids], device=device), KEY_DIGITS + 2)
+                answer = greedy_answer(
+                    model,
+                    torch.tensor([ids], device=device),
+                    KEY_DIGITS + 2,
+                    stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
+                )
                 hits += answer_is_right(tokenizer.decode(answer), key)
                 count += 1
                 progress(count, total)
