@@ -243,6 +243,14 @@ def extrapolate(
         help="evaluate a local HF causal LM folder (save_pretrained) without training, on --task lm or "
         "passkey at lengths 1..--eval-len beyond its max_position_embeddings",
     ),
+    lengths: str | None = typer.Option(
+        None,
+        help="--hf-model --task text/text-passkey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
+        "to --eval-len, c the model's context); perplexity is read from --eval-len windows",
+    ),
+    depths: str | None = typer.Option(
+        None, help="--hf-model --task text/text-passkey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"
+    ),
     preset: str | None = typer.Option(
         None,
         help="run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
@@ -270,18 +278,26 @@ def extrapolate(
     (combine the parts with `posenc merge`).
     """
     from .experiments.distributed import Distributed
+    from .experiments.hf_study import STUDY_TASKS
     from .experiments.results import read_run_records
     from .experiments.runner import ExperimentInterrupted, WorkerDied, run_experiment
     from .experiments.shards import parse_shard
     from .experiments.summary import summary_table
     from .viz.folder import write_figures
 
-    if hf_model is not None and (preset is not None or shard is not None):
-        print_error("--preset and --shard train models; they do not apply to --hf-model")
+    study = hf_model is not None and options["task"] in STUDY_TASKS
+    if hf_model is not None and (preset is not None or (shard is not None and not study)):
+        print_error("--preset and --shard train models; they do not apply to --hf-model (but to --task text)")
         raise typer.Exit(2)
+    if study:
+        _hf_study(hf_model, out, device, progress, shard, lengths, depths, options)
+        return
     if hf_model is not None:
         _extrapolate_hf(hf_model, out, device, progress, options)
         return
+    if lengths is not None or depths is not None:
+        print_error("--lengths and --depths apply to --hf-model with --task text, text-lm or text-passkey")
+        raise typer.Exit(2)
     config = config_from_options(options)
     try:
         part = None if shard is None else parse_shard(shard)
@@ -377,6 +393,53 @@ def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, opti
         print_table(rich_table(summary(settings, records)))
         print_line(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
     except ValueError as err:
+        print_error(str(err))
+        raise typer.Exit(2) from err
+
+
+def _hf_study(
+    hf_model: Path,
+    out: Path,
+    device: str,
+    progress: bool,
+    shard: str | None,
+    lengths: str | None,
+    depths: str | None,
+    options: dict[str, Any],
+) -> None:
+    """``--hf-model M --task text``: the context-extension study (:mod:`posenc.experiments.hf_study`)."""
+    from .experiments.hf_eval import parse_variants
+    from .experiments.hf_study import run_study, study_summary
+    from .experiments.shards import parse_shard
+    from .viz.folder import write_figures
+
+    corpus = options["corpus"]
+    try:
+        if options["encodings"] != ",".join(_DEFAULT.encodings):
+            raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
+        given_len = options["eval_len"] if options["eval_len"] != _DEFAULT.eval_len else None
+        examples = options["eval_examples"] if options["eval_examples"] != _DEFAULT.eval_examples else 1
+        with _ProgressBars(console, progress) as bars:
+            records, settings = run_study(
+                str(hf_model),
+                out,
+                task=options["task"],
+                eval_len=given_len,
+                lengths=None if lengths is None else _int_list(lengths, "--lengths"),
+                depths=depths,
+                eval_examples=examples,
+                seeds=_int_list(options["seeds"], "--seeds"),
+                corpus=None if corpus is None else str(corpus),
+                variants=parse_variants(options["eval_variants"]),
+                shard=None if shard is None else parse_shard(shard),
+                device=device,
+                report=bars.report,
+                log=bars.log,
+                figures=write_figures,
+            )
+        print_table(rich_table(study_summary(settings, records)))
+        print_line(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
+    except (ValueError, FileNotFoundError) as err:
         print_error(str(err))
         raise typer.Exit(2) from err
 

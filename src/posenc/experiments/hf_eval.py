@@ -1,5 +1,10 @@
 """``posenc extrapolate --hf-model DIR``: evaluate a local HF causal LM beyond its training context.
 
+``DIR`` may also be a fetched model's name (``smollm2-135m``) or a ``.gguf`` file, loaded by
+:func:`posenc.pretrained.load`. The tasks ``text``, ``text-lm`` and ``text-passkey`` are the
+context-extension study of a pretrained model (:mod:`posenc.experiments.hf_study`); this module
+runs ``lm`` and ``passkey``.
+
 No training: the model in ``DIR`` is loaded with ``AutoModelForCausalLM.from_pretrained(DIR)`` and
 scored by the harness's own metrics, so the results folder (``config.json``, ``results.jsonl``,
 ``results.csv``, ``extrapolation.png``, ``depth.png``), the summary table and ``posenc report`` are
@@ -52,8 +57,10 @@ __all__ = [
 #: Tasks an HF model can be evaluated on.
 HF_TASKS = ("lm", "passkey")
 #: RoPE scalings ``--eval-variants`` accepts, as HF ``rope_type`` names: ``none`` (as trained),
-#: ``linear`` (position interpolation), ``dynamic`` (dynamic NTK), ``yarn``.
-VARIANTS = ("none", "linear", "dynamic", "yarn")
+#: ``linear`` (position interpolation), ``ntk`` (static NTK-aware: HF has no such ``rope_type``, so
+#: it is set as ``default`` with the base ``theta * factor ** (d / (d - 2))``, ``d`` the rotary
+#: dimension), ``dynamic`` (dynamic NTK), ``yarn``.
+VARIANTS = ("none", "linear", "ntk", "dynamic", "yarn")
 #: The fit threshold of the per-run ``iid`` records (the harness's default; only exact-match metrics fit).
 _FIT_THRESHOLD = 0.95
 
@@ -89,6 +96,10 @@ def _load(model_dir: Path) -> tuple[nn.Module, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
     except ImportError as err:
         raise ValueError("--hf-model needs transformers: pip install 'posenc[hf]'") from err
+    from ..pretrained import MODELS, load
+
+    if str(model_dir) in MODELS or model_dir.suffix == ".gguf":  # a fetched model's name, a GGUF file
+        return load(model_dir)
     if not (model_dir / "config.json").is_file():
         raise ValueError(
             f"--hf-model {model_dir}: no config.json there (a folder written by save_pretrained)"
@@ -188,7 +199,7 @@ def evaluate_hf_model(
     scalings = {variant: rope_parameters_for(variant, train_len, eval_len) for variant in variants}
     the_task = hf_task(task, model, tokenizer, num_symbols=num_symbols, corpus=corpus)
     the_task.check_length(eval_len)
-    base_name = model_dir.resolve().name
+    base_name = str(model_dir) if not model_dir.exists() else model_dir.resolve().name.removesuffix(".gguf")
     labels = {v: base_name if v == "none" else f"{base_name} + {v}" for v in variants}
     settings = {
         "task": task,
@@ -303,7 +314,21 @@ def _apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original
         if original and getattr(model.config, "rope_parameters", None) != original:
             set_rope_scaling(model, dict(original))
         return
+    if parameters.get("rope_type") == "ntk":
+        parameters = ntk_parameters(model.config, original, parameters["factor"])
     set_rope_scaling(model, {**{k: v for k, v in original.items() if k != "rope_type"}, **parameters})
+
+
+def ntk_parameters(config: Any, original: dict[str, Any], factor: float) -> dict[str, Any]:
+    """Static NTK-aware scaling as HF ``rope_parameters``: ``default`` with the base
+    ``theta * factor ** (d / (d - 2))``, ``d`` the rotary dimension (posenc's ``ntk`` scaling)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    partial = original.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    width = int(head_dim * partial)
+    if width <= 2:
+        raise ValueError(f"--eval-variants ntk needs a rotary dimension > 2, got {width}")
+    theta = float(original["rope_theta"]) * float(factor) ** (width / (width - 2))
+    return {"rope_type": "default", "rope_theta": theta}
 
 
 def _summary_config(settings: dict[str, Any]) -> Any:

@@ -284,8 +284,10 @@ def merge_folders(
     settings = dict(sources[0].settings)
     settings["encodings"] = _union(source.settings.get("encodings", []) for source in sources)
     settings["seeds"] = _union(source.settings.get("seeds", []) for source in sources)
-    config = _config_from_settings(settings)
-    config.make_task()  # the merged settings still name a task this version can build
+    study = bool(settings.get("study"))  # a context-extension study's folders (--hf-model, --task text)
+    config = None if study else _config_from_settings(settings)
+    if config is not None:
+        config.make_task()  # the merged settings still name a task this version can build
     payload: dict[str, Any] = {
         "experiment": {**settings},
         "runtime": {
@@ -303,6 +305,10 @@ def merge_folders(
             atomic_write_text(out / RUNS_FILE, "".join(json.dumps(record) + "\n" for record in runs))
         atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
         write_outputs(out, records, figures)
+    if config is None:
+        from .hf_study import missing_units
+
+        return MergeSummary(out, len(records), duplicates, missing_units(settings, runs), len(runs))
     missing = missing_runs(config.task, config.encodings, config.seeds, records)
     return MergeSummary(out, len(records), duplicates, missing, len(runs))
 

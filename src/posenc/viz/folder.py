@@ -41,6 +41,10 @@ def write_figures(folder: str | Path) -> list[Path]:
     folder = Path(folder)
     settings = experiment_settings(load_config(folder))
     task = settings["task"]
+    if settings.get("study"):  # posenc extrapolate --hf-model M --task text (the context-extension study)
+        from .hf_study import study_figures
+
+        return study_figures(folder, settings, read_records(folder / "results.jsonl"), _save)
     metric = TASKS[task].metric
     config = None if "hf_model" in settings else _config(settings)
     if config is None:  # an HF model evaluated as it is (posenc extrapolate --hf-model)

@@ -1,0 +1,571 @@
+"""The context-extension study of a pretrained model: ``posenc extrapolate --hf-model M --task text``.
+
+``M`` is a fetched model's name (``smollm2-135m``), a ``.gguf`` file or an HF folder with a
+tokenizer, loaded by :func:`posenc.pretrained.load` (a GGUF of an architecture HF cannot load is
+refused by name). Nothing is trained; the model is scored on real text in its own tokens, under
+each RoPE variant of ``--eval-variants`` (``none``, ``linear``, ``ntk``, ``dynamic``, ``yarn``;
+``NAME:FACTOR`` sets the factor, default ``eval_len / context``; ``NAME:F1/F2/F3`` is a factor sweep,
+one row per factor). Let ``c`` be the model's training context (``max_position_embeddings``).
+
+Tasks:
+
+* ``text-lm``: perplexity by position. The evaluation text is ``--corpus``: a file, or the built-in
+  ``python-reference`` (:func:`posenc.pretrained.reference_text`, the default); all of it is
+  evaluation text (a pretrained model has no training split here). Each of ``--eval-examples``
+  windows of ``eval_len`` tokens starts at a fixed offset (evenly spaced over the text) and is run
+  through the model once; the token at 1-based position ``p`` of a window (``p >= 2``) has the NLL
+  ``-log softmax(logits[p - 1])[token_p]``. The NLLs are pooled into buckets of positions
+  ``(lo, hi]``: eight of width ``c/8`` inside the context, then steps of ``c/2``: **perplexity at
+  1.5x** is ``exp`` of the mean NLL of the positions in ``(c, 1.5c]``, **at 2x** of those in
+  ``(1.5c, 2c]``. Each bucket is one record (``metric: perplexity``, ``length = hi``).
+* ``text-passkey``: the standard passkey prompt in the model's tokens: filler sentences ("The grass
+  is green. The sky is blue. ..."), the needle "The pass key is N. Remember it. N is the pass key."
+  at a depth of ``--depths`` (the fraction of the filler before it, snapped to the nearest sentence
+  boundary), then "What is the pass key? The pass key is"; the whole prompt is ``length`` tokens. The
+  model decodes greedily a few tokens; a trial is right when the first run of digits of its answer
+  equals ``N`` (exact match). ``--eval-examples`` trials per (length, depth) cell. One
+  ``exact_match`` record per length carries ``by_depth`` (the heat map, ``depth.png``).
+* ``text``: both.
+
+The unit of work is one (variant, length): ``--lengths`` (default ``c/2, c, 1.5c, 2c`` up to
+``eval_len``, and ``eval_len``) for the passkey, and ``eval_len`` for perplexity (one forward at the
+longest length gives every bucket). A unit's records are written to the folder as soon as it is
+done and listed in ``runs.jsonl`` (``metric: unit``); a rerun of the same command skips finished
+units. ``--shard i/n`` keeps the units at positions ``i, i + n, ...`` of the list (variant-major);
+``posenc merge`` joins the shards' folders. Forwards per unit: ``len(depths) * eval_examples``
+passkey prompts (plus a few one-token decode steps each), and ``eval_examples`` perplexity windows
+for the units at ``eval_len``.
+
+The ``dynamic`` variant scales by the length of each call, so its perplexity inside the context,
+read from an ``eval_len`` forward, is that of the scaled model, not of the model as trained.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .folders import FigureWriter, folder_lock, write_outputs
+from .results import RUNS_FILE, atomic_write_text, experiment_settings, load_config, read_records
+
+__all__ = [
+    "CORPORA",
+    "FILLER",
+    "STUDY_TASKS",
+    "expand_variants",
+    "load_model",
+    "passkey_prompt",
+    "position_buckets",
+    "position_nll",
+    "run_study",
+    "study_summary",
+    "study_units",
+]
+
+#: The study's tasks (``text`` runs both others).
+STUDY_TASKS = ("text", "text-lm", "text-passkey")
+#: Built-in evaluation texts by ``--corpus`` name.
+CORPORA: dict[str, Callable[[], str]] = {}
+#: The filler sentences of the passkey prompt (repeated).
+FILLER = (
+    "The grass is green.",
+    "The sky is blue.",
+    "The sun is yellow.",
+    "Here we go.",
+    "There and back again.",
+)
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+#: Digits of the pass key.
+KEY_DIGITS = 5
+
+
+def _reference() -> str:
+    from ..pretrained import reference_text
+
+    return reference_text()
+
+
+CORPORA["python-reference"] = _reference
+
+
+def load_model(model: str | Path) -> tuple[nn.Module, Any, str]:
+    """``(model, tokenizer, name)`` of a fetched model's name, a ``.gguf`` file or an HF folder."""
+    from ..pretrained import MODELS, load
+
+    loaded, tokenizer = load(model)
+    name = str(model) if str(model) in MODELS else Path(model).resolve().name.removesuffix(".gguf")
+    return loaded, tokenizer, name
+
+
+def study_text(corpus: str | None) -> tuple[str, str]:
+    """``(text, label)`` of ``--corpus``: a built-in name (default ``python-reference``) or a file."""
+    name = corpus or "python-reference"
+    if name in CORPORA:
+        return CORPORA[name](), name
+    path = Path(name)
+    if not path.is_file():
+        raise ValueError(f"--corpus {name}: neither a file nor a built-in text ({', '.join(CORPORA)})")
+    return path.read_text(encoding="utf-8", errors="replace"), str(path)
+
+
+def parse_depths(text: str | Sequence[float] | None) -> list[float]:
+    """``"0,0.5,1"`` -> ``[0.0, 0.5, 1.0]``; each in [0, 1] (``ValueError`` naming ``--depths``)."""
+    if text is None:
+        return [0.0, 0.25, 0.5, 0.75, 1.0]
+    items = [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
+    depths = []
+    for item in items:
+        try:
+            depth = float(item)
+        except ValueError as err:
+            raise ValueError(f"--depths {item!r}: a depth is a number in [0, 1]") from err
+        if not 0.0 <= depth <= 1.0:
+            raise ValueError(f"--depths {item}: a needle depth must lie in [0, 1] (0: start, 1: end)")
+        depths.append(depth)
+    if not depths:
+        raise ValueError("--depths: give at least one depth in [0, 1]")
+    return depths
+
+
+def expand_variants(variants: Sequence[str]) -> list[str]:
+    """A factor sweep ``NAME:F1/F2/F3`` -> ``NAME:F1, NAME:F2, NAME:F3``; other items as they are."""
+    out: list[str] = []
+    for variant in variants:
+        name, _, factors = variant.partition(":")
+        out += [f"{name}:{f.strip()}" for f in factors.split("/")] if "/" in factors else [variant]
+    return list(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------------------- perplexity by position
+
+
+def position_buckets(context: int, eval_len: int) -> list[tuple[int, int]]:
+    """The buckets ``(lo, hi]`` of 1-based positions: eight of width ``context/8`` inside the
+    context, then steps of ``context/2`` up to ``eval_len`` (the last one ends at ``eval_len``)."""
+    step = max(1, context // 8)
+    bounds = [min(k * step, context) for k in range(1, 9)]
+    bounds[-1] = context
+    position = context
+    while position < eval_len:
+        position = min(position + max(1, context // 2), eval_len)
+        bounds.append(position)
+    bounds = [b for b in dict.fromkeys(bounds) if b <= eval_len]
+    if not bounds or bounds[-1] != eval_len:
+        bounds.append(eval_len)
+    return list(zip([0, *bounds[:-1]], bounds))
+
+
+def position_nll(model: nn.Module, ids: Tensor, chunk: int = 1024) -> Tensor:
+    """The NLL of every token of ``ids [B, T]`` but the first: ``[B, T - 1]``, entry ``i`` that of
+    token ``i + 1`` given tokens ``0..i``. The vocabulary projection runs ``chunk`` positions at a
+    time (a 16k-token window's full logits would take gigabytes)."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    body = getattr(model, "model", None)
+    softcap = getattr(model.config, "final_logit_softcapping", None)
+    with torch.no_grad():
+        if head is None or body is None:
+            logits = model(input_ids=ids).logits.float()[:, :-1]
+            return -torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+        hidden = body(input_ids=ids).last_hidden_state
+        parts = []
+        for start in range(0, ids.shape[1] - 1, chunk):
+            stop = min(start + chunk, ids.shape[1] - 1)
+            logits = head(hidden[:, start:stop]).float()
+            if softcap:
+                logits = torch.tanh(logits / softcap) * softcap
+            parts.append(
+                -torch.log_softmax(logits, -1).gather(-1, ids[:, start + 1 : stop + 1, None])[..., 0]
+            )
+        return torch.cat(parts, dim=1)
+
+
+def window_starts(tokens: int, eval_len: int, examples: int) -> list[int]:
+    """Offsets of the ``examples`` windows, evenly spaced over ``tokens`` tokens of text."""
+    room = tokens - eval_len
+    return [(k * room) // max(1, examples - 1) if examples > 1 else 0 for k in range(examples)]
+
+
+# ---------------------------------------------------------------------------- passkey
+
+
+def passkey_prompt(tokenizer: Any, length: int, depth: float, key: int) -> tuple[list[int], int]:
+    """``(ids, needle start)``: a prompt of exactly ``length`` tokens with the needle at ``depth``."""
+
+    def encode(text: str) -> list[int]:
+        return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    prefix = list(tokenizer("", add_special_tokens=True)["input_ids"])
+    needle = encode(" " + NEEDLE.format(key=key))
+    question = encode(" " + QUESTION)
+    filler_len = length - len(prefix) - len(needle) - len(question)
+    if filler_len < 0:
+        raise ValueError(f"a passkey prompt needs at least {length - filler_len} tokens, got length {length}")
+    sentences = [encode(" " + s) for s in FILLER]
+    filler: list[int] = []
+    boundaries = [0]
+    while len(filler) < filler_len:
+        filler += sentences[(len(boundaries) - 1) % len(sentences)]
+        boundaries.append(len(filler))
+    filler = filler[:filler_len]
+    boundaries = [b for b in boundaries if b <= filler_len]
+    at = min(boundaries, key=lambda b: (abs(b - depth * filler_len), b))
+    ids = prefix + filler[:at] + needle + filler[at:] + question
+    return ids, len(prefix) + at
+
+
+def greedy_answer(
+    model: nn.Module, ids: Tensor, steps: int, stop: Callable[[list[int]], bool] | None = None
+) -> list[int]:
+    """The tokens (at most ``steps``) the model decodes greedily after ``ids [1, T]`` (KV cache);
+    decoding ends early once ``stop(tokens so far)`` is true."""
+    import inspect
+
+    # transformers 5.x names the KV cache ``cache``; earlier versions ``past_key_values``.
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    answer: list[int] = []
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        for step in range(steps):
+            token = out.logits[:, -1].argmax(-1)
+            answer.append(int(token))
+            if step + 1 == steps or (stop is not None and stop(answer)):
+                break
+            out = model(input_ids=token[:, None], use_cache=True, **{name: getattr(out, name)})
+    return answer
+
+
+def answer_is_right(text: str, key: int) -> bool:
+    """Exact match: the first run of digits in the answer equals the key."""
+    found = re.search(r"\d+", text)
+    return found is not None and found.group() == str(key)
+
+
+# ---------------------------------------------------------------------------- the study
+
+
+def default_lengths(context: int, eval_len: int) -> list[int]:
+    lengths = [context // 2, context, 3 * context // 2, 2 * context, eval_len]
+    return sorted({n for n in lengths if 0 < n <= eval_len})
+
+
+def study_units(variants: Sequence[str], lengths: Sequence[int]) -> list[tuple[str, int]]:
+    """Every (variant, length) unit, variant-major: the order ``--shard`` splits."""
+    return [(variant, length) for variant in variants for length in lengths]
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One (variant, length) unit of a study, by its row label."""
+
+    encoding: str
+    length: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.encoding} @ {self.length}"
+
+
+def missing_units(settings: dict[str, Any], runs: list[dict[str, Any]]) -> list[Unit]:
+    """The (variant, length) units of a study folder's settings that have no ``unit`` record."""
+    done = {r.get("run") for r in runs if r.get("metric") == "unit"}
+    return [
+        Unit(label, length)
+        for label, variant in settings["variant_names"].items()
+        for length in settings["lengths"]
+        if _unit_id(variant, length) not in done
+    ]
+
+
+def _unit_id(variant: str, length: int) -> str:
+    return f"hf__text__{variant.replace(':', 'x')}__{length}"
+
+
+def run_study(
+    model_ref: str | Path,
+    out: str | Path,
+    *,
+    task: str = "text",
+    eval_len: int | None = None,
+    lengths: Sequence[int] | None = None,
+    depths: Sequence[float] | str | None = None,
+    eval_examples: int = 1,
+    seeds: Sequence[int] | None = None,
+    corpus: str | None = None,
+    variants: Sequence[str] | None = None,
+    shard: Any = None,
+    device: str = "cpu",
+    report: Callable[[str, str, int, int, str], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    figures: FigureWriter | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run (or resume) the study of ``model_ref`` into the folder ``out``; returns ``(records, settings)``."""
+    from .distributed import Distributed, resolve_device
+    from .hf_eval import parse_variants, rope_parameters_for
+
+    if task not in STUDY_TASKS:
+        raise ValueError(f"the text study's tasks are {', '.join(STUDY_TASKS)}, not {task!r}")
+    out = Path(out)
+    depth_list = parse_depths(depths if depths is None or isinstance(depths, str) else list(depths))
+    seeds = [0] if seeds is None else list(seeds)
+    if len(seeds) != 1:
+        raise ValueError("--seeds: the text study takes one seed; use --eval-examples for more trials")
+    if eval_examples < 1:
+        raise ValueError("--eval-examples must be positive")
+    model, tokenizer, name = load_model(model_ref)
+    context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+    if context < 1:
+        raise ValueError(f"--hf-model {model_ref}: its config has no max_position_embeddings")
+    eval_len = 2 * context if eval_len is None else int(eval_len)
+    length_list = sorted(set(lengths)) if lengths else default_lengths(context, eval_len)
+    if any(n < 2 or n > eval_len for n in length_list):
+        raise ValueError(f"--lengths {length_list}: every length must lie in [2, --eval-len {eval_len}]")
+    if eval_len not in length_list and task != "text-passkey":
+        length_list.append(eval_len)
+    variant_list = expand_variants(parse_variants(",".join(variants) if variants else None))
+    scalings = {v: rope_parameters_for(v, context, eval_len) for v in variant_list}
+    original = dict(getattr(model.config, "rope_parameters", None) or {})
+    if not original and any(scalings.values()):
+        raise ValueError(f"--eval-variants: {type(model).__name__} has no rope_parameters to scale")
+    text_ids: Tensor | None = None
+    corpus_label = None
+    if task != "text-passkey":
+        text, corpus_label = study_text(corpus)
+        text_ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        if len(text_ids) < eval_len:
+            raise ValueError(
+                f"--corpus {corpus_label} has {len(text_ids)} tokens, fewer than the requested "
+                f"--eval-len {eval_len}"
+            )
+    if task != "text-lm":
+        passkey_prompt(tokenizer, min(length_list), 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
+    labels = {v: name if v == "none" else f"{name} + {v}" for v in variant_list}
+    settings = {
+        "task": task,
+        "study": True,
+        "hf_model": str(model_ref),
+        "model_class": type(model).__name__,
+        "train_len": context,
+        "eval_len": eval_len,
+        "lengths": length_list if task != "text-lm" else [eval_len],
+        "depths": depth_list if task != "text-lm" else None,
+        "eval_examples": eval_examples,
+        "corpus": corpus_label,
+        "encodings": list(labels.values()),
+        "variants": {labels[v]: scalings[v] for v in variant_list},
+        "variant_names": {labels[v]: v for v in variant_list},
+        "seeds": seeds,
+        "steps": 0,
+    }
+    units = study_units(variant_list, settings["lengths"])
+    mine = units if shard is None else [u for i, u in enumerate(units) if i % shard.count == shard.index]
+    torch_device = resolve_device(device, Distributed())
+    model.to(torch_device)
+    progress = report or (lambda *args: None)
+    say = log or (lambda line: None)
+    with folder_lock(out):
+        saved = experiment_settings(load_config(out)) if (out / "config.json").exists() else None
+        if saved is not None and saved != json.loads(json.dumps(settings)):
+            raise ValueError(
+                f"{out} holds another experiment (config.json differs); use another --out folder"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        runtime = {"device": str(torch_device), "shard": None if shard is None else str(shard)}
+        atomic_write_text(
+            out / "config.json", json.dumps({"experiment": settings, "runtime": runtime}, indent=2) + "\n"
+        )
+        runs = read_records(out / RUNS_FILE) if (out / RUNS_FILE).exists() else []
+        done = {r["run"] for r in runs if r.get("metric") == "unit"}
+        records = [r for r in _read(out / "results.jsonl") if r.get("run") in done]
+        todo = [u for u in mine if _unit_id(*u) not in done]
+        if len(todo) < len(mine):
+            say(f"resuming: {len(mine) - len(todo)} of {len(mine)} unit(s) already done in {out}")
+        for number, (variant, length) in enumerate(todo, 1):
+            _apply(model, scalings[variant], original)
+            label = f"{labels[variant]} @ {length}"
+            note = f"unit {number}/{len(todo)}"
+            start = time.perf_counter()
+            scored, forwards = _run_unit(
+                model, tokenizer, settings, variant, labels[variant], length, text_ids, torch_device,
+                lambda k, n, label=label, note=note: progress(label, "eval", k, n, note),
+            )  # fmt: skip
+            records += scored
+            runs.append(
+                {
+                    "run": _unit_id(variant, length),
+                    "encoding": labels[variant],
+                    "task": task,
+                    "seed": seeds[0],
+                    "metric": "unit",
+                    "length": length,
+                    "variant": variant,
+                    "value": forwards,
+                    "seconds": round(time.perf_counter() - start, 1),
+                }
+            )
+            atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+            atomic_write_text(out / RUNS_FILE, "".join(json.dumps(r) + "\n" for r in runs))
+        if not (out / "results.jsonl").exists():
+            atomic_write_text(out / "results.jsonl", "")
+        write_outputs(out, records, figures)
+    return records, settings
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return read_records(path) if path.exists() and path.stat().st_size else []
+
+
+def _apply(model: nn.Module, parameters: dict[str, Any] | None, original: dict[str, Any]) -> None:
+    from .hf_eval import _apply_scaling
+
+    _apply_scaling(model, parameters, original)
+
+
+def _run_unit(
+    model: nn.Module,
+    tokenizer: Any,
+    settings: dict[str, Any],
+    variant: str,
+    label: str,
+    length: int,
+    text_ids: Tensor | None,
+    device: torch.device,
+    progress: Callable[[int, int], None],
+) -> tuple[list[dict[str, Any]], int]:
+    """The records of one (variant, length) unit and the number of full-length forwards it ran."""
+    task, examples, seed = settings["task"], settings["eval_examples"], settings["seeds"][0]
+    do_lm = task != "text-passkey" and length == settings["eval_len"]
+    do_passkey = task != "text-lm"
+    depths = settings["depths"] or []
+    total = (examples if do_lm else 0) + (examples * len(depths) if do_passkey else 0)
+    base = {
+        "run": _unit_id(variant, length),
+        "encoding": label,
+        "seed": seed,
+        "variant": variant,
+        "train_len": settings["train_len"],
+        "steps": 0,
+    }
+    records: list[dict[str, Any]] = []
+    count = 0
+    progress(0, total)
+    if do_lm:
+        assert text_ids is not None
+        nll_sum: Tensor | None = None
+        for start in window_starts(len(text_ids), length, examples):
+            window = text_ids[start : start + length][None].to(device)
+            nll = position_nll(model, window)[0].double().cpu()
+            nll_sum = nll if nll_sum is None else nll_sum + nll
+            count += 1
+            progress(count, total)
+        assert nll_sum is not None
+        mean = nll_sum / examples  # entry i: the token at 1-based position i + 2
+        for lo, hi in position_buckets(settings["train_len"], length):
+            part = mean[max(lo, 1) - 1 : hi - 1]
+            value = float(part.mean()) if len(part) else float("nan")
+            records.append(
+                {
+                    **base,
+                    "task": "text-lm",
+                    "metric": "perplexity",
+                    "length": hi,
+                    "value": math.exp(value),
+                    "nll": value,
+                    "bucket": [lo, hi],
+                    "tokens": len(part) * examples,
+                    "window": length,
+                    "examples": examples,
+                }
+            )
+    if do_passkey:
+        cells = []
+        for index, depth in enumerate(depths):
+            hits = 0
+            for trial in range(examples):
+                rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
+                key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
+                ids, _ = passkey_prompt(tokenizer, length, depth, key)
+                answer = greedy_answer(
+                    model,
+                    torch.tensor([ids], device=device),
+                    KEY_DIGITS + 2,
+                    stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
+                )
+                hits += answer_is_right(tokenizer.decode(answer), key)
+                count += 1
+                progress(count, total)
+            cells.append(
+                {"bucket": index, "depth": [depth, depth], "value": hits / examples, "examples": examples}
+            )
+        records.append(
+            {
+                **base,
+                "task": "text-passkey",
+                "metric": "exact_match",
+                "length": length,
+                "value": sum(c["value"] for c in cells) / len(cells),
+                "examples": examples * len(cells),
+                "by_depth": cells,
+            }
+        )
+    return records, count
+
+
+# ---------------------------------------------------------------------------- table
+
+
+def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> Any:
+    """One row per variant: perplexity per position bucket inside the context, at 1.5x and 2x of it
+    (``(c, 1.5c]`` and ``(1.5c, 2c]``), then passkey exact match per length (and over all)."""
+    from .summary import SummaryTable
+
+    context, eval_len = settings["train_len"], settings["eval_len"]
+    buckets = position_buckets(context, eval_len) if settings["task"] != "text-passkey" else []
+    inside = [b for b in buckets if b[1] <= context]
+    names = {b: f"ppl <={b[1]}" for b in inside}
+    for lo, hi in buckets:
+        if hi > context:
+            ratio = hi / context
+            names[(lo, hi)] = f"ppl {ratio:g}x" if ratio in (1.5, 2.0) else f"ppl <={hi}"
+    lengths = settings["lengths"] if settings["task"] != "text-lm" else []
+    columns = ["variant", *names.values(), *(f"passkey {n}" for n in lengths)]
+    if lengths:
+        columns.append("passkey all")
+    rows = []
+    for label in settings["encodings"]:
+        mine = [r for r in records if r["encoding"] == label]
+        ppl = {tuple(r["bucket"]): r["value"] for r in mine if r["metric"] == "perplexity"}
+        keys = {r["length"]: r for r in mine if r["metric"] == "exact_match"}
+        row = [label, *(_fmt(ppl.get(b), "{:.2f}") for b in names)]
+        row += [_fmt(keys[n]["value"] if n in keys else None, "{:.2f}") for n in lengths]
+        if lengths:
+            hits = sum(r["value"] * r["examples"] for r in keys.values())
+            count = sum(r["examples"] for r in keys.values())
+            row.append(_fmt(hits / count if count else None, "{:.2f}"))
+        rows.append(row)
+    title = (
+        f"{Path(settings['hf_model']).name} (context {context}): perplexity by position, "
+        f"passkey exact match by length"
+    )
+    notes = (
+        f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
+        f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens",
+    )
+    missing = [label for label in settings["encodings"] if not any(r["encoding"] == label for r in records)]
+    if missing:
+        notes += (f"incomplete: no results yet for {', '.join(missing)} (a shard, or an interrupted run)",)
+    return SummaryTable(title, columns, rows, notes)
+
+
+def _fmt(value: float | None, form: str) -> str:
+    return "-" if value is None or value != value else form.format(value)

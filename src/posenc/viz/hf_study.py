@@ -1,0 +1,62 @@
+"""The figures of a context-extension study folder (``posenc extrapolate --hf-model M --task text``).
+
+- ``extrapolation.png``: perplexity against position (each bucket's perplexity at its upper end),
+  one line per variant, the training context marked by a dashed line;
+- ``depth.png``: passkey exact match by needle depth (rows) and prompt length (columns), one panel
+  per variant (:func:`posenc.viz.depth.depth_heatmap_figure`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from .registry import new_figure, set_title
+
+__all__ = ["perplexity_by_position_figure"]
+
+
+def perplexity_by_position_figure(settings: dict[str, Any], records: list[dict[str, Any]]) -> Figure:
+    """Perplexity against position per variant, the training context marked."""
+    fig = new_figure(8.0, 4.5)
+    ax = fig.subplots()
+    for label in settings["encodings"]:
+        points = sorted(
+            (r["length"], r["value"])
+            for r in records
+            if r["encoding"] == label and r["metric"] == "perplexity"
+        )
+        if points:
+            ax.plot([p for p, _ in points], [v for _, v in points], marker="o", markersize=3, label=label)
+    context = settings["train_len"]
+    ax.axvline(context, color="grey", linestyle="--", linewidth=1.0)
+    ax.text(context, 1.0, f" context {context}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)
+    ax.set_xlabel("position (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_yscale("log")
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    name = Path(settings["hf_model"]).name
+    set_title(
+        fig, f"{name} ({settings['model_class']}, context {context}): perplexity by position, no training"
+    )
+    return fig
+
+
+def study_figures(
+    folder: Path, settings: dict[str, Any], records: list[dict[str, Any]], save: Any
+) -> list[Path]:
+    """Draw the study's figures into ``folder`` with ``save(fig, path)``; returns the files written."""
+    from .depth import depth_heatmap_figure, has_depths
+
+    written = []
+    if any(r["metric"] == "perplexity" for r in records):
+        written.append(folder / "extrapolation.png")
+        save(perplexity_by_position_figure(settings, records), written[-1])
+    if has_depths(records):
+        title = f"text passkey: exact match by depth and length (context {settings['train_len']})"
+        written.append(folder / "depth.png")
+        save(depth_heatmap_figure(records, list(settings["encodings"]), title=title), written[-1])
+    return written
