@@ -245,19 +245,12 @@ def test_bad_input_is_refused_with_the_numbers(model_dir, corpus, tmp_path):
         assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.real  # needs gguf (the real extra): runs in CI's real-model stage, not the default suite
 def test_a_gguf_hf_cannot_load_is_refused_by_the_command(tmp_path):
-    gguf = pytest.importorskip("gguf")
-    numpy = pytest.importorskip("numpy")
+    from _gguf_fixtures import unloadable_gguf
     from posenc.cli import _load_command_modules, app
 
-    path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "rwkv6")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", numpy.zeros((4, 8), dtype=numpy.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = unloadable_gguf(tmp_path)
     _load_command_modules()
     result = CliRunner().invoke(
         app, ["extrapolate", "--hf-model", str(path), "--task", "text", "--out", str(tmp_path / "o")]

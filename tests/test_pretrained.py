@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from _gguf_fixtures import unloadable_gguf
 from posenc import pretrained
 from posenc.pretrained import MODELS, Piece, PretrainedModel
 
@@ -111,16 +112,7 @@ def test_the_reference_text_is_the_python_language_reference():
 
 @pytest.mark.real
 def test_a_gguf_of_an_architecture_hf_cannot_load_is_refused_by_name(tmp_path):
-    gguf = pytest.importorskip("gguf")
-    numpy = pytest.importorskip("numpy")
-    path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "rwkv6")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", numpy.zeros((4, 8), dtype=numpy.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = unloadable_gguf(tmp_path)
     with pytest.raises(ValueError, match=r"architecture 'rwkv6'.*cannot load from GGUF \(it loads .*llama"):
         pretrained.load(path)
 

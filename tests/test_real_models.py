@@ -55,23 +55,25 @@ def _need(name: str) -> None:
 
 def _load(name: str, **overrides):
     """A fresh copy of the fetched model (float32, eval) and its tokenizer."""
-    from posenc.pretrained import converted_dir, load
+    from posenc.pretrained import convert, load
 
     _need(name)
     if overrides:
         from transformers import AutoModelForCausalLM
 
-        load(name)  # converts once
-        model = AutoModelForCausalLM.from_pretrained(converted_dir(name), dtype=torch.float32, **overrides)
+        model = AutoModelForCausalLM.from_pretrained(convert(name), dtype=torch.float32, **overrides)
         return model.eval(), None
     return load(name)
 
 
 @cache
 def _ids(name: str, length: int = LENGTH) -> torch.Tensor:
-    from posenc.pretrained import reference_text
+    from transformers import AutoTokenizer
 
-    _, tokenizer = _load(name)
+    from posenc.pretrained import convert, reference_text
+
+    _need(name)
+    tokenizer = AutoTokenizer.from_pretrained(convert(name))
     ids = tokenizer(reference_text(), add_special_tokens=False)["input_ids"]
     assert len(ids) > length, f"the reference text has only {len(ids)} tokens"
     return torch.tensor(ids[:length])[None]
@@ -380,10 +382,9 @@ def test_the_gemma3_pattern_matches_the_real_config():
     _need(GEMMA)
     from transformers import AutoConfig
 
-    from posenc.pretrained import converted_dir, load
+    from posenc.pretrained import convert
 
-    load(GEMMA)  # converts once
-    config = AutoConfig.from_pretrained(converted_dir(GEMMA))
+    config = AutoConfig.from_pretrained(convert(GEMMA))
     layers = config.num_hidden_layers
     default = TransformerLM(vocab_size=16, d_model=32, num_heads=2, num_layers=layers, pattern="gemma3")
     # The preset's window is Gemma 3's published 1024 (1B-27B); the 270M model uses 512.

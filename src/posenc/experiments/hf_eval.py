@@ -115,6 +115,14 @@ def _load(model_dir: Path) -> tuple[nn.Module, Any]:
     return model, tokenizer
 
 
+def model_label(model: str | Path) -> str:
+    """The records' name of ``--hf-model``: a fetched model's name as it is, else the file's or
+    folder's own name (``.gguf`` dropped)."""
+    from ..pretrained import MODELS
+
+    return str(model) if str(model) in MODELS else Path(model).resolve().name.removesuffix(".gguf")
+
+
 def hf_task(name: str, model: nn.Module, tokenizer: Any, *, num_symbols: int, corpus: str | None) -> Task:
     """The task ``name`` in the model's token ids; ``ValueError`` when the ids would not fit its vocabulary."""
     if name not in HF_TASKS:
@@ -199,7 +207,7 @@ def evaluate_hf_model(
     scalings = {variant: rope_parameters_for(variant, train_len, eval_len) for variant in variants}
     the_task = hf_task(task, model, tokenizer, num_symbols=num_symbols, corpus=corpus)
     the_task.check_length(eval_len)
-    base_name = str(model_dir) if not model_dir.exists() else model_dir.resolve().name.removesuffix(".gguf")
+    base_name = model_label(model_dir)
     labels = {v: base_name if v == "none" else f"{base_name} + {v}" for v in variants}
     settings = {
         "task": task,
@@ -322,12 +330,15 @@ def _apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original
 def ntk_parameters(config: Any, original: dict[str, Any], factor: float) -> dict[str, Any]:
     """Static NTK-aware scaling as HF ``rope_parameters``: ``default`` with the base
     ``theta * factor ** (d / (d - 2))``, ``d`` the rotary dimension (posenc's ``ntk`` scaling)."""
+    from ..encodings.rope_scaling import ntk_base
+
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     partial = original.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
-    width = int(head_dim * partial)
-    if width <= 2:
-        raise ValueError(f"--eval-variants ntk needs a rotary dimension > 2, got {width}")
-    theta = float(original["rope_theta"]) * float(factor) ** (width / (width - 2))
+    scaling = {"rope_theta": original["rope_theta"], "factor": float(factor), "head_dim": head_dim}
+    try:
+        theta = ntk_base({**scaling, "partial_rotary_factor": partial})
+    except ValueError as err:
+        raise ValueError(f"--eval-variants ntk: {err}") from err
     return {"rope_type": "default", "rope_theta": theta}
 
 

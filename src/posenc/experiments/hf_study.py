@@ -56,7 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from .folders import FigureWriter, folder_lock, write_outputs
-from .results import RUNS_FILE, atomic_write_text, experiment_settings, load_config, read_records
+from .results import RUNS_FILE, atomic_write_text, read_records
 
 __all__ = [
     "CORPORA",
@@ -101,11 +101,11 @@ CORPORA["python-reference"] = _reference
 
 def load_model(model: str | Path) -> tuple[nn.Module, Any, str]:
     """``(model, tokenizer, name)`` of a fetched model's name, a ``.gguf`` file or an HF folder."""
-    from ..pretrained import MODELS, load
+    from ..pretrained import load
+    from .hf_eval import model_label
 
     loaded, tokenizer = load(model)
-    name = str(model) if str(model) in MODELS else Path(model).resolve().name.removesuffix(".gguf")
-    return loaded, tokenizer, name
+    return loaded, tokenizer, model_label(model)
 
 
 def study_text(corpus: str | None) -> tuple[str, str]:
@@ -311,7 +311,7 @@ def run_study(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run (or resume) the study of ``model_ref`` into the folder ``out``; returns ``(records, settings)``."""
     from .distributed import Distributed, resolve_device
-    from .hf_eval import parse_variants, rope_parameters_for
+    from .hf_eval import _apply_scaling, _check_folder, parse_variants, rope_parameters_for
 
     if task not in STUDY_TASKS:
         raise ValueError(f"the text study's tasks are {', '.join(STUDY_TASKS)}, not {task!r}")
@@ -374,11 +374,7 @@ def run_study(
     progress = report or (lambda *args: None)
     say = log or (lambda line: None)
     with folder_lock(out):
-        saved = experiment_settings(load_config(out)) if (out / "config.json").exists() else None
-        if saved is not None and saved != json.loads(json.dumps(settings)):
-            raise ValueError(
-                f"{out} holds another experiment (config.json differs); use another --out folder"
-            )
+        _check_folder(out, settings)
         out.mkdir(parents=True, exist_ok=True)
         runtime = {"device": str(torch_device), "shard": None if shard is None else str(shard)}
         atomic_write_text(
@@ -391,7 +387,7 @@ def run_study(
         if len(todo) < len(mine):
             say(f"resuming: {len(mine) - len(todo)} of {len(mine)} unit(s) already done in {out}")
         for number, (variant, length) in enumerate(todo, 1):
-            _apply(model, scalings[variant], original)
+            _apply_scaling(model, scalings[variant], original)
             label = f"{labels[variant]} @ {length}"
             note = f"unit {number}/{len(todo)}"
             start = time.perf_counter()
@@ -423,12 +419,6 @@ def run_study(
 
 def _read(path: Path) -> list[dict[str, Any]]:
     return read_records(path) if path.exists() and path.stat().st_size else []
-
-
-def _apply(model: nn.Module, parameters: dict[str, Any] | None, original: dict[str, Any]) -> None:
-    from .hf_eval import _apply_scaling
-
-    _apply_scaling(model, parameters, original)
 
 
 def _run_unit(
