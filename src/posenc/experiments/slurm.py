@@ -660,7 +660,7 @@ def submit(
             *options.array_lines(),
         ],
         [
-            f"# Written by posenc submit: array task i trains shard i/{count} of the grid into {writes};",
+            f"# Written by posenc submit: array task i runs shard i/{count} of the grid into {writes};",
             "# rerunning a task resumes its shard (finished runs kept, others from their checkpoints).",
             'i="$SLURM_ARRAY_TASK_ID"',
             " ".join(["exec", *launch, *task_args]),
