@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from posenc.backends import get_backend, register_backend, select_backend, use_backend
+from posenc.backends import _memo, get_backend, register_backend, select_backend, use_backend
 from posenc.backends.dispatch import PRIORITY, set_priority
 from test_dispatch_grid import EXPECTED, build
 
@@ -81,7 +81,6 @@ class Maker:
 @pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("first_nan", [False, True])
 def test_remembered_choice_equals_a_full_selection(case, first_nan):
-    from posenc.backends import _memo
 
     _memo.bump()
     order = [first_nan, not first_nan, first_nan]
@@ -159,7 +158,7 @@ def test_a_repeated_signature_asks_no_backend_again(monkeypatch):
                 return _original(request)
 
             monkeypatch.setattr(backend, method, counted)
-    set_priority("cpu", PRIORITY["cpu"])  # forget what earlier tests asked
+    _memo.bump()  # forget what earlier tests asked
     with torch.no_grad():
         first = select_backend(build(DECODE))
         assert calls, "the first request of a signature asks the backends"

@@ -259,7 +259,8 @@ def test_a_gguf_hf_cannot_load_is_refused_by_the_command(tmp_path):
 
 
 def test_ntk_inverse_frequencies_equal_the_formula(model_dir):
-    from posenc.experiments.hf_eval import _apply_scaling, rope_parameters_for
+    from posenc.experiments.hf_scaling import apply_scaling as _apply_scaling
+    from posenc.experiments.hf_scaling import rope_parameters_for
 
     model, _ = _load(model_dir)
     original = dict(model.config.rope_parameters)

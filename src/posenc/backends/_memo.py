@@ -16,7 +16,8 @@ device, dtype and shapes of q, k and v, the kind, the causal offset, sinks (pres
 dropout > 0, need_weights, grad mode and whether anything requires grad. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
 made without finding nan or inf, and the caller tests it again on every hit.
 
-:func:`bump` (``set_priority``, ``register_backend``, ``use_backend``) empties the memo.
+:func:`bump` (``register_backend``, ``use_backend``) empties the memo; ``set_priority`` need not, as
+the key carries the order.
 """
 
 from __future__ import annotations

@@ -26,8 +26,6 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
-from . import _memo
-
 __all__ = ["DEFAULT_PRIORITY", "PRIORITY", "listed_order", "priority_list", "set_priority"]
 
 DEFAULT_PRIORITY: tuple[str, ...] = (
@@ -68,5 +66,6 @@ def set_priority(device_type: str, order: Iterable[str]) -> None:
     order = tuple(order)
     if len(set(order)) != len(order):
         raise ValueError(f"set_priority: a backend is named twice in {order}")
-    PRIORITY[device_type] = order
-    _memo.bump()
+    PRIORITY[device_type] = (
+        order  # the dispatcher's memo keys on the order: no entry of the old one is served
+    )

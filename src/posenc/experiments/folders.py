@@ -33,6 +33,7 @@ from .results import (
     read_records,
     write_csv,
 )
+from .slurm_env import slurm_job_active
 from .tasks import Metric, Task
 from .train import ExperimentConfig, RunSpec, run_id_for
 
@@ -201,7 +202,6 @@ def _slurm_job_alive(field: str) -> bool:
         return True  # not a lock this version wrote: cannot tell
     if job == os.environ.get("SLURM_JOB_ID") and int(restarts) < _restart_count():
         return False  # this job, requeued: the lock is its earlier run's
-    from .slurm import slurm_job_active
 
     active = slurm_job_active(job)
     return True if active is None else active

@@ -40,9 +40,14 @@ from torch import Tensor, nn
 
 from .distributed import Distributed, resolve_device
 from .folders import FigureWriter, folder_lock, write_outputs
-from .results import RUNS_FILE, atomic_write_text, experiment_settings, iid_record, load_config
+from .hf_scaling import apply_scaling as _apply_scaling
+from .hf_scaling import check_hf_folder as _check_folder
+from .hf_scaling import model_label, parse_variants, rope_parameters_for
+from .results import RUNS_FILE, atomic_write_text, iid_record
 from .retrieval import Passkey
-from .tasks import ByteLM, Task
+from .summary import summary_table
+from .tasks import PERPLEXITY, ByteLM, Task
+from .train import ExperimentConfig
 
 __all__ = [
     "HFCausalLM",
@@ -56,11 +61,6 @@ __all__ = [
 
 #: Tasks an HF model can be evaluated on.
 HF_TASKS = ("lm", "passkey")
-#: RoPE scalings ``--eval-variants`` accepts, as HF ``rope_type`` names: ``none`` (as trained),
-#: ``linear`` (position interpolation), ``ntk`` (static NTK-aware: HF has no such ``rope_type``, so
-#: it is set as ``default`` with the base ``theta * factor ** (d / (d - 2))``, ``d`` the rotary
-#: dimension), ``dynamic`` (dynamic NTK), ``yarn``.
-VARIANTS = ("none", "linear", "ntk", "dynamic", "yarn")
 #: The fit threshold of the per-run ``iid`` records (the harness's default; only exact-match metrics fit).
 _FIT_THRESHOLD = 0.95
 
@@ -115,14 +115,6 @@ def _load(model_dir: Path) -> tuple[nn.Module, Any]:
     return model, tokenizer
 
 
-def model_label(model: str | Path) -> str:
-    """The records' name of ``--hf-model``: a fetched model's name as it is, else the file's or
-    folder's own name (``.gguf`` dropped)."""
-    from ..pretrained import MODELS
-
-    return str(model) if str(model) in MODELS else Path(model).resolve().name.removesuffix(".gguf")
-
-
 def hf_task(name: str, model: nn.Module, tokenizer: Any, *, num_symbols: int, corpus: str | None) -> Task:
     """The task ``name`` in the model's token ids; ``ValueError`` when the ids would not fit its vocabulary."""
     if name not in HF_TASKS:
@@ -139,33 +131,6 @@ def hf_task(name: str, model: nn.Module, tokenizer: Any, *, num_symbols: int, co
             + ("; lower --num-symbols" if name == "passkey" else "; save a tokenizer in the model folder")
         )
     return task
-
-
-def rope_parameters_for(variant: str, train_len: int, eval_len: int) -> dict[str, Any] | None:
-    """HF ``rope_parameters`` of ``variant`` (``"yarn"`` or ``"yarn:4"``); None for ``"none"`` (as trained)."""
-    name, _, factor_text = variant.partition(":")
-    if name not in VARIANTS:
-        raise ValueError(
-            f"--eval-variants {variant!r}: choose from {', '.join(VARIANTS)} (optionally NAME:FACTOR)"
-        )
-    if name == "none":
-        return None
-    try:
-        factor = float(factor_text) if factor_text else max(1.0, eval_len / train_len)
-    except ValueError as err:
-        raise ValueError(f"--eval-variants {variant!r}: the factor must be a number") from err
-    if not factor >= 1.0:
-        raise ValueError(f"--eval-variants {variant!r}: the factor must be >= 1")
-    parameters: dict[str, Any] = {"rope_type": name, "factor": factor}
-    if name == "yarn":
-        parameters["original_max_position_embeddings"] = train_len
-    return parameters
-
-
-def parse_variants(text: str | None) -> list[str]:
-    """``"none,yarn:4"`` -> ``["none", "yarn:4"]`` (default: ``["none"]``, the model as trained)."""
-    variants = [item.strip() for item in (text or "none").split(",") if item.strip()]
-    return variants or ["none"]
 
 
 def evaluate_hf_model(
@@ -267,13 +232,6 @@ def _probe(model: nn.Module, tokens: int, device: torch.device) -> None:
         ) from err
 
 
-def _check_folder(out: Path, settings: dict[str, Any]) -> None:
-    """Refuse a folder that holds another experiment (a trained one, or another model or setting)."""
-    saved = experiment_settings(load_config(out)) if (out / "config.json").exists() else None
-    if saved is not None and saved != json.loads(json.dumps(settings)):
-        raise ValueError(f"{out} holds another experiment (config.json differs); use another --out folder")
-
-
 def _evaluate_once(
     model: nn.Module,
     task: Task,
@@ -314,38 +272,8 @@ def _evaluate_once(
     ]
 
 
-def _apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original: dict[str, Any]) -> None:
-    """Set the variant's RoPE scaling (the model's own parameters back for ``none``)."""
-    from ..hf import set_rope_scaling
-
-    if parameters is None:
-        if original and getattr(model.config, "rope_parameters", None) != original:
-            set_rope_scaling(model, dict(original))
-        return
-    if parameters.get("rope_type") == "ntk":
-        parameters = ntk_parameters(model.config, original, parameters["factor"])
-    set_rope_scaling(model, {**{k: v for k, v in original.items() if k != "rope_type"}, **parameters})
-
-
-def ntk_parameters(config: Any, original: dict[str, Any], factor: float) -> dict[str, Any]:
-    """Static NTK-aware scaling as HF ``rope_parameters``: ``default`` with the base
-    ``theta * factor ** (d / (d - 2))``, ``d`` the rotary dimension (posenc's ``ntk`` scaling)."""
-    from ..encodings.rope_scaling import ntk_base
-
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    partial = original.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
-    scaling = {"rope_theta": original["rope_theta"], "factor": float(factor), "head_dim": head_dim}
-    try:
-        theta = ntk_base({**scaling, "partial_rotary_factor": partial})
-    except ValueError as err:
-        raise ValueError(f"--eval-variants ntk: {err}") from err
-    return {"rope_type": "default", "rope_theta": theta}
-
-
 def _summary_config(settings: dict[str, Any]) -> Any:
     """An :class:`ExperimentConfig` carrying what the summary table and figures read."""
-    from .train import ExperimentConfig
-
     return ExperimentConfig(
         task=settings["task"],
         encodings=list(settings["encodings"]),
@@ -357,9 +285,6 @@ def _summary_config(settings: dict[str, Any]) -> Any:
 
 def summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> Any:
     """The summary table of an HF evaluation (the trained experiments' table, L = the trained context)."""
-    from .summary import summary_table
-    from .tasks import PERPLEXITY
-
     metric = PERPLEXITY if settings["task"] == "lm" else Passkey.metric
     table = summary_table(_summary_config(settings), records, metric)
     return type(table)(

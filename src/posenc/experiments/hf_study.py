@@ -54,7 +54,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .distributed import Distributed, resolve_device
 from .folders import FigureWriter, folder_lock, write_outputs
+from .hf_scaling import apply_scaling, check_hf_folder, model_label
 from .results import RUNS_FILE, atomic_write_text, read_records
 from .study_plan import (
     CORPORA,
@@ -66,6 +68,7 @@ from .study_plan import (
     study_units,
     unit_id,
 )
+from .summary import SummaryTable
 
 __all__ = [
     "CORPORA",
@@ -98,7 +101,6 @@ KEY_DIGITS = 5
 def load_model(model: str | Path) -> tuple[nn.Module, Any, str]:
     """``(model, tokenizer, name)`` of a fetched model's name, a ``.gguf`` file or an HF folder."""
     from ..pretrained import load
-    from .hf_eval import model_label
 
     loaded, tokenizer = load(model)
     return loaded, tokenizer, model_label(model)
@@ -230,9 +232,6 @@ def run_study(
     figures: FigureWriter | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run (or resume) the study of ``model_ref`` into the folder ``out``; returns ``(records, settings)``."""
-    from .distributed import Distributed, resolve_device
-    from .hf_eval import _apply_scaling, _check_folder
-
     out = Path(out)
     model, tokenizer, _ = load_model(model_ref)
     plan = plan_study(
@@ -269,7 +268,7 @@ def run_study(
     progress = report or (lambda *args: None)
     say = log or (lambda line: None)
     with folder_lock(out):
-        _check_folder(out, settings)
+        check_hf_folder(out, settings)
         out.mkdir(parents=True, exist_ok=True)
         runtime = {"device": str(torch_device), "shard": None if shard is None else str(shard)}
         atomic_write_text(
@@ -282,7 +281,7 @@ def run_study(
         if len(todo) < len(mine):
             say(f"resuming: {len(mine) - len(todo)} of {len(mine)} unit(s) already done in {out}")
         for number, (variant, length) in enumerate(todo, 1):
-            _apply_scaling(model, scalings[variant], original)
+            apply_scaling(model, scalings[variant], original)
             label = f"{labels[variant]} @ {length}"
             note = f"unit {number}/{len(todo)}"
             start = time.perf_counter()
@@ -412,8 +411,6 @@ def _run_unit(
 def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> Any:
     """One row per variant: perplexity per position bucket inside the context, at 1.5x and 2x of it
     (``(c, 1.5c]`` and ``(1.5c, 2c]``), then passkey exact match per length (and over all)."""
-    from .summary import SummaryTable
-
     context, eval_len = settings["train_len"], settings["eval_len"]
     buckets = position_buckets(context, eval_len) if settings["task"] != "text-passkey" else []
     inside = [b for b in buckets if b[1] <= context]

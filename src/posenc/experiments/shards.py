@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -44,51 +44,11 @@ from .results import (
     read_records,
     read_run_records,
 )
+from .sharding import Shard, parse_shard
+from .study_plan import missing_units
 from .train import ExperimentConfig, RunSpec
 
 __all__ = ["MergeSummary", "Shard", "merge_folders", "missing_runs", "missing_runs_note", "parse_shard"]
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Part ``index`` of ``count`` (``0 <= index < count``) of an experiment's grid of runs."""
-
-    index: int
-    count: int
-
-    def __post_init__(self) -> None:
-        if isinstance(self.index, bool) or isinstance(self.count, bool):
-            raise ValueError(f"--shard needs integers, got {self.index!r}/{self.count!r}")
-        if self.count < 1 or not 0 <= self.index < self.count:
-            raise ValueError(
-                f"--shard {self.index}/{self.count}: need i/n with n >= 1 and 0 <= i < n "
-                f"(the shards of {max(self.count, 1)} are 0/{max(self.count, 1)} .. "
-                f"{max(self.count, 1) - 1}/{max(self.count, 1)})"
-            )
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-    def select(self, runs: Sequence[RunSpec]) -> list[RunSpec]:
-        """The runs of this shard: those at positions ``index, index + count, ...`` of ``runs``."""
-        return [run for position, run in enumerate(runs) if position % self.count == self.index]
-
-
-def parse_shard(text: str, env: Mapping[str, str] | None = None) -> Shard:
-    """``"2/8"`` -> ``Shard(2, 8)``; ``"slurm"`` -> this Slurm array task's shard, read from ``env``
-    (default ``os.environ``; :func:`posenc.experiments.slurm.shard_from_slurm`); ``ValueError``
-    naming ``--shard`` (or the Slurm variable) for anything else."""
-    if text.strip().lower() == "slurm":
-        from .slurm import shard_from_slurm
-
-        return shard_from_slurm(env)
-    parts = text.strip().split("/")
-    if len(parts) != 2 or not all(part.strip().isdigit() for part in parts):
-        raise ValueError(
-            f"--shard must be i/n with whole numbers 0 <= i < n (e.g. 0/4 for the first of four parts), or "
-            f"slurm in a Slurm array task, got {text!r}"
-        )
-    return Shard(int(parts[0]), int(parts[1]))
 
 
 def missing_runs(
@@ -306,8 +266,6 @@ def merge_folders(
         atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
         write_outputs(out, records, figures)
     if config is None:
-        from .study_plan import missing_units
-
         return MergeSummary(out, len(records), duplicates, missing_units(settings, runs), len(runs))
     missing = missing_runs(config.task, config.encodings, config.seeds, records)
     return MergeSummary(out, len(records), duplicates, missing, len(runs))

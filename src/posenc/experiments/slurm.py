@@ -36,19 +36,23 @@ without Slurm).
 from __future__ import annotations
 
 import json
-import os
-import re
 import shlex
-import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from .folders import check_writable_folder, finished_runs
-from .plan import plan_runs
-from .shards import Shard
+from .plan import check_experiment, plan_runs
+from .sharding import Shard, shard_from_slurm
+from .slurm_env import (
+    Rendezvous,
+    Runner,
+    rendezvous_from_slurm,
+    run_slurm_command,
+    slurm_job_active,
+)
 from .train import ExperimentConfig, RunSpec, run_id_for
 from .variants import parse_eval_variants, variant_run_id
 
@@ -69,182 +73,6 @@ __all__ = [
     "slurm_job_active",
     "submit",
 ]
-
-#: ``run(argv) -> stdout``: runs a Slurm command (``sbatch``, ``squeue``, ``scontrol``); raises
-#: ``ValueError`` naming the command and its error when it fails.
-Runner = Callable[[list[str]], str]
-
-
-def run_slurm_command(argv: list[str]) -> str:
-    """Run ``argv`` (a Slurm client command) and return its stdout; ``ValueError`` naming the
-    command, its exit status and its error output when it fails or is not installed."""
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=120)
-    except FileNotFoundError as err:
-        raise ValueError(
-            f"{argv[0]} is not on PATH: run this on a Slurm login node (where sbatch, squeue and scontrol are)"
-        ) from err
-    except subprocess.TimeoutExpired as err:
-        raise ValueError(
-            f"{shlex.join(argv)} did not answer within {err.timeout:.0f} s: is slurmctld up (sinfo)?"
-        ) from err
-    if done.returncode != 0:
-        raise ValueError(
-            f"{shlex.join(argv)} failed (exit {done.returncode}): {(done.stderr or done.stdout).strip()}"
-        )
-    return done.stdout
-
-
-# ---------------------------------------------------------------------------- --shard slurm
-
-
-#: ``squeue`` job states of a job that still runs or will run again (``man squeue``, JOB STATE
-#: CODES); any other state it shows (COMPLETED, CANCELLED, FAILED, NODE_FAIL, TIMEOUT, ...) has ended.
-ACTIVE_JOB_STATES = frozenset(
-    {
-        "PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "RESIZING", "REQUEUED",
-        "REQUEUE_FED", "REQUEUE_HOLD", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT",
-    }
-)  # fmt: skip
-
-
-def slurm_job_active(job: str, run: Runner = run_slurm_command) -> bool | None:
-    """Whether Slurm job ``job`` still runs or waits to (True), has ended (False: a final state, or
-    ``squeue`` no longer knows it), or None when ``squeue`` cannot be asked (not installed, no
-    controller): the folder lock then takes its writer to be alive."""
-    try:
-        shown = run(["squeue", "--noheader", f"--jobs={job}", "--states=all", "--format=%T"])
-    except ValueError as err:
-        return False if "invalid job id" in str(err).lower() else None
-    states = {line.strip().upper() for line in shown.splitlines() if line.strip()}
-    return bool(states & ACTIVE_JOB_STATES)
-
-
-def _int_variable(env: Mapping[str, str], name: str) -> int:
-    text = env.get(name)
-    if text is None:
-        raise ValueError(f"--shard slurm: {name} is not set ({_ARRAY_HINT})")
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ValueError(f"--shard slurm: {name}={text!r} is not a whole number ({_ARRAY_HINT})") from None
-
-
-_ARRAY_HINT = (
-    "Slurm sets SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT, SLURM_ARRAY_TASK_MIN and SLURM_ARRAY_TASK_MAX "
-    "in the tasks of a job array: run this inside `sbatch --array=0-<n-1>`, or give --shard i/n"
-)
-
-
-def shard_from_slurm(env: Mapping[str, str] | None = None) -> Shard:
-    """The shard of this Slurm array task: ``(SLURM_ARRAY_TASK_ID - MIN) / STEP`` of the array's size.
-
-    The size is ``SLURM_ARRAY_TASK_COUNT`` (or ``(MAX - MIN) / STEP + 1`` when Slurm does not set
-    it); both must agree, so a sparse array (``--array=0,3``: 2 tasks, ids up to 3) is refused, as
-    is a task id outside ``MIN..MAX``. ``ValueError`` naming the variable that is missing or wrong.
-    """
-    env = os.environ if env is None else env
-    if "SLURM_ARRAY_TASK_ID" not in env:
-        raise ValueError(
-            "--shard slurm: SLURM_ARRAY_TASK_ID is not set, so this is not a task of a Slurm job array "
-            f"({_ARRAY_HINT})"
-        )
-    task = _int_variable(env, "SLURM_ARRAY_TASK_ID")
-    low = _int_variable(env, "SLURM_ARRAY_TASK_MIN")
-    high = _int_variable(env, "SLURM_ARRAY_TASK_MAX")
-    step = _int_variable(env, "SLURM_ARRAY_TASK_STEP") if "SLURM_ARRAY_TASK_STEP" in env else 1
-    if step < 1 or high < low:
-        raise ValueError(
-            f"--shard slurm: SLURM_ARRAY_TASK_MIN={low}, SLURM_ARRAY_TASK_MAX={high}, "
-            f"SLURM_ARRAY_TASK_STEP={step} do not describe an array"
-        )
-    span = (high - low) // step + 1
-    count = _int_variable(env, "SLURM_ARRAY_TASK_COUNT") if "SLURM_ARRAY_TASK_COUNT" in env else span
-    if count != span or (high - low) % step:
-        raise ValueError(
-            f"--shard slurm: SLURM_ARRAY_TASK_COUNT={count} but ids {low}..{high} step {step} span {span} "
-            "tasks: a sparse array (e.g. --array=0,3) has no i/n; submit a contiguous array "
-            "(--array=0-<n-1>), or give --shard $SLURM_ARRAY_TASK_ID/n with the grid's n"
-        )
-    if not low <= task <= high or (task - low) % step:
-        raise ValueError(
-            f"--shard slurm: SLURM_ARRAY_TASK_ID={task} is not one of the array's ids "
-            f"{low}..{high} step {step} (SLURM_ARRAY_TASK_MIN/MAX/STEP)"
-        )
-    return Shard((task - low) // step, count)
-
-
-# ---------------------------------------------------------------------------- one run across nodes
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where the ``torchrun`` agents of one Slurm step meet: one agent per Slurm task."""
-
-    #: The first node of the job (its ``NodeAddr``): agent 0 serves the rendezvous there.
-    master_addr: str
-    master_port: int
-    #: Agents (``SLURM_NTASKS``): torchrun's ``--nnodes``.
-    nnodes: int
-    #: This agent (``SLURM_PROCID``): torchrun's ``--node_rank``.
-    node_rank: int
-
-    def torchrun_args(self, nproc_per_node: int) -> list[str]:
-        """``torchrun``'s options for this agent (static rendezvous), ``nproc_per_node`` processes."""
-        if isinstance(nproc_per_node, bool) or not isinstance(nproc_per_node, int) or nproc_per_node < 1:
-            raise ValueError(f"--nproc-per-node must be an integer >= 1, got {nproc_per_node!r}")
-        return [
-            f"--nnodes={self.nnodes}",
-            f"--node_rank={self.node_rank}",
-            f"--nproc_per_node={nproc_per_node}",
-            f"--master_addr={self.master_addr}",
-            f"--master_port={self.master_port}",
-        ]
-
-
-def _scontrol_first_address(nodelist: str, run: Runner) -> str:
-    """The ``NodeAddr`` of the first node of ``nodelist`` (``scontrol show hostnames`` expands it)."""
-    names = run(["scontrol", "show", "hostnames", nodelist]).split()
-    if not names:
-        raise ValueError(f"scontrol show hostnames {nodelist} named no node")
-    shown = run(["scontrol", "show", "node", "--oneliner", names[0]])
-    match = re.search(r"\bNodeAddr=(\S+)", shown)
-    if match is None:
-        raise ValueError(f"scontrol show node {names[0]} gave no NodeAddr: {shown.strip()[:200]}")
-    return match.group(1)
-
-
-def rendezvous_from_slurm(
-    env: Mapping[str, str] | None = None, *, master_port: int | None = None, run: Runner = run_slurm_command
-) -> Rendezvous:
-    """The rendezvous of this agent, from the Slurm step it runs in (``srun``, one agent per task).
-
-    Reads ``SLURM_JOB_NODELIST`` (the master: its first node), ``SLURM_NTASKS`` (agents),
-    ``SLURM_PROCID`` (this agent) and ``SLURM_JOB_ID`` (the port, ``15000 + id % 20000``, the same
-    for every agent of the job; ``master_port`` overrides it). ``ValueError`` naming the variable.
-    """
-    env = os.environ if env is None else env
-
-    def need(name: str) -> str:
-        if not env.get(name):
-            raise ValueError(
-                f"posenc slurm-torchrun: {name} is not set; run it under srun inside a Slurm job "
-                "(e.g. srun --nodes 2 --ntasks-per-node 1 posenc slurm-torchrun ...)"
-            )
-        return env[name]
-
-    def number(name: str) -> int:
-        text = need(name)
-        if not text.strip().isdigit():
-            raise ValueError(f"posenc slurm-torchrun: {name}={text!r} is not a whole number")
-        return int(text)
-
-    nodelist = need("SLURM_JOB_NODELIST")
-    tasks, rank, job = number("SLURM_NTASKS"), number("SLURM_PROCID"), number("SLURM_JOB_ID")
-    if not 0 <= rank < tasks:
-        raise ValueError(f"posenc slurm-torchrun: SLURM_PROCID={rank} is not below SLURM_NTASKS={tasks}")
-    port = 15000 + job % 20000 if master_port is None else master_port
-    return Rendezvous(_scontrol_first_address(nodelist, run), port, tasks, rank)
 
 
 # ---------------------------------------------------------------------------- submit
@@ -378,8 +206,6 @@ class Part:
         return self.config.to_dict()
 
     def check(self, folder: Path) -> None:
-        from .plan import check_experiment
-
         check_experiment(self.config, folder)
 
     def units(self, index: int, count: int) -> list[RunSpec]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .hf_scaling import check_hf_folder, model_label, parse_variants, rope_parameters_for
 from .results import RUNS_FILE, read_records
 
 __all__ = [
@@ -163,8 +164,6 @@ def plan_study(
     """The plan of the study of the model whose HF ``config`` (and ``AutoModelForCausalLM`` class
     name) is given; :func:`run_study` and ``posenc submit`` both use it. ``ValueError`` names the
     option at fault."""
-    from .hf_eval import model_label, parse_variants, rope_parameters_for
-
     if task not in STUDY_TASKS:
         raise ValueError(f"the text study's tasks are {', '.join(STUDY_TASKS)}, not {task!r}")
     depth_list = parse_depths(depths if depths is None or isinstance(depths, str) else list(depths))
@@ -227,9 +226,7 @@ class StudyGrid:
         return dict(self.plan.settings)
 
     def check(self, folder: Path) -> None:
-        from .hf_eval import _check_folder
-
-        _check_folder(folder, self.plan.settings)
+        check_hf_folder(folder, self.plan.settings)
 
     def units(self, index: int, count: int) -> list[Unit]:
         return [self._unit(*pair) for pair in shard_units(self.plan.units, index, count)]

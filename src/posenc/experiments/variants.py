@@ -41,7 +41,9 @@ import torch
 from torch import nn
 
 from ..encodings.rope_scaling import RopeScaling, ScalingType
+from .results import iid_record
 from .tasks import Task
+from .train import RunSpec, build_model, evaluate, load_checkpoint, run_id_for
 
 __all__ = [
     "VARIANTS",
@@ -280,7 +282,6 @@ def build_variant_model(config: Any, task: Task, encoding: str, variant: Variant
     """The experiment's model for ``encoding`` under ``variant`` (untrained: load the trained
     weights into it; a variant changes no parameter, only derived tables and settings)."""
     from ..patterns import QueryTemperature
-    from .train import build_model
 
     ctx = variant_context(config, task)
     model = build_model(config, task, variant_encoding(encoding, variant, ctx))
@@ -337,8 +338,6 @@ def variant_runs(runs: list[Any], variants: list[Variant]) -> list[tuple[Any, Va
 
 def variant_run_id(config: Any, run: Any, variant: Variant) -> str:
     """``rope__copy__seed0__yarnx4``: the trained run's id and the variant, file-name safe."""
-    from .train import run_id_for
-
     slug = "".join(c if c.isalnum() or c == "_" else "x" for c in variant.text)
     return f"{run_id_for(config, run)}__{slug}"
 
@@ -354,9 +353,6 @@ def evaluate_variant(
 ) -> list[dict[str, Any]]:
     """The records of ``run``'s trained checkpoint evaluated under ``variant`` (the same examples
     as the trained run's), labelled with the variant, plus its ``iid`` record."""
-    from .results import iid_record
-    from .train import RunSpec, evaluate, load_checkpoint
-
     if not checkpoint.is_file():
         raise ValueError(
             f"--eval-variants {variant.text!r}: {run.label} has no checkpoint {checkpoint} to evaluate; "
