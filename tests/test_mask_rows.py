@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 from transformers import Gemma3TextConfig, Llama4TextConfig, ModernBertConfig
 from transformers import masking_utils as mu
 from transformers.models.gemma3 import modeling_gemma3 as gemma3
@@ -504,3 +505,76 @@ def test_convert_window_known_values():
 def test_convert_window_bad_input_names_the_argument(value, source, target, causal, match):
     with pytest.raises(ValueError, match=match):
         convert_window(value, source, target, causal=causal)
+
+
+# ---------------------------------------------------------------------------- posenc.hf: HF's bidirectional windows
+
+
+def _bert():
+    config = ModernBertConfig(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                              num_attention_heads=2, local_attention=6, global_attn_every_n_layers=3,
+                              pad_token_id=0, bos_token_id=1, eos_token_id=2, cls_token_id=1, sep_token_id=2)  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.ModernBertForMaskedLM(config).double().eval(), "sdpa", lambda out: out.logits
+
+
+def _t5gemma_encoder():
+    layer = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                 num_key_value_heads=1, head_dim=16, sliding_window=4, attn_logit_softcapping=None,
+                 layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    config = transformers.T5GemmaConfig(encoder=layer, decoder=layer, vocab_size=50, is_encoder_decoder=False)
+    torch.manual_seed(0)
+    # (T5Gemma has no sdpa; its eager softmax runs in float32)
+    return (
+        transformers.T5GemmaEncoderModel(config).double().eval(),
+        "eager",
+        lambda out: out.last_hidden_state,
+    )
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("name", ["modernbert", "t5gemma"])
+@pytest.mark.parametrize("padded", [False, True])
+def test_hf_bidirectional_sliding_layers_get_posenc_s_band(name, padded, monkeypatch):
+    """Through ``posenc.hf`` an unpadded bidirectional sliding layer reaches the dispatcher as posenc's
+    band (so the window backends can serve it), with the window its HF mask keeps (ModernBERT hands
+    ``W``, T5Gemma ``W - 1``); a padded batch keeps HF's dense mask. Outputs and gradients equal HF's."""
+    import posenc.hf as posenc_hf
+    import posenc.hf._attention as bridge
+
+    posenc_hf.register()
+    seen = []
+    original = bridge.attend
+    monkeypatch.setattr(bridge, "attend", lambda *a, **kw: seen.append(kw["mask"]) or original(*a, **kw))
+    model, reference, output = {"modernbert": _bert, "t5gemma": _t5gemma_encoder}[name]()
+    ids = torch.randint(3, 50, (2, 19), generator=torch.Generator().manual_seed(1))
+    keep = torch.ones(2, 19, dtype=torch.long)
+    if padded:
+        keep[1, 15:] = 0
+    real = keep.bool()
+
+    def run(impl):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        out = output(model(ids, attention_mask=keep))[real]
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        return out.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    want, want_grads = run(reference)
+    got, got_grads = run("posenc")
+    # (T5Gemma's eager softmax runs in float32: float32's tolerance)
+    tolerance = {"rtol": 1e-9, "atol": 1e-11} if reference == "sdpa" else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(got, want, **tolerance)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, **{k: v * 10 for k, v in tolerance.items()})
+    bands = [c for m in seen if m is not None for c in m.components if isinstance(c, BidirectionalWindowMask)]
+    if padded:
+        assert bands == []
+        return
+    hf_window = model.config.sliding_window if name == "modernbert" else model.config.encoder.sliding_window
+    assert bands and {c.window for c in bands} == {convert_window(hf_window, "hf", "posenc", causal=False)}
+    # One key wider on each side is not what HF computes: the comparison refuses it.
+    query = torch.zeros(1, 1, 19, 4)
+    band = _build(19, 19, batch=1, causal=False, window=bands[0].window).dense()
+    assert bridge._window_mask(band, bands[0].window, query, query, causal=False) is not None
+    assert bridge._window_mask(band, bands[0].window + 1, query, query, causal=False) is None

@@ -56,10 +56,11 @@ class MultiheadAttention(nn.Module):
         causal: mask future keys in self-attention (cross-attention is never causal).
         window: sliding window ``W``: query ``i`` sees keys ``|i - j| < W``, and with ``causal`` keys
             ``i - W < j <= i`` (the HF / Mistral convention: its own key and the ``W - 1`` before it;
-            without ``causal``, a band of ``W - 1`` keys on each side: docs/conventions.md, "Sliding
-            windows", converts the other conventions, :func:`posenc.masks.convert_window`).
+            without ``causal``, a band of ``W - 1`` keys on each side; docs/conventions.md §1.7 and
+            :func:`posenc.masks.convert_window` convert the other conventions).
         chunk: chunked attention ``C`` (causal layers, Llama 4): query ``i`` sees keys ``j <= i``
-            with ``j // C == i // C``.
+            with ``j // C == i // C`` (with a ``key_padding_mask``, counted from each row's first
+            real token, as HF does for a left-padded batch).
         sinks: learned attention sinks (gpt-oss): one logit per head, :attr:`sinks` ``[H]``
             (initialised to 0), joins every row's softmax denominator and carries no value.
         query_temperature: a :class:`~posenc.patterns.QueryTemperature` (Llama 4's NoPE layers):

@@ -145,8 +145,8 @@ def _kept_band(value: object, causal: bool) -> Band:
     return (kept - 1) // 2, (kept - 1) // 2
 
 
-#: The window conventions :func:`convert_window` converts between (docs/conventions.md, "Sliding
-#: windows"): ``"posenc"`` (the layer's ``window=W``: keys ``|i - j| < W``, with ``causal`` only
+#: The window conventions :func:`convert_window` converts between (docs/conventions.md §1.7):
+#: ``"posenc"`` (the layer's ``window=W``: keys ``|i - j| < W``, with ``causal`` only
 #: ``j <= i``), ``"hf"`` (the ``sliding_window`` HF's mask functions take: causal
 #: ``sliding_window_overlay(W)`` keeps ``i - W < j <= i``, bidirectional
 #: ``sliding_window_bidirectional_overlay(w)`` keeps ``|i - j| <= w``), ``"flash"`` (``window_size=
@@ -294,7 +294,7 @@ class BidirectionalWindowMask(_CacheOffset):
 
     HF's ``sliding_window_bidirectional_overlay(w)`` (ModernBERT, T5Gemma) keeps ``|i - j| <= w``:
     ``window = w + 1``; Gemma's bidirectional mode (``_bidirectional_window_overlay(s)``, EmbeddingGemma)
-    keeps ``|i - j| < s``: ``window = s`` (docs/conventions.md, "Sliding windows").
+    keeps ``|i - j| < s``: ``window = s`` (docs/conventions.md §1.7).
     """
 
     window: int
