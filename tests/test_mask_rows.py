@@ -578,3 +578,38 @@ def test_hf_bidirectional_sliding_layers_get_posenc_s_band(name, padded, monkeyp
     band = _build(19, 19, batch=1, causal=False, window=bands[0].window).dense()
     assert bridge._window_mask(band, bands[0].window, query, query, causal=False) is not None
     assert bridge._window_mask(band, bands[0].window + 1, query, query, causal=False) is None
+
+
+def test_a_gemma3_pattern_model_takes_group_ids():
+    """``TransformerLM(pattern="gemma3")`` hands ``group_ids`` to every layer: the logits equal the same
+    model whose layers get Gemma 3's masks written out as ``attn_mask`` (global: causal or same group;
+    sliding: that and ``j > i - W``), and the groups change the logits."""
+    torch.manual_seed(0)
+    model = posenc.TransformerLM(
+        vocab_size=40, d_model=16, num_heads=2, num_layers=3, pattern="gemma3:window=4,global_every=3"
+    )
+    tokens = torch.randint(0, 40, (2, 13))
+    groups = gemma3.get_block_sequence_ids_for_mask(_token_types(2, 13))
+    i, j = torch.arange(13)[:, None], torch.arange(13)[None, :]
+    same = (groups[:, :, None] == groups[:, None, :]) & (groups[:, :, None] >= 0)  # [B, T, T]
+    with torch.no_grad():
+        with_groups = model(tokens, group_ids=groups)
+        assert not torch.allclose(with_groups, model(tokens))
+        for block in model.blocks:
+            attn = block.attn
+            allowed = (j <= i) | same
+            if attn.window is not None:
+                allowed = allowed & (j > i - attn.window)
+            attn.forward = _with_mask(attn, allowed[:, None])
+        torch.testing.assert_close(model(tokens), with_groups)
+
+
+def _with_mask(attn, allowed):
+    """``attn.forward`` as a non-causal, windowless layer under ``allowed``."""
+    forward = attn.forward
+
+    def call(x, **kw):
+        attn.causal, attn.window = False, None
+        return forward(x, attn_mask=allowed, **kw)
+
+    return call
