@@ -613,3 +613,11 @@ def _with_mask(attn, allowed):
         return forward(x, attn_mask=allowed, **kw)
 
     return call
+
+
+def test_group_ids_without_a_group_are_plain_causal():
+    """``-1`` everywhere (a decode step's token, text only) adds no component: SDPA's ``is_causal`` path
+    stays open."""
+    mask = _build(9, 9, causal=True, group_ids=torch.full((2, 9), -1))
+    assert mask.is_plain_causal
+    assert not _build(9, 9, causal=True, group_ids=torch.tensor([[-1] * 8 + [0]] * 2)).is_plain_causal

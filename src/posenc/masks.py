@@ -493,6 +493,13 @@ class UserBoolMask(MaskComponent):
         return f"attn_mask(bool){list(self.allowed.shape)}"
 
 
+def _has_groups(group_ids: Tensor | None) -> bool:
+    """Whether ``group_ids`` name a group (``-1`` everywhere, as in a decode step, is plain causal)."""
+    if group_ids is None:
+        return False
+    return torch.compiler.is_compiling() or bool((group_ids >= 0).any())
+
+
 def _left_padding(padding: Tensor | None) -> Tensor | None:
     """``[B]`` int64: the padding keys before each row's first real key (None when there are none)."""
     if padding is None:
@@ -568,7 +575,7 @@ class AttentionMask:
         offset = int(causal_offset)
         if causal and prefix_len is not None:
             components.append(PrefixLMMask(prefix_len.to(device=device, dtype=torch.long), offset))
-        elif causal and group_ids is not None:
+        elif causal and _has_groups(group_ids):
             components.append(BlockwiseCausalMask(group_ids.to(device=device, dtype=torch.long), offset))
         elif causal and offset < k_len - 1:
             # (offset >= k_len - 1: every query sees every key, as in a one-token decode step; a
