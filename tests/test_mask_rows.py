@@ -192,6 +192,25 @@ def test_image_groups_equal_gemma3_masks(padded):
     assert not torch.equal(plain.expand_as(masks["full_attention"]), masks["full_attention"])  # groups matter
 
 
+def test_image_groups_in_packed_documents_equal_hf():
+    """HF's ``create_causal_mask`` on packed sequences (positions restarting at each document) with
+    ``block_sequence_ids``: (causal or same group) and same document; posenc's document ids and group
+    ids together."""
+    config = Gemma3TextConfig(vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=4, sliding_window=3)  # fmt: skip
+    config._attn_implementation = "sdpa"
+    docs = torch.tensor([[0] * 6 + [1] * 9 + [2] * 5])
+    positions = torch.cat([torch.arange(6), torch.arange(9), torch.arange(5)])[None]
+    groups = torch.full((1, 20), -1)
+    groups[0, 2:5], groups[0, 8:12], groups[0, 16:19] = 0, 1, 2
+    want = mu.create_causal_mask(
+        config=config, inputs_embeds=_emb(1, 20), attention_mask=None, cache=None, position_ids=positions,
+        block_sequence_ids=groups,
+    )  # fmt: skip
+    mask = _build(20, 20, batch=1, causal=True, group_ids=groups, q_document_ids=docs, k_document_ids=docs)
+    _assert_mask_equals(mask, want)
+
+
 @pytest.mark.parametrize("window", [None, 4])
 def test_image_groups_at_a_cache_offset_equal_hf(window):
     """A call after ``past`` cached keys: HF reads the group ids of every key (``q_offset``); posenc
