@@ -70,7 +70,15 @@ SCENARIOS = {
     "sinks_gqa29": (2, 29, 29, True, 1, True, "sinks"),
     # A sliding window and packed documents (blocked skips keys outside each block's range).
     "window_documents41": (2, 41, 41, True, HEADS, False, "window_documents"),
+    # Issue 36's masks: a bidirectional window over a left-padded batch, Gemma 3's image groups
+    # under a sliding window, Llama 4's chunks counted from each row's first real token.
+    "band_padded37": (2, 37, 37, False, HEADS, True, "band"),
+    "groups_window29": (2, 29, 29, True, HEADS, True, "groups_window"),
+    "chunks_padded33": (2, 33, 33, True, 1, True, "chunks"),
 }
+
+#: The group ids of the ``groups_window`` scenario: two images in the first row, one in the second.
+_GROUPS = torch.tensor([[-1] * 3 + [0] * 6 + [-1] * 4 + [1] * 9 + [-1] * 7, [-1] * 12 + [0] * 11 + [-1] * 6])
 
 
 def _example(name: str, causal: bool):
@@ -144,6 +152,16 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype, grad: bool)
         pattern = {"mask": AttentionMask.build(
             q_len=q_len, k_len=k_len, batch=batch, heads=HEADS, causal=causal, window=6,
             q_document_ids=docs, k_document_ids=docs,
+        )}  # fmt: skip
+    pattern_masks = {
+        "band": {"window": 4},
+        "groups_window": {"window": 5, "group_ids": _GROUPS},
+        "chunks": {"chunk": 6},
+    }
+    if mask in pattern_masks:
+        pattern = {"mask": AttentionMask.build(
+            q_len=q_len, k_len=k_len, batch=batch, heads=HEADS, causal=causal, key_padding_mask=padding,
+            **pattern_masks[mask],
         )}  # fmt: skip
     if layer.encoding.input_dependent:  # FoX: the states of one sequence's layer input
         x = torch.randn(batch, q_len, HEADS * HEAD_DIM, dtype=dtype)

@@ -23,7 +23,7 @@ HEADS, DIM = 2, 8
 
 def build(case: str) -> AttentionRequest:
     """The request named ``case``: ``spec|length|options`` with options among causal, padding,
-    window=N, documents=N, dropout, nan, sinks, offset=N (cache), bfloat16, float64."""
+    window=N (a band without causal), documents=N, dropout, nan, sinks, offset=N (cache), bfloat16, float64."""
     spec, length, *options = case.split("|")
     length = int(length)
     opts = dict(o.split("=") if "=" in o else (o, "1") for o in options)
@@ -98,6 +98,12 @@ EXPECTED = {
     "rope|700|causal|window=64|dropout": "sdpa",  # blocked refuses dropout
     "rope|700|causal|padding": "segments",  # the masked blocks skip enough; segments cost no more
     "nope|2048|causal|window=512": "segments",
+    # A window without causal is a band (issue 36): the window engines skip the keys outside it.
+    "rope|700|window=64": "segments",
+    "rope|2048|window=256": "segments",
+    "rope|700|window=64|dropout": "sdpa",  # blocked and segments refuse dropout
+    "alibi:mode=symmetric|1100|window=64": "blocked",  # near/far needs a plain causal mask or none
+    "t5:bidirectional=true|1100|window=64": "blocked",
     # CONTENT kinds: relative, its clipped split from 512 queries and 8 near blocks.
     "shaw:k=16|600|causal": "clipped",
     "shaw:k=16|600": "clipped",

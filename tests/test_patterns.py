@@ -204,7 +204,6 @@ def test_document_positions_restart():
         ({"window": -3}, {}, "window must be a positive int"),
         ({"chunk": 0}, {}, "chunk must be a positive int"),
         ({"window": 2.5}, {}, "window must be a positive int"),
-        ({"window": 4, "causal": False}, {}, "window=4 needs causal=True"),
         ({"chunk": 4, "causal": False}, {}, "chunk=4 needs causal=True"),
         ({}, {"document_ids": torch.zeros(2, 5)}, "document_ids must be an integer tensor"),
         ({}, {"document_ids": torch.zeros(2, 4, dtype=torch.long)}, r"document_ids must have shape \[B, T\]"),

@@ -21,6 +21,7 @@ from .encodings.rope import register_rope_user
 from .inputs import (
     check_attn_mask,
     check_devices,
+    check_group_ids,
     check_input,
     check_padding,
     check_pattern,
@@ -53,10 +54,13 @@ class MultiheadAttention(nn.Module):
             The layer hands the encoding a :class:`~posenc.base.LayerContext` (its sizes,
             ``causal``, device and dtype); the encoding takes the options it declares from it.
         causal: mask future keys in self-attention (cross-attention is never causal).
-        window: sliding window ``W`` (causal layers): query ``i`` sees keys ``i - W < j <= i``
-            (the HF / Mistral convention: its own key and the ``W - 1`` before it).
+        window: sliding window ``W``: query ``i`` sees keys ``|i - j| < W``, and with ``causal`` keys
+            ``i - W < j <= i`` (the HF / Mistral convention: its own key and the ``W - 1`` before it;
+            without ``causal``, a band of ``W - 1`` keys on each side; docs/conventions.md §1.7 and
+            :func:`posenc.masks.convert_window` convert the other conventions).
         chunk: chunked attention ``C`` (causal layers, Llama 4): query ``i`` sees keys ``j <= i``
-            with ``j // C == i // C``.
+            with ``j // C == i // C`` (with a ``key_padding_mask``, counted from each row's first
+            real token, as HF does for a left-padded batch).
         sinks: learned attention sinks (gpt-oss): one logit per head, :attr:`sinks` ``[H]``
             (initialised to 0), joins every row's softmax denominator and carries no value.
         query_temperature: a :class:`~posenc.patterns.QueryTemperature` (Llama 4's NoPE layers):
@@ -78,7 +82,9 @@ class MultiheadAttention(nn.Module):
     to the logits; [Tq, Tk], [B, Tq, Tk] or [B, H, Tq, Tk]), document_ids [B, Tq] (packed
     documents: a token sees its own document only, and its default position counts from the
     document's start), prefix_len (int or [B]: bidirectional over the first tokens of a causal
-    layer, a prefix LM), cache, need_weights)`` returns
+    layer, a prefix LM), group_ids [B, Tq] (int, causal self-attention: tokens with the same
+    non-negative id also see each other's later keys, Gemma 3's image tokens; -1 for none), cache,
+    need_weights)`` returns
     ``out [B, Tq, E]``, or ``(out, weights [B, H, Tq, Tk])`` with ``need_weights=True``. The weights
     are the attention probabilities before dropout, from any backend (recomputed on the eager
     reference path when the backend does not produce them).
@@ -183,6 +189,7 @@ class MultiheadAttention(nn.Module):
         attn_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
         prefix_len: int | Tensor | None = None,
+        group_ids: Tensor | None = None,
         cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
@@ -196,11 +203,12 @@ class MultiheadAttention(nn.Module):
             attn_mask=attn_mask,
             document_ids=document_ids,
             prefix_len=prefix_len,
+            group_ids=group_ids,
         )
         batch, q_len, _ = x.shape
         docs, states, entry = None, None, None
         if context is not None:
-            self._check_context(context, batch, document_ids, prefix_len)
+            self._check_context(context, batch, document_ids, prefix_len, group_ids)
             q, k, v, q_pos, k_pos, padding = self._cross_inputs(
                 x, context, positions, context_positions, key_padding_mask, cache
             )
@@ -255,6 +263,7 @@ class MultiheadAttention(nn.Module):
             q_document_ids=None if docs is None else docs[:, past:],
             k_document_ids=docs,
             prefix_len=self._prefix_lengths(prefix_len, batch, k.shape[2], x.device),
+            group_ids=self._group_ids(group_ids, prefix_len, batch, q_len),
         )
         known, mark = (
             (0, None)
@@ -335,14 +344,22 @@ class MultiheadAttention(nn.Module):
         return q, k, v, q_pos, k_pos
 
     def _check_context(
-        self, context: Tensor, batch: int, document_ids: Tensor | None, prefix_len: int | Tensor | None
+        self,
+        context: Tensor,
+        batch: int,
+        document_ids: Tensor | None,
+        prefix_len: int | Tensor | None,
+        group_ids: Tensor | None = None,
     ) -> None:
         check_input(context, "context", self.embed_dim, self.q_proj.weight)
         if context.shape[0] != batch:
             raise ValueError(f"context batch {context.shape[0]} differs from x batch {batch}")
-        if document_ids is not None or prefix_len is not None:
-            name = "document_ids" if document_ids is not None else "prefix_len"
-            raise ValueError(f"{name} applies to self-attention only; cross-attention got it with a context")
+        given = {"document_ids": document_ids, "prefix_len": prefix_len, "group_ids": group_ids}
+        for name, value in given.items():
+            if value is not None:
+                raise ValueError(
+                    f"{name} applies to self-attention only; cross-attention got it with a context"
+                )
         if self.encoding.causal_only:
             raise ValueError(f"{self._causal_only_message()}; cross-attention is never causal")
         if self.encoding.self_attention_only:
@@ -391,6 +408,23 @@ class MultiheadAttention(nn.Module):
                 f"prefix_len: {self._causal_only_message()}, and a prefix LM attends to future keys of the prefix"
             )
         return prefix_lengths(prefix_len, batch, k_len, device)
+
+    def _group_ids(
+        self, group_ids: Tensor | None, prefix_len: int | Tensor | None, batch: int, q_len: int
+    ) -> Tensor | None:
+        """``group_ids`` checked (``[B, Tq]`` integer ids of this call's tokens); None when not given."""
+        if group_ids is None:
+            return None
+        group_ids = check_group_ids(group_ids, batch, q_len)
+        if not self.causal:
+            raise ValueError("group_ids needs a causal layer (a non-causal layer already sees every key)")
+        if prefix_len is not None:
+            raise ValueError("give prefix_len or group_ids, not both (each replaces the causal mask)")
+        if self.encoding.causal_only:
+            raise ValueError(
+                f"group_ids: {self._causal_only_message()}, and a group attends to its later keys"
+            )
+        return group_ids
 
     def _cross_inputs(
         self,

@@ -20,6 +20,7 @@ from .patterns import LayerSpec, QueryTemperature
 __all__ = [
     "check_attn_mask",
     "check_devices",
+    "check_group_ids",
     "check_input",
     "check_padding",
     "check_pattern",
@@ -63,13 +64,13 @@ def check_scale(scale: object) -> float:
     return value
 
 
-def check_span(name: str, value: int | None, causal: bool) -> int | None:
-    """A window or chunk size: None, or a positive int on a causal layer."""
+def check_span(name: str, value: int | None, causal: bool, needs_causal: bool = True) -> int | None:
+    """A window or chunk size: None, or a positive int (on a causal layer when ``needs_causal``)."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive int (a number of tokens) or None, got {value!r}")
-    if not causal:
+    if needs_causal and not causal:
         raise ValueError(f"{name}={value} needs causal=True: the {name} is defined over past keys only")
     return value
 
@@ -93,7 +94,9 @@ def check_pattern(
             pattern.sinks,
             pattern.temperature,
         )
-    window, chunk = check_span("window", window, causal), check_span("chunk", chunk, causal)
+    # a window without causal is a band (|i - j| < window); chunks are defined over past keys only
+    window = check_span("window", window, causal, needs_causal=False)
+    chunk = check_span("chunk", chunk, causal)
     if not isinstance(sinks, bool):
         raise ValueError(f"sinks must be True or False, got {sinks!r}")
     if query_temperature is not None and not isinstance(query_temperature, QueryTemperature):
@@ -136,6 +139,22 @@ def check_padding(mask: Tensor, batch: int, length: int, name: str) -> Tensor:
     if tuple(mask.shape) != (batch, length):
         raise ValueError(f"{name} must have shape [{batch}, {length}], got {tuple(mask.shape)}")
     return mask
+
+
+def check_group_ids(group_ids: Tensor, batch: int, length: int) -> Tensor:
+    """Group ids ``[batch, length]``, an integer tensor (``-1``: no group), checked for shape and dtype."""
+    if not isinstance(group_ids, Tensor):
+        raise ValueError(f"group_ids must be an integer tensor [B, T], got {type(group_ids).__name__}")
+    if group_ids.dtype == torch.bool or group_ids.is_floating_point() or group_ids.is_complex():
+        raise ValueError(
+            f"group_ids must be an integer tensor (a group id per token, -1 for none), got dtype {group_ids.dtype}"
+        )
+    if tuple(group_ids.shape) != (batch, length):
+        raise ValueError(
+            f"group_ids must have shape [B, T] = [{batch}, {length}] (this call's tokens), "
+            f"got {list(group_ids.shape)}"
+        )
+    return group_ids
 
 
 def check_attn_mask(mask: Tensor, batch: int, heads: int, q_len: int, k_len: int) -> Tensor:

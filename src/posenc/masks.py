@@ -37,7 +37,10 @@ from torch import Tensor
 from ._mask_segments import KeySegment, split_segments
 
 __all__ = [
+    "WINDOW_CONVENTIONS",
     "AttentionMask",
+    "BidirectionalWindowMask",
+    "BlockwiseCausalMask",
     "CausalMask",
     "ChunkMask",
     "DocumentMask",
@@ -49,6 +52,7 @@ __all__ = [
     "SlidingWindowMask",
     "UserBoolMask",
     "and_masks",
+    "convert_window",
     "or_masks",
 ]
 
@@ -82,6 +86,101 @@ def or_masks(*fns: MaskFn) -> MaskFn:
         return keep
 
     return combined
+
+
+# ---------------------------------------------------------------------------- window conventions
+#: A window as the band it keeps: key ``j`` is visible from query ``i`` iff ``i - left <= j <= i +
+#: right`` (FlashAttention's ``window_size=(left, right)``, both ends inclusive).
+Band = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class _Convention:
+    """How one convention counts a window: ``to_band(value, causal)`` and ``from_band(band, causal)``."""
+
+    to_band: Callable[[object, bool], Band]
+    from_band: Callable[[Band, bool], object]
+
+
+def _side(band: Band, causal: bool) -> int:
+    """The band's left reach, after checking it is a posenc band: ``(left, 0)`` when ``causal``,
+    ``(left, left)`` otherwise."""
+    left, right = band
+    if left < 0 or right != (0 if causal else left):
+        shape = "(left, 0)" if causal else "(left, left)"
+        raise ValueError(
+            f"value: a {'causal' if causal else 'bidirectional'} posenc window is a band {shape} with "
+            f"left >= 0, got {band}"
+        )
+    return left
+
+
+def _count(value: object, least: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"value must be an int >= {least} in this convention, got {value!r}")
+    return value
+
+
+def _flash_band(value: object, causal: bool) -> Band:
+    if not (isinstance(value, tuple) and len(value) == 2 and all(type(v) is int for v in value)):
+        raise ValueError(
+            f"value must be FlashAttention's window_size, a tuple (left, right) of ints, got {value!r}"
+        )
+    if min(value) < 0:
+        raise ValueError(
+            f"value {value}: -1 is FlashAttention's 'no window'; give posenc window=None instead"
+        )
+    _side(value, causal)
+    return value
+
+
+def _kept_band(value: object, causal: bool) -> Band:
+    kept = _count(value, 1)
+    if causal:
+        return kept - 1, 0
+    if kept % 2 == 0:
+        raise ValueError(
+            f"value: a bidirectional window keeps an odd number of keys (2 * side + 1), got {kept}"
+        )
+    return (kept - 1) // 2, (kept - 1) // 2
+
+
+#: The window conventions :func:`convert_window` converts between (docs/conventions.md §1.7):
+#: ``"posenc"`` (the layer's ``window=W``: keys ``|i - j| < W``, with ``causal`` only
+#: ``j <= i``), ``"hf"`` (the ``sliding_window`` HF's mask functions take: causal
+#: ``sliding_window_overlay(W)`` keeps ``i - W < j <= i``, bidirectional
+#: ``sliding_window_bidirectional_overlay(w)`` keeps ``|i - j| <= w``), ``"flash"`` (``window_size=
+#: (left, right)``) and ``"keys"`` (the keys a query keeps away from the sequence ends, its own included).
+WINDOW_CONVENTIONS: dict[str, _Convention] = {
+    "posenc": _Convention(
+        lambda w, causal: (_count(w, 1) - 1, 0 if causal else _count(w, 1) - 1),
+        lambda band, causal: _side(band, causal) + 1,
+    ),
+    "hf": _Convention(
+        lambda w, causal: (_count(w, 1) - 1, 0) if causal else (_count(w, 0), _count(w, 0)),
+        lambda band, causal: _side(band, causal) + (1 if causal else 0),
+    ),
+    "flash": _Convention(_flash_band, lambda band, causal: (_side(band, causal), band[1])),
+    "keys": _Convention(_kept_band, lambda band, causal: _side(band, causal) * (1 if causal else 2) + 1),
+}
+
+
+def convert_window(value: int | tuple[int, int], source: str, target: str, *, causal: bool):
+    """A sliding window given in convention ``source`` as convention ``target`` (names in
+    :data:`WINDOW_CONVENTIONS`), for a causal or a bidirectional layer.
+
+    ``convert_window(4096, "hf", "flash", causal=True) == (4095, 0)``;
+    ``convert_window(64, "hf", "posenc", causal=False) == 65`` (ModernBERT's ``local_attention=128``).
+    A band no posenc window can express (an asymmetric bidirectional one, a causal one looking ahead)
+    is a ValueError naming ``value``.
+    """
+    for name, convention in (("source", source), ("target", target)):
+        if convention not in WINDOW_CONVENTIONS:
+            raise ValueError(f"{name} must be one of {sorted(WINDOW_CONVENTIONS)}, got {convention!r}")
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be True or False, got {causal!r}")
+    band = WINDOW_CONVENTIONS[source].to_band(value, causal)
+    return WINDOW_CONVENTIONS[target].from_band(band, causal)
 
 
 class MaskComponent:
@@ -189,27 +288,76 @@ class SlidingWindowMask(_CacheOffset):
 
 
 @dataclass(frozen=True)
-class ChunkMask(_CacheOffset):
-    """Query ``i`` sees keys in its own chunk: ``j // chunk == (i + offset) // chunk`` (Llama 4)."""
+class BidirectionalWindowMask(_CacheOffset):
+    """Query ``i`` sees keys ``j`` with ``|j - (i + offset)| < window``: ``window - 1`` keys on each
+    side and its own (a band; the causal :class:`SlidingWindowMask` is its lower half).
 
-    chunk: int
+    HF's ``sliding_window_bidirectional_overlay(w)`` (ModernBERT, T5Gemma) keeps ``|i - j| <= w``:
+    ``window = w + 1``; Gemma's bidirectional mode (``_bidirectional_window_overlay(s)``, EmbeddingGemma)
+    keeps ``|i - j| < s``: ``window = s`` (docs/conventions.md §1.7).
+    """
+
+    window: int
     offset: int = 0
     keeps_diagonal = True
 
     def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        return kv_idx // self.chunk == self._query_index(q_idx) // self.chunk
+        return (kv_idx - self._query_index(q_idx)).abs() < self.window
 
     def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
-        rows = (torch.arange(i0, i1, device=device)[:, None] + self.offset) // self.chunk
-        return (torch.arange(k0, k1, device=device)[None, :] // self.chunk == rows)[None, None]
+        rows = torch.arange(i0, i1, device=device)[:, None] + self.offset
+        return ((torch.arange(k0, k1, device=device)[None, :] - rows).abs() < self.window)[None, None]
 
     def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
-        lo = (i0 + self.offset) // self.chunk * self.chunk
-        hi = ((i1 - 1 + self.offset) // self.chunk + 1) * self.chunk
+        lo = i0 + self.offset - self.window + 1
+        hi = i1 - 1 + self.offset + self.window
         return max(0, min(k_len, lo)), max(0, min(k_len, hi))
 
     def describe(self) -> str:
-        return f"chunk({self.chunk}, offset={self.offset})"
+        return f"bidirectional_window({self.window}, offset={self.offset})"
+
+
+@dataclass(frozen=True, eq=False)
+class ChunkMask(_CacheOffset):
+    """Query ``i`` sees keys in its own chunk: ``j // chunk == (i + offset) // chunk`` (Llama 4).
+
+    ``left_padding [B]`` (int64, or None for zeros): chunks of batch row ``b`` start at its first real
+    token, ``(j - p_b) // chunk == (i + offset - p_b) // chunk`` (HF's ``chunked_overlay``, batched
+    generation of a left-padded batch).
+    """
+
+    chunk: int
+    offset: int = 0
+    left_padding: Tensor | None = None
+    keeps_diagonal = True
+
+    @property
+    def data_dependent(self) -> bool:  # type: ignore[override]
+        return self.left_padding is not None
+
+    def _shift(self, b: Tensor) -> Tensor | int:
+        return 0 if self.left_padding is None else self.left_padding[b]
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        shift = self._shift(b)
+        return (kv_idx - shift) // self.chunk == (self._query_index(q_idx) - shift) // self.chunk
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        shift = 0 if self.left_padding is None else self.left_padding.to(device)[:, None, None, None]
+        rows = torch.arange(i0, i1, device=device)[:, None] + self.offset - shift
+        keys = torch.arange(k0, k1, device=device)[None, :] - shift
+        allowed = keys // self.chunk == rows // self.chunk
+        return allowed if allowed.dim() == 4 else allowed[None, None]
+
+    def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
+        shifts = torch.zeros(1, dtype=torch.long) if self.left_padding is None else self.left_padding.cpu()
+        lo = (i0 + self.offset - shifts) // self.chunk * self.chunk + shifts
+        hi = ((i1 - 1 + self.offset - shifts) // self.chunk + 1) * self.chunk + shifts
+        return max(0, min(k_len, int(lo.min()))), max(0, min(k_len, int(hi.max())))
+
+    def describe(self) -> str:
+        padded = "" if self.left_padding is None else ", left_padding"
+        return f"chunk({self.chunk}, offset={self.offset}{padded})"
 
 
 @dataclass(frozen=True, eq=False)
@@ -270,6 +418,63 @@ class PrefixLMMask(_CacheOffset):
 
 
 @dataclass(frozen=True, eq=False)
+class BlockwiseCausalMask(_CacheOffset):
+    """Causal, except that tokens of one group see each other (Gemma 3 / 4 image tokens, HF's
+    ``or_masks(causal_mask_function, blockwise_overlay(block_sequence_ids))``).
+
+    ``groups [B, Tq]`` (int64) are the group ids of this call's tokens, ``-1`` for none: query ``i``
+    sees key ``j`` when ``j <= i + offset``, or when key ``j`` is token ``t = j - offset`` of this call
+    and ``groups[b, t] == groups[b, i] >= 0``. The cached keys (``j < offset``) precede every query,
+    so their ids are never read: a cache keeps none.
+    """
+
+    groups: Tensor
+    offset: int = 0
+    data_dependent = True
+    keeps_diagonal = True
+
+    @cached_property
+    def _reach(self) -> Tensor:
+        """``[B, Tq]``: the last token of this call that token ``t`` sees through its group (``t`` itself
+        when it has none)."""
+        batch, length = self.groups.shape
+        tokens = torch.arange(length, device=self.groups.device).expand(batch, length)
+        rows = torch.arange(batch, device=self.groups.device)[:, None].expand(batch, length)
+        ids, inverse = torch.unique(torch.stack((rows, self.groups)).flatten(1), dim=1, return_inverse=True)
+        last = torch.full((ids.shape[1],), -1, dtype=torch.long, device=self.groups.device)
+        last = last.scatter_reduce(0, inverse, tokens.flatten(), reduce="amax")
+        return torch.where(self.groups >= 0, last[inverse].view(batch, length), tokens)
+
+    def _same_group(self, q_groups: Tensor, k_tokens: Tensor, k_groups: Tensor) -> Tensor:
+        in_call = (k_tokens >= 0) & (k_tokens < self.groups.shape[1])
+        return (q_groups >= 0) & (q_groups == k_groups) & in_call
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        tokens = kv_idx - self._offset_tensor.to(kv_idx.device)
+        k_groups = self.groups[b, tokens.clamp(0, self.groups.shape[1] - 1)]
+        causal = kv_idx <= self._query_index(q_idx)
+        return causal | self._same_group(self.groups[b, q_idx], tokens, k_groups)
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        groups = self.groups.to(device)
+        rows = torch.arange(i0, i1, device=device)[:, None] + self.offset
+        keys = torch.arange(k0, k1, device=device)[None, :]
+        tokens = keys - self.offset
+        k_groups = groups[:, tokens[0].clamp(0, groups.shape[1] - 1)]  # [B, keys]
+        same = self._same_group(groups[:, i0:i1, None], tokens[None], k_groups[:, None, :])
+        return ((keys <= rows)[None] | same)[:, None]
+
+    def key_range(self, i0: int, i1: int, k_len: int) -> tuple[int, int]:
+        if i1 <= i0:
+            return 0, 0
+        reach = int(self._reach[:, i0:i1].max()) + self.offset + 1
+        return 0, max(0, min(k_len, max(i1 + self.offset, reach)))
+
+    def describe(self) -> str:
+        return f"blockwise_causal{list(self.groups.shape)}(offset={self.offset})"
+
+
+@dataclass(frozen=True, eq=False)
 class UserBoolMask(MaskComponent):
     """A user's boolean mask ``[B|1, H|1, Tq, Tk]``, True = may attend."""
 
@@ -286,6 +491,21 @@ class UserBoolMask(MaskComponent):
 
     def describe(self) -> str:
         return f"attn_mask(bool){list(self.allowed.shape)}"
+
+
+def _has_groups(group_ids: Tensor | None) -> bool:
+    """Whether ``group_ids`` name a group (``-1`` everywhere, as in a decode step, is plain causal)."""
+    if group_ids is None:
+        return False
+    return torch.compiler.is_compiling() or bool((group_ids >= 0).any())
+
+
+def _left_padding(padding: Tensor | None) -> Tensor | None:
+    """``[B]`` int64: the padding keys before each row's first real key (None when there are none)."""
+    if padding is None:
+        return None
+    left = (~padding).long().cumsum(dim=1).eq(0).sum(dim=1)
+    return left if torch.compiler.is_compiling() or bool(left.any()) else None
 
 
 def _to_device(block: Tensor, device: torch.device) -> Tensor:
@@ -329,6 +549,7 @@ class AttentionMask:
         q_document_ids: Tensor | None = None,
         k_document_ids: Tensor | None = None,
         prefix_len: Tensor | None = None,
+        group_ids: Tensor | None = None,
     ) -> AttentionMask:
         """The mask of a request.
 
@@ -337,12 +558,16 @@ class AttentionMask:
             key_padding_mask: bool ``[B, Tk]``, True = padding (hidden from every query).
             attn_mask: bool (True = may attend) or float (added to the logits; ``-inf`` hides the
                 key), 4-D and broadcastable to ``[B, H, Tq, Tk]``.
-            window: query ``i`` sees keys ``j > i + causal_offset - window`` (sliding window).
-            chunk: query ``i`` sees keys of its own chunk, ``j // chunk == (i + causal_offset) // chunk``.
+            window: with ``causal``, query ``i`` sees keys ``j > i + causal_offset - window`` (sliding
+                window); without, keys ``|j - (i + causal_offset)| < window`` (a band).
+            chunk: query ``i`` sees keys of its own chunk, ``j // chunk == (i + causal_offset) // chunk``;
+                with a ``key_padding_mask``, chunks start at each row's first real key (HF, Llama 4).
             q_document_ids, k_document_ids: ``[B, Tq]`` and ``[B, Tk]`` integer ids; a query sees keys
                 of its own document only.
             prefix_len: ``[B]`` int; with ``causal``, keys ``j < prefix_len[b]`` are visible to every
                 query (prefix LM: bidirectional prefix, causal after it).
+            group_ids: ``[B, Tq]`` int; with ``causal``, queries also see the later keys of this call
+                with their own non-negative group id (:class:`BlockwiseCausalMask`; ``-1``: no group).
 
         The caller validates the options (the attention layer names the parameter at fault).
         """
@@ -350,14 +575,17 @@ class AttentionMask:
         offset = int(causal_offset)
         if causal and prefix_len is not None:
             components.append(PrefixLMMask(prefix_len.to(device=device, dtype=torch.long), offset))
+        elif causal and _has_groups(group_ids):
+            components.append(BlockwiseCausalMask(group_ids.to(device=device, dtype=torch.long), offset))
         elif causal and offset < k_len - 1:
             # (offset >= k_len - 1: every query sees every key, as in a one-token decode step; a
             # mask that hides nothing would only cost its materialisation)
             components.append(CausalMask(offset))
         if window is not None:
-            components.append(SlidingWindowMask(int(window), offset))
+            band = SlidingWindowMask if causal else BidirectionalWindowMask
+            components.append(band(int(window), offset))
         if chunk is not None:
-            components.append(ChunkMask(int(chunk), offset))
+            components.append(ChunkMask(int(chunk), offset, _left_padding(key_padding_mask)))
         if q_document_ids is not None and k_document_ids is not None:
             components.append(DocumentMask(q_document_ids, k_document_ids))
         if key_padding_mask is not None:

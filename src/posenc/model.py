@@ -110,6 +110,7 @@ class TransformerBlock(nn.Module):
         key_padding_mask: Tensor | None,
         cache: KVCache | None,
         document_ids: Tensor | None = None,
+        group_ids: Tensor | None = None,
     ) -> Tensor:
         attended = self.attn(
             self.norm_attn(x),
@@ -117,6 +118,7 @@ class TransformerBlock(nn.Module):
             key_padding_mask=key_padding_mask,
             cache=cache,
             document_ids=document_ids,
+            group_ids=group_ids,
         )
         x = x + self.dropout(attended)
         return x + self.ffn(self.norm_ffn(x))
@@ -317,11 +319,14 @@ class _Stack(nn.Module):
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
+        group_ids: Tensor | None = None,
     ) -> Tensor:
         """The final (normalised) hidden states ``[B, T, d_model]`` for ``tokens [B, T]``.
 
         ``document_ids [B, T]``: packed documents (every layer attends within a document, and
         positions restart at each document's first token unless ``positions`` are given).
+        ``group_ids [B, T]`` (causal layers): tokens with one non-negative id also see each other's
+        later keys (Gemma 3's image tokens; -1 for none).
         """
         if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype.is_floating_point:
             shape = tuple(tokens.shape) if isinstance(tokens, Tensor) else type(tokens).__name__
@@ -347,7 +352,12 @@ class _Stack(nn.Module):
         x = self.input_dropout(x)
         for block in self.blocks:
             x = block(
-                x, positions=pos, key_padding_mask=key_padding_mask, cache=cache, document_ids=document_ids
+                x,
+                positions=pos,
+                key_padding_mask=key_padding_mask,
+                cache=cache,
+                document_ids=document_ids,
+                group_ids=group_ids,
             )
         return self.final_norm(x)
 
@@ -387,14 +397,17 @@ class TransformerLM(_Stack):
         positions: Tensor | None = None,
         key_padding_mask: Tensor | None = None,
         document_ids: Tensor | None = None,
+        group_ids: Tensor | None = None,
     ) -> Tensor:
-        """Logits ``[B, T, V]`` for ``tokens [B, T]`` (new tokens only when ``cache`` holds the past)."""
+        """Logits ``[B, T, V]`` for ``tokens [B, T]`` (new tokens only when ``cache`` holds the past;
+        ``group_ids [B, T]``: Gemma 3's image groups, see :meth:`hidden_states`)."""
         hidden = self.hidden_states(
             tokens,
             cache=cache,
             positions=positions,
             key_padding_mask=key_padding_mask,
             document_ids=document_ids,
+            group_ids=group_ids,
         )
         return self.head(hidden)
 

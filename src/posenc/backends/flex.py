@@ -80,7 +80,9 @@ def _shape_key(req: AttentionRequest) -> tuple:
     """What dynamo specialises the compiled call on: shapes, dtype, device, the encoding object
     (captured by the score_mod) and the mask's structure (it changes the traced functions)."""
     mask = req.mask
-    structure = (tuple(type(c).__name__ for c in mask.components), mask.additive is not None)
+    # (data_dependent: a chunk mask under left padding reads a tensor, a different traced function)
+    components = tuple((type(c).__name__, c.data_dependent) for c in mask.components)
+    structure = (components, mask.additive is not None)
     return (
         tuple(req.q.shape),
         tuple(req.k.shape),

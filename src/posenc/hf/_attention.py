@@ -125,8 +125,8 @@ def attention_forward(
     """
     _check_supported(kwargs)
     q_len = query.shape[2]
-    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    causal = causal and attention_mask is None and q_len > 1
+    layer_causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    causal = layer_causal and attention_mask is None and q_len > 1
     if causal and key.shape[2] > q_len:  # empty static-cache slots after the prompt (HF's sdpa rule)
         key, value = key[:, :, :q_len], value[:, :, :q_len]
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
@@ -146,7 +146,7 @@ def attention_forward(
             query, key = encoding.rotate(query, key, q_pos, k_pos)
             encoding = NOPE
     known, mark = _known_finite_keys(module, key, q_len) if key.shape[2] else (0, None)
-    window_mask = _window_mask(attention_mask, kwargs.get("sliding_window"), query, key)
+    window_mask = _window_mask(attention_mask, kwargs.get("sliding_window"), query, key, layer_causal)
     name, out, weights = attend(
         query,
         key,
@@ -170,41 +170,51 @@ def attention_forward(
 
 
 def _window_mask(
-    attention_mask: Tensor | None, window: int | None, query: Tensor, key: Tensor
+    attention_mask: Tensor | None, window: int | None, query: Tensor, key: Tensor, causal: bool = True
 ) -> AttentionMask | None:
-    """HF's mask of a sliding-window layer as posenc's structured mask (causal at the cache offset, the
-    last ``window`` keys), when the dense mask HF built is exactly that; else None (the dense mask is
-    used as it is, exact but without the window backends' skipping).
+    """HF's mask of a sliding-window layer as posenc's structured mask (at the cache offset: causal
+    with the last ``window`` keys, or for a non-causal layer the band ``|i - j| < W``), when the dense
+    mask HF built is exactly that; else None (the dense mask is used as it is, exact but without the
+    window backends' skipping).
 
-    HF names the window of the layer it calls (``sliding_window``: Gemma 2/3, Mistral, Qwen2, ...) and
-    its mask keeps key ``j`` for query ``i`` iff ``j > i + offset - window`` (and causal), the same rule
-    as :class:`~posenc.masks.SlidingWindowMask`. The dense mask is compared with the structured one
-    whole (an O(Tq*Tk) comparison, as cheap as HF's own construction of it), so padding, packed
-    sequences or a window HF applies differently keep the dense mask: nothing is assumed.
+    HF names the window of the layer it calls (``sliding_window``: Gemma 2/3, Mistral, Qwen2, ...). A
+    causal layer's mask keeps key ``j`` for query ``i`` iff ``j > i + offset - window``, the rule of
+    :class:`~posenc.masks.SlidingWindowMask`. A bidirectional layer's keyword is counted two ways
+    (docs/conventions.md §1.7): ModernBERT and EmbeddingGemma hand it ``W`` (their masks keep
+    ``|i - j| < W``), T5Gemma's encoder ``W - 1`` (its mask keeps ``|i - j| <= W - 1``), so both are
+    tried. The dense mask is compared with the structured one whole (an O(Tq*Tk) comparison, as
+    cheap as HF's own construction of it), so padding, packed sequences or a window HF applies
+    differently keep the dense mask: nothing is assumed.
     """
     if window is None or attention_mask is None or attention_mask.dtype != torch.bool:
         return None  # (a float mask may carry values: T5's position bias, a user's additive mask)
     if attention_mask.dim() != 4 or torch.compiler.is_compiling():  # (a compiled graph reads no values)
         return None
-    allowed = attention_mask
     batch, heads, q_len, k_len = query.shape[0], query.shape[1], query.shape[2], key.shape[2]
-    if allowed.shape[-2:] != (q_len, k_len):
+    if attention_mask.shape[-2:] != (q_len, k_len):
         return None
-    mask = AttentionMask.build(
-        q_len=q_len,
-        k_len=k_len,
-        batch=batch,
-        heads=heads,
-        device=query.device,
-        causal=True,
-        causal_offset=k_len - q_len,
-        window=int(window),
-    )
+    for candidate in (int(window),) if causal else (int(window), int(window) + 1):
+        mask = AttentionMask.build(
+            q_len=q_len,
+            k_len=k_len,
+            batch=batch,
+            heads=heads,
+            device=query.device,
+            causal=causal,
+            causal_offset=k_len - q_len,
+            window=candidate,
+        )
+        if _equals_dense(mask, attention_mask):
+            return mask
+    return None
+
+
+def _equals_dense(mask: AttentionMask, allowed: Tensor) -> bool:
+    """Whether ``mask`` allows exactly what HF's bool ``allowed [B|1, 1, Tq, Tk]`` allows."""
     dense = mask.dense()
-    expected = (
-        torch.ones(1, 1, q_len, k_len, dtype=torch.bool, device=query.device) if dense is None else dense
-    )
-    return mask if bool((allowed == expected).all()) else None
+    if dense is None:
+        dense = torch.ones(1, 1, mask.q_len, mask.k_len, dtype=torch.bool, device=allowed.device)
+    return bool((allowed == dense).all())
 
 
 def _with_position_bias(mask: Tensor | None, bias: Tensor, causal: bool, k_len: int) -> Tensor:
