@@ -63,10 +63,10 @@ class Comparison:
         interval)"``. The numbers are the mean paired difference A - B beyond L and its interval."""
         fmt = self.metric.format
         if self.interval is None:
-            numbers = f"{_signed(self.mean, fmt)}; one seed: no interval"
+            numbers = f"{signed(self.mean, fmt)}; one seed: no interval"
         else:
-            low, high = (_signed(bound, fmt) for bound in self.interval)
-            numbers = f"{_signed(self.mean, fmt)} [{low}, {high}]"
+            low, high = (signed(bound, fmt) for bound in self.interval)
+            numbers = f"{signed(self.mean, fmt)} [{low}, {high}]"
         if self.verdict == "a":
             return f"{self.a} beats {self.b} ({numbers})"
         if self.verdict == "b":
@@ -84,16 +84,16 @@ class Comparison:
         lines = [head]
         for seed, (a, b) in self.scores.items():
             lines.append(
-                f"  seed {seed}: {self.a} {fmt(a)}, {self.b} {fmt(b)}, difference {_signed(a - b, fmt)}"
+                f"  seed {seed}: {self.a} {fmt(a)}, {self.b} {fmt(b)}, difference {signed(a - b, fmt)}"
             )
         spread = ""
         if self.interval is not None:
-            low, high = (_signed(bound, fmt) for bound in self.interval)
+            low, high = (signed(bound, fmt) for bound in self.interval)
             spread = (
                 f" [95% interval {low}, {high}: {INTERVAL_METHOD} on the {len(seeds)} paired "
                 f"differences, {len(seeds) - 1} degree{'s' if len(seeds) > 2 else ''} of freedom]"
             )
-        lines.append(f"mean difference {self.a} - {self.b}: {_signed(self.mean, fmt)}{spread}")
+        lines.append(f"mean difference {self.a} - {self.b}: {signed(self.mean, fmt)}{spread}")
         better = "higher" if self.metric.higher_is_better else "lower"
         if self.verdict == "a":
             lines.append(f"{self.a} beats {self.b} beyond L ({better} is better; the interval excludes 0)")
@@ -166,7 +166,7 @@ def rank_rows(directory: str | Path, fit_threshold: float | None = None) -> Rank
     return Ranking(ranked, scores, unranked, neighbours, uncompared)
 
 
-def _signed(value: float, fmt: Any) -> str:
+def signed(value: float, fmt: Any) -> str:
     text = fmt(value)
     return text if text.startswith("-") else "+" + text
 
