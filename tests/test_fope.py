@@ -1,4 +1,4 @@
-"""FoPE against the authors' code restated here in float64 (docs/conventions.md §13.2).
+"""FoPE against the authors' code restated here in float64 (docs/conventions.md §7.10).
 
 The authors' ``FourierEmbedding`` (Fourier-Position-Embedding, ``olmo/model.py``) with the paper's
 configs: RoPE frequencies, those below ``2π/L`` clipped to zero and dropped (K left), per head a
@@ -75,7 +75,7 @@ def test_initialisation_is_the_authors(heads, kept, pairs):
 
 
 def test_worked_numbers():
-    """docs/conventions.md §13.2: d = 16, base 10^4, L = 64: floor 2π/64 = 0.098, K = 3 (θ = 1, 0.316, 0.1), n = 3."""
+    """docs/conventions.md §7.10: d = 16, base 10^4, L = 64: floor 2π/64 = 0.098, K = 3 (θ = 1, 0.316, 0.1), n = 3."""
     theta = F.fope_inv_freq(16, 10000.0, 64)
     assert theta.tolist() == pytest.approx([1.0, 0.31622776, 0.1])
     assert F.fope_inv_freq(16, 10000.0).shape[0] == 8  # no floor: every frequency

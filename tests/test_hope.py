@@ -1,4 +1,4 @@
-"""HoPE against the paper's definition written out here in float64 (docs/conventions.md §13.1).
+"""HoPE against the paper's definition written out here in float64 (docs/conventions.md §7.9).
 
 HoPE (Chen et al. 2025): RoPE's pair k turns by p·θ_k when θ_k·L ≥ 2π (a full period inside the
 training length L), and not at all otherwise.
@@ -53,7 +53,7 @@ def test_matches_the_papers_definition(pairing, head_dim, base, length):
 
 
 def test_worked_numbers():
-    """docs/conventions.md §13.1: d = 16, base 10^4, L = 64 keeps pairs 0, 1, 2 (θ·L = 64, 20.2, 6.4 ≥ 2π; 2.02 < 2π)."""
+    """docs/conventions.md §7.9: d = 16, base 10^4, L = 64 keeps pairs 0, 1, 2 (θ·L = 64, 20.2, 6.4 ≥ 2π; 2.02 < 2π)."""
     theta = F.hope_inv_freq(16, 10000.0, train_length=64)
     assert theta[:3].tolist() == pytest.approx([1.0, 0.31622776, 0.1])
     assert theta[3:].tolist() == [0.0] * 5

@@ -36,7 +36,7 @@ query heads per key head; with ``separate_heads=False`` one pair of matrices ser
 
 Angles are float32 (float64 for float64 activations) from integer or real-valued positions; the
 series are computed per call (no table cache) and cast to the activations' dtype
-(docs/conventions.md §13.2).
+(docs/conventions.md §7.10).
 
 Backends: sdpa and eager (q and k are transformed before the kernel, which then sees plain attention).
 """

@@ -12,7 +12,7 @@ window, ``θ_k · L ≥ 2π`` (period ``2π/θ_k ≤ L``); the lower frequencies
 during training, which is where the paper places RoPE's "activated", U-shape-forming components.
 Because ``θ' = 0`` gives ``R(0) = I``, ``R(a)ᵀ R(b) = R(b − a)`` still holds exactly: HoPE is
 relative (shift invariant), only without long-term decay in the identity channels
-(docs/conventions.md §13.1).
+(docs/conventions.md §7.9).
 
 Conventions: ``pairing="half"`` (``(k, k + d/2)``, HF Llama) or ``"interleaved"`` (``(2k, 2k+1)``);
 the kept pairs are the lowest indices (highest frequencies) in both. Angles are float32
