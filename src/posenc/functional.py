@@ -22,6 +22,7 @@ from .encodings.mlp_bias import log_distance
 from .encodings.mrope import (
     default_mrope_section,
     mrope_axis_map,
+    mrope_channel_axes,
     mrope_cos_sin,
     mrope_grid_ids,
     mrope_position_ids,
@@ -73,6 +74,7 @@ __all__ = [
     "kerple_bias",
     "log_distance",
     "mrope_axis_map",
+    "mrope_channel_axes",
     "mrope_cos_sin",
     "mrope_grid_ids",
     "mrope_position_ids",
