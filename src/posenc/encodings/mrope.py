@@ -1,4 +1,4 @@
-"""M-RoPE: Qwen2-VL's multimodal rotary embedding (Wang et al. 2024; HF ``qwen2_vl``; docs/conventions.md §9.2).
+"""M-RoPE: multimodal rotary embedding (Qwen2-VL, Wang et al. 2024; HF ``qwen2_vl``; docs/conventions.md §9.2, §9.7).
 
 Each token has three position ids ``(t, h, w)`` (temporal, row, column). Each of the ``d/2``
 RoPE frequencies takes its angle from one of the three ids; ``mrope_section = [n_t, n_h, n_w]``
@@ -12,7 +12,25 @@ RoPE frequencies takes its angle from one of the three ids; ``mrope_section = [n
   ``k < 3·n_h``, with ``w`` when ``k ≡ 2 (mod 3)`` and ``k < 3·n_w``, and with ``t`` otherwise
   (HF's default ``[24, 20, 20]`` for ``d = 128``), so every axis spans high and low frequencies.
 
-The angles are used with ``rotate_half`` pairing (``(k, k + d/2)``), exactly as HF. With
+The general form (docs/conventions.md §9.7): any number of axes ``A`` and any map of pairs to
+axes, with either pairing (``pairing="half"``, the default, or ``"interleaved"``: ``(2k, 2k+1)``):
+
+* ``layout="section"`` with ``A`` bands: band ``s`` uses axis ``s`` (GLM-4V: ``[t, h, w]`` over a
+  half-width RoPE, ``pairing="interleaved"``, ``partial_rotary_factor=0.5``; HF ``Glm4vTextRotaryEmbedding``).
+* ``layout="alternating"`` (ERNIE-4.5-VL; HF ``Ernie4_5_VLMoeTextRotaryEmbedding``):
+  ``mrope_section = [n_h, n_w, n_t]`` in ERNIE's order, ``n_h = n_w``; the first ``n_h + n_w``
+  pairs alternate ``h, w, h, w, …`` and the last ``n_t`` use ``t``; interleaved pairing.
+* ``layout="doubled"`` (HunyuanVL's XD-RoPE, 4 axes; HF ``HunYuanVLRotaryEmbedding``): bands of
+  ``2·n_s`` *channels* of the doubled table ``[θ | θ]``, band ``s`` on axis ``s``. With half
+  pairing the two channels of a pair ``(k, k + d/2)`` can then follow different axes: such a pair is
+  ``[[cos a, −sin a], [sin b, cos b]]``, a rotation only where the two ids agree (text tokens).
+* ``axis_map``: an explicit axis per pair (or per channel with ``"doubled"``), any map;
+  ``num_axes`` the number of id axes the layer is given (default: one per band, or 3).
+
+Position ids may be real-valued (fractional video time steps): integer ids read the cached
+tables, real ones are computed directly in float32.
+
+The Qwen layouts use ``rotate_half`` pairing (``(k, k + d/2)``), exactly as HF. With
 ``rotary_dim = d_r < d`` (Qwen3.5's ``partial_rotary_factor``) the frequencies are those of a
 ``d_r``-wide RoPE, ``mrope_section`` sums to ``d_r/2``, and only the first ``d_r`` channels turn
 (pairs ``(k, k + d_r/2)``); the rest pass through, as HF Qwen3.5. Text tokens
