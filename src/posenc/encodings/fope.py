@@ -123,6 +123,8 @@ def apply_fope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 class FoPE(RotaryEncoding):
     """FoPE (Hua et al. 2025): each rotary pair a short Fourier series of RoPE's trained frequencies; the rest zeroed."""
 
+    float_positions = True  # angles p·θ are defined for any real position
+
     layer_sizes = ("num_heads", "head_dim")
     option_ranges = {
         "num_heads": at_least(1),

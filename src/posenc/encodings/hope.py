@@ -84,6 +84,8 @@ def hope_inv_freq(
 class HoPE(RotaryEncoding):
     """HoPE (Chen et al. 2025): RoPE keeping only its high-frequency pairs; the low-frequency pairs do not turn."""
 
+    float_positions = True  # angles p·θ are defined for any real position
+
     layer_sizes = ("head_dim",)
     option_ranges = {
         "head_dim": at_least(2),

@@ -441,6 +441,8 @@ def _has_negative(ids: Tensor) -> bool:
 class MRoPE(RotaryEncoding):
     """Multimodal RoPE: each rotary pair driven by one of several position ids (Qwen2/3-VL, GLM-4V, ERNIE-4.5-VL, HunyuanVL)."""
 
+    float_positions = True  # angles p·θ are defined for any real position
+
     layer_sizes = ("head_dim",)
     option_ranges = {
         "head_dim": at_least(2),
