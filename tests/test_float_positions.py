@@ -93,3 +93,17 @@ def test_bad_real_positions():
         layer(x, positions=torch.tensor([0.0, math.nan, 1.0]))
     out = layer(x, positions=torch.tensor([0.0, 0.5, 1.0], dtype=torch.float16))  # widened to float32
     assert out.shape == x.shape
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "blocked", "segments"])
+def test_every_rotary_backend_agrees_with_eager_at_real_positions(backend):
+    """Windows send rotary layers to the blocked and segment splits: real positions reach them too."""
+    x = torch.randn(2, 40, 32)
+    pos = torch.cumsum(torch.rand(2, 40) + 0.1, dim=1)
+    torch.manual_seed(0)
+    eager = posenc.MultiheadAttention(32, 2, "rope", causal=True, window=8, backend="eager").eval()
+    fast = posenc.MultiheadAttention(32, 2, "rope", causal=True, window=8, backend=backend).eval()
+    fast.load_state_dict(eager.state_dict())
+    got = fast(x, positions=pos)
+    assert fast.last_backend == backend
+    torch.testing.assert_close(got, eager(x, positions=pos), rtol=1e-5, atol=1e-5)
