@@ -327,3 +327,165 @@ def test_the_table_has_the_columns_asked_for(model_dir, corpus, tmp_path, monkey
         app, [*args[:-4], "--depths", "2", "--no-progress", "--out", str(tmp_path / "x")]
     )
     assert bad.exit_code == 2 and "--depths 2" in bad.output
+
+
+# ---------------------------------------------------------------------------- posenc submit --hf-model
+
+
+class _FakeSlurm:
+    """``sbatch`` and ``squeue`` answered in process: job ids from 100, an empty queue."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: list[str]) -> str:
+        self.calls.append(argv)
+        if argv[0] == "sbatch":
+            return f"{99 + sum(call[0] == 'sbatch' for call in self.calls)}\n"
+        return ""
+
+
+STUDY = dict(task="text", lengths=[100, 128], depths="0.5", eval_examples=1, variants=["none", "ntk", "yarn"])
+
+
+def test_the_plan_from_the_config_alone_is_the_plan_the_run_records(model_dir, corpus, tmp_path):
+    """``posenc submit`` plans on a login node from the config (no weights); the array tasks must
+    find that same plan, or a rerun would count the wrong units as missing."""
+    from posenc.experiments.study_plan import study_grid
+
+    grid = study_grid(model_dir, corpus=corpus, **STUDY)
+    _, settings = run_study(model_dir, tmp_path / "run", shard=Shard(0, 6), corpus=corpus, **STUDY)
+    assert grid.settings() == settings
+    assert grid.size() == 3 * 2  # variants x lengths
+    # variant-major, shard 1 of 4 takes positions 1 and 5
+    assert [u.label for u in grid.units(1, 4)] == ["tiny-llama @ 128", "tiny-llama + yarn @ 128"]
+
+
+def test_submit_splits_a_study_into_array_tasks_that_run_and_merge(model_dir, corpus, tmp_path):
+    """The scripts ``posenc submit`` writes, run as Slurm would run them (task i, then the merge),
+    give the folder one run gives; a rerun submits only the shards still missing, then nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from posenc.experiments.slurm import SlurmOptions, submit
+    from posenc.experiments.study_plan import study_grid
+
+    out = tmp_path / "study"
+    args = ["--hf-model", str(model_dir), "--task", "text", "--lengths", "100,128", "--depths", "0.5"]
+    args += ["--eval-variants", "none,ntk,yarn", "--corpus", corpus]
+    grid = study_grid(model_dir, corpus=corpus, **STUDY)
+    slurm = _FakeSlurm()
+    first = submit(grid, out, args, array_size=2, options=SlurmOptions(cpus=1), run=slurm)
+    assert first.shards == [0, 1] and len(first.missing) == 6 and first.array_job == "100"
+    script = (out / "slurm" / "array.sh").read_text()
+    assert "--hf-model" in script and '--shard "$i"/2' in script and "--threads 1" in script
+    assert "--workers" not in script  # a study's array task is one process
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def run(script_name: str) -> None:
+        done = subprocess.run(
+            ["bash", str(out / "slurm" / script_name)], env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    run("array.sh")  # task 0 alone: shard 1 is still missing
+    again = submit(grid, out, args, array_size=2, options=SlurmOptions(cpus=1), run=slurm)
+    assert again.shards == [1] and [u.label for u in again.missing] == [
+        "tiny-llama @ 128",
+        "tiny-llama + ntk @ 128",
+        "tiny-llama + yarn @ 128",
+    ]
+    env["SLURM_ARRAY_TASK_ID"] = "1"
+    run("array.sh")
+    run("merge.sh")
+    whole, _ = run_study(model_dir, tmp_path / "whole", corpus=corpus, **STUDY)
+    merged = read_records(out / "results.jsonl")
+    assert sorted(map(json.dumps, merged)) == sorted(map(json.dumps, whole))
+    assert submit(grid, out, args, array_size=2, run=slurm).complete
+
+
+def test_submit_refuses_what_a_study_cannot_take(model_dir, corpus, tmp_path):
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    base = [
+        "submit",
+        "--hf-model",
+        str(model_dir),
+        "--corpus",
+        corpus,
+        "--out",
+        str(tmp_path / "o"),
+        "--dry-run",
+    ]
+    lm = CliRunner().invoke(app, [*base, "--task", "lm"])
+    assert lm.exit_code == 2 and "--task text, text-lm, text-passkey, not 'lm'" in " ".join(lm.output.split())
+    workers = CliRunner().invoke(app, [*base, "--task", "text", "--workers", "2"])
+    assert workers.exit_code == 2 and "each array task of a study runs one process" in " ".join(
+        workers.output.split()
+    )
+    base += ["--eval-variants", "none,yarn"]
+    size = CliRunner().invoke(app, [*base, "--task", "text-lm", "--array-size", "3"])
+    assert size.exit_code == 2 and "between 1 and the grid's 2 units" in " ".join(size.output.split())
+    dry = CliRunner().invoke(app, [*base, "--task", "text-lm"])
+    assert dry.exit_code == 0, dry.output
+    assert "--array=0-1" in dry.output  # text-lm: one unit per variant, at --eval-len
+
+
+def test_threads_set_the_study_process_threads(model_dir, corpus, tmp_path, monkeypatch):
+    """--threads was read only by trained runs: an --hf-model study ran on torch's default instead."""
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    args = ["extrapolate", "--hf-model", str(model_dir), "--task", "text-passkey", "--lengths", "100"]
+    args += ["--depths", "0.5", "--eval-len", "128", "--no-progress", "--threads", "3"]
+    result = CliRunner().invoke(app, [*args, "--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert calls == [3]
+
+
+def test_the_report_of_a_study_folder_reproduces_it(model_dir, corpus, tmp_path):
+    """``posenc report`` on a study folder: a pretrained model's context (not "trained on"), no
+    checkpoint diagnostics, and a command that plans the same study again."""
+    import html
+    import re
+    import shlex
+
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    out = tmp_path / "study"
+    args = ["extrapolate", "--hf-model", str(model_dir), "--task", "text", "--corpus", corpus]
+    args += ["--lengths", "100,128", "--depths", "0,1", "--eval-variants", "none,yarn:2/3", "--no-progress"]
+    assert CliRunner().invoke(app, [*args, "--out", str(out)]).exit_code == 0
+    result = CliRunner().invoke(app, ["report", str(out)])
+    assert result.exit_code == 0, result.output
+    page = (out / "report.html").read_text()
+    assert f"pretrained {html.escape(str(model_dir))}, context <b>L = {CONTEXT}</b>" in page
+    assert "trained on sizes" not in page and 'id="diagnostics"' not in page
+    command = html.unescape(re.search(r'<pre id="command"><code>(.*?)</code>', page, re.S).group(1))
+    words = shlex.split(command)
+    assert words[:2] == ["posenc", "extrapolate"] and words[words.index("--out") + 1] == str(out)
+    words[words.index("--out") + 1] = str(tmp_path / "again")
+    again = CliRunner().invoke(app, [*words[1:], "--no-progress"])
+    assert again.exit_code == 0, again.output
+    first = json.loads((out / "config.json").read_text())["experiment"]
+    assert json.loads((tmp_path / "again" / "config.json").read_text())["experiment"] == first
+
+
+def test_the_depth_heat_map_of_a_study_is_in_tokens_and_names_each_depth(model_dir, tmp_path):
+    """The heat map said "length (filler symbols)" (the synthetic task's unit) and "25%-25%"."""
+    from posenc.viz.hf_study import study_figures
+
+    _, settings = run_study(
+        model_dir, tmp_path / "o", task="text-passkey", lengths=[100], depths="0,0.25", eval_len=128
+    )
+    records = read_records(tmp_path / "o" / "results.jsonl")
+    figures = {}
+    study_figures(tmp_path, settings, records, lambda fig, path: figures.setdefault(path.name, fig))
+    ax = figures["depth.png"].axes[0]
+    assert ax.get_xlabel() == "prompt length (tokens)"
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["0%", "25%"]

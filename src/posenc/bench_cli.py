@@ -57,6 +57,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "decode steps vs the plain loop (growing, preallocated, compiled); HF Llama and TransformerLM generate",
     ),
+    "gpu": (
+        "bench_gpu",
+        [],
+        "on a CUDA device: every encoding x backend x dtype against float64 eager, flex vs SDPA, RoPE, HF generate",
+    ),
 }
 QUICK_ARGS: dict[str, list[str]] = {
     "bias": ["--sizes", "512,1024", "--repeats", "2", "--no-memory"],
@@ -67,6 +72,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "hf": ["--sizes", "512", "--window", "64", "--repeats", "2"],
     "split": ["--sizes", "1024", "--window", "128", "--repeats", "2"],
     "decode": ["--caches", "256", "--steps", "32", "--repeats", "2", "--new", "16", "--prompt", "32"],
+    "gpu": ["--quick"],
 }
 
 

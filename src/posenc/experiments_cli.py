@@ -235,7 +235,12 @@ def extrapolate(
     workers: int | None = typer.Option(
         None, help="parallel processes (default: one per CPU core, at most one per run)"
     ),
-    threads: int = typer.Option(1, help="torch threads per process"),
+    threads: int | None = typer.Option(
+        None,
+        min=1,
+        help="torch threads per process (default: 1 per training process; with --hf-model, torch's own "
+        "default, every core)",
+    ),
     device: str = typer.Option("cpu", help="cpu, cuda or auto"),
     progress: bool = typer.Option(True, help="show progress bars"),
     hf_model: Path | None = typer.Option(
@@ -278,10 +283,10 @@ def extrapolate(
     (combine the parts with `posenc merge`).
     """
     from .experiments.distributed import Distributed
-    from .experiments.hf_study import STUDY_TASKS
     from .experiments.results import read_run_records
     from .experiments.runner import ExperimentInterrupted, WorkerDied, run_experiment
     from .experiments.shards import parse_shard
+    from .experiments.study_plan import STUDY_TASKS
     from .experiments.summary import summary_table
     from .viz.folder import write_figures
 
@@ -289,6 +294,10 @@ def extrapolate(
     if hf_model is not None and (preset is not None or (shard is not None and not study)):
         print_error("--preset and --shard train models; they do not apply to --hf-model (but to --task text)")
         raise typer.Exit(2)
+    if hf_model is not None and threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)  # one process evaluates: the threads are its own
     if study:
         _hf_study(hf_model, out, device, progress, shard, lengths, depths, options)
         return
@@ -309,7 +318,7 @@ def extrapolate(
                     one,
                     folder,
                     workers=workers,
-                    threads=threads,
+                    threads=threads or 1,
                     device=device,
                     report=bars.report,
                     log=bars.log,
@@ -397,6 +406,27 @@ def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, opti
         raise typer.Exit(2) from err
 
 
+def _study_options(lengths: str | None, depths: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """:func:`.study_plan.plan_study`'s options from the command's (``ValueError`` names the bad one)."""
+    from .experiments.hf_eval import parse_variants
+
+    if options["encodings"] != ",".join(_DEFAULT.encodings):
+        raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
+    corpus = options["corpus"]
+    return {
+        "task": options["task"],
+        "eval_len": options["eval_len"] if options["eval_len"] != _DEFAULT.eval_len else None,
+        "lengths": None if lengths is None else _int_list(lengths, "--lengths"),
+        "depths": depths,
+        "eval_examples": options["eval_examples"]
+        if options["eval_examples"] != _DEFAULT.eval_examples
+        else 1,
+        "seeds": _int_list(options["seeds"], "--seeds"),
+        "corpus": None if corpus is None else str(corpus),
+        "variants": parse_variants(options["eval_variants"]),
+    }
+
+
 def _hf_study(
     hf_model: Path,
     out: Path,
@@ -408,29 +438,17 @@ def _hf_study(
     options: dict[str, Any],
 ) -> None:
     """``--hf-model M --task text``: the context-extension study (:mod:`posenc.experiments.hf_study`)."""
-    from .experiments.hf_eval import parse_variants
     from .experiments.hf_study import run_study, study_summary
     from .experiments.shards import parse_shard
     from .viz.folder import write_figures
 
-    corpus = options["corpus"]
     try:
-        if options["encodings"] != ",".join(_DEFAULT.encodings):
-            raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
-        given_len = options["eval_len"] if options["eval_len"] != _DEFAULT.eval_len else None
-        examples = options["eval_examples"] if options["eval_examples"] != _DEFAULT.eval_examples else 1
+        study = _study_options(lengths, depths, options)
         with _ProgressBars(console, progress) as bars:
             records, settings = run_study(
                 str(hf_model),
                 out,
-                task=options["task"],
-                eval_len=given_len,
-                lengths=None if lengths is None else _int_list(lengths, "--lengths"),
-                depths=depths,
-                eval_examples=examples,
-                seeds=_int_list(options["seeds"], "--seeds"),
-                corpus=None if corpus is None else str(corpus),
-                variants=parse_variants(options["eval_variants"]),
+                **study,
                 shard=None if shard is None else parse_shard(shard),
                 device=device,
                 report=bars.report,
@@ -558,6 +576,14 @@ def submit_command(
         help="submit a published setup (nope-paper, alibi-paper) as extrapolate --preset runs it: array task "
         "i runs shard i/n of every task, the merge job writes OUT/<task>",
     ),
+    hf_model: str | None = typer.Option(
+        None,
+        help="submit the context-extension study of a pretrained model (a fetched model's name, a .gguf file "
+        "or an HF folder; with --task text, text-lm or text-passkey): array task i runs the (variant, "
+        "length) units i, i+n, ...; the model must be readable at the same path on the compute nodes",
+    ),
+    lengths: str | None = typer.Option(None, help="--hf-model: the passkey's prompt lengths (extrapolate's)"),
+    depths: str | None = typer.Option(None, help="--hf-model: the passkey's needle depths (extrapolate's)"),
     **options: Any,
 ) -> None:
     """Run the experiment on a Slurm cluster: the (encoding x seed) grid as one job array (task i
@@ -567,7 +593,7 @@ def submit_command(
     (resuming from their checkpoints) and the merge."""
     from .experiments.slurm import SlurmOptions, submit
 
-    config = config_from_options(options)
+    config = None if hf_model is not None else config_from_options(options)
     names = {option.name for option in CONFIG_OPTIONS}
     passed = _command_line_args(ctx, names)
     if preset is not None:
@@ -578,8 +604,11 @@ def submit_command(
         passed += ["--device", device]
     try:
         scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
-        # submit checks each task's folder itself (check_experiment), so only the configs here
-        configs = config if preset is None else _preset_configs(ctx, preset, config)
+        if hf_model is not None:
+            configs, passed = _study_submission(hf_model, lengths, depths, preset, passed, options)
+        else:
+            # submit checks each task's folder itself (check_experiment), so only the configs here
+            configs = config if preset is None else _preset_configs(ctx, preset, config)
         done = submit(
             configs,
             out,
@@ -590,7 +619,7 @@ def submit_command(
             workers=workers,
             dry_run=dry_run,
         )
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         print_error(str(err))
         raise typer.Exit(2) from err
     import shlex
@@ -612,14 +641,43 @@ def submit_command(
     elif done.array_job is not None:
         print_line(
             f"submitted array job {done.array_job}: shard(s) {', '.join(map(str, done.shards))} of "
-            f"{done.count}, {len(done.missing)} run(s) to train; logs in {done.out / 'slurm' / 'logs'}"
+            f"{done.count}, {len(done.missing)} {'unit(s) to run' if hf_model else 'run(s) to train'}; "
+            f"logs in {done.out / 'slurm' / 'logs'}"
         )
         print_line(f"submitted merge job {done.merge_job} (afterok:{done.array_job})")
     else:
-        print_line(f"every run is trained; submitted merge job {done.merge_job}")
+        print_line(
+            f"every {'unit is run' if hf_model else 'run is trained'}; submitted merge job {done.merge_job}"
+        )
     print_line(f"results: {done.out}" + ("/<task>" if preset is not None else ""))
     jobs = ",".join(job for job in (done.array_job, done.merge_job) if job)
     print_line(f"watch: squeue --jobs {jobs}; rerun this command if a task fails")
+
+
+def _study_submission(
+    hf_model: str,
+    lengths: str | None,
+    depths: str | None,
+    preset: str | None,
+    passed: list[str],
+    options: Any,
+) -> tuple[Any, list[str]]:
+    """``posenc submit --hf-model``: the study's grid (read from the model's config) and the
+    ``extrapolate`` arguments of its array tasks."""
+    from .experiments.study_plan import STUDY_TASKS, study_grid
+
+    if preset is not None:
+        raise ValueError("--preset trains models; it does not apply to --hf-model")
+    if options["task"] not in STUDY_TASKS:
+        raise ValueError(
+            f"posenc submit --hf-model runs the context-extension study: --task {', '.join(STUDY_TASKS)}, "
+            f"not {options['task']!r} (run that evaluation with posenc extrapolate --hf-model)"
+        )
+    grid = study_grid(hf_model, **_study_options(lengths, depths, options))
+    extra = ["--hf-model", hf_model]
+    extra += [] if lengths is None else ["--lengths", lengths]
+    extra += [] if depths is None else ["--depths", depths]
+    return grid, [*extra, *passed]
 
 
 app.command("submit")(with_config_options(submit_command))

@@ -33,11 +33,13 @@ from typing import Any
 __all__ = [
     "MODELS",
     "PretrainedModel",
+    "causal_lm_class_name",
     "convert",
     "converted_dir",
     "fetch",
     "fetch_command",
     "load",
+    "load_config",
     "model_path",
     "models_dir",
     "reference_text",
@@ -238,6 +240,51 @@ def load(model: str | Path, *, dtype: Any = None, log: Any = None) -> tuple[Any,
     if path.is_file() and path.suffix != ".gguf":
         raise ValueError(f"model {path}: a file must be a .gguf file (or give an HF folder)")
     return _load_hf(path, dtype)
+
+
+def load_config(model: str | Path) -> Any:
+    """The HF config of ``model`` (as :func:`load` takes it) without loading its weights: what a
+    plan needs (the context, the RoPE parameters) on a machine that will not run the model, such as
+    a Slurm login node. A fetched model's config is read from its converted folder when there is
+    one, else from its GGUF file's metadata."""
+    try:
+        from transformers import AutoConfig
+    except ImportError as err:  # pragma: no cover - the real extra is missing
+        raise ImportError("reading a model's config needs transformers: pip install 'posenc[real]'") from err
+    if str(model) in MODELS:
+        folder = converted_dir(str(model))
+        tag = folder / _SOURCE_TAG
+        converted = tag.is_file() and tag.read_text().strip() == MODELS[str(model)].sha256
+        path = folder if converted else model_path(str(model))
+    else:
+        path = Path(model)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"model {model}: {path} does not exist (give a fetched model's name: {', '.join(MODELS)}; "
+                "a .gguf file; or an HF folder)"
+            )
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"model {path}: a file must be a .gguf file (or give an HF folder)")
+        try:
+            return AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+        except ValueError as err:
+            if "not supported" in str(err):
+                raise ValueError(_unsupported_gguf(path)) from err
+            raise
+    return AutoConfig.from_pretrained(str(path))
+
+
+def causal_lm_class_name(config: Any) -> str:
+    """The class ``AutoModelForCausalLM`` builds for ``config`` (``LlamaForCausalLM``), by name."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__
+    except KeyError as err:
+        raise ValueError(
+            f"{type(config).__name__}: not a causal LM's config (AutoModelForCausalLM has no class for it)"
+        ) from err
 
 
 def _load_hf(path: Path, dtype: Any) -> tuple[Any, Any]:

@@ -48,7 +48,6 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +56,16 @@ from torch import Tensor, nn
 
 from .folders import FigureWriter, folder_lock, write_outputs
 from .results import RUNS_FILE, atomic_write_text, read_records
+from .study_plan import (
+    CORPORA,
+    STUDY_TASKS,
+    expand_variants,
+    plan_study,
+    shard_units,
+    study_text,
+    study_units,
+    unit_id,
+)
 
 __all__ = [
     "CORPORA",
@@ -72,10 +81,6 @@ __all__ = [
     "study_units",
 ]
 
-#: The study's tasks (``text`` runs both others).
-STUDY_TASKS = ("text", "text-lm", "text-passkey")
-#: Built-in evaluation texts by ``--corpus`` name.
-CORPORA: dict[str, Callable[[], str]] = {}
 #: The filler sentences of the passkey prompt (repeated).
 FILLER = (
     "The grass is green.",
@@ -90,15 +95,6 @@ QUESTION = "What is the pass key? The pass key is"
 KEY_DIGITS = 5
 
 
-def _reference() -> str:
-    from ..pretrained import reference_text
-
-    return reference_text()
-
-
-CORPORA["python-reference"] = _reference
-
-
 def load_model(model: str | Path) -> tuple[nn.Module, Any, str]:
     """``(model, tokenizer, name)`` of a fetched model's name, a ``.gguf`` file or an HF folder."""
     from ..pretrained import load
@@ -106,45 +102,6 @@ def load_model(model: str | Path) -> tuple[nn.Module, Any, str]:
 
     loaded, tokenizer = load(model)
     return loaded, tokenizer, model_label(model)
-
-
-def study_text(corpus: str | None) -> tuple[str, str]:
-    """``(text, label)`` of ``--corpus``: a built-in name (default ``python-reference``) or a file."""
-    name = corpus or "python-reference"
-    if name in CORPORA:
-        return CORPORA[name](), name
-    path = Path(name)
-    if not path.is_file():
-        raise ValueError(f"--corpus {name}: neither a file nor a built-in text ({', '.join(CORPORA)})")
-    return path.read_text(encoding="utf-8", errors="replace"), str(path)
-
-
-def parse_depths(text: str | Sequence[float] | None) -> list[float]:
-    """``"0,0.5,1"`` -> ``[0.0, 0.5, 1.0]``; each in [0, 1] (``ValueError`` naming ``--depths``)."""
-    if text is None:
-        return [0.0, 0.25, 0.5, 0.75, 1.0]
-    items = [s.strip() for s in text.split(",") if s.strip()] if isinstance(text, str) else list(text)
-    depths = []
-    for item in items:
-        try:
-            depth = float(item)
-        except ValueError as err:
-            raise ValueError(f"--depths {item!r}: a depth is a number in [0, 1]") from err
-        if not 0.0 <= depth <= 1.0:
-            raise ValueError(f"--depths {item}: a needle depth must lie in [0, 1] (0: start, 1: end)")
-        depths.append(depth)
-    if not depths:
-        raise ValueError("--depths: give at least one depth in [0, 1]")
-    return depths
-
-
-def expand_variants(variants: Sequence[str]) -> list[str]:
-    """A factor sweep ``NAME:F1/F2/F3`` -> ``NAME:F1, NAME:F2, NAME:F3``; other items as they are."""
-    out: list[str] = []
-    for variant in variants:
-        name, _, factors = variant.partition(":")
-        out += [f"{name}:{f.strip()}" for f in factors.split("/")] if "/" in factors else [variant]
-    return list(dict.fromkeys(out))
 
 
 # ---------------------------------------------------------------------------- perplexity by position
@@ -254,43 +211,6 @@ def answer_is_right(text: str, key: int) -> bool:
 # ---------------------------------------------------------------------------- the study
 
 
-def default_lengths(context: int, eval_len: int) -> list[int]:
-    lengths = [context // 2, context, 3 * context // 2, 2 * context, eval_len]
-    return sorted({n for n in lengths if 0 < n <= eval_len})
-
-
-def study_units(variants: Sequence[str], lengths: Sequence[int]) -> list[tuple[str, int]]:
-    """Every (variant, length) unit, variant-major: the order ``--shard`` splits."""
-    return [(variant, length) for variant in variants for length in lengths]
-
-
-@dataclass(frozen=True)
-class Unit:
-    """One (variant, length) unit of a study, by its row label."""
-
-    encoding: str
-    length: int
-
-    @property
-    def label(self) -> str:
-        return f"{self.encoding} @ {self.length}"
-
-
-def missing_units(settings: dict[str, Any], runs: list[dict[str, Any]]) -> list[Unit]:
-    """The (variant, length) units of a study folder's settings that have no ``unit`` record."""
-    done = {r.get("run") for r in runs if r.get("metric") == "unit"}
-    return [
-        Unit(label, length)
-        for label, variant in settings["variant_names"].items()
-        for length in settings["lengths"]
-        if _unit_id(variant, length) not in done
-    ]
-
-
-def _unit_id(variant: str, length: int) -> str:
-    return f"hf__text__{variant.replace(':', 'x')}__{length}"
-
-
 def run_study(
     model_ref: str | Path,
     out: str | Path,
@@ -311,34 +231,27 @@ def run_study(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run (or resume) the study of ``model_ref`` into the folder ``out``; returns ``(records, settings)``."""
     from .distributed import Distributed, resolve_device
-    from .hf_eval import _apply_scaling, _check_folder, parse_variants, rope_parameters_for
+    from .hf_eval import _apply_scaling, _check_folder
 
-    if task not in STUDY_TASKS:
-        raise ValueError(f"the text study's tasks are {', '.join(STUDY_TASKS)}, not {task!r}")
     out = Path(out)
-    depth_list = parse_depths(depths if depths is None or isinstance(depths, str) else list(depths))
-    seeds = [0] if seeds is None else list(seeds)
-    if len(seeds) != 1:
-        raise ValueError("--seeds: the text study takes one seed; use --eval-examples for more trials")
-    if eval_examples < 1:
-        raise ValueError("--eval-examples must be positive")
-    model, tokenizer, name = load_model(model_ref)
-    context = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-    if context < 1:
-        raise ValueError(f"--hf-model {model_ref}: its config has no max_position_embeddings")
-    eval_len = 2 * context if eval_len is None else int(eval_len)
-    length_list = sorted(set(lengths)) if lengths else default_lengths(context, eval_len)
-    if any(n < 2 or n > eval_len for n in length_list):
-        raise ValueError(f"--lengths {length_list}: every length must lie in [2, --eval-len {eval_len}]")
-    if eval_len not in length_list and task != "text-passkey":
-        length_list.append(eval_len)
-    variant_list = expand_variants(parse_variants(",".join(variants) if variants else None))
-    scalings = {v: rope_parameters_for(v, context, eval_len) for v in variant_list}
+    model, tokenizer, _ = load_model(model_ref)
+    plan = plan_study(
+        model.config,
+        type(model).__name__,
+        model_ref,
+        task=task,
+        eval_len=eval_len,
+        lengths=lengths,
+        depths=depths,
+        eval_examples=eval_examples,
+        seeds=seeds,
+        corpus=corpus,
+        variants=variants,
+    )
+    settings, scalings, labels = plan.settings, plan.scalings, plan.labels
+    eval_len, length_list = settings["eval_len"], settings["lengths"]
     original = dict(getattr(model.config, "rope_parameters", None) or {})
-    if not original and any(scalings.values()):
-        raise ValueError(f"--eval-variants: {type(model).__name__} has no rope_parameters to scale")
     text_ids: Tensor | None = None
-    corpus_label = None
     if task != "text-passkey":
         text, corpus_label = study_text(corpus)
         text_ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
@@ -349,26 +262,8 @@ def run_study(
             )
     if task != "text-lm":
         passkey_prompt(tokenizer, min(length_list), 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
-    labels = {v: name if v == "none" else f"{name} + {v}" for v in variant_list}
-    settings = {
-        "task": task,
-        "study": True,
-        "hf_model": str(model_ref),
-        "model_class": type(model).__name__,
-        "train_len": context,
-        "eval_len": eval_len,
-        "lengths": length_list if task != "text-lm" else [eval_len],
-        "depths": depth_list if task != "text-lm" else None,
-        "eval_examples": eval_examples,
-        "corpus": corpus_label,
-        "encodings": list(labels.values()),
-        "variants": {labels[v]: scalings[v] for v in variant_list},
-        "variant_names": {labels[v]: v for v in variant_list},
-        "seeds": seeds,
-        "steps": 0,
-    }
-    units = study_units(variant_list, settings["lengths"])
-    mine = units if shard is None else [u for i, u in enumerate(units) if i % shard.count == shard.index]
+    units = plan.units
+    mine = units if shard is None else shard_units(units, shard.index, shard.count)
     torch_device = resolve_device(device, Distributed())
     model.to(torch_device)
     progress = report or (lambda *args: None)
@@ -383,7 +278,7 @@ def run_study(
         runs = read_records(out / RUNS_FILE) if (out / RUNS_FILE).exists() else []
         done = {r["run"] for r in runs if r.get("metric") == "unit"}
         records = [r for r in _read(out / "results.jsonl") if r.get("run") in done]
-        todo = [u for u in mine if _unit_id(*u) not in done]
+        todo = [u for u in mine if unit_id(*u) not in done]
         if len(todo) < len(mine):
             say(f"resuming: {len(mine) - len(todo)} of {len(mine)} unit(s) already done in {out}")
         for number, (variant, length) in enumerate(todo, 1):
@@ -398,10 +293,10 @@ def run_study(
             records += scored
             runs.append(
                 {
-                    "run": _unit_id(variant, length),
+                    "run": unit_id(variant, length),
                     "encoding": labels[variant],
                     "task": task,
-                    "seed": seeds[0],
+                    "seed": settings["seeds"][0],
                     "metric": "unit",
                     "length": length,
                     "variant": variant,
@@ -439,7 +334,7 @@ def _run_unit(
     depths = settings["depths"] or []
     total = (examples if do_lm else 0) + (examples * len(depths) if do_passkey else 0)
     base = {
-        "run": _unit_id(variant, length),
+        "run": unit_id(variant, length),
         "encoding": label,
         "seed": seed,
         "variant": variant,

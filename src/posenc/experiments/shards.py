@@ -306,7 +306,7 @@ def merge_folders(
         atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
         write_outputs(out, records, figures)
     if config is None:
-        from .hf_study import missing_units
+        from .study_plan import missing_units
 
         return MergeSummary(out, len(records), duplicates, missing_units(settings, runs), len(runs))
     missing = missing_runs(config.task, config.encodings, config.seeds, records)

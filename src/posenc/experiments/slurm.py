@@ -19,6 +19,8 @@ Three pieces, each reading only what Slurm sets (see ``docs/architecture.md §8.
   of the preset (``extrapolate --preset NAME --shard i/n`` writes ``OUT/shards/<i>of<n>/<task>``)
   and the merge job merges each task's shard folders into ``OUT/<task>``, the layout of
   ``posenc extrapolate --preset NAME --out OUT``.
+  What it splits is a :class:`Grid`: a trained grid (:class:`Part`), or a context-extension
+  study's (variant, length) units (:class:`.study_plan.StudyGrid`, ``posenc submit --hf-model``).
 * :func:`rendezvous_from_slurm` (``posenc slurm-torchrun``, one agent per Slurm task of an
   ``srun``): ``torchrun``'s static rendezvous from ``SLURM_JOB_NODELIST`` (its first node, by
   ``scontrol show hostnames``, at its ``NodeAddr``), ``SLURM_NTASKS`` (the number of agents),
@@ -42,7 +44,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from .folders import check_writable_folder, finished_runs
 from .plan import plan_runs
@@ -51,6 +53,7 @@ from .train import ExperimentConfig, RunSpec, run_id_for
 from .variants import parse_eval_variants, variant_run_id
 
 __all__ = [
+    "Grid",
     "Part",
     "Rendezvous",
     "Runner",
@@ -58,6 +61,7 @@ __all__ = [
     "Submission",
     "array_ranges",
     "missing_shards",
+    "missing_units",
     "rendezvous_from_slurm",
     "run_slurm_command",
     "shard_folder",
@@ -327,23 +331,93 @@ def _run_ids(config: ExperimentConfig, run: RunSpec) -> list[str]:
     return [run_id_for(config, run), *(variant_run_id(config, run, variant) for variant in variants)]
 
 
+class Grid(Protocol):
+    """What :func:`submit` needs of an experiment: its units of work (a trained run with its
+    variants, or a study's (variant, length)), which of them shard ``i`` of ``n`` runs, the ids a
+    finished unit leaves in a folder, and the settings a rerun must match. :class:`Part` is a
+    trained grid's; :class:`.study_plan.StudyGrid` a context-extension study's."""
+
+    #: The sub-folder of ``OUT`` and of each shard folder it writes (a preset's task), or "".
+    inside: str
+    #: Whether an array task runs several processes (``--workers``).
+    takes_workers: bool
+
+    def size(self) -> int:
+        """The number of units: the most array tasks that each get one."""
+
+    def settings(self) -> dict[str, Any]:
+        """What a rerun of ``posenc submit`` into the same folder must match (JSON values)."""
+
+    def check(self, folder: Path) -> None:
+        """Refuse (``ValueError``) a folder that holds another experiment."""
+
+    def units(self, index: int, count: int) -> list[Any]:
+        """The units shard ``index`` of ``count`` runs (each with a ``label``)."""
+
+    def unit_ids(self, unit: Any) -> set[str]:
+        """The run ids a folder records once ``unit`` is finished."""
+
+    def finished(self, folder: Path) -> set[str]:
+        """The run ids finished in ``folder`` (empty when it holds nothing)."""
+
+
 @dataclass(frozen=True)
 class Part:
-    """One experiment of a submission and where it lives: ``inside`` is its sub-folder of ``OUT``
-    and of each shard folder; empty for a plain grid, the task for a preset (``extrapolate
-    --preset`` writes one folder per task under its ``--out``)."""
+    """One trained experiment of a submission (a :class:`Grid`) and where it lives: ``inside`` is
+    its sub-folder of ``OUT`` and of each shard folder; empty for a plain grid, the task for a
+    preset (``extrapolate --preset`` writes one folder per task under its ``--out``)."""
 
     config: ExperimentConfig
     inside: str = ""
+    takes_workers: bool = True
 
-    def merged(self, out: Path) -> Path:
-        """The folder the merge job writes."""
-        return out / self.inside if self.inside else out
+    def size(self) -> int:
+        return len(plan_runs(self.config))
 
-    def shard(self, out: Path, shard: Shard) -> Path:
-        """The folder array task ``shard.index`` writes (and resumes in)."""
-        folder = shard_folder(out, shard)
-        return folder / self.inside if self.inside else folder
+    def settings(self) -> dict[str, Any]:
+        return self.config.to_dict()
+
+    def check(self, folder: Path) -> None:
+        from .plan import check_experiment
+
+        check_experiment(self.config, folder)
+
+    def units(self, index: int, count: int) -> list[RunSpec]:
+        return plan_runs(self.config, Shard(index, count))
+
+    def unit_ids(self, unit: RunSpec) -> set[str]:
+        return set(_run_ids(self.config, unit))
+
+    def finished(self, folder: Path) -> set[str]:
+        if not (folder / "results.jsonl").is_file():
+            return set()
+        return finished_runs(folder, self.config, self.config.make_task().metric)
+
+
+def merged_folder(out: Path, grid: Grid) -> Path:
+    """The folder the merge job writes for ``grid``."""
+    return out / grid.inside if grid.inside else out
+
+
+def grid_shard_folder(out: Path, grid: Grid, shard: Shard) -> Path:
+    """The folder array task ``shard.index`` writes (and resumes in) for ``grid``."""
+    folder = shard_folder(out, shard)
+    return folder / grid.inside if grid.inside else folder
+
+
+def missing_units(grid: Grid, out: Path, count: int) -> tuple[list[Any], list[int]]:
+    """The units of ``grid`` that neither ``out`` nor its shard folders finished, and the shards
+    (of ``count``) that hold them."""
+    folders = [merged_folder(out, grid)]
+    folders += [grid_shard_folder(out, grid, Shard(index, count)) for index in range(count)]
+    finished: set[str] = set().union(*(grid.finished(folder) for folder in folders))
+    missing, shards = [], []
+    for index in range(count):
+        lacking = [unit for unit in grid.units(index, count) if not grid.unit_ids(unit) <= finished]
+        missing += lacking
+        if lacking:
+            shards.append(index)
+    return missing, shards
 
 
 def missing_shards(
@@ -351,24 +425,13 @@ def missing_shards(
 ) -> tuple[list[RunSpec], list[int]]:
     """The runs of the grid that neither ``out`` nor its shard folders finished, and the shards
     (of ``count``) that hold them. ``inside``: the sub-folder the experiment writes (a preset's task)."""
-    part = Part(config, inside)
-    metric = config.make_task().metric
-    folders = [part.merged(out), *(part.shard(out, Shard(index, count)) for index in range(count))]
-    finished: set[str] = set()
-    for folder in folders:
-        if (folder / "results.jsonl").is_file():
-            finished |= finished_runs(folder, config, metric)
-    missing, shards = [], []
-    for index in range(count):
-        lacking = [
-            run
-            for run in plan_runs(config, Shard(index, count))
-            if not set(_run_ids(config, run)) <= finished
-        ]
-        missing += lacking
-        if lacking:
-            shards.append(index)
-    return missing, shards
+    return missing_units(Part(config, inside), out, count)
+
+
+def _finished_in(grid: Grid, folder: Path) -> bool:
+    """Whether ``folder`` alone holds every unit of ``grid`` (a trained run: and every variant)."""
+    done = grid.finished(folder)
+    return all(grid.unit_ids(unit) <= done for unit in grid.units(0, 1))
 
 
 @dataclass(frozen=True)
@@ -399,14 +462,14 @@ class Submission:
 SUBMIT_FILE = "submit.json"
 
 
-def _submitted_settings(parts: Sequence[Part], preset: str | None) -> dict[str, Any]:
+def _submitted_settings(parts: Sequence[Grid], preset: str | None) -> dict[str, Any]:
     """What a rerun must match: the config's fields, or a preset's name and each task's fields
     (``reverse.lr``), so that a difference names the field."""
     if preset is None:
-        return parts[0].config.to_dict()
+        return parts[0].settings()
     settings: dict[str, Any] = {"preset": preset}
     for part in parts:
-        settings.update({f"{part.inside}.{key}": value for key, value in part.config.to_dict().items()})
+        settings.update({f"{part.inside}.{key}": value for key, value in part.settings().items()})
     return settings
 
 
@@ -498,7 +561,7 @@ def _check_out_path(out: Path) -> None:
 
 
 def submit(
-    config: ExperimentConfig | Sequence[ExperimentConfig],
+    config: ExperimentConfig | Sequence[ExperimentConfig] | Grid,
     out: str | Path,
     extrapolate_args: Sequence[str],
     *,
@@ -525,21 +588,27 @@ def submit(
     failed, the rerun submits that merge job alone, after the array (``Submission.earlier_array``).
     ``dry_run``: write the scripts, submit nothing.
 
+    ``config`` may also be any :class:`Grid`, such as a context-extension study's
+    (:func:`.study_plan.study_grid`, ``posenc submit --hf-model M --task text``): its units are
+    split the same way, and ``extrapolate_args`` hold ``--hf-model M``.
+
     ``preset``: ``config`` is the preset's configs, one per task (:func:`.presets.apply_preset`),
     and ``extrapolate_args`` hold ``--preset NAME``. Array task ``i`` then trains shard ``i/n`` of
     every task into ``out/shards/<i>of<n>/<task>`` and the merge job writes ``out/<task>``.
     """
-    from .plan import check_experiment
-
     options = options or SlurmOptions()
     out = Path(out).absolute()
     _check_out_path(out)
     parts = _parts(config, preset)
-    grid = plan_runs(parts[0].config)
-    count = len(grid) if array_size is None else array_size
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= len(grid):
+    size = parts[0].size()
+    count = size if array_size is None else array_size
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= size:
+        what = "runs (encodings x seeds)" if parts[0].takes_workers else "units (variants x lengths)"
+        raise ValueError(f"--array-size must be between 1 and the grid's {size} {what}, got {array_size!r}")
+    if not parts[0].takes_workers and (workers is not None or options.distributed):
         raise ValueError(
-            f"--array-size must be between 1 and the grid's {len(grid)} runs (encodings x seeds), got {array_size!r}"
+            "--workers, --nodes and --nproc-per-node apply to trained grids; each array task of a study "
+            "runs one process (give it CPUs with --cpus, its torch threads)"
         )
     if options.distributed and workers not in (None, 1):
         raise ValueError(
@@ -547,7 +616,7 @@ def submit(
         )
     check_writable_folder(out)
     for part in parts:
-        check_experiment(part.config, part.merged(out))
+        part.check(merged_folder(out, part))
     folder = out / "slurm"
     settings = _submitted_settings(parts, preset)
     entries = _check_same_submission(folder / SUBMIT_FILE, settings, count)
@@ -559,14 +628,14 @@ def submit(
             f"{out}: job(s) {', '.join(queued)} of an earlier posenc submit are still queued or running "
             "(squeue); wait for them to end (or scancel them), then run this command again"
         )
-    missing: list[RunSpec] = []
+    missing: list[Any] = []
     lacking: set[int] = set()
     for part in parts:
-        runs, indices = missing_shards(part.config, out, count, part.inside)
-        missing += runs
+        units, indices = missing_units(part, out, count)
+        missing += units
         lacking.update(indices)
     shards = sorted(lacking)
-    merged = all(_finished_in(part.config, part.merged(out), grid) for part in parts)
+    merged = all(_finished_in(part, merged_folder(out, part)) for part in parts)
 
     args = [shlex.quote(arg) for arg in extrapolate_args]
     shard_out = shlex.quote(str(out / "shards")) + f'/"$i"of{count}'
@@ -576,7 +645,10 @@ def submit(
         launch += [f"--nproc-per-node={options.nproc_per_node}", "--", "extrapolate"]
     else:
         launch = [shlex.quote(python), "-m", "posenc", "extrapolate"]
-        task_args += ["--workers", str(workers or options.cpus or 1)]
+        if parts[0].takes_workers:
+            task_args += ["--workers", str(workers or options.cpus or 1)]
+        elif options.cpus is not None and "--threads" not in extrapolate_args:
+            task_args += ["--threads", str(options.cpus)]  # one process: every CPU of the task is its own
     logs = folder / "logs"
     array_script = folder / "array.sh"
     merge_script = folder / "merge.sh"
@@ -588,7 +660,7 @@ def submit(
             *options.array_lines(),
         ],
         [
-            f"# Written by posenc submit: array task i trains shard i/{count} of the grid into {writes};",
+            f"# Written by posenc submit: array task i runs shard i/{count} of the grid into {writes};",
             "# rerunning a task resumes its shard (finished runs kept, others from their checkpoints).",
             'i="$SLURM_ARRAY_TASK_ID"',
             " ".join(["exec", *launch, *task_args]),
@@ -650,14 +722,20 @@ def _queue(
     return array_job, merge_job, commands
 
 
-def _parts(config: ExperimentConfig | Sequence[ExperimentConfig], preset: str | None) -> list[Part]:
-    """The experiments of a submission: one plain grid, or one per task of a preset (each in
-    ``OUT/<task>``); a preset's tasks must share the grid, since one array task runs shard ``i``
-    of each."""
+def _parts(config: ExperimentConfig | Sequence[ExperimentConfig] | Grid, preset: str | None) -> list[Grid]:
+    """The experiments of a submission: one plain grid (or a study's :class:`Grid`), or one per
+    task of a preset (each in ``OUT/<task>``); a preset's tasks must share the grid, since one array
+    task runs shard ``i`` of each."""
+    if preset is None and not isinstance(config, (ExperimentConfig, Sequence)):
+        return [config]
     if preset is None:
         if not isinstance(config, ExperimentConfig):
             raise ValueError("several configs are one per task of a preset: pass preset=NAME")
         return [Part(config)]
+    if not isinstance(config, (ExperimentConfig, Sequence)):
+        raise ValueError(
+            f"preset {preset}: takes the preset's configs, one per task, not a {type(config).__name__}"
+        )
     configs = [config] if isinstance(config, ExperimentConfig) else list(config)
     tasks = [one.task for one in configs]
     if not configs or len(set(tasks)) != len(tasks):
@@ -670,7 +748,7 @@ def _parts(config: ExperimentConfig | Sequence[ExperimentConfig], preset: str | 
     return [Part(one, one.task) for one in configs]
 
 
-def _merge_lines(parts: Sequence[Part], out: Path, count: int, python: str, preset: str | None) -> list[str]:
+def _merge_lines(parts: Sequence[Grid], out: Path, count: int, python: str, preset: str | None) -> list[str]:
     """The merge job's body: per experiment, ``posenc merge`` of what its folder holds already and
     the shard folders that exist into that folder."""
     lines = [
@@ -680,7 +758,7 @@ def _merge_lines(parts: Sequence[Part], out: Path, count: int, python: str, pres
     ]
     shard_list = " ".join(str(index) for index in range(count))
     for part in parts:
-        target = shlex.quote(str(part.merged(out)))
+        target = shlex.quote(str(merged_folder(out, part)))
         shard = (
             shlex.quote(str(out / "shards"))
             + f'/"$i"of{count}'
@@ -726,14 +804,6 @@ def _job_id(command: list[str], run: Runner) -> str:
     if not job.isdigit():
         raise ValueError(f"{shlex.join(command)} printed {printed!r}, not a job id")
     return job
-
-
-def _finished_in(config: ExperimentConfig, folder: Path, grid: list[RunSpec]) -> bool:
-    """Whether ``folder`` alone holds every run of ``grid`` (trained and every variant)."""
-    if not (folder / "results.jsonl").is_file():
-        return False
-    finished = finished_runs(folder, config, config.make_task().metric)
-    return all(set(_run_ids(config, run)) <= finished for run in grid)
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,14 @@ def depth_grid(
 
 
 def depth_heatmap_figure(
-    records: list[dict[str, Any]], encodings: list[str], *, title: str | None = None
+    records: list[dict[str, Any]],
+    encodings: list[str],
+    *,
+    title: str | None = None,
+    length_label: str = "length (filler symbols)",
 ) -> Figure:
-    """Exact match by needle depth (rows) and length (columns), one panel per encoding."""
+    """Exact match by needle depth (rows) and length (columns, labelled ``length_label``), one panel
+    per encoding. A depth bucket is labelled by its range, or by its one depth (``25%``)."""
     shown = [e for e in encodings if depth_grid(records, e)[0]]
     if not shown:
         raise ValueError("no record carries a depth breakdown (by_depth): run a passkey experiment")
@@ -74,10 +79,11 @@ def depth_heatmap_figure(
             interpolation="nearest",
         )
         ax.set_title(encoding, fontsize=9)
-        ax.set_yticks(range(len(bounds)), [f"{low:.0%}-{high:.0%}" for low, high in bounds], fontsize=7)
+        names = [f"{low:.0%}" if low == high else f"{low:.0%}-{high:.0%}" for low, high in bounds]
+        ax.set_yticks(range(len(bounds)), names, fontsize=7)
         step = max(1, len(lengths) // 8)
         ax.set_xticks(range(0, len(lengths), step), [str(n) for n in lengths[::step]], fontsize=7)
-        ax.set_xlabel("length (filler symbols)")
+        ax.set_xlabel(length_label)
         trained = {r.get("train_len") for r in records if r.get("encoding") == encoding} - {None}
         for length in trained:
             if length in lengths:

@@ -15,7 +15,10 @@ from matplotlib.figure import Figure
 
 from .registry import new_figure, set_title
 
-__all__ = ["perplexity_by_position_figure"]
+__all__ = ["PROMPT_LENGTH", "perplexity_by_position_figure"]
+
+#: The x label of the study's passkey heat map: its prompts are measured in the model's tokens.
+PROMPT_LENGTH = "prompt length (tokens)"
 
 
 def perplexity_by_position_figure(settings: dict[str, Any], records: list[dict[str, Any]]) -> Figure:
@@ -58,5 +61,8 @@ def study_figures(
     if has_depths(records):
         title = f"text passkey: exact match by depth and length (context {settings['train_len']})"
         written.append(folder / "depth.png")
-        save(depth_heatmap_figure(records, list(settings["encodings"]), title=title), written[-1])
+        figure = depth_heatmap_figure(
+            records, list(settings["encodings"]), title=title, length_label=PROMPT_LENGTH
+        )
+        save(figure, written[-1])
     return written

@@ -108,6 +108,11 @@ def _command_html(directory: Path, config: dict[str, Any]) -> str:
         except (TypeError, ValueError):
             command = None
         how = "derived from config.json (this folder does not record its command)"
+    if command is None and settings.get("study"):
+        from ..experiments.study_plan import study_command
+
+        command = study_command(settings, directory)
+        how = "derived from config.json"
     if command is None:
         return "<p>No command line: this folder's config.json neither records nor implies one.</p>"
     notes = "".join(f'<p class="note">not reproduced: {html.escape(c)}</p>' for c in caveats)
@@ -359,7 +364,11 @@ def _lede(records: list[Record], config: dict[str, Any], encodings: list[str], m
     parts = []
     if settings.get("task"):
         parts.append(f"task <b>{html.escape(str(settings['task']))}</b>")
-    if settings.get("train_len"):
+    if settings.get("hf_model"):  # a pretrained model, scored as it is: L is its context
+        parts.append(
+            f"pretrained {html.escape(str(settings['hf_model']))}, context <b>L = {int(settings['train_len'])}</b>"
+        )
+    elif settings.get("train_len"):
         parts.append(f"trained on sizes &le; <b>L = {int(settings['train_len'])}</b>")
     parts.append(f"evaluated at {lengths[0]}..{lengths[-1]}")
     seeds = len({r.seed for r in records})
@@ -496,14 +505,17 @@ def _encoding_figures_html(encodings: list[str], config: dict[str, Any]) -> str:
     return "".join(parts)
 
 
-def _depth_section(directory: Path, encodings: list[str]) -> list[tuple[str, str, str]]:
-    """The passkey depth x length heat map, when the records carry depths (none otherwise)."""
+def _depth_section(directory: Path, encodings: list[str], study: bool) -> list[tuple[str, str, str]]:
+    """The passkey depth x length heat map, when the records carry depths (none otherwise);
+    ``study``: a pretrained model's study, whose prompts are measured in tokens."""
     from .depth import depth_heatmap_figure, has_depths
+    from .hf_study import PROMPT_LENGTH
 
     raw = read_records(directory / "results.jsonl")
     if not has_depths(raw):
         return []
-    figure = _image(depth_heatmap_figure(raw, encodings), "exact match by needle depth and length")
+    kw = {"length_label": PROMPT_LENGTH} if study else {}
+    figure = _image(depth_heatmap_figure(raw, encodings, **kw), "exact match by needle depth and length")
     return [("depth", "Retrieval by depth and length", figure)]
 
 
@@ -616,10 +628,13 @@ def render_report(directory: str | Path, *, gallery: bool = False) -> str:
     sections = [
         ("verdict", "Which encodings extrapolate beyond L, and how sure", verdict),
         ("per-length", "Per length", per_length),
-        *_depth_section(directory, rows),
+        *_depth_section(directory, rows, bool(experiment_settings(config).get("study"))),
         *_published_section(directory, config),
-        ("diagnostics", "Why encodings fail: the trained models", _diagnostics_html(directory, rows)),
     ]
+    if "hf_model" not in experiment_settings(config):  # the diagnostics read trained checkpoints
+        sections.append(
+            ("diagnostics", "Why encodings fail: the trained models", _diagnostics_html(directory, rows))
+        )
     if gallery:
         figures = _encoding_figures_html([e for e in encodings if e not in variants], config)
         sections.append(("encodings", "The encodings, untrained", figures))
