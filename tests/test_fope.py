@@ -165,3 +165,11 @@ def test_errors_name_the_option():
         posenc.build("fope:sigma=-1", num_heads=2, head_dim=16)
     with pytest.raises(ValueError, match="head_dim"):
         posenc.build("fope", num_heads=2, head_dim=15)
+
+
+def test_a_models_layers_take_its_max_len_as_the_training_length():
+    model = posenc.TransformerLM(50, 64, 2, 4, encoding="fope", max_len=512)
+    encs = [m for m in model.modules() if isinstance(m, posenc.get_class("fope"))]
+    assert encs and all(e.train_length == 512 for e in encs)
+    # head size 16, θ_k = 10^(-k/2): θ·512 ≥ 2π keeps k ≤ 3 (θ_3 = 0.0316 ≥ 0.0123, θ_4 = 0.01)
+    assert encs[0].inv_freq.shape[0] == 4 and encs[0].series_pairs == 4

@@ -106,3 +106,13 @@ def test_errors_name_the_option():
         posenc.build("hope:train_length=0", head_dim=16)
     with pytest.raises(ValueError, match="head_dim"):
         posenc.build("hope:train_length=64", head_dim=15)
+
+
+def test_a_models_layers_take_its_max_len_as_the_training_length():
+    model = posenc.TransformerLM(50, 64, 2, 4, encoding="hope", max_len=512)  # 4 heads of 16
+    encs = [m for m in model.modules() if isinstance(m, posenc.get_class("hope"))]
+    assert encs and all(e.train_length == 512 for e in encs)
+    # 8 pairs, θ_k = 10^(-k/2): θ·512 ≥ 2π (θ ≥ 0.0123) keeps k ≤ 3 (θ_3 = 0.0316, θ_4 = 0.01)
+    assert encs[0].rotating_pairs == 4
+    explicit = posenc.TransformerLM(50, 64, 2, 4, encoding="hope:high_freq_pairs=3", max_len=512)
+    assert {m.rotating_pairs for m in explicit.modules() if isinstance(m, posenc.get_class("hope"))} == {3}

@@ -44,12 +44,12 @@ Backends: sdpa and eager (q and k are transformed before the kernel, which then 
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
-from ..base import RotaryEncoding
+from ..base import LayerContext, RotaryEncoding
 from ..registry import at_least, greater_than, register
 from .rope import rope_inv_freq
 
@@ -137,6 +137,11 @@ class FoPE(RotaryEncoding):
     derived_buffers = ("inv_freq",)
     example_options = {"train_length": 64}
 
+    @classmethod
+    def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:
+        """The floor's training length is the model's ``max_len`` (the authors' ``max_sequence_length``)."""
+        return {} if ctx.max_len is None else {"train_length": ctx.max_len}
+
     def __init__(
         self,
         num_heads: int,
@@ -150,7 +155,8 @@ class FoPE(RotaryEncoding):
         learnable: bool = False,
     ) -> None:
         """Args: ``num_heads``, ``head_dim`` (filled in by the layer; ``head_dim`` even);
-        ``base``; ``train_length`` (the floor ``2π/L``; None keeps every frequency); ``sigma`` (the
+        ``base``; ``train_length`` (the floor ``2π/L``; None keeps every frequency; a model's
+        layers default it to the model's ``max_len``); ``sigma`` (the
         Xavier gain of the harmonics; 0 gives the identity series); ``max_pairs`` (cap on the pairs
         that carry a series, default ``d/4`` as the authors); ``separate_heads`` (one pair of
         coefficient matrices per head, as the authors, or one for all); ``padding``

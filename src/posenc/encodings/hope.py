@@ -25,11 +25,12 @@ Backends: sdpa and eager (q and k are rotated before the kernel, which then sees
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from ..base import RotaryEncoding
+from ..base import LayerContext, RotaryEncoding
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
 from .rope import Pairing, apply_cos_sin, check_pairing, rope_inv_freq
@@ -98,6 +99,19 @@ class HoPE(RotaryEncoding):
     shift_invariant = True
     example_options = {"train_length": 64}
 
+    @classmethod
+    def layer_defaults(cls, ctx: LayerContext) -> dict[str, Any]:
+        """The training length is the model's ``max_len`` (when it has one)."""
+        return {} if ctx.max_len is None else {"train_length": ctx.max_len}
+
+    @classmethod
+    def options_for_layer(cls, ctx: LayerContext, given: dict[str, Any]) -> dict[str, Any]:
+        """As the base, except that a spec naming ``high_freq_pairs`` takes no default ``train_length``."""
+        options = super().options_for_layer(ctx, given)
+        if given.get("high_freq_pairs") is not None and "train_length" not in given:
+            options.pop("train_length", None)
+        return options
+
     def __init__(
         self,
         head_dim: int,
@@ -109,7 +123,8 @@ class HoPE(RotaryEncoding):
     ) -> None:
         """Args: ``head_dim`` (filled in by the layer; even); ``base``; exactly one of
         ``high_freq_pairs`` (pairs ``0 … n−1`` rotate) and ``train_length`` (the pairs with a full
-        period inside it rotate); ``pairing``; ``cache_size`` (rows of the ``cos``/``sin`` cache)."""
+        period inside it rotate; a model's layers default it to the model's ``max_len``);
+        ``pairing``; ``cache_size`` (rows of the ``cos``/``sin`` cache)."""
         super().__init__()
         check_pairing(pairing)
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
