@@ -181,6 +181,10 @@ class FoPE(RotaryEncoding):
             self.register_buffer("sin_coef", sin_coef)
             self.register_buffer("cos_coef", cos_coef)
 
+    def config(self) -> dict[str, Any]:
+        """The options this instance was built with, leaving out those left at None."""
+        return {k: v for k, v in self._config.items() if v is not None}
+
     def reset_buffers(self) -> None:
         """The kept frequencies ``θ [K]``, float32."""
         self.set_derived("inv_freq", fope_inv_freq(self.head_dim, self.base, self.train_length))

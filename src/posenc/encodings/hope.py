@@ -135,6 +135,10 @@ class HoPE(RotaryEncoding):
         self.tables = RotaryTables(cache_size=cache_size)
         self.reset_buffers()
 
+    def config(self) -> dict[str, Any]:
+        """The options this instance was built with, leaving out those left at None."""
+        return {k: v for k, v in self._config.items() if v is not None}
+
     def reset_buffers(self) -> None:
         """``θ' [d/2]`` and its ``cos``/``sin`` tables, in float32."""
         inv_freq = hope_inv_freq(self.head_dim, self.base, self.high_freq_pairs, self.train_length)
