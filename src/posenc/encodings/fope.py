@@ -51,6 +51,7 @@ from torch import Tensor, nn
 
 from ..base import LayerContext, RotaryEncoding
 from ..registry import at_least, greater_than, register
+from ..spec import format_spec
 from .rope import rope_inv_freq
 
 __functional__ = ["fope_inv_freq", "fope_init_coefficients", "fope_cos_sin", "apply_fope"]
@@ -184,6 +185,10 @@ class FoPE(RotaryEncoding):
     def config(self) -> dict[str, Any]:
         """The options this instance was built with, leaving out those left at None."""
         return {k: v for k, v in self._config.items() if v is not None}
+
+    def spec(self) -> str:
+        """A spec string that rebuilds this encoding (options left at None left out)."""
+        return format_spec(self.name, self.config())
 
     def reset_buffers(self) -> None:
         """The kept frequencies ``θ [K]``, float32."""

@@ -33,6 +33,7 @@ from torch import Tensor
 from ..base import LayerContext, RotaryEncoding
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
+from ..spec import format_spec
 from .rope import Pairing, apply_cos_sin, check_pairing, rope_inv_freq
 
 __functional__ = ["hope_inv_freq"]
@@ -138,6 +139,10 @@ class HoPE(RotaryEncoding):
     def config(self) -> dict[str, Any]:
         """The options this instance was built with, leaving out those left at None."""
         return {k: v for k, v in self._config.items() if v is not None}
+
+    def spec(self) -> str:
+        """A spec string that rebuilds this encoding (options left at None left out)."""
+        return format_spec(self.name, self.config())
 
     def reset_buffers(self) -> None:
         """``θ' [d/2]`` and its ``cos``/``sin`` tables, in float32."""
