@@ -60,8 +60,9 @@ Padding = Literal["zero_frequency", "authors"]
 
 
 def fope_inv_freq(head_dim: int, base: float = 10000.0, train_length: int | None = None) -> Tensor:
-    """The ``K`` frequencies FoPE keeps ``[K]`` (float32): RoPE's ``θ_k`` at or above ``2π / train_length``."""
-    inv_freq, _ = rope_inv_freq(head_dim, base)
+    """The ``K`` frequencies FoPE keeps ``[K]`` (float32, on the CPU): RoPE's ``θ_k`` at or above ``2π / train_length``."""
+    with torch.device("cpu"):  # K depends on the values: never on the meta device
+        inv_freq, _ = rope_inv_freq(head_dim, base)
     if train_length is None:
         return inv_freq
     if isinstance(train_length, bool) or not isinstance(train_length, int) or train_length < 1:
