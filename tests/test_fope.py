@@ -173,3 +173,12 @@ def test_a_models_layers_take_its_max_len_as_the_training_length():
     assert encs and all(e.train_length == 512 for e in encs)
     # head size 16, θ_k = 10^(-k/2): θ·512 ≥ 2π keeps k ≤ 3 (θ_3 = 0.0316 ≥ 0.0123, θ_4 = 0.01)
     assert encs[0].inv_freq.shape[0] == 4 and encs[0].series_pairs == 4
+
+
+def test_a_floor_above_every_frequency_zeroes_every_pair():
+    """L = 1: the floor 2π exceeds θ_0 = 1, K = 0, every pair zeroed: the identity (the authors' padding: a fixed map)."""
+    enc = posenc.build("fope:train_length=1", num_heads=2, head_dim=16)
+    assert enc.inv_freq.numel() == 0 and enc.series_pairs == 0
+    q = torch.randn(1, 2, 3, 16)
+    pos = torch.tensor([[0, 5, 90]])
+    torch.testing.assert_close(enc.rotate(q, q, pos, pos)[0], q, rtol=0, atol=0)

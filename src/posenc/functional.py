@@ -13,7 +13,7 @@ from .encodings.axial_rope import axial_rope_cos_sin
 from .encodings.cope import cope_interpolate, cope_positions
 from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_relative_index
 from .encodings.fire import fire_input
-from .encodings.fope import apply_fope, fope_cos_sin, fope_init_coefficients, fope_inv_freq
+from .encodings.fope import apply_fope, fope_cos_sin, fope_init_coefficients, fope_inv_freq, fope_series
 from .encodings.fox import fox_bias, fox_bias_at, fox_states
 from .encodings.hope import hope_inv_freq
 from .encodings.kerple import kerple_bias
@@ -66,6 +66,7 @@ __all__ = [
     "fope_cos_sin",
     "fope_init_coefficients",
     "fope_inv_freq",
+    "fope_series",
     "fox_bias",
     "fox_bias_at",
     "fox_states",

@@ -34,8 +34,9 @@ Grouped-query attention: the coefficients are per key/value head (as vLLM's
 ``FourierRotaryEmbedding``): query head ``h`` uses those of its group, ``(h // g) · g`` with ``g``
 query heads per key head; with ``separate_heads=False`` one pair of matrices serves every head.
 
-Angles are float32 (float64 for float64 activations) from integer or real-valued positions; the
-series are computed per call (no table cache) and cast to the activations' dtype
+Angles are float32 from integer or real-valued positions; the ``cos``/``sin`` of the kept
+frequencies are RoPE's cached tables (:class:`~posenc.kernels.rope.RotaryTables`), the series are
+formed from them per call and cast to the activations' dtype
 (docs/conventions.md §7.10).
 
 Backends: sdpa and eager (q and k are transformed before the kernel, which then sees plain attention).
@@ -50,11 +51,12 @@ import torch
 from torch import Tensor, nn
 
 from ..base import LayerContext, RotaryEncoding
+from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
 from ..spec import format_spec
 from .rope import rope_inv_freq
 
-__functional__ = ["fope_inv_freq", "fope_init_coefficients", "fope_cos_sin", "apply_fope"]
+__functional__ = ["fope_inv_freq", "fope_init_coefficients", "fope_cos_sin", "fope_series", "apply_fope"]
 
 Padding = Literal["zero_frequency", "authors"]
 
@@ -98,12 +100,21 @@ def fope_cos_sin(
 
     ``inv_freq [K]``, ``cos_coef``/``sin_coef`` ``[H, K, n]``; pairs ``n … d/2−1`` are padded with
     ``cos = 1`` and ``sin = 0`` (``padding="zero_frequency"``) or ``sin = 1`` (``"authors"``).
-    Computed in float32, or float64 when the coefficients are float64.
+    Angles in float32 (float64 with float64 coefficients), as RoPE's.
     """
     dtype = torch.promote_types(cos_coef.dtype, torch.float32)
     angles = positions.to(dtype)[..., None] * inv_freq.to(device=positions.device, dtype=dtype)  # [B, T, K]
-    cos = torch.einsum("btk,hkn->bhtn", angles.cos(), cos_coef.to(dtype))
-    sin = torch.einsum("btk,hkn->bhtn", angles.sin(), sin_coef.to(dtype))
+    return fope_series(angles.cos(), angles.sin(), cos_coef, sin_coef, head_dim, padding)
+
+
+def fope_series(
+    base_cos: Tensor, base_sin: Tensor, cos_coef: Tensor, sin_coef: Tensor, head_dim: int, padding: Padding
+) -> tuple[Tensor, Tensor]:
+    """The series from the per-frequency ``cos``/``sin`` ``[B, T, K]`` (RoPE's tables of the kept
+    frequencies): ``[B, H, T, d/2]``, computed in the wider of float32 and the coefficients' dtype."""
+    dtype = torch.promote_types(cos_coef.dtype, torch.float32)
+    cos = torch.einsum("btk,hkn->bhtn", base_cos.to(dtype), cos_coef.to(dtype))
+    sin = torch.einsum("btk,hkn->bhtn", base_sin.to(dtype), sin_coef.to(dtype))
     rest = head_dim // 2 - cos.shape[-1]
     if rest:
         shape = (*cos.shape[:-1], rest)
@@ -136,7 +147,7 @@ class FoPE(RotaryEncoding):
         "sigma": at_least(0),
         "max_pairs": at_least(0),
     }
-    derived_buffers = ("inv_freq",)
+    derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     example_options = {"train_length": 64}
 
     @classmethod
@@ -173,6 +184,7 @@ class FoPE(RotaryEncoding):
         kept = fope_inv_freq(head_dim, base, train_length).shape[0]
         pairs = fope_output_pairs(kept, head_dim, max_pairs)
         heads = num_heads if separate_heads else 1
+        self.tables = RotaryTables()  # cos/sin of the kept frequencies, RoPE's cache
         self.reset_buffers()
         sin_coef = fope_init_coefficients(heads, kept, pairs, sigma)
         cos_coef = fope_init_coefficients(heads, kept, pairs, sigma)
@@ -192,8 +204,13 @@ class FoPE(RotaryEncoding):
         return format_spec(self.name, self.config())
 
     def reset_buffers(self) -> None:
-        """The kept frequencies ``θ [K]``, float32."""
-        self.set_derived("inv_freq", fope_inv_freq(self.head_dim, self.base, self.train_length))
+        """The kept frequencies ``θ [K]`` and their ``cos``/``sin`` tables, float32."""
+        self.tables.reset(fope_inv_freq(self.head_dim, self.base, self.train_length).to(self.buffer_device))
+
+    @property
+    def inv_freq(self) -> Tensor:
+        """The kept frequencies ``θ [K]`` (float32)."""
+        return self.tables.inv_freq
 
     @property
     def series_pairs(self) -> int:
@@ -216,7 +233,11 @@ class FoPE(RotaryEncoding):
 
     def _cos_sin(self, positions: Tensor, heads: int) -> tuple[Tensor, Tensor]:
         cos_coef, sin_coef = self._coefficients(heads)
-        return fope_cos_sin(positions, self.inv_freq, cos_coef, sin_coef, self.head_dim, self.padding)
+        if self.inv_freq.numel():
+            base_cos, base_sin = self.tables.tables(positions)  # [B, T, K], cached for whole positions
+        else:  # every frequency below the floor: nothing turns
+            base_cos = base_sin = positions.new_zeros((*positions.shape, 0), dtype=torch.float32)
+        return fope_series(base_cos, base_sin, cos_coef, sin_coef, self.head_dim, self.padding)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
         if q.shape[-1] != self.head_dim or k.shape[-1] != self.head_dim:
