@@ -81,8 +81,9 @@ def test_positions_of_the_wrong_shape_or_dtype():
         layer(x, positions=torch.arange(4))
     with pytest.raises(ValueError, match="positions must have shape"):
         layer(x, positions=torch.arange(5).expand(3, 5))
+    # rotary encodings take real-valued positions (tests/test_float_positions.py); a table does not
     with pytest.raises(ValueError, match="positions must be an integer tensor"):
-        layer(x, positions=torch.arange(5.0))
+        posenc.MultiheadAttention(16, 2, encoding="learned")(x, positions=torch.arange(5.0))
 
 
 def test_negative_positions_where_not_allowed():

@@ -20,6 +20,7 @@ float32 or integer arithmetic whatever the model dtype.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -80,23 +81,46 @@ def checks_values() -> bool:
     return not torch.compiler.is_compiling()
 
 
-def check_positions(positions: Tensor, *, name: str = "positions", allow_negative: bool = False) -> Tensor:
-    """Validate an integer position tensor and return it as int64 with a batch axis ``[B, T]``.
+def check_positions(
+    positions: Tensor,
+    *,
+    name: str = "positions",
+    allow_negative: bool = False,
+    allow_float: bool = False,
+    integer_reason: str = "",
+) -> Tensor:
+    """Validate a position tensor and return it with a batch axis ``[B, T]``: int64, or, where
+    ``allow_float``, real-valued positions as they are (float32 or float64; half precision is
+    widened to float32).
 
     Raises:
-        ValueError: if ``positions`` is not an integer tensor, has more than two dimensions, or
-            holds negative values while ``allow_negative`` is False.
+        ValueError: if ``positions`` is not a tensor of integers (or of reals where ``allow_float``),
+            has more than two dimensions, holds non-finite values, or holds negative values while
+            ``allow_negative`` is False. A real-valued tensor where only integers are defined is
+            refused with ``integer_reason``.
     """
     if not isinstance(positions, Tensor):
         raise ValueError(f"{name} must be a torch.Tensor of integers, got {type(positions).__name__}")
-    if positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
+    if positions.dtype.is_complex or positions.dtype == torch.bool:
         raise ValueError(f"{name} must be an integer tensor, got dtype {positions.dtype}")
+    real = positions.dtype.is_floating_point
+    if real and not allow_float:
+        why = f" ({integer_reason})" if integer_reason else ""
+        raise ValueError(
+            f"{name} must be an integer tensor, got dtype {positions.dtype}: this encoding is defined on whole "
+            f"positions only{why}; round them (.round().long()) or use a rotary encoding, which takes real positions"
+        )
     if positions.dim() == 1:
         positions = positions.unsqueeze(0)
     if positions.dim() != 2:
         raise ValueError(f"{name} must have shape [T] or [B, T], got {tuple(positions.shape)}")
+    if real and positions.numel() > 0 and checks_values() and not bool(torch.isfinite(positions).all()):
+        raise ValueError(f"{name} must be finite, got a nan or inf position")
     if not allow_negative and positions.numel() > 0 and checks_values() and bool((positions < 0).any()):
-        raise ValueError(f"{name} must be non-negative, got minimum {int(positions.min())}")
+        low = positions.min()
+        raise ValueError(f"{name} must be non-negative, got minimum {float(low) if real else int(low)}")
+    if real:
+        return positions if positions.dtype in (torch.float32, torch.float64) else positions.float()
     return positions.long()
 
 
@@ -172,6 +196,12 @@ class PositionalEncoding(nn.Module):
     shared_across_layers: ClassVar[bool] = False
     causal_only: ClassVar[bool] = False
     allows_negative_positions: ClassVar[bool] = False
+    #: True when real-valued positions are defined (rotary families: an angle ``p·θ`` for any real
+    #: ``p``; random float positions in training, fractional video time steps). Encodings that
+    #: leave it False refuse them, with :attr:`integer_positions_reason`.
+    float_positions: ClassVar[bool] = False
+    #: Why this encoding takes whole positions only (shown when real-valued ones are refused).
+    integer_positions_reason: ClassVar[str] = ""
     self_attention_only: ClassVar[bool] = False
     #: True when the bias depends on the layer input, not on positions alone: derived from a BIAS
     #: class's :meth:`BiasEncoding.input_bias` declaration (FoX), never set by hand.
@@ -213,9 +243,16 @@ class PositionalEncoding(nn.Module):
 
     def check_positions(self, positions: Tensor, name: str = "positions") -> Tensor:
         """Validate positions for this encoding (dtype, rank, sign and ``max_positions``)."""
-        positions = check_positions(positions, name=name, allow_negative=self.allows_negative_positions)
+        positions = check_positions(
+            positions,
+            name=name,
+            allow_negative=self.allows_negative_positions,
+            allow_float=self.float_positions,
+            integer_reason=self.integer_positions_reason or f"{self.name} is defined on whole positions",
+        )
         if self.max_positions is not None and positions.numel() > 0 and checks_values():
-            top = int(positions.max())
+            top = positions.max()
+            top = math.ceil(float(top)) if top.is_floating_point() else int(top)
             if top >= self.max_positions:
                 raise ValueError(
                     f"{self.name}: position {top} is outside the table (max_positions={self.max_positions}); "

@@ -13,13 +13,16 @@ from .encodings.axial_rope import axial_rope_cos_sin
 from .encodings.cope import cope_interpolate, cope_positions
 from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_relative_index
 from .encodings.fire import fire_input
+from .encodings.fope import apply_fope, fope_cos_sin, fope_init_coefficients, fope_inv_freq, fope_series
 from .encodings.fox import fox_bias, fox_bias_at, fox_states
+from .encodings.hope import hope_inv_freq
 from .encodings.kerple import kerple_bias
 from .encodings.learned import resample_positions
 from .encodings.mlp_bias import log_distance
 from .encodings.mrope import (
     default_mrope_section,
     mrope_axis_map,
+    mrope_channel_axes,
     mrope_cos_sin,
     mrope_grid_ids,
     mrope_position_ids,
@@ -44,6 +47,7 @@ from .encodings.xpos import apply_xpos, xpos_zeta
 
 __all__ = [
     "alibi_slopes",
+    "apply_fope",
     "apply_rope",
     "apply_xpos",
     "axial_rope_cos_sin",
@@ -59,13 +63,19 @@ __all__ = [
     "dinov3_patch_coords",
     "dinov3_rope_inv_freq",
     "fire_input",
+    "fope_cos_sin",
+    "fope_init_coefficients",
+    "fope_inv_freq",
+    "fope_series",
     "fox_bias",
     "fox_bias_at",
     "fox_states",
     "grid_row_col",
+    "hope_inv_freq",
     "kerple_bias",
     "log_distance",
     "mrope_axis_map",
+    "mrope_channel_axes",
     "mrope_cos_sin",
     "mrope_grid_ids",
     "mrope_position_ids",

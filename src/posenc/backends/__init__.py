@@ -119,12 +119,17 @@ def _check_number(name: str, value: object, what: str) -> None:
         raise _field_error(name, f"must be {what}, got {_described(value)}")
 
 
-def _check_positions(name: str, pos: object, batch: int, length: int, device: torch.device) -> None:
+def _check_positions(
+    name: str, pos: object, batch: int, length: int, device: torch.device, allow_float: bool = False
+) -> None:
     """Integer positions ``[B or 1, T]`` on ``device`` (a float position would be truncated by one
-    backend and used as it is by another)."""
+    backend and used as it is by another); real-valued ones only for an encoding that defines them
+    (``float_positions``: rotary kinds, whose backends never read positions past the rotation)."""
     if not isinstance(pos, Tensor):
         raise _field_error(name, f"must be an integer tensor [B or 1, T], got {_described(pos)}")
-    if pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+    if pos.dtype.is_floating_point and allow_float:
+        pass
+    elif pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
         raise _field_error(
             name,
             f"must be an integer tensor (positions are whole numbers), got dtype {pos.dtype}; use .long()",
@@ -246,8 +251,11 @@ class AttentionRequest:
             raise _field_error(
                 "encoding", f"must be a posenc PositionalEncoding, got {_described(self.encoding)}"
             )
+        allow_float = (
+            bool(getattr(self.encoding, "float_positions", False)) and self.encoding.kind is Kind.ROTARY
+        )
         for name, pos, length in (("q_pos", self.q_pos, q_len), ("k_pos", self.k_pos, k_len)):
-            _check_positions(name, pos, batch, length, q.device)
+            _check_positions(name, pos, batch, length, q.device, allow_float)
         self._check_encoding_sizes(heads, dim)
         _check_number("scale", self.scale, "a finite number > 0 (the logit scale, 1/sqrt(D) by default)")
         if not (math.isfinite(self.scale) and self.scale > 0):

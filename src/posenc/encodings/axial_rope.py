@@ -46,6 +46,8 @@ def axial_rope_cos_sin(rows: Tensor, cols: Tensor, inv_freq: Tensor) -> tuple[Te
 class AxialRoPE(RotaryEncoding):
     """Axial 2-D RoPE for image patches (Qwen2-VL vision): half the pairs rotate with the row, half with the column."""
 
+    integer_positions_reason = "a position is a patch index, split into a grid row and column"
+
     layer_sizes = ("head_dim",)
     option_ranges = {"head_dim": at_least(4), "grid_width": at_least(1), "base": greater_than(1)}
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")

@@ -108,6 +108,8 @@ def deberta_relative_index(
 class DebertaDisentangled(ContentEncoding):
     """DeBERTa-v2 disentangled attention: content-to-position and position-to-content terms on log buckets."""
 
+    integer_positions_reason = "DeBERTa log-buckets whole relative distances into learned rows"
+
     layer_sizes = ("dim", "num_heads", "head_dim")
     option_ranges = {
         "dim": at_least(1),

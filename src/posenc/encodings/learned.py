@@ -56,6 +56,8 @@ def resample_positions(table: Tensor, new_len: int) -> Tensor:
 class Learned(AbsoluteEncoding):
     """Trainable absolute position table added to the layer input (BERT, GPT-2)."""
 
+    integer_positions_reason = "a learned table has one row per whole position"
+
     layer_sizes = ("dim",)
     option_ranges = {"dim": at_least(1), "max_len": at_least(1)}
 

@@ -1,4 +1,4 @@
-"""M-RoPE: Qwen2-VL's multimodal rotary embedding (Wang et al. 2024; HF ``qwen2_vl``; docs/conventions.md §9.2).
+"""M-RoPE: multimodal rotary embedding (Qwen2-VL, Wang et al. 2024; HF ``qwen2_vl``; docs/conventions.md §9.2, §9.7).
 
 Each token has three position ids ``(t, h, w)`` (temporal, row, column). Each of the ``d/2``
 RoPE frequencies takes its angle from one of the three ids; ``mrope_section = [n_t, n_h, n_w]``
@@ -12,7 +12,25 @@ RoPE frequencies takes its angle from one of the three ids; ``mrope_section = [n
   ``k < 3·n_h``, with ``w`` when ``k ≡ 2 (mod 3)`` and ``k < 3·n_w``, and with ``t`` otherwise
   (HF's default ``[24, 20, 20]`` for ``d = 128``), so every axis spans high and low frequencies.
 
-The angles are used with ``rotate_half`` pairing (``(k, k + d/2)``), exactly as HF. With
+The general form (docs/conventions.md §9.7): any number of axes ``A`` and any map of pairs to
+axes, with either pairing (``pairing="half"``, the default, or ``"interleaved"``: ``(2k, 2k+1)``):
+
+* ``layout="section"`` with ``A`` bands: band ``s`` uses axis ``s`` (GLM-4V: ``[t, h, w]`` over a
+  half-width RoPE, ``pairing="interleaved"``, ``partial_rotary_factor=0.5``; HF ``Glm4vTextRotaryEmbedding``).
+* ``layout="alternating"`` (ERNIE-4.5-VL; HF ``Ernie4_5_VLMoeTextRotaryEmbedding``):
+  ``mrope_section = [n_h, n_w, n_t]`` in ERNIE's order, ``n_h = n_w``; the first ``n_h + n_w``
+  pairs alternate ``h, w, h, w, …`` and the last ``n_t`` use ``t``; interleaved pairing.
+* ``layout="doubled"`` (HunyuanVL's XD-RoPE, 4 axes; HF ``HunYuanVLRotaryEmbedding``): bands of
+  ``2·n_s`` *channels* of the doubled table ``[θ | θ]``, band ``s`` on axis ``s``. With half
+  pairing the two channels of a pair ``(k, k + d/2)`` can then follow different axes: such a pair is
+  ``[[cos a, −sin a], [sin b, cos b]]``, a rotation only where the two ids agree (text tokens).
+* ``axis_map``: an explicit axis per pair (or per channel with ``"doubled"``), any map;
+  ``num_axes`` the number of id axes the layer is given (default: one per band, or 3).
+
+Position ids may be real-valued (fractional video time steps): integer ids read the cached
+tables, real ones are computed directly in float32.
+
+The Qwen layouts use ``rotate_half`` pairing (``(k, k + d/2)``), exactly as HF. With
 ``rotary_dim = d_r < d`` (Qwen3.5's ``partial_rotary_factor``) the frequencies are those of a
 ``d_r``-wide RoPE, ``mrope_section`` sums to ``d_r/2``, and only the first ``d_r`` channels turn
 (pairs ``(k, k + d_r/2)``); the rest pass through, as HF Qwen3.5. Text tokens
@@ -56,7 +74,7 @@ from ..base import RotaryEncoding, checks_values
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
 from ..spec import format_spec
-from .rope import apply_cos_sin
+from .rope import Pairing, apply_cos_sin, check_pairing
 from .rope_scaling import (
     FIXED_LENGTH_OPTIONS,
     LENGTH_DEPENDENT,
@@ -71,32 +89,46 @@ __functional__ = [
     "mrope_grid_ids",
     "default_mrope_section",
     "mrope_axis_map",
+    "mrope_channel_axes",
     "mrope_position_ids",
 ]
 
-Layout = Literal["section", "interleaved"]
+Layout = Literal["section", "interleaved", "alternating", "doubled"]
+LAYOUTS = ("section", "interleaved", "alternating", "doubled")
 #: ``mm_token_type_ids`` values of HF Qwen-VL processors.
 TEXT, IMAGE, VIDEO = 0, 1, 2
 
 
 def default_mrope_section(head_dim: int, layout: Layout = "section") -> list[int]:
-    """HF's default band sizes, for any head size.
+    """HF's default band sizes, for any head size (``head_dim`` here is the rotary width).
 
     ``"section"``: ``[d/8, rest//2, rest - rest//2]`` with ``rest = d/2 - d/8`` (``[16, 24, 24]``
     at ``d = 128``). ``"interleaved"``: ``[d/2 - 2·side, side, side]`` with ``side = 5d // 32``
-    (Qwen3-VL's ``[24, 20, 20]`` at ``d = 128``).
+    (Qwen3-VL's ``[24, 20, 20]`` at ``d = 128``). ``"alternating"``: ``[side, side, d/2 - 2·side]``
+    with ``side = 11d // 64`` (ERNIE-4.5-VL's ``[22, 22, 20]`` at ``d = 128``, in its ``(h, w, t)``
+    order). ``"doubled"`` has no default (HunyuanVL's config always gives its sections).
     """
     if layout == "interleaved":
         side = 5 * head_dim // 32
         return [head_dim // 2 - 2 * side, side, side]
+    if layout == "alternating":
+        side = 11 * head_dim // 64
+        return [side, side, head_dim // 2 - 2 * side]
+    if layout == "doubled":
+        raise ValueError(
+            "mrope: layout='doubled' (HunyuanVL) has no default mrope_section; give one band size per axis "
+            "(summing to rotary_dim/2)"
+        )
     temporal = head_dim // 8
     rest = head_dim // 2 - temporal
     return [temporal, rest // 2, rest - rest // 2]
 
 
 def _check_layout(layout: str) -> None:
-    if layout not in ("section", "interleaved"):
-        raise ValueError(f"mrope: layout must be 'section' or 'interleaved', got layout={layout!r}")
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"mrope: layout must be one of {', '.join(map(repr, LAYOUTS))}, got layout={layout!r}"
+        )
 
 
 def _rotary_width(head_dim: int, rotary_dim: int | None, partial: float | None) -> int:
@@ -114,37 +146,98 @@ def _rotary_width(head_dim: int, rotary_dim: int | None, partial: float | None) 
 
 def _check_section(section: list[int], width: int, layout: Layout = "section") -> None:
     pairs = width // 2
-    if len(section) != 3 or any(s < 0 for s in section) or sum(section) != pairs:
+    three = layout in ("interleaved", "alternating")
+    if (
+        (len(section) != 3 if three else len(section) < 1)
+        or any(s < 0 for s in section)
+        or sum(section) != pairs
+    ):
+        count = "three" if three else "one or more (one per axis)"
         raise ValueError(
-            f"mrope: mrope_section must be three non-negative band sizes summing to the rotary pairs "
-            f"(rotary_dim/2, head_dim/2 unless partial) = {pairs}, "
-            f"got mrope_section={section} (sum {sum(section)})"
+            f"mrope: mrope_section must be {count} non-negative band sizes summing to the rotary pairs "
+            f"(rotary_dim/2, head_dim/2 unless partial) = {pairs}, so that every pair has an axis; "
+            f"got mrope_section={section} (sum {sum(section)}, layout={layout!r})"
         )
-    _, height, width = section
-    if layout == "interleaved" and (3 * height - 2 >= pairs or 3 * width - 1 >= pairs):
+    if layout == "interleaved":
+        _, height, width_ = section
+        if 3 * height - 2 >= pairs or 3 * width_ - 1 >= pairs:
+            raise ValueError(
+                f"mrope: with layout='interleaved' height and width take every third pair (1, 4, 7, ... and "
+                f"2, 5, 8, ...), so 3·h − 2 and 3·w − 1 must be below the rotary pairs {pairs}; got "
+                f"mrope_section={section}"
+            )
+    if layout == "alternating" and section[0] != section[1]:
         raise ValueError(
-            f"mrope: with layout='interleaved' height and width take every third pair (1, 4, 7, ... and "
-            f"2, 5, 8, ...), so 3·h − 2 and 3·w − 1 must be below the rotary pairs {pairs}; got "
-            f"mrope_section={section}"
+            f"mrope: with layout='alternating' (ERNIE-4.5-VL) h and w alternate over the first pairs, so "
+            f"mrope_section = [h, w, t] needs h == w; got mrope_section={section}"
         )
 
 
 def mrope_axis_map(mrope_section: Sequence[int], layout: Layout = "section") -> Tensor:
-    """Which id (0 = t, 1 = h, 2 = w) drives each of the ``sum(mrope_section)`` pairs, int64.
+    """Which id (0 = t, 1 = h, 2 = w, 3, ... further axes) drives each of the ``sum(mrope_section)`` pairs, int64.
 
-    ``"section"``: band ``s`` uses axis ``s mod 3``, e.g. ``[2, 3, 3] -> [0,0,1,1,1,2,2,2]``.
+    ``"section"``: band ``s`` uses axis ``s``, e.g. ``[2, 3, 3] -> [0,0,1,1,1,2,2,2]``.
     ``"interleaved"``: pair ``k`` uses ``h`` if ``k % 3 == 1`` and ``k < 3·n_h``, ``w`` if
     ``k % 3 == 2`` and ``k < 3·n_w``, else ``t``, e.g. ``[4, 2, 2] -> [0,1,2,0,1,2,0,0]``.
+    ``"alternating"`` (ERNIE-4.5-VL, ``[n_h, n_w, n_t]``): the first ``n_h + n_w`` pairs alternate
+    ``h, w, h, w, …``, the last ``n_t`` use ``t``, e.g. ``[2, 2, 4] -> [1,2,1,2,0,0,0,0]``.
+    ``"doubled"`` maps channels, not pairs (:func:`mrope_channel_axes`); this returns the axis of
+    each pair's first channel.
     """
     _check_layout(layout)
     sizes = [int(s) for s in mrope_section]
-    if layout == "section":
-        axes = torch.tensor([index % 3 for index in range(len(sizes))], dtype=torch.int64)
+    if layout in ("section", "doubled"):
+        if layout == "doubled":
+            return mrope_channel_axes(sizes, layout)[0]  # the first channel of each pair
+        axes = torch.arange(len(sizes), dtype=torch.int64)
         return axes.repeat_interleave(torch.tensor(sizes, dtype=torch.int64))
+    if layout == "alternating":
+        hw = sizes[0] + sizes[1]
+        return torch.cat([torch.arange(hw) % 2 + 1, torch.zeros(sizes[2], dtype=torch.int64)])
     axis = torch.zeros(sum(sizes), dtype=torch.int64)
     for which in (1, 2):
         axis[which : 3 * sizes[which] : 3] = which
     return axis
+
+
+def mrope_channel_axes(
+    mrope_section: Sequence[int] | None = None,
+    layout: Layout = "section",
+    pairing: Pairing = "half",
+    axis_map: Sequence[int] | None = None,
+) -> Tensor:
+    """The axis of each pair's two channels, ``[2, P]`` int64 (row 0: the first channel, row 1: the second).
+
+    Every layout but ``"doubled"`` gives both channels of a pair the pair's axis
+    (:func:`mrope_axis_map`). ``"doubled"`` (HunyuanVL's XD-RoPE) splits the channels of the
+    doubled table ``[θ_0 … θ_{P−1}, θ_0 … θ_{P−1}]`` into bands of ``2·n_s`` channels, band ``s``
+    on axis ``s``: with ``pairing="half"`` channel ``c`` belongs to pair ``c mod P``, so a pair's
+    two channels ``(k, k + P)`` may follow different axes; with ``"interleaved"`` a band never
+    splits a pair. An explicit ``axis_map`` names the axis of every pair (``P`` entries), or of
+    every channel in channel order (``2P`` entries, ``layout="doubled"``).
+    """
+    _check_layout(layout)
+    if axis_map is not None:
+        axes = torch.tensor([int(a) for a in axis_map], dtype=torch.int64)
+        if layout != "doubled":
+            return torch.stack([axes, axes])
+    elif layout == "doubled":
+        sizes = [int(s) for s in mrope_section or ()]
+        axes = torch.arange(len(sizes), dtype=torch.int64).repeat_interleave(
+            torch.tensor([2 * s for s in sizes], dtype=torch.int64)
+        )
+    else:
+        pair_axes = mrope_axis_map(mrope_section or (), layout)
+        return torch.stack([pair_axes, pair_axes])
+    pairs = axes.numel() // 2
+    if pairing == "half":
+        return torch.stack([axes[:pairs], axes[pairs:]])
+    return torch.stack([axes[0::2], axes[1::2]])
+
+
+def _pair_consistent(channel_axes: Tensor) -> bool:
+    """Whether both channels of every pair follow one axis (then the pair is a rotation)."""
+    return bool(torch.equal(channel_axes[0], channel_axes[1]))
 
 
 def mrope_cos_sin(
@@ -154,22 +247,65 @@ def mrope_cos_sin(
     layout: Layout = "section",
     attention_scale: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
-    """Float32 ``cos``/``sin`` ``[B, T, d/2]`` of ``position_ids [3, B, T]``: pair ``k`` uses the id :func:`mrope_axis_map` names.
+    """Float32 ``cos``/``sin`` ``[B, T, d/2]`` of ``position_ids [A, B, T]``: pair ``k`` uses the id :func:`mrope_axis_map` names.
 
-    ``attention_scale`` multiplies both (a scaling type's, e.g. YaRN's ``0.1 ln s + 1``).
+    ``attention_scale`` multiplies both (a scaling type's, e.g. YaRN's ``0.1 ln s + 1``). ``A`` is
+    the number of axes of the layout (3, or ``len(mrope_section)`` for ``"section"``). Real-valued
+    ids are allowed. ``"doubled"`` layouts whose pairs straddle two axes need two tables per pair:
+    use :class:`MRoPE`.
     """
-    if position_ids.dim() != 3 or position_ids.shape[0] != 3:
-        raise ValueError(f"mrope: position_ids must have shape [3, B, T], got {tuple(position_ids.shape)}")
+    axes = mrope_channel_axes(mrope_section, layout)
+    if not _pair_consistent(axes):
+        raise ValueError(
+            f"mrope_cos_sin: mrope_section={list(mrope_section)} with layout={layout!r} gives some pairs two axes; "
+            "one table per pair cannot hold it (MRoPE.rotate applies it)"
+        )
+    count = _axis_count(axes, mrope_section, layout)
+    if position_ids.dim() != 3 or position_ids.shape[0] != count:
+        raise ValueError(
+            f"mrope: position_ids must have shape [{count}, B, T], got {tuple(position_ids.shape)}"
+        )
     inv_freq = inv_freq.to(device=position_ids.device, dtype=torch.float32)
-    angles = position_ids.to(torch.float32)[..., None] * inv_freq  # [3, B, T, d/2]
-    mixed = _mix(angles, mrope_axis_map(mrope_section, layout).to(angles.device))
+    angles = position_ids.to(torch.float32)[..., None] * inv_freq  # [A, B, T, d/2]
+    mixed = _mix(angles, axes[0].to(angles.device))
     return mixed.cos() * attention_scale, mixed.sin() * attention_scale
 
 
+def _axis_count(channel_axes: Tensor, mrope_section: Sequence[int] | None, layout: str) -> int:
+    """The number of id axes a map reads: one per band (``"section"``, ``"doubled"``; an empty band
+    still counts), three (``"interleaved"``, ``"alternating"``), or an explicit map's largest axis + 1."""
+    if mrope_section is not None:
+        return len(mrope_section) if layout in ("section", "doubled") else 3
+    return int(channel_axes.max()) + 1 if channel_axes.numel() else 1
+
+
 def _mix(per_axis: Tensor, axis_map: Tensor) -> Tensor:
-    """``[3, ..., P] -> [..., P]``: entry ``p`` taken from axis ``axis_map[p]``."""
+    """``[A, ..., P] -> [..., P]``: entry ``p`` taken from axis ``axis_map[p]``."""
     index = axis_map.view(*([1] * (per_axis.dim() - 1)), -1).expand(1, *per_axis.shape[1:])
     return per_axis.gather(0, index)[0]
+
+
+def apply_two_axis_pairs(
+    x: Tensor, cos: tuple[Tensor, Tensor], sin: tuple[Tensor, Tensor], pairing: Pairing
+) -> Tensor:
+    """Rotate-like map of ``x [B, H, T, D]`` whose pair channels read separate tables.
+
+    ``cos = (c1, c2)``, ``sin = (s1, s2)``, each ``[B|1, T, P]`` (float32): channel one of pair
+    ``k`` becomes ``x1·c1 − x2·s1``, channel two ``x2·c2 + x1·s2`` (HF ``q·cos + rotate_half(q)·sin``
+    with a per-channel table). With ``c1 = c2`` and ``s1 = s2`` it is the rotation.
+    Channels past ``2P`` pass through.
+    """
+    c1, c2 = (t[:, None].to(x.dtype) for t in cos)
+    s1, s2 = (t[:, None].to(x.dtype) for t in sin)
+    pairs = c1.shape[-1]
+    rot, rest = x[..., : 2 * pairs], x[..., 2 * pairs :]
+    if pairing == "half":
+        x1, x2 = rot[..., :pairs], rot[..., pairs:]
+        out = torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), dim=-1).flatten(-2)
+    return out if not rest.shape[-1] else torch.cat((out, rest), dim=-1)
 
 
 def mrope_grid_ids(start: int, grid_t: int, grid_h: int, grid_w: int, temporal_interval: float = 1) -> Tensor:
@@ -303,7 +439,9 @@ def _has_negative(ids: Tensor) -> bool:
 
 @register("mrope")
 class MRoPE(RotaryEncoding):
-    """Qwen-VL M-RoPE: RoPE frequencies driven by (t, h, w) position ids, by section (Qwen2-VL) or interleaved (Qwen3-VL)."""
+    """Multimodal RoPE: each rotary pair driven by one of several position ids (Qwen2/3-VL, GLM-4V, ERNIE-4.5-VL, HunyuanVL)."""
+
+    float_positions = True  # angles p·θ are defined for any real position
 
     layer_sizes = ("head_dim",)
     option_ranges = {
@@ -311,6 +449,8 @@ class MRoPE(RotaryEncoding):
         "base": greater_than(1),
         "mrope_section": at_least(0),
         "rotary_dim": at_least(2),
+        "axis_map": at_least(0),
+        "num_axes": at_least(1),
         **{k: v for k, v in SCALING_OPTION_RANGES.items() if k in FIXED_LENGTH_OPTIONS},
     }
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
@@ -323,6 +463,9 @@ class MRoPE(RotaryEncoding):
         mrope_section: list[int] | None = None,
         layout: Layout = "section",
         rotary_dim: int | None = None,
+        pairing: Pairing | None = None,
+        axis_map: list[int] | None = None,
+        num_axes: int | None = None,
         scaling: str | None = None,
         factor: float | None = None,
         original_max_position_embeddings: int | None = None,
@@ -337,17 +480,25 @@ class MRoPE(RotaryEncoding):
         high_freq_factor: float | None = None,
         rope_parameters: dict | None = None,
     ) -> None:
-        """Args: ``head_dim`` (filled in by the layer; even); ``base``; ``mrope_section`` (three
-        band sizes summing to ``rotary_dim/2``; default :func:`default_mrope_section`); ``layout``
-        (``"section"`` or ``"interleaved"``); ``rotary_dim``: rotate only the first ``rotary_dim``
-        channels (partial rotary, Qwen3.5; HF's ``partial_rotary_factor`` in ``rope_parameters``
-        says the same; default all); ``scaling`` and its options (HF ``rope_parameters``
-        names, as RoPE's; length-dependent types are refused); or ``rope_parameters``, an HF dict
-        (``rope_type``, ``rope_theta``, ``mrope_section``, the scaling's options) used as it is."""
+        """Args: ``head_dim`` (filled in by the layer; even); ``base``; ``mrope_section`` (band
+        sizes summing to ``rotary_dim/2``, read as the layout's model reads them; default
+        :func:`default_mrope_section`); ``layout`` (``"section"``, ``"interleaved"``,
+        ``"alternating"`` or ``"doubled"``); ``rotary_dim``: rotate only the first ``rotary_dim``
+        channels (partial rotary, Qwen3.5, GLM-4V; HF's ``partial_rotary_factor`` in
+        ``rope_parameters`` says the same; default all); ``pairing`` (``"half"``, the default: ``(k, k +
+        d_r/2)``, Qwen, HunyuanVL; ``"interleaved"``: ``(2k, 2k+1)``, GLM-4V, ERNIE-4.5-VL);
+        ``axis_map``: the axis of every pair (``d_r/2`` entries; ``d_r``, one per channel, with
+        ``layout="doubled"``), any map, instead of ``mrope_section``; ``num_axes``: how many id
+        axes the layer is given (default: the largest axis the map uses + 1); ``scaling`` and its
+        options (HF ``rope_parameters`` names, as RoPE's; length-dependent types are refused); or
+        ``rope_parameters``, an HF dict (``rope_type``, ``rope_theta``, ``mrope_section``, the
+        scaling's options) used as it is."""
         super().__init__()
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0 or head_dim % 2:
             raise ValueError(f"mrope: head_dim must be a positive even integer, got head_dim={head_dim!r}")
         _check_layout(layout)
+        pairing = "half" if pairing is None else pairing  # None: Qwen's rotate_half (kept out of the spec)
+        check_pairing(pairing)
         options = dict(
             factor=factor,
             original_max_position_embeddings=original_max_position_embeddings,
@@ -376,9 +527,26 @@ class MRoPE(RotaryEncoding):
                 f"{list(from_dict)}"
             )
         section = mrope_section if mrope_section is not None else from_dict
-        section = list(section) if section is not None else default_mrope_section(width, layout)
-        _check_section(section, width, layout)
+        if axis_map is not None:
+            if section is not None:
+                raise ValueError("mrope: give axis_map (any map of pairs to axes) or mrope_section, not both")
+            _check_axis_map(list(axis_map), width, layout)
+            section = None
+        else:
+            section = list(section) if section is not None else default_mrope_section(width, layout)
+            _check_section(section, width, layout)
         self.head_dim, self.rotary_dim, self.mrope_section, self.layout = head_dim, width, section, layout
+        self.pairing = pairing
+        with torch.device("cpu"):  # a plain index map, also when the layer is built on the meta device
+            self.channel_axes = mrope_channel_axes(section, layout, pairing, axis_map)
+        used = _axis_count(self.channel_axes, section, layout)
+        if num_axes is not None and num_axes < used:
+            raise ValueError(
+                f"mrope: num_axes={num_axes} but the map of pairs to axes uses axis {used - 1} "
+                f"(mrope_section={section}, axis_map={axis_map}); give num_axes >= {used}"
+            )
+        self.num_axes = num_axes if num_axes is not None else used
+        self.pair_consistent = _pair_consistent(self.channel_axes)
         self.scaling_config = {
             "rope_theta": self.base,
             **self.scaling.config(),
@@ -399,7 +567,9 @@ class MRoPE(RotaryEncoding):
         """A spec string that rebuilds this encoding; an HF ``rope_parameters`` dict becomes typed options."""
         config = self.config()
         if config.pop("rope_parameters", None) is not None:
-            config.update(base=self.base, mrope_section=self.mrope_section)
+            config["base"] = self.base
+            if self.mrope_section is not None:
+                config["mrope_section"] = self.mrope_section
             if self.rotary_dim != self.head_dim:
                 config["rotary_dim"] = self.rotary_dim
             if self.scaling.type != "default":
@@ -419,28 +589,41 @@ class MRoPE(RotaryEncoding):
 
     @property
     def axis_map(self) -> Tensor:
-        """Which id (0 = t, 1 = h, 2 = w) drives each pair (:func:`mrope_axis_map`)."""
-        return mrope_axis_map(self.mrope_section, self.layout)
+        """Which id (0 = t, 1 = h, 2 = w, ...) drives each pair (its first channel under ``"doubled"``)."""
+        return self.channel_axes[0]
 
-    def _cos_sin(self, position_ids: Tensor) -> tuple[Tensor, Tensor]:
-        """``cos``/``sin`` ``[B, T, D/2]`` of 3-axis ids ``[3, B, T]`` from the cached tables."""
-        cos, sin = self.tables.tables(position_ids)  # [3, B, T, D/2], attention scale included
-        axis_map = self.axis_map.to(cos.device)
-        return _mix(cos, axis_map), _mix(sin, axis_map)
+    def _cos_sin(self, position_ids: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``cos``/``sin`` ``[B, T, d_r/2]`` of the first and of the second channel of each pair, from ids ``[A, B, T]``."""
+        cos, sin = self.tables.tables(position_ids)  # [A, B, T, d_r/2], attention scale included
+        axes = self.channel_axes.to(cos.device)
+        first = _mix(cos, axes[0]), _mix(sin, axes[0])
+        if self.pair_consistent:
+            return first[0], first[1], first[0], first[1]
+        return first[0], first[1], _mix(cos, axes[1]), _mix(sin, axes[1])
+
+    def _transform(self, x: Tensor, tables: tuple[Tensor, Tensor, Tensor, Tensor]) -> Tensor:
+        c1, s1, c2, s2 = tables
+        if self.pair_consistent:
+            return apply_cos_sin(x, c1, s1, self.pairing)
+        return apply_two_axis_pairs(x, (c1, c2), (s1, s2), self.pairing)
 
     @contextlib.contextmanager
     def position_ids(self, ids: Tensor) -> Iterator[None]:
-        """Use 3-axis ``ids [3, B, T]`` (or ``[3, T]``) for the tokens of the calls inside the block."""
+        """Use ``A``-axis ``ids [A, B, T]`` (or ``[A, T]``; ``A = num_axes``) for the tokens of the calls inside the block.
+
+        Integer or real-valued (fractional video time steps); non-negative.
+        """
         if ids.dim() == 2:
             ids = ids[:, None]
-        if ids.dim() != 3 or ids.shape[0] != 3 or ids.dtype.is_floating_point:
+        if ids.dim() != 3 or ids.shape[0] != self.num_axes or ids.dtype.is_complex or ids.dtype == torch.bool:
             raise ValueError(
-                f"mrope: position ids must be an integer tensor [3, B, T] or [3, T], got {tuple(ids.shape)}"
+                f"mrope: position ids must be a tensor [{self.num_axes}, B, T] or [{self.num_axes}, T] "
+                f"(num_axes={self.num_axes}), got {tuple(ids.shape)} {ids.dtype}"
             )
         if _has_negative(ids):
             # The same rule as plain positions (base.check_positions): ids are non-negative.
-            raise ValueError(f"mrope: position ids must be non-negative, got minimum {int(ids.min())}")
-        previous, self._ids = self._ids, ids.long()
+            raise ValueError(f"mrope: position ids must be non-negative, got minimum {float(ids.min())}")
+        previous, self._ids = self._ids, ids if ids.dtype.is_floating_point else ids.long()
         try:
             yield
         finally:
@@ -448,11 +631,11 @@ class MRoPE(RotaryEncoding):
 
     def _axes(self, positions: Tensor, length: int, name: str) -> Tensor:
         if self._ids is None:
-            return positions[None].expand(3, *positions.shape)  # text tokens: t = h = w
+            return positions[None].expand(self.num_axes, *positions.shape)  # text tokens: every axis equal
         if self._ids.shape[-1] != length:
             raise ValueError(
-                f"mrope: 3-axis position ids cover {self._ids.shape[-1]} tokens but the {name} have {length} "
-                "(set ids for the new tokens of this call; cross-attention needs plain positions)"
+                f"mrope: {self.num_axes}-axis position ids cover {self._ids.shape[-1]} tokens but the {name} have "
+                f"{length} (set ids for the new tokens of this call; cross-attention needs plain positions)"
             )
         return self._ids.to(positions.device)
 
@@ -461,21 +644,40 @@ class MRoPE(RotaryEncoding):
             raise ValueError(
                 f"mrope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-        q_cos, q_sin = self._cos_sin(self._axes(q_pos, q.shape[2], "queries"))
-        k_cos, k_sin = self._cos_sin(self._axes(k_pos, k.shape[2], "keys"))
-        return apply_cos_sin(q, q_cos, q_sin, "half"), apply_cos_sin(k, k_cos, k_sin, "half")
+        q_tables = self._cos_sin(self._axes(q_pos, q.shape[2], "queries"))
+        k_tables = self._cos_sin(self._axes(k_pos, k.shape[2], "keys"))
+        return self._transform(q, q_tables), self._transform(k, k_tables)
 
     def preview(self) -> str:
-        t, h, w = self.mrope_section
         scaled = f", scaling={self.scaling.type} (attention_scale={self.attention_scale:.6g})"
         scaled = scaled if self.scaling.type != "default" else ""
-        if self.layout == "interleaved":
+        section = self.mrope_section
+        if self.layout == "interleaved" and section is not None:
+            _, h, w = section
             where = (
                 f"pairs 1, 4, ... below {3 * h} turn with h, 2, 5, ... below {3 * w} with w, the rest with t"
             )
-        else:
+        elif self.layout == "section" and section is not None and len(section) == 3:
+            t, h, w = section
             where = f"pairs 0..{t - 1} turn with t, {t}..{t + h - 1} with h, {t + h}..{t + h + w - 1} with w"
+        else:
+            shown = self.channel_axes[0].tolist()
+            where = f"axis per pair {shown[:24]}{' ...' if len(shown) > 24 else ''}"
+            if not self.pair_consistent:
+                where += f"; second channels {self.channel_axes[1].tolist()[:24]}"
         return (
-            f"mrope_section={self.mrope_section}, layout={self.layout}{scaled}: {where} (rotate_half pairing); "
-            "text tokens (t = h = w) = 1-D RoPE"
+            f"mrope_section={section}, layout={self.layout}, {self.num_axes} axes{scaled}: {where} "
+            f"({'rotate_half' if self.pairing == 'half' else 'interleaved'} pairing); "
+            "text tokens (all axes equal) = 1-D RoPE"
+        )
+
+
+def _check_axis_map(axis_map: list[int], width: int, layout: str) -> None:
+    """An explicit map names one non-negative axis per pair (``width/2``), or per channel (``width``, ``"doubled"``)."""
+    want = width if layout == "doubled" else width // 2
+    what = "channel (rotary_dim)" if layout == "doubled" else "pair (rotary_dim/2)"
+    if len(axis_map) != want or any(int(a) < 0 for a in axis_map):
+        raise ValueError(
+            f"mrope: axis_map must give one non-negative axis per rotary {what} = {want} entries, covering the "
+            f"rotary width {width}; got axis_map={axis_map} ({len(axis_map)} entries)"
         )

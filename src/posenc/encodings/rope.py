@@ -11,6 +11,7 @@ Conventions:
   switch pairing without changing any output.
 * Partial rotary: only the first ``rotary_dim`` channels of each head rotate; ``θ`` uses
   ``rotary_dim`` in its exponent (GPT-NeoX ``rotary_pct``, HF ``partial_rotary_factor``, GPT-J).
+* Positions may be real-valued (docs/conventions.md §7.11).
 * Angles are computed in float32 (``positions.float() * inv_freq``) whatever the model dtype;
   only ``cos``/``sin`` are cast to the activations' dtype, so a bf16 model keeps positions > 256.
 * Scaling (:mod:`posenc.encodings.rope_scaling`): ``scaling=`` one of its ``SCALING_TYPES`` with
@@ -110,7 +111,7 @@ def apply_rope(
     rotary_dim: int | None = None,
     attention_scale: float = 1.0,
 ) -> Tensor:
-    """Rotate ``x [B, H, T, D]`` by integer ``positions [T]`` or ``[B, T]``.
+    """Rotate ``x [B, H, T, D]`` by ``positions [T]`` or ``[B, T]`` (integer or real-valued).
 
     Args:
         inv_freq: ``[rotary_dim // 2]`` frequencies (:func:`rope_inv_freq`).
@@ -226,6 +227,8 @@ class RoPE(RotaryEncoding):
     registry's schema is this typed signature: spec strings such as
     ``rope:scaling=yarn,factor=4,original_max_position_embeddings=4096`` name them directly.
     """
+
+    float_positions = True  # angles p·θ are defined for any real position
 
     layer_sizes = ("head_dim",)
     option_ranges = {
@@ -417,7 +420,7 @@ class RoPE(RotaryEncoding):
             self.reset_buffers()
 
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Float32 ``cos``/``sin`` ``[B, T, rotary_dim/2]`` for integer ``positions [B, T]``."""
+        """Float32 ``cos``/``sin`` ``[B, T, rotary_dim/2]`` for ``positions [B, T]`` (integer or real-valued)."""
         return self.tables.tables(positions)
 
     def switch_pairing_(self, pairing: Pairing) -> None:

@@ -94,6 +94,8 @@ def shaw_relative_values(probs: Tensor, table: Tensor, index: Tensor) -> Tensor:
 class ShawRelative(ContentEncoding):
     """Shaw et al. 2018 relative position representations: learned key and value terms, clipped at k."""
 
+    integer_positions_reason = "Shaw's tables have one learned row per clipped whole distance"
+
     layer_sizes = ("head_dim", "num_heads")
     option_ranges = {
         "head_dim": at_least(1),

@@ -53,6 +53,8 @@ def sinusoidal_2d(rows: Tensor, cols: Tensor, dim: int, base: float = 10000.0) -
 class Sinusoidal2D(AbsoluteEncoding):
     """2-D sin-cos patch encoding in MAE channel order (column sin, cos, then row sin, cos), added to the input."""
 
+    integer_positions_reason = "a position is a patch index, split into a grid row and column"
+
     layer_sizes = ("dim",)
     option_ranges = {"dim": at_least(4), "grid_width": at_least(1), "base": greater_than(0)}
     example_options = {"grid_width": 4}

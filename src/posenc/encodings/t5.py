@@ -88,6 +88,8 @@ def t5_bucket(
 class T5Bias(BiasEncoding):
     """Learned per-head scalar bias on log-spaced relative-distance buckets (T5)."""
 
+    integer_positions_reason = "T5 buckets whole relative distances, one learned bias per bucket"
+
     layer_sizes = ("num_heads",)
     option_ranges = {"num_heads": at_least(1), "num_buckets": at_least(2), "max_distance": at_least(1)}
 

@@ -95,6 +95,8 @@ def apply_xpos(
 class XPos(RotaryEncoding):
     """xPos (Sun et al. 2022): RoPE times a per-pair decay ζ^((n-m)/B); causal attention only."""
 
+    float_positions = True  # angles p·θ are defined for any real position
+
     layer_sizes = ("head_dim",)
     option_ranges = {
         "head_dim": at_least(2),

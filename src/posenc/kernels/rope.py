@@ -106,9 +106,15 @@ class RotaryTables(nn.Module):
         self.cos, self.sin = rotary_cos_sin(positions, self.inv_freq, self.attention_scale)
 
     def tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """float32 ``cos``/``sin`` ``[*positions.shape, d_r/2]`` for integer (non-negative) ``positions``."""
+        """float32 ``cos``/``sin`` ``[*positions.shape, d_r/2]`` for non-negative ``positions``.
+
+        Integer positions are read from the cache; real-valued ones (fractional positions) are
+        computed directly with the same float32 arithmetic (``positions.float() · inv_freq``).
+        """
         if self.inv_freq.numel() == 0:
             raise RuntimeError("RotaryTables: no frequencies yet; call reset(inv_freq) first")
+        if positions.is_floating_point():
+            return rotary_cos_sin(positions, self.inv_freq.to(positions.device), self.attention_scale)
         if torch.compiler.is_compiling():
             # The cache's size depends on the positions' values, which a compiled graph cannot
             # branch on: compute the rows on the fly (the same function the cache is built with).
