@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 app = typer.Typer(
     name="posenc",
@@ -79,12 +80,12 @@ def show(
     table.add_column("option")
     table.add_column("value")
     for key, value in enc.config().items():
-        table.add_row(key, repr(value))
+        table.add_row(Text(key), Text(repr(value)))
     console.print(table)
-    console.print(f"spec: [bold]{enc.spec()}[/bold]")
+    console.print(f"spec: [bold]{escape(enc.spec())}[/bold]")
     text = enc.preview()
     if text:
-        console.print(text)
+        console.print(text, markup=False, highlight=False)
 
 
 def _load_command_modules() -> None:

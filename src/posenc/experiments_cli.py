@@ -22,8 +22,10 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .cli import app, console, print_error, print_line
 from .experiments.tasks import TASKS
@@ -81,8 +83,12 @@ def print_table(table: Table) -> None:
 
 
 def rich_table(summary: SummaryTable) -> Table:
-    """A :class:`~posenc.experiments.summary.SummaryTable` as a Rich table (numbers right-aligned)."""
-    table = Table(title=summary.title, caption="\n".join(summary.notes) or None, caption_justify="left")
+    """A :class:`~posenc.experiments.summary.SummaryTable` as a Rich table (numbers right-aligned).
+
+    Every piece is plain text, never Rich markup: the note ``[low, high]: 95% ...`` and a cell
+    ``63.3% [4.5%, 100%]`` print as written."""
+    caption = Text("\n".join(summary.notes)) if summary.notes else None
+    table = Table(title=Text(summary.title), caption=caption, caption_justify="left")
     names = max((len(row[0]) for row in summary.rows), default=0)
     for index, column in enumerate(summary.columns):
         if index == 0:  # encoding names stay whole; the number columns wrap their headers instead
@@ -90,7 +96,7 @@ def rich_table(summary: SummaryTable) -> Table:
         else:
             table.add_column(column, justify="right")
     for row in summary.rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     return table
 
 
@@ -497,7 +503,7 @@ def merge(
     if summary.missing:
         labels = ", ".join(run.label for run in summary.missing)
         console.print(
-            f"[yellow]incomplete:[/yellow] {len(summary.missing)} run(s) have no results yet: {labels}"
+            f"[yellow]incomplete:[/yellow] {len(summary.missing)} run(s) have no results yet: {escape(labels)}"
         )
     else:
         console.print("complete: every (encoding, seed) run of the grid has results")
