@@ -49,19 +49,42 @@ COMMAND_MODULES = [
 ]
 
 
+#: The calls ``posenc list`` asks every backend about: a short and a long causal self-attention.
+LIST_LENGTHS = (8, 8192)
+
+
 @app.command("list")
 def list_encodings() -> None:
     """List every registered encoding: name, kind, description and the backends that can run it."""
     import posenc
-    from posenc.examples import runnable_backends
 
-    table = Table(title="posenc encodings")
+    short, long = LIST_LENGTHS
+    table = Table(
+        title="posenc encodings",
+        caption=f"backends: those that state no reason against a causal self-attention of {short} or "
+        f"{long} tokens, in the order auto tries them (posenc.backends.dispatch.PRIORITY); "
+        f"(long): only at {long}",
+        caption_justify="left",
+    )
     for column in ("name", "kind", "description", "backends (auto order)"):
         table.add_column(column)
     for name in posenc.available():
         cls = posenc.get_class(name)
-        table.add_row(name, cls.kind.value, cls.description, ", ".join(runnable_backends(name)))
+        table.add_row(Text(name), cls.kind.value, Text(cls.description), ", ".join(listed_backends(name)))
     console.print(table)
+
+
+def listed_backends(name: str) -> list[str]:
+    """The backends ``posenc list`` shows for encoding ``name``, in ``auto``'s order: each that serves a
+    call of either length of :data:`LIST_LENGTHS`, marked ``(long)`` when it serves only the long one."""
+    from posenc.backends import available_backends
+    from posenc.examples import runnable_backends
+
+    short, long = LIST_LENGTHS
+    at_short, at_long = runnable_backends(name, short), runnable_backends(name, long)
+    return [
+        b if b in at_short else f"{b} (long)" for b in available_backends() if b in at_short or b in at_long
+    ]
 
 
 @app.command("show")
