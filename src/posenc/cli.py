@@ -7,7 +7,9 @@ module is imported (see :data:`COMMAND_MODULES`), so this file stays small.
 from __future__ import annotations
 
 import importlib
+import inspect
 import os
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -15,12 +17,103 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+#: The order ``posenc --help`` lists the commands in: what the library does first, the cluster last.
+COMMAND_ORDER = (
+    "list",
+    "show",
+    "plot",
+    "extrapolate",
+    "compare",
+    "merge",
+    "report",
+    "bench",
+    "models",
+    "submit",
+    "slurm-torchrun",
+)
+
+
+def unwrap(text: str) -> str:
+    """``text`` with each paragraph (blocks between blank lines) on one line: docstrings are wrapped
+    at the source's width, and Rich would keep those breaks inside its own wrapping. A paragraph
+    starting with ``\\b`` (click's "keep as is") and lines of a list (``* ``, ``- ``) keep theirs."""
+    paragraphs = []
+    for paragraph in inspect.cleandoc(text).split("\n\n"):
+        if paragraph.startswith("\b"):
+            paragraphs.append(paragraph)
+            continue
+        lines: list[str] = []
+        for line in paragraph.splitlines():
+            line = line.strip()
+            if lines and not line.startswith(("* ", "- ")):
+                lines[-1] += " " + line
+            else:
+                lines.append(line)
+        paragraphs.append("\n".join(lines))
+    return "\n\n".join(paragraphs)
+
+
+def _tidy(command: Any) -> None:
+    """Make ``command``'s (and its sub-commands') help read as written at any terminal width:
+    docstring paragraphs unwrapped and taken as plain text (no Rich markup), no type column for
+    flags (``--progress/--no-progress`` needs no ``<bool>``), and a long comma-separated default
+    (``--encodings``) given with spaces so that it wraps instead of being cut with an ellipsis."""
+    if getattr(command, "_posenc_tidy", False):
+        return
+    command._posenc_tidy = True  # type: ignore[attr-defined]
+    help_option = command.get_help_option  # made per context, so a flag without a type column too
+
+    def get_help_option(ctx: Any) -> Any:
+        option = help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+    command.get_help_option = get_help_option
+    if command.help:
+        command.help = escape(unwrap(command.help))
+    for param in command.params:
+        option = getattr(param, "param_type_name", None) == "option"  # typer may vendor click: no isinstance
+        if option and getattr(param, "is_flag", False):
+            param.metavar = ""
+        elif option and param.metavar is None and getattr(param, "type_descriptor", None) is not None:
+            described = param.type_descriptor  # typer >= 0.2x: "<int range> [x>=1]" becomes "<int> [x>=1]"
+            if described.is_ranged:
+                param.metavar = f"<{described.ranged_type_name}>"
+        help_text = getattr(param, "help", None)
+        if help_text:
+            param.help = escape(unwrap(help_text))  # type: ignore[attr-defined]
+        default = param.default
+        if option and isinstance(default, str) and "," in default and " " not in default:
+            param.show_default = False
+            shown = escape(f"[default: {', '.join(default.split(','))}]")
+            param.help = f"{param.help}  {shown}" if param.help else shown
+    if isinstance(getattr(command, "commands", None), dict):  # a group
+        for sub in command.commands.values():
+            _tidy(sub)
+
+
+class _Group(typer.core.TyperGroup):
+    """The ``posenc`` group: commands listed in :data:`COMMAND_ORDER`, every help tidied (:func:`_tidy`)."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = super().list_commands(ctx)
+        rank = {name: i for i, name in enumerate(COMMAND_ORDER)}
+        return sorted(names, key=lambda name: (rank.get(name, len(rank)), names.index(name)))
+
+    def main(self, *args, **kwargs):  # type: ignore[override]
+        _tidy(self)
+        return super().main(*args, **kwargs)
+
+
 app = typer.Typer(
     name="posenc",
+    cls=_Group,
     help="Positional encodings for Transformers: inspect, plot, benchmark and run length-generalization experiments.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_show_locals=False,
+    rich_markup_mode="rich",
 )
 console = Console()
 

@@ -476,7 +476,7 @@ def compare(
 @app.command("merge")
 def merge(
     out: Path = typer.Argument(
-        ..., help="folder to write the merged experiment into (new, empty, or one of DIRS)"
+        ..., help="folder to write the merged experiment into (new, empty, or one of FOLDERS)"
     ),
     folders: list[Path] = typer.Argument(
         ..., help="the --out folders of the shards (posenc extrapolate --shard i/n)"
