@@ -13,10 +13,11 @@ the parameters of :func:`extrapolate` itself, placed among the generated ones by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -296,10 +297,12 @@ def extrapolate(
         print_error("--preset and --shard train models; they do not apply to --hf-model (but to --task text)")
         raise typer.Exit(2)
     if study:
-        _hf_study(hf_model, out, device, progress, shard, lengths, depths, options)
+        with quiet_hf_progress():
+            _hf_study(hf_model, out, device, progress, shard, lengths, depths, options)
         return
     if hf_model is not None:
-        _extrapolate_hf(hf_model, out, device, progress, options)
+        with quiet_hf_progress():
+            _extrapolate_hf(hf_model, out, device, progress, options)
         return
     if lengths is not None or depths is not None:
         print_error("--lengths and --depths apply to --hf-model with --task text, text-lm or text-passkey")
@@ -369,6 +372,25 @@ def _preset_configs(ctx: typer.Context, name: str, config: ExperimentConfig) -> 
     }
     explicit = {key: getattr(config, key) for key in given if key != "task" and hasattr(config, key)}
     return apply_preset(name, config, explicit, task=config.task if "task" in given else None)
+
+
+@contextlib.contextmanager
+def quiet_hf_progress() -> Iterator[None]:
+    """HF transformers' own tqdm bars ("Loading weights", "Writing model shards") off inside the
+    block, and as they were after it: ``--hf-model`` shows its own progress, and HF's bars printed
+    into its output. Without transformers, nothing to do."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, options: dict[str, Any]) -> None:
