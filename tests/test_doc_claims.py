@@ -1,0 +1,54 @@
+"""Claims of the documents that the code can contradict later: CI's stages and the benchmark modules
+named in CONTRIBUTING, a signature quoted in docs/architecture.md, the windowed cache of
+docs/conventions.md §1.4."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import torch
+
+import posenc
+from posenc.positions import default_positions
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _read(name: str) -> str:
+    return (ROOT / name).read_text(encoding="utf-8")
+
+
+def test_contributing_names_every_stage_of_ci_and_every_benchmark():
+    stages = re.findall(r'^\s*stage "([^",:]+)', _read(".ci/run"), re.MULTILINE)
+    stages = [s for s in stages if s != "CI passed"]
+    assert len(stages) >= 6, stages
+    contributing = _read("CONTRIBUTING.md")
+    assert [s for s in stages if f"`{s}`" not in contributing] == []
+    modules = sorted(p.name for p in (ROOT / "src/posenc/benchmarks").glob("bench_*.py"))
+    assert len(modules) >= 8, modules
+    assert [m for m in modules if f"`{m}`" not in contributing] == []
+
+
+def test_architecture_quotes_default_positions_with_all_its_parameters():
+    quoted = re.search(r"`posenc\.positions\.default_positions\(([^)]*)\)`", _read("docs/architecture.md"))
+    assert quoted is not None
+    names = [p.split("=")[0].strip() for p in quoted.group(1).replace("\n", " ").split(",")]
+    assert names == list(inspect.signature(default_positions).parameters)
+
+
+def test_a_windowed_cache_evicts_padded_keys_and_positions_count_only_the_real_ones():
+    """docs/conventions.md §1.4: 11 real tokens through a window of 4 leave 3 keys; the next token is
+    at position 11 whether or not 3 pads came first and whether or not the step passes a mask."""
+    layer = posenc.MultiheadAttention(32, 4, "rope", causal=True, window=4).eval()
+    for pads in (0, 3):
+        mask = torch.zeros(1, 11 + pads, dtype=torch.bool)
+        mask[:, :pads] = True
+        cache = posenc.KVCache()
+        with torch.no_grad():
+            layer(torch.randn(1, 11 + pads, 32), key_padding_mask=mask if pads else None, cache=cache)
+        assert cache.get(0).k.shape[2] == 3  # window - 1 keys, padded or not
+        step_mask = torch.cat([mask, torch.zeros(1, 1, dtype=torch.bool)], dim=1)
+        assert layer.default_positions(1, 1, step_mask, cache).tolist() == [[11]]
+        assert layer.default_positions(1, 1, None, cache).tolist() == [[11]]
