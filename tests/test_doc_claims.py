@@ -52,3 +52,46 @@ def test_a_windowed_cache_evicts_padded_keys_and_positions_count_only_the_real_o
         step_mask = torch.cat([mask, torch.zeros(1, 1, dtype=torch.bool)], dim=1)
         assert layer.default_positions(1, 1, step_mask, cache).tolist() == [[11]]
         assert layer.default_positions(1, 1, None, cache).tolist() == [[11]]
+
+
+def _readme_tables_with_numbers() -> list[list[str]]:
+    """The README's benchmark tables: the rows of each table whose header has a ``measured`` column
+    or names the attention patterns' speed-ups."""
+    rows, table = [], None
+    for line in _read("README.md").splitlines():
+        if not line.startswith("|"):
+            table = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if table is None:
+            table = (
+                "numbers"
+                if ("measured" in cells or "layer: forward / forward+backward" in cells)
+                else "other"
+            )
+            continue
+        if table == "numbers" and not set(line) <= set("|- "):
+            rows.append(cells)
+    return rows
+
+
+NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+|\d+(?=%| MiB| s\b))")
+
+
+def test_the_readme_quotes_benchmark_numbers_as_results_gives_them_with_torch_and_date():
+    """One number per measurement: every number of the README's benchmark tables is one that
+    benchmarks/RESULTS.md states, and each row says the torch release and the day."""
+    results = _read("benchmarks/RESULTS.md").replace("×", "x")
+    stated = set(NUMBER.findall(results))
+    rows = _readme_tables_with_numbers()
+    assert len(rows) >= 10, rows
+    missing = [(row[0], n) for row in rows for n in NUMBER.findall(" | ".join(row[2:])) if n not in stated]
+    assert missing == [], missing
+    for row in [r for r in rows if len(r) == 5]:  # the table with a "measured" column
+        when = re.fullmatch(r"torch (\d+\.\d+\.\d+), (\d{4}-\d{2}-\d{2})", row[4])
+        assert when and when.group(1) in results and when.group(2) in results, row
+    prose = _read("README.md")
+    assert (
+        "at 145% of copy bandwidth" in prose and "reach 34% (2 CPU threads, torch 2.14.1, 2026-11-23" in prose
+    )
+    assert "of the time of copying" not in prose
