@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import re
+import shlex
 from pathlib import Path
 
 import torch
@@ -95,3 +96,44 @@ def test_the_readme_quotes_benchmark_numbers_as_results_gives_them_with_torch_an
         "at 145% of copy bandwidth" in prose and "reach 34% (2 CPU threads, torch 2.14.1, 2026-11-23" in prose
     )
     assert "of the time of copying" not in prose
+
+
+def _section(markdown: str, heading: str) -> str:
+    start = markdown.index(heading)
+    following = markdown.find("\n## ", start + len(heading))
+    return markdown[start : following if following >= 0 else None]
+
+
+def test_the_quick_start_shows_list_show_and_plot_and_they_run(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from posenc.cli import _load_command_modules, app
+
+    quick = _section(_read("README.md"), "## Quick start")
+    commands = [
+        shlex.split(line.split("#")[0])
+        for line in quick.splitlines()
+        if re.match(r"posenc (list|show|plot)\b", line)
+    ]
+    assert [c[1] for c in commands] == ["list", "show", "plot"]
+    _load_command_modules()
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        result = CliRunner().invoke(app, command[1:])
+        assert result.exit_code == 0, (command, result.output)
+    assert (tmp_path / "rope.png").stat().st_size > 10_000
+
+
+def test_the_readme_says_what_a_newcomer_needs_where_it_is_needed():
+    readme = _read("README.md")
+    quick = _section(readme, "## Quick start")
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in quick
+    assert "2 min 45 s" in quick  # command 2's duration, as CI measured it
+    # "the seeds" (the notes the project started from) collided with --seeds
+    for old in ("the seeds' code", "the seeds' mixed", "the seed's figures", "| seed |"):
+        assert old not in readme, old
+    assert 'notes the project started from (its "seed" notes' in readme
+    # the supported transformers range belongs to the HF section, not inside a conventions bullet
+    assert "Supported transformers" in _section(readme, "## Use with HF transformers")
+    assert "Supported transformers" not in _section(readme, "## Conventions worth knowing")
+    assert "`causal=False` is its" in _section(readme, "## Conventions worth knowing")
