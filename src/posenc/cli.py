@@ -1,4 +1,5 @@
-"""The ``posenc`` command line: ``posenc list | show | plot | extrapolate | compare | merge | report | bench``.
+"""The ``posenc`` command line: ``posenc list | show | plot | extrapolate | compare | merge | report | bench |
+models | submit | slurm-torchrun``.
 
 Typer + Rich. Sub-commands owned by other modules register themselves on :data:`app` when their
 module is imported (see :data:`COMMAND_MODULES`), so this file stays small.
