@@ -12,6 +12,7 @@ from typer.testing import CliRunner  # noqa: E402
 from posenc.cli import _load_command_modules, app  # noqa: E402
 
 _load_command_modules()
+pytestmark = pytest.mark.hf  # the --hf-model path: CI runs these at both ends of the transformers range
 
 
 @pytest.fixture
