@@ -24,12 +24,12 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "bias": (
         "bench_bias",
         [],
-        "T5/ALiBi bias attention: blocked backend vs SDPA floor, HF T5, x-transformers, seed",
+        "T5/ALiBi bias attention: posenc auto (rows name its backend) vs SDPA floor, HF T5, x-transformers, seed",
     ),
     "alibi": (
         "bench_bias",
         ["--encoding", "alibi"],
-        "ALiBi: blocked backend vs SDPA floor and x-transformers",
+        "ALiBi: posenc auto (rows name its backend) vs SDPA floor and x-transformers",
     ),
     "shaw": ("bench_shaw", [], "Shaw k=16 key+value: posenc vs eager floor and the seed's (L,L,d) einsum"),
     "masks": (

@@ -70,9 +70,24 @@ def _example_options(name: str, given: dict[str, str]) -> dict[str, Any]:
 
 
 def runnable_backends(name: str, seq_len: int = 8, requires_grad: bool = False) -> list[str]:
-    """Backends (in ``auto`` order) that can run encoding ``name`` in a small causal self-attention."""
+    """Backends (in ``auto`` order) that state no reason against encoding ``name`` in a causal
+    self-attention of ``seq_len`` tokens (the example layer's sizes)."""
+    return [
+        backend
+        for backend, reasons in backend_limits_by_name(name, seq_len, requires_grad).items()
+        if not reasons
+    ]
+
+
+def backend_limits_by_name(name: str, seq_len: int, requires_grad: bool = False) -> dict[str, list[str]]:
+    """Every backend's hard limits (:func:`~posenc.backends.backend_limits`; empty: it serves the call),
+    in ``auto``'s order (:data:`posenc.backends.dispatch.PRIORITY`), for encoding ``name`` in a causal
+    self-attention of ``seq_len`` tokens through an attention layer of the example sizes."""
+    from .attention import MultiheadAttention
+
     enc = build_example(name)
     b, h, d = 1, EXAMPLE_LAYER["num_heads"], EXAMPLE_LAYER["head_dim"]
+    layer = MultiheadAttention(h * d, h, encoding=enc, causal=True)  # content kinds read its projections
     q = torch.zeros(b, h, seq_len, d, requires_grad=requires_grad)
     pos = torch.arange(seq_len)[None]
     states = None
@@ -80,6 +95,15 @@ def runnable_backends(name: str, seq_len: int = 8, requires_grad: bool = False) 
         x = torch.zeros(b, seq_len, h * d, requires_grad=requires_grad)
         states = TokenStates.same_sequence(enc.input_bias().token_states(x, None, None))
     request = AttentionRequest(
-        q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=d**-0.5, causal=True, token_states=states
+        q=q,
+        k=q,
+        v=q,
+        encoding=layer.encoding,
+        q_pos=pos,
+        k_pos=pos,
+        scale=d**-0.5,
+        causal=True,
+        token_states=states,
+        layer=layer,
     )
-    return [name for name in available_backends() if not backend_limits(get_backend(name), request)]
+    return {backend: backend_limits(get_backend(backend), request) for backend in available_backends()}

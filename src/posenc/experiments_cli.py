@@ -13,17 +13,20 @@ the parameters of :func:`extrapolate` itself, placed among the generated ones by
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from .cli import app, console, print_error, print_line
 from .experiments.tasks import TASKS
@@ -81,8 +84,12 @@ def print_table(table: Table) -> None:
 
 
 def rich_table(summary: SummaryTable) -> Table:
-    """A :class:`~posenc.experiments.summary.SummaryTable` as a Rich table (numbers right-aligned)."""
-    table = Table(title=summary.title, caption="\n".join(summary.notes) or None, caption_justify="left")
+    """A :class:`~posenc.experiments.summary.SummaryTable` as a Rich table (numbers right-aligned).
+
+    Every piece is plain text, never Rich markup: the note ``[low, high]: 95% ...`` and a cell
+    ``63.3% [4.5%, 100%]`` print as written."""
+    caption = Text("\n".join(summary.notes)) if summary.notes else None
+    table = Table(title=Text(summary.title), caption=caption, caption_justify="left")
     names = max((len(row[0]) for row in summary.rows), default=0)
     for index, column in enumerate(summary.columns):
         if index == 0:  # encoding names stay whole; the number columns wrap their headers instead
@@ -90,7 +97,7 @@ def rich_table(summary: SummaryTable) -> Table:
         else:
             table.add_column(column, justify="right")
     for row in summary.rows:
-        table.add_row(*row)
+        table.add_row(*(Text(cell) for cell in row))
     return table
 
 
@@ -299,10 +306,12 @@ def extrapolate(
 
         torch.set_num_threads(threads)  # one process evaluates: the threads are its own
     if study:
-        _hf_study(hf_model, out, device, progress, shard, lengths, depths, options)
+        with quiet_hf_progress():
+            _hf_study(hf_model, out, device, progress, shard, lengths, depths, options)
         return
     if hf_model is not None:
-        _extrapolate_hf(hf_model, out, device, progress, options)
+        with quiet_hf_progress():
+            _extrapolate_hf(hf_model, out, device, progress, options)
         return
     if lengths is not None or depths is not None:
         print_error("--lengths and --depths apply to --hf-model with --task text, text-lm or text-passkey")
@@ -372,6 +381,25 @@ def _preset_configs(ctx: typer.Context, name: str, config: ExperimentConfig) -> 
     }
     explicit = {key: getattr(config, key) for key in given if key != "task" and hasattr(config, key)}
     return apply_preset(name, config, explicit, task=config.task if "task" in given else None)
+
+
+@contextlib.contextmanager
+def quiet_hf_progress() -> Iterator[None]:
+    """HF transformers' own tqdm bars ("Loading weights", "Writing model shards") off inside the
+    block, and as they were after it: ``--hf-model`` shows its own progress, and HF's bars printed
+    into its output. Without transformers, nothing to do."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, options: dict[str, Any]) -> None:
@@ -488,7 +516,7 @@ def compare(
 @app.command("merge")
 def merge(
     out: Path = typer.Argument(
-        ..., help="folder to write the merged experiment into (new, empty, or one of DIRS)"
+        ..., help="folder to write the merged experiment into (new, empty, or one of FOLDERS)"
     ),
     folders: list[Path] = typer.Argument(
         ..., help="the --out folders of the shards (posenc extrapolate --shard i/n)"
@@ -515,7 +543,7 @@ def merge(
     if summary.missing:
         labels = ", ".join(run.label for run in summary.missing)
         console.print(
-            f"[yellow]incomplete:[/yellow] {len(summary.missing)} run(s) have no results yet: {labels}"
+            f"[yellow]incomplete:[/yellow] {len(summary.missing)} run(s) have no results yet: {escape(labels)}"
         )
     else:
         console.print("complete: every (encoding, seed) run of the grid has results")

@@ -6,7 +6,7 @@ weighs but forcing ignores (a compile per shape, overhead on small problems), an
 ``run(request) -> (out, weights_or_None)``. The order in which ``auto`` tries them is one list per
 device type in :mod:`posenc.backends.dispatch`. When none can serve a request, the error names the
 request and every backend's reasons. Tests and users force a backend per layer (``backend="sdpa"``)
-or for a block of code (``with posenc.backends.use_backend("eager"): ...``).
+or for a block of code (``with posenc.backends.use_backend("eager"): ...``; called bare, from then on).
 
 Masks are not a backend's business: ``request.mask`` (:class:`posenc.masks.AttentionMask`) says
 which keys each query sees and materialises itself in the form each kernel takes.
@@ -14,11 +14,10 @@ which keys each query sees and materialises itself in the form each kernel takes
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Protocol
@@ -561,17 +560,38 @@ def get_backend(name: str) -> Backend:
     return _BACKENDS[name]
 
 
-@contextlib.contextmanager
-def use_backend(name: str) -> Iterator[None]:
-    """Force every attention layer to use backend ``name`` inside the block (``"auto"`` to undo)."""
-    if name != "auto":
-        get_backend(name)
-    previous = getattr(_forced, "name", None)
-    _forced.name = None if name == "auto" else name
-    try:
-        yield
-    finally:
-        _forced.name = previous
+class use_backend:  # lower case: called like a function, as torch.set_grad_enabled is
+    """Force every attention layer in this thread to run on backend ``name``; ``"auto"`` undoes it.
+
+    It acts when called, and works both ways, as ``torch.set_grad_enabled`` does:
+
+    * ``posenc.use_backend("eager")`` forces ``eager`` from here on, until
+      ``posenc.use_backend("auto")`` (or another name);
+    * ``with posenc.use_backend("eager"): ...`` forces it inside the block, and on leaving the block
+      (an exception included) restores what was forced before it (or nothing), undoing any bare call
+      made inside.
+
+    The setting belongs to the calling thread. A layer's own ``backend=`` yields to it. An unknown
+    name is a ValueError that lists the backends, and changes nothing.
+    """
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"use_backend: name must be a backend name (a str), got {type(name).__name__}")
+        if name != "auto":
+            get_backend(name)
+        self.name = name
+        self.previous: str | None = getattr(_forced, "name", None)
+        _forced.name = None if name == "auto" else name
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        _forced.name = self.previous
+
+    def __repr__(self) -> str:
+        return f"posenc.use_backend({self.name!r})"
 
 
 def requested_backend(backend: str = "auto") -> str:

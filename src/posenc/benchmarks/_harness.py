@@ -60,7 +60,8 @@ class Timing:
 def layer_call(layer: torch.nn.Module, length: int, embed_dim: int, train: bool) -> Callable[[], object]:
     """One timed call of an attention ``layer`` on a ``[1, length, embed_dim]`` input.
 
-    ``train``: forward and backward of ``out.sum()``; otherwise the forward under ``no_grad``.
+    ``train``: forward and backward of ``out.sum()``; otherwise the forward under ``no_grad``. The
+    callable carries the layer as ``.layer`` (:func:`ran_on` reads the backend it ran on).
     """
     x = torch.randn(1, length, embed_dim, requires_grad=train)
 
@@ -71,7 +72,16 @@ def layer_call(layer: torch.nn.Module, length: int, embed_dim: int, train: bool)
     def forward_backward() -> None:
         layer(x).sum().backward()
 
-    return forward_backward if train else forward
+    call = forward_backward if train else forward
+    call.layer = layer  # type: ignore[attr-defined]
+    return call
+
+
+def ran_on(label: str, call: Callable[[], object] | str) -> str:
+    """``label`` with the backend the timed layer last ran on, as the layer reports it
+    (``"posenc auto (near_far)"``): a row says what ``auto`` chose, not what it was expected to."""
+    backend = getattr(getattr(call, "layer", None), "last_backend", None)
+    return f"{label} ({backend})" if backend else label
 
 
 def _fmt(seconds: float) -> str:

@@ -1,6 +1,7 @@
 """Bias attention (T5 buckets, ALiBi), causal, one layer with projections: posenc vs baselines.
 
-Rows: plain SDPA without any bias (the floor), posenc (``auto`` picks the ``blocked`` backend),
+Rows: plain SDPA without any bias (the floor), posenc on ``auto`` (the row names the backend
+``auto`` ran, as the layer reports it: ``blocked`` below 1024 tokens, ``near_far`` from there),
 posenc forced onto ``sdpa`` with the dense bias as float mask (what SDPA users do), HF
 ``T5Attention`` (dense ``position_bias``), x-transformers ``RelativePositionBias`` /
 ``AlibiPositionalBias`` feeding SDPA a dense mask, and the seed-000 T5 code (``T5RelativePositionBias``
@@ -29,10 +30,12 @@ from posenc.benchmarks._harness import (
     memory_cell,
     memory_main,
     peak_memory_mb,
+    ran_on,
     ratio,
 )
 
 HEADS, HEAD_DIM = 8, 64
+AUTO = "posenc auto"  # its rows are labelled with the backend auto ran: "posenc auto (near_far)"
 EMBED = HEADS * HEAD_DIM
 BUCKETS, MAX_DISTANCE = 32, 128
 
@@ -160,7 +163,7 @@ def build_layer(impl: str, encoding: str) -> nn.Module:
     )
     if impl == "sdpa (no bias, floor)":
         return posenc.MultiheadAttention(EMBED, HEADS, None, causal=True, bias=False)
-    if impl == "posenc auto (blocked)":
+    if impl == AUTO:
         return posenc.MultiheadAttention(EMBED, HEADS, spec, causal=True, bias=False)
     if impl == "posenc sdpa + dense bias":
         return posenc.MultiheadAttention(EMBED, HEADS, spec, causal=True, bias=False, backend="sdpa")
@@ -174,7 +177,7 @@ def build_layer(impl: str, encoding: str) -> nn.Module:
 
 
 def implementations(encoding: str) -> list[str]:
-    names = ["sdpa (no bias, floor)", "posenc auto (blocked)", "posenc sdpa + dense bias"]
+    names = ["sdpa (no bias, floor)", AUTO, "posenc sdpa + dense bias"]
     if encoding == "t5":
         return [
             *names,
@@ -201,7 +204,7 @@ def run(sizes: list[int], repeats: int, encoding: str, memory: bool, peers_up_to
         for train in (False, True):
             cases = {}
             for impl in implementations(encoding):
-                floor_or_ours = impl.startswith("sdpa (") or impl.startswith("posenc auto")
+                floor_or_ours = impl.startswith("sdpa (") or impl == AUTO
                 if not floor_or_ours and length > peers_up_to:
                     cases[impl] = f"L>{peers_up_to} skipped by default"
                 else:
@@ -223,7 +226,7 @@ def run(sizes: list[int], repeats: int, encoding: str, memory: bool, peers_up_to
                     [
                         str(length),
                         "fwd+bwd" if train else "fwd",
-                        impl,
+                        ran_on(impl, cases[impl]) if impl == AUTO else impl,
                         timing.cell(),
                         ratio(timing, floor),
                         memory_cell(mem) if memory and length == max(sizes) else "",

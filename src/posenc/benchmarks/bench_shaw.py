@@ -28,6 +28,7 @@ from posenc.benchmarks._harness import (
     memory_cell,
     memory_main,
     peak_memory_mb,
+    ran_on,
     ratio,
 )
 
@@ -119,7 +120,7 @@ def run(sizes: list[int], long_sizes: list[int], repeats: int, memory: bool, lon
                     [
                         str(length),
                         "fwd+bwd" if train else "fwd",
-                        impl,
+                        ran_on(impl, cases[impl]) if impl == "posenc shaw k=16" else impl,
                         timing.cell(),
                         ratio(timing, floor),
                         ratio(timing, timings["seed-000 einsum (L,L,d)"]),

@@ -65,7 +65,7 @@ class ExperimentConfig:
     encodings: list[str] = field(
         default_factory=lambda: ["nope", "learned", "sinusoidal", "rope", "alibi", "t5", "shaw"],
         metadata={
-            "help": "comma-separated encoding specs, options included: nope,rope:base=500000,pairing=half,alibi; "
+            "help": "comma-separated encoding specs, options included: nope,alibi or rope:base=500000,pairing=half; "
             "a hybrid gives one spec per layer joined by '/': t5/sinusoidal; a layer preset with its "
             "options: gemma3:window=8, llama4:chunk=8, smollm3, gpt-oss:window=8",
             "parse": split_specs,
@@ -173,7 +173,8 @@ class ExperimentConfig:
         default_factory=list,
         metadata={
             "help": "evaluate each trained model (or --hf-model) again under these settings, no retraining: "
-            "RoPE scalings linear,ntk,dynamic,yarn,longrope (NAME:FACTOR; default eval-len / training length), "
+            "RoPE scalings linear,ntk,dynamic,yarn,longrope (NAME:FACTOR; the factor defaults to the longest evaluated "
+            "sequence over the longest trained one, in tokens; with --hf-model, --eval-len over its context), "
             "prope:P, drop_rotation, temperature:BETA (any encoding); one row each"
         },
     )

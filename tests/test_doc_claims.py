@@ -1,0 +1,139 @@
+"""Claims of the documents that the code can contradict later: CI's stages and the benchmark modules
+named in CONTRIBUTING, a signature quoted in docs/architecture.md, the windowed cache of
+docs/conventions.md §1.4."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import shlex
+from pathlib import Path
+
+import torch
+
+import posenc
+from posenc.positions import default_positions
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _read(name: str) -> str:
+    return (ROOT / name).read_text(encoding="utf-8")
+
+
+def test_contributing_names_every_stage_of_ci_and_every_benchmark():
+    stages = re.findall(r'^\s*stage "([^",:]+)', _read(".ci/run"), re.MULTILINE)
+    stages = [s for s in stages if s != "CI passed"]
+    assert len(stages) >= 6, stages
+    contributing = _read("CONTRIBUTING.md")
+    assert [s for s in stages if f"`{s}`" not in contributing] == []
+    modules = sorted(p.name for p in (ROOT / "src/posenc/benchmarks").glob("bench_*.py"))
+    assert len(modules) >= 8, modules
+    assert [m for m in modules if f"`{m}`" not in contributing] == []
+
+
+def test_architecture_quotes_default_positions_with_all_its_parameters():
+    quoted = re.search(r"`posenc\.positions\.default_positions\(([^)]*)\)`", _read("docs/architecture.md"))
+    assert quoted is not None
+    names = [p.split("=")[0].strip() for p in quoted.group(1).replace("\n", " ").split(",")]
+    assert names == list(inspect.signature(default_positions).parameters)
+
+
+def test_a_windowed_cache_evicts_padded_keys_and_positions_count_only_the_real_ones():
+    """docs/conventions.md §1.4: 11 real tokens through a window of 4 leave 3 keys; the next token is
+    at position 11 whether or not 3 pads came first and whether or not the step passes a mask."""
+    layer = posenc.MultiheadAttention(32, 4, "rope", causal=True, window=4).eval()
+    for pads in (0, 3):
+        mask = torch.zeros(1, 11 + pads, dtype=torch.bool)
+        mask[:, :pads] = True
+        cache = posenc.KVCache()
+        with torch.no_grad():
+            layer(torch.randn(1, 11 + pads, 32), key_padding_mask=mask if pads else None, cache=cache)
+        assert cache.get(0).k.shape[2] == 3  # window - 1 keys, padded or not
+        step_mask = torch.cat([mask, torch.zeros(1, 1, dtype=torch.bool)], dim=1)
+        assert layer.default_positions(1, 1, step_mask, cache).tolist() == [[11]]
+        assert layer.default_positions(1, 1, None, cache).tolist() == [[11]]
+
+
+def _readme_tables_with_numbers() -> list[list[str]]:
+    """The README's benchmark tables: the rows of each table whose header has a ``measured`` column
+    or names the attention patterns' speed-ups."""
+    rows, table = [], None
+    for line in _read("README.md").splitlines():
+        if not line.startswith("|"):
+            table = None
+            continue
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if table is None:
+            table = (
+                "numbers"
+                if ("measured" in cells or "layer: forward / forward+backward" in cells)
+                else "other"
+            )
+            continue
+        if table == "numbers" and not set(line) <= set("|- "):
+            rows.append(cells)
+    return rows
+
+
+NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+|\d+(?=%| MiB| s\b))")
+
+
+def test_the_readme_quotes_benchmark_numbers_as_results_gives_them_with_torch_and_date():
+    """One number per measurement: every number of the README's benchmark tables is one that
+    benchmarks/RESULTS.md states, and each row says the torch release and the day."""
+    results = _read("benchmarks/RESULTS.md").replace("×", "x")
+    stated = set(NUMBER.findall(results))
+    rows = _readme_tables_with_numbers()
+    assert len(rows) >= 10, rows
+    missing = [(row[0], n) for row in rows for n in NUMBER.findall(" | ".join(row[2:])) if n not in stated]
+    assert missing == [], missing
+    for row in [r for r in rows if len(r) == 5]:  # the table with a "measured" column
+        when = re.fullmatch(r"torch (\d+\.\d+\.\d+), (\d{4}-\d{2}-\d{2})", row[4])
+        assert when and when.group(1) in results and when.group(2) in results, row
+    prose = _read("README.md")
+    assert (
+        "at 145% of copy bandwidth" in prose and "reach 34% (2 CPU threads, torch 2.14.1, 2026-11-23" in prose
+    )
+    assert "of the time of copying" not in prose
+
+
+def _section(markdown: str, heading: str) -> str:
+    start = markdown.index(heading)
+    following = markdown.find("\n## ", start + len(heading))
+    return markdown[start : following if following >= 0 else None]
+
+
+def test_the_quick_start_shows_list_show_and_plot_and_they_run(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from posenc.cli import _load_command_modules, app
+
+    quick = _section(_read("README.md"), "## Quick start")
+    commands = [
+        shlex.split(line.split("#")[0])
+        for line in quick.splitlines()
+        if re.match(r"posenc (list|show|plot)\b", line)
+    ]
+    assert [c[1] for c in commands] == ["list", "show", "plot"]
+    _load_command_modules()
+    monkeypatch.chdir(tmp_path)
+    for command in commands:
+        result = CliRunner().invoke(app, command[1:])
+        assert result.exit_code == 0, (command, result.output)
+    assert (tmp_path / "rope.png").stat().st_size > 10_000
+
+
+def test_the_readme_says_what_a_newcomer_needs_where_it_is_needed():
+    readme = _read("README.md")
+    quick = _section(readme, "## Quick start")
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in quick
+    assert "2 min 45 s" in quick  # command 2's duration, as CI measured it
+    # "the seeds" (the notes the project started from) collided with --seeds
+    for old in ("the seeds' code", "the seeds' mixed", "the seed's figures", "| seed |"):
+        assert old not in readme, old
+    assert 'notes the project started from (its "seed" notes' in readme
+    # the supported transformers range belongs to the HF section, not inside a conventions bullet
+    assert "Supported transformers" in _section(readme, "## Use with HF transformers")
+    assert "Supported transformers" not in _section(readme, "## Conventions worth knowing")
+    assert "`causal=False` is its" in _section(readme, "## Conventions worth knowing")
