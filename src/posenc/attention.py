@@ -14,6 +14,7 @@ from typing import Literal, overload
 import torch
 from torch import Tensor, nn
 
+from .backends._softcap import check_softcap
 from .backends.run import attend
 from .base import Kind, LayerContext, PositionalEncoding, TokenStates
 from .cache import KVCache, KVCacheEntry, context_key, token_states_with_cache
@@ -63,6 +64,10 @@ class MultiheadAttention(nn.Module):
             real token, as HF does for a left-padded batch).
         sinks: learned attention sinks (gpt-oss): one logit per head, :attr:`sinks` ``[H]``
             (initialised to 0), joins every row's softmax denominator and carries no value.
+        softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``): each logit
+            ``s = q·k·scale`` becomes ``softcap * tanh(s / softcap)`` before the softmax (a BIAS
+            encoding's bias and the masks are added after the cap); None (default) for none. Served
+            by the eager, blocked, relative and flex backends, not by sdpa or the exact splits.
         query_temperature: a :class:`~posenc.patterns.QueryTemperature` (Llama 4's NoPE layers):
             queries at position ``p`` are scaled by ``log1p(floor((p + 1) / floor_scale)) *
             attn_scale + 1`` after the encoding acts.
@@ -105,6 +110,7 @@ class MultiheadAttention(nn.Module):
         window: int | None = None,
         chunk: int | None = None,
         sinks: bool = False,
+        softcap: float | None = None,
         query_temperature: QueryTemperature | None = None,
         pattern: LayerSpec | None = None,
         backend: str = "auto",
@@ -144,6 +150,7 @@ class MultiheadAttention(nn.Module):
         self.encoding.init_layer(self)
         register_rope_user(self.encoding, self)
         self.scale = self.encoding.logit_scale(self.head_dim) if scale is None else check_scale(scale)
+        self.softcap = check_softcap(softcap)
         self.last_backend: str | None = None
         self.qk_layout = 0  # bumped when switch_rope_pairing_ permutes the q/k channels
 
@@ -165,6 +172,7 @@ class MultiheadAttention(nn.Module):
             + (f", window={self.window}" if self.window is not None else "")
             + (f", chunk={self.chunk}" if self.chunk is not None else "")
             + (", sinks=True" if self.sinks is not None else "")
+            + (f", softcap={self.softcap:g}" if self.softcap is not None else "")
         )
 
     # ------------------------------------------------------------------ forward
@@ -287,6 +295,7 @@ class MultiheadAttention(nn.Module):
             backend=self.backend,
             known_finite_keys=known,
             finite_mark=mark,
+            softcap=self.softcap,
         )
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
         return (out, weights) if need_weights else out
