@@ -325,6 +325,7 @@ class MRoPE(RotaryEncoding):
         rotary_dim: int | None = None,
         scaling: str | None = None,
         factor: float | None = None,
+        alpha: float | None = None,
         original_max_position_embeddings: int | None = None,
         max_position_embeddings: int | None = None,
         beta_fast: float | None = None,
@@ -350,6 +351,7 @@ class MRoPE(RotaryEncoding):
         _check_layout(layout)
         options = dict(
             factor=factor,
+            alpha=alpha,
             original_max_position_embeddings=original_max_position_embeddings,
             max_position_embeddings=max_position_embeddings,
             beta_fast=beta_fast,
