@@ -30,7 +30,7 @@ from .inputs import (
     check_sizes,
 )
 from .masks import AttentionMask
-from .patterns import LayerSpec, QueryTemperature
+from .patterns import LayerSpec, TemperatureForm
 from .positions import (
     checked_positions,
     documents_with_cache,
@@ -68,9 +68,10 @@ class MultiheadAttention(nn.Module):
             ``s = q·k·scale`` becomes ``softcap * tanh(s / softcap)`` before the softmax (a BIAS
             encoding's bias and the masks are added after the cap); None (default) for none. Served
             by the eager, blocked, relative and flex backends, not by sdpa or the exact splits.
-        query_temperature: a :class:`~posenc.patterns.QueryTemperature` (Llama 4's NoPE layers):
+        query_temperature: a :class:`~posenc.patterns.QueryTemperature` (Llama 4's NoPE layers:
             queries at position ``p`` are scaled by ``log1p(floor((p + 1) / floor_scale)) *
-            attn_scale + 1`` after the encoding acts.
+            attn_scale + 1``) or :class:`~posenc.patterns.LogQueryTemperature` (Inkling's global
+            layers: ``1 + alpha * ln(max((p + 1) / n_floor, 1))``), applied after the encoding acts.
         pattern: this layer's entry of a model's pattern (a :class:`~posenc.patterns.LayerSpec`):
             its window, chunk, sinks and temperature, given instead of those four arguments (its
             encoding is ``encoding``, which a model builds from it).
@@ -111,7 +112,7 @@ class MultiheadAttention(nn.Module):
         chunk: int | None = None,
         sinks: bool = False,
         softcap: float | None = None,
-        query_temperature: QueryTemperature | None = None,
+        query_temperature: TemperatureForm | None = None,
         pattern: LayerSpec | None = None,
         backend: str = "auto",
         num_kv_heads: int | None = None,

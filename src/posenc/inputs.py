@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .patterns import LayerSpec, QueryTemperature
+from .patterns import LayerSpec, TemperatureForm
 
 __all__ = [
     "check_attn_mask",
@@ -80,9 +80,9 @@ def check_pattern(
     window: int | None,
     chunk: int | None,
     sinks: bool,
-    query_temperature: QueryTemperature | None,
+    query_temperature: TemperatureForm | None,
     causal: bool,
-) -> tuple[int | None, int | None, bool, QueryTemperature | None]:
+) -> tuple[int | None, int | None, bool, TemperatureForm | None]:
     """A layer's attention pattern ``(window, chunk, sinks, query_temperature)``, checked: the four
     arguments, or the fields of ``pattern`` (one layer of a model's pattern) when given."""
     if pattern is not None:
@@ -99,9 +99,10 @@ def check_pattern(
     chunk = check_span("chunk", chunk, causal)
     if not isinstance(sinks, bool):
         raise ValueError(f"sinks must be True or False, got {sinks!r}")
-    if query_temperature is not None and not isinstance(query_temperature, QueryTemperature):
+    if query_temperature is not None and not isinstance(query_temperature, TemperatureForm):
         raise ValueError(
-            f"query_temperature must be a posenc.patterns.QueryTemperature, got {query_temperature!r}"
+            "query_temperature must be a posenc.patterns.QueryTemperature (Llama 4) or LogQueryTemperature "
+            f"(Inkling), got {query_temperature!r}"
         )
     return window, chunk, sinks, query_temperature
 
