@@ -678,3 +678,55 @@ def test_switching_a_swapped_model_s_rope_pairing_keeps_its_logits_and_refuses_a
         model(ids[:, :10], attention_mask=mask[:, :10], past_key_values=fresh, use_cache=True)
         step = model(ids[:, 10:12], attention_mask=mask[:, :12], past_key_values=fresh, use_cache=True).logits
     torch.testing.assert_close(step[:, -1], before[:, 11], **EXACT)
+
+
+# ---------------------------------------------------------------------------- Gemma 4: K = V and KV-shared layers
+def _gemma4():
+    """Gemma 4 with K = V on its global layers (``attention_k_eq_v``: V is the key projection before
+    its norm and RoPE) and the last two layers reusing the K/V of the last unshared layer of their type."""
+    config = transformers.Gemma4TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, num_global_key_value_heads=1,
+        max_position_embeddings=128, sliding_window=5, attention_k_eq_v=True, num_kv_shared_layers=2,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        hidden_size_per_layer_input=8, vocab_size_per_layer_input=VOCAB,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = transformers.Gemma4ForCausalLM(config).to(torch.float64).eval()
+    attention = [layer.self_attn for layer in model.model.layers]
+    assert [a.use_alternative_attention for a in attention] == [False, True, False, True]
+    assert [a.is_kv_shared_layer for a in attention] == [False, False, True, True]
+    return model
+
+
+def test_gemma4_k_equals_v_and_shared_kv_layers_equal_hf():
+    """HF computes K = V and hands the shared layers the producer's K/V; posenc serves every call:
+    logits, every gradient and greedy tokens equal HF's sdpa."""
+    model = _gemma4()
+    ids, mask = _inputs()
+    want, want_grads = _run(model, "sdpa", ids, mask, grads=True)
+    got, got_grads = _run(model, posenc_hf.ATTN_IMPLEMENTATION, ids, mask, grads=True)
+    torch.testing.assert_close(got, want, **EXACT)
+    assert len(got_grads) == len(want_grads) > 0
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-8, atol=1e-8)
+    options = {"attention_mask": mask, "max_new_tokens": 6, "do_sample": False}
+    model.set_attn_implementation("sdpa")
+    tokens = model.generate(ids, **options)
+    model.set_attn_implementation(posenc_hf.ATTN_IMPLEMENTATION)
+    assert torch.equal(model.generate(ids, **options), tokens)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Gemma 4 slices the queries of its KV-shared layers to logits_to_keep (HF skips that only for "
+    "sdpa, flex and flash by name) and leaves HF's mask None; posenc.hf reads a None mask with Tq > 1 "
+    "as HF's sdpa does (causal, top-left, keys past Tq dropped), which is wrong for the sliced queries",
+)
+def test_gemma4_logits_to_keep_above_one_equals_hf():
+    model = _gemma4()
+    ids = _inputs()[0]
+    model.set_attn_implementation("sdpa")
+    want = model(ids, logits_to_keep=3).logits.detach()
+    model.set_attn_implementation(posenc_hf.ATTN_IMPLEMENTATION)
+    torch.testing.assert_close(model(ids, logits_to_keep=3).logits.detach(), want, **EXACT)
