@@ -162,8 +162,7 @@ class StaticDecodeStep(nn.Module):
         if encoding.kind is Kind.ABSOLUTE:
             x = encoding.embed(x, pos.expand(batch, 1))
         q = layer._heads(layer.q_proj(x), layer.num_heads)
-        k = layer._heads(layer.k_proj(x), layer.num_kv_heads)
-        v = layer._heads(layer.v_proj(x), layer.num_kv_heads)
+        k, v = layer.key_values(x)
         if encoding.kind is Kind.ROTARY:
             q, k = encoding.rotate(q, k, pos, pos)
         if k.dtype != self.k_buffer.dtype:  # a dtype, not a value: compiled graphs check it too
