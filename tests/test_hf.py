@@ -730,3 +730,32 @@ def test_gemma4_logits_to_keep_above_one_equals_hf():
     want = model(ids, logits_to_keep=3).logits.detach()
     model.set_attn_implementation(posenc_hf.ATTN_IMPLEMENTATION)
     torch.testing.assert_close(model(ids, logits_to_keep=3).logits.detach(), want, **EXACT)
+
+
+# ---------------------------------------------------------------------------- Inkling: relative-projection bias, log temperature
+def test_inkling_equals_hf_eager():
+    """Inkling hands its dense relative-projection bias (log-temperature scaled on global layers) as
+    ``position_bias``: logits and every gradient equal HF's eager (float32 softmax, hence the tolerance)."""
+    inkling = pytest.importorskip("transformers.models.inkling.modeling_inkling")
+    from transformers.models.inkling.configuration_inkling import InklingTextConfig
+
+    config = InklingTextConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=16, swa_num_attention_heads=2, swa_num_key_value_heads=1, swa_head_dim=16, sliding_window_size=5,
+        layer_types=["hybrid_sliding", "hybrid"], log_scaling_n_floor=4, log_scaling_alpha=0.3, rel_extent=8,
+        d_rel=4, intermediate_size=48, mlp_layer_types=["dense", "dense"],
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = inkling.InklingForCausalLM(config).to(torch.float64).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("rel_logits_proj.proj"):
+                param.normal_(0.0, 1.0)  # initialised to 0 otherwise: the bias would be 0
+    ids = _inputs()[0]
+    mask = torch.ones_like(ids)
+    want, want_grads = _run(model, "eager", ids, mask, grads=True)
+    got, got_grads = _run(model, posenc_hf.ATTN_IMPLEMENTATION, ids, mask, grads=True)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert len(got_grads) == len(want_grads) > 0
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
