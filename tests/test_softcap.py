@@ -250,3 +250,20 @@ def test_a_cap_that_is_not_finite_and_positive_is_refused_naming_softcap(bad):
         AttentionRequest(
             q=q, k=k, v=v, encoding=posenc.build("nope"), q_pos=pos, k_pos=pos, scale=1.0, softcap=bad
         )
+
+
+def test_a_model_pattern_carries_the_cap_and_trains():
+    """Gemma 2's recipe: local and global layers, every one capped; a training step gets gradients."""
+    from posenc.patterns import LayerSpec
+
+    pattern = [LayerSpec("rope", window=4, softcap=CAP), LayerSpec("rope", softcap=CAP)]
+    model = posenc.TransformerLM(20, 16, 2, 2, pattern=pattern)
+    layers = [m for m in model.modules() if isinstance(m, posenc.MultiheadAttention)]
+    assert [layer.softcap for layer in layers] == [CAP, CAP]
+    ids = torch.randint(0, 20, (2, 9))
+    model(ids).sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    with pytest.raises(ValueError, match="softcap"):
+        posenc.MultiheadAttention(16, 2, "rope", causal=True, pattern=LayerSpec("rope", softcap=-1.0))
+    with pytest.raises(ValueError, match="either pattern or"):
+        posenc.MultiheadAttention(16, 2, "rope", causal=True, pattern=pattern[0], softcap=CAP)

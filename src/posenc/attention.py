@@ -14,7 +14,6 @@ from typing import Literal, overload
 import torch
 from torch import Tensor, nn
 
-from .backends._softcap import check_softcap
 from .backends.run import attend
 from .base import Kind, LayerContext, PositionalEncoding, TokenStates
 from .cache import KVCache, KVCacheEntry, context_key, token_states_with_cache
@@ -75,7 +74,7 @@ class MultiheadAttention(nn.Module):
             attn_scale + 1``) or :class:`~posenc.patterns.LogQueryTemperature` (Inkling's global
             layers: ``1 + alpha * ln(max((p + 1) / n_floor, 1))``), applied after the encoding acts.
         pattern: this layer's entry of a model's pattern (a :class:`~posenc.patterns.LayerSpec`):
-            its window, chunk, sinks and temperature, given instead of those four arguments (its
+            its window, chunk, sinks, temperature and softcap, given instead of those five arguments (its
             encoding is ``encoding``, which a model builds from it).
         backend: ``"auto"`` (first backend with no reasons), or a backend name to force.
         num_kv_heads: key/value heads for grouped-query attention (divides ``num_heads``).
@@ -137,8 +136,8 @@ class MultiheadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.causal, self.backend, self.dropout, self.layer_idx = causal, backend, dropout, layer_idx
-        self.window, self.chunk, sinks, self.query_temperature = check_pattern(
-            pattern, window, chunk, sinks, query_temperature, causal
+        self.window, self.chunk, sinks, self.query_temperature, self.softcap = check_pattern(
+            pattern, window, chunk, sinks, query_temperature, causal, softcap
         )
         factory = {"device": device, "dtype": dtype}
         kv_dim = num_kv_heads * self.head_dim
@@ -157,7 +156,6 @@ class MultiheadAttention(nn.Module):
         self.encoding.init_layer(self)
         register_rope_user(self.encoding, self)
         self.scale = self.encoding.logit_scale(self.head_dim) if scale is None else check_scale(scale)
-        self.softcap = check_softcap(softcap)
         self.last_backend: str | None = None
         self.qk_layout = 0  # bumped when switch_rope_pairing_ permutes the q/k channels
 

@@ -125,6 +125,8 @@ class LayerSpec:
     chunk: int | None = None
     sinks: bool = False
     temperature: TemperatureForm | None = None
+    #: Logit soft-capping (Gemma 2): ``softcap * tanh(s / softcap)`` on the layer's logits, or None.
+    softcap: float | None = None
 
 
 #: Layer presets by name: ``fn(num_layers, **options) -> [LayerSpec per layer]`` (the recipes of
