@@ -28,20 +28,35 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 from .spec import parse_spec
 
 __all__ = [
     "LAYER_PRESETS",
     "LayerSpec",
+    "LogQueryTemperature",
     "QueryTemperature",
+    "TemperatureForm",
     "available_layer_presets",
     "is_layer_preset",
     "layer_pattern",
 ]
 
 
+class TemperatureForm:
+    """A position-dependent query scale (a layer's ``query_temperature``): queries at position ``p``
+    are multiplied by :meth:`factors` after the encoding acts. Llama 4's floored form is
+    :class:`QueryTemperature`, Inkling's continuous one :class:`LogQueryTemperature`."""
+
+    def factors(self, positions: Tensor) -> Tensor:
+        """The scale of each query: ``positions [B|1, T]`` (integers) -> ``[B|1, 1, T, 1]`` float32."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class QueryTemperature:
+class QueryTemperature(TemperatureForm):
     """A position-dependent query scale: queries at position ``p`` are multiplied by
     ``log1p(floor((p + position_offset) / floor_scale)) * attn_scale + 1``.
 
@@ -60,6 +75,46 @@ class QueryTemperature:
         if not math.isfinite(self.attn_scale):
             raise ValueError(f"QueryTemperature: attn_scale must be finite, got {self.attn_scale}")
 
+    def factors(self, positions: Tensor) -> Tensor:
+        """``log1p(floor((p + offset) / floor_scale)) * attn_scale + 1`` as ``[B|1, 1, T, 1]`` float32."""
+        shifted = (positions.to(torch.float32) + self.position_offset) / self.floor_scale
+        return (torch.log1p(torch.floor(shifted)) * self.attn_scale + 1.0)[:, None, :, None]
+
+
+@dataclass(frozen=True)
+class LogQueryTemperature(TemperatureForm):
+    """The continuous log temperature: queries at position ``p`` are multiplied by
+    ``1 + alpha * ln(max((p + position_offset) / n_floor, 1))``: 1 up to ``n_floor`` tokens, then
+    growing with the log of the length, without Llama 4's floor steps.
+
+    Inkling's global layers (HF ``InklingAttention``: ``log_scaling_alpha``, ``log_scaling_n_floor``,
+    positions counted from 1, the defaults' ``position_offset=1``). Inkling multiplies its
+    relative-projection bias by the same factor; this scale acts on the queries only.
+    """
+
+    n_floor: float
+    alpha: float = 0.1
+    position_offset: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.n_floor) and self.n_floor > 0):
+            raise ValueError(
+                f"LogQueryTemperature: n_floor must be finite and > 0 (HF log_scaling_n_floor), got {self.n_floor}"
+            )
+        if not math.isfinite(self.alpha):
+            raise ValueError(
+                f"LogQueryTemperature: alpha must be finite (HF log_scaling_alpha), got {self.alpha}"
+            )
+        if not math.isfinite(self.position_offset):
+            raise ValueError(
+                f"LogQueryTemperature: position_offset must be finite, got {self.position_offset}"
+            )
+
+    def factors(self, positions: Tensor) -> Tensor:
+        """``1 + alpha * ln(max((p + offset) / n_floor, 1))`` as ``[B|1, 1, T, 1]`` float32."""
+        ratio = (positions.to(torch.float32) + self.position_offset) / self.n_floor
+        return (1.0 + self.alpha * torch.log(ratio.clamp(min=1.0)))[:, None, :, None]
+
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -69,7 +124,9 @@ class LayerSpec:
     window: int | None = None
     chunk: int | None = None
     sinks: bool = False
-    temperature: QueryTemperature | None = None
+    temperature: TemperatureForm | None = None
+    #: Logit soft-capping (Gemma 2): ``softcap * tanh(s / softcap)`` on the layer's logits, or None.
+    softcap: float | None = None
 
 
 #: Layer presets by name: ``fn(num_layers, **options) -> [LayerSpec per layer]`` (the recipes of
