@@ -263,6 +263,10 @@ def test_bad_patterns_are_named():
         posenc.TransformerLM(10, 16, 2, 2, pattern="gemma3:windw=4")
     with pytest.raises(ValueError, match="option 'window' must be int"):
         posenc.TransformerLM(10, 16, 2, 2, pattern="gemma3:window=big")
+    with pytest.raises(ValueError, match="layer preset 'swan': option 'window' must be positive"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern="swan:window=0")
+    with pytest.raises(ValueError, match="layer preset 'granite-swa': option 'full_base' must be float"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern="granite-swa:full_base=none")
     with pytest.raises(ValueError, match="either encoding or pattern"):
         posenc.TransformerLM(10, 16, 2, 2, "rope", pattern="gemma3")
     with pytest.raises(ValueError, match=r"one posenc\.patterns\.LayerSpec per layer"):

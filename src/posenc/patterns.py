@@ -249,11 +249,12 @@ def gemma4(
     ``default``, theta 1e4; global: ``proportional``, theta 1e6, ``partial_rotary_factor``
     0.25).
 
-    Approximated (posenc has no such layer option; the recipe uses ordinary layers): the global
-    layers' larger head (``global_head_dim`` 512 against 256) and their own KV-head count; K = V
-    (``attention_k_eq_v``: values taken from the key projection); KV-shared layers
-    (``num_kv_shared_layers``: the last layers reuse the K/V of the last unshared layer of their
-    type); the q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
+    Approximated (a :class:`LayerSpec` cannot say them; the recipe's layers are ordinary ones):
+    the global layers' larger head (``global_head_dim`` 512 against 256) and their own KV-head
+    count; K = V (``attention_k_eq_v``: values from the key projection; a single layer has it as
+    ``MultiheadAttention(value_from_key=True)``, and ``posenc.hf`` serves it in HF's model);
+    KV-shared layers (``num_kv_shared_layers``: the last layers reuse the K/V of the last unshared
+    layer of their type); the q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
     """
     return [
         LayerSpec(f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}")
@@ -325,7 +326,8 @@ def swan(num_layers: int, window: int = 512, nope_every: int = 4, base: float = 
 
     Approximated: the paper's dynamic logarithmic scaling of the NoPE layers' attention scores at
     inference beyond the training length is not built (posenc's :class:`QueryTemperature` is
-    Llama 4's floored form); the NoPE layers here are unscaled. No HF configuration exists.
+    Llama 4's floored form, :class:`LogQueryTemperature` Inkling's; neither is SWAN's), so the NoPE
+    layers here are unscaled. No HF configuration exists: the test writes the paper's layout out.
     """
     return [
         LayerSpec("nope") if i % nope_every == 0 else LayerSpec(f"rope:base={base}", window=window)
