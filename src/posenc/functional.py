@@ -10,6 +10,13 @@ from __future__ import annotations
 
 from .encodings.alibi import alibi_slopes
 from .encodings.axial_rope import axial_rope_cos_sin
+from .encodings.comrope import (
+    apply_block_rotation,
+    block_rotations,
+    comrope_generators,
+    skew_exp,
+    skew_part,
+)
 from .encodings.cope import cope_interpolate, cope_positions
 from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_relative_index
 from .encodings.fire import fire_input
@@ -47,10 +54,13 @@ from .encodings.xpos import apply_xpos, xpos_zeta
 
 __all__ = [
     "alibi_slopes",
+    "apply_block_rotation",
     "apply_fope",
     "apply_rope",
     "apply_xpos",
     "axial_rope_cos_sin",
+    "block_rotations",
+    "comrope_generators",
     "convert_rope_pairing",
     "cope_interpolate",
     "cope_positions",
@@ -94,6 +104,8 @@ __all__ = [
     "shaw_relative_values",
     "sinusoidal",
     "sinusoidal_2d",
+    "skew_exp",
+    "skew_part",
     "t5_bucket",
     "vit_patch_row_col",
     "xpos_zeta",
