@@ -25,6 +25,7 @@ from .encodings.fox import fox_bias, fox_bias_at, fox_states
 from .encodings.hope import hope_inv_freq
 from .encodings.kerple import kerple_bias
 from .encodings.learned import resample_positions
+from .encodings.liere import liere_generators
 from .encodings.mlp_bias import log_distance
 from .encodings.mrope import (
     default_mrope_section,
@@ -83,6 +84,7 @@ __all__ = [
     "grid_row_col",
     "hope_inv_freq",
     "kerple_bias",
+    "liere_generators",
     "log_distance",
     "mrope_axis_map",
     "mrope_channel_axes",
