@@ -41,6 +41,7 @@ from .encodings.sandwich import sandwich_bias, sandwich_head_factors, sandwich_i
 from .encodings.shaw import shaw_relative_index, shaw_relative_logits, shaw_relative_values
 from .encodings.sinusoidal import sinusoidal
 from .encodings.sinusoidal2d import grid_row_col, sinusoidal_2d
+from .encodings.string_rope import apply_string, cayley_orthogonal, string_init_freqs
 from .encodings.t5 import t5_bucket
 from .encodings.vit_rope import (
     dinov3_augment_coords,
@@ -58,9 +59,11 @@ __all__ = [
     "apply_block_rotation",
     "apply_fope",
     "apply_rope",
+    "apply_string",
     "apply_xpos",
     "axial_rope_cos_sin",
     "block_rotations",
+    "cayley_orthogonal",
     "comrope_generators",
     "convert_rope_pairing",
     "cope_interpolate",
@@ -108,6 +111,7 @@ __all__ = [
     "sinusoidal_2d",
     "skew_exp",
     "skew_part",
+    "string_init_freqs",
     "t5_bucket",
     "vit_patch_row_col",
     "xpos_zeta",
