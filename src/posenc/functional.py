@@ -22,6 +22,7 @@ from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_rel
 from .encodings.fire import fire_input
 from .encodings.fope import apply_fope, fope_cos_sin, fope_init_coefficients, fope_inv_freq, fope_series
 from .encodings.fox import fox_bias, fox_bias_at, fox_states
+from .encodings.grape import apply_grape, grape_log_freq_init, grape_rank2_exp
 from .encodings.hope import hope_inv_freq
 from .encodings.kerple import kerple_bias
 from .encodings.learned import resample_positions
@@ -58,6 +59,7 @@ __all__ = [
     "alibi_slopes",
     "apply_block_rotation",
     "apply_fope",
+    "apply_grape",
     "apply_rope",
     "apply_string",
     "apply_xpos",
@@ -84,6 +86,8 @@ __all__ = [
     "fox_bias",
     "fox_bias_at",
     "fox_states",
+    "grape_log_freq_init",
+    "grape_rank2_exp",
     "grid_row_col",
     "hope_inv_freq",
     "kerple_bias",
