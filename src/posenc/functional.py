@@ -23,6 +23,7 @@ from .encodings.fire import fire_input
 from .encodings.fope import apply_fope, fope_cos_sin, fope_init_coefficients, fope_inv_freq, fope_series
 from .encodings.fox import fox_bias, fox_bias_at, fox_states
 from .encodings.grape import apply_grape, grape_log_freq_init, grape_rank2_exp
+from .encodings.grape_additive import grape_additive_lift
 from .encodings.hope import hope_inv_freq
 from .encodings.kerple import kerple_bias
 from .encodings.learned import resample_positions
@@ -86,6 +87,7 @@ __all__ = [
     "fox_bias",
     "fox_bias_at",
     "fox_states",
+    "grape_additive_lift",
     "grape_log_freq_init",
     "grape_rank2_exp",
     "grid_row_col",
