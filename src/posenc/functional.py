@@ -12,6 +12,7 @@ from .encodings.alibi import alibi_slopes
 from .encodings.axial_rope import axial_rope_cos_sin
 from .encodings.comrope import (
     apply_block_rotation,
+    apply_power_rotation,
     block_rotations,
     comrope_generators,
     skew_exp,
@@ -61,6 +62,7 @@ __all__ = [
     "apply_block_rotation",
     "apply_fope",
     "apply_grape",
+    "apply_power_rotation",
     "apply_rope",
     "apply_string",
     "apply_xpos",

@@ -39,7 +39,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ..base import RotaryEncoding
+from ..base import RotaryEncoding, checks_values
 from ..registry import at_least, register
 from ..spec import format_spec
 from ._axes import AxisPositions, check_axes, head_groups
@@ -50,6 +50,7 @@ __functional__ = [
     "skew_exp",
     "block_rotations",
     "apply_block_rotation",
+    "apply_power_rotation",
 ]
 
 Variant = Literal["ap", "ld"]
@@ -210,9 +211,19 @@ class ComRoPE(AxisPositions, RotaryEncoding):
         """A spec string that rebuilds this encoding (options left at None left out)."""
         return format_spec(self.name, self.config())
 
-    def generators(self) -> Tensor:
-        """The blocks of the angle matrices ``[H, A, m, b, b]`` (block ``j`` of ``A_i`` per head)."""
-        return comrope_generators(self.freqs, self.num_axes, self.variant, self.multiplier)
+    def generators(self, dtype: torch.dtype | None = None) -> Tensor:
+        """The blocks of the angle matrices ``[H, A, m, b, b]`` (block ``j`` of ``A_i`` per head),
+        from the parameters cast to ``dtype`` (default: theirs)."""
+        multiplier = (
+            self.multiplier if self.multiplier is None or dtype is None else self.multiplier.to(dtype)
+        )
+        freqs = self.freqs if dtype is None else self.freqs.to(dtype)
+        return comrope_generators(freqs, self.num_axes, self.variant, multiplier)
+
+    @property
+    def block_width(self) -> int:
+        """``b``, the size of a block."""
+        return self.block_size
 
     def rotations(self, coords: Tensor, heads: int | None = None) -> Tensor:
         """``R(x) [B, H, T, m, b, b]`` at coordinates ``coords [B, T, A]`` (``heads`` key/value heads under GQA)."""
@@ -243,7 +254,11 @@ class ComRoPE(AxisPositions, RotaryEncoding):
 
 def rotate_grouped(enc: Any, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
     """Rotate ``q`` and ``k`` by ``enc.rotations`` of their coordinates, key heads taking the
-    rotation of their group's first query head and every query head its group's."""
+    rotation of their group's first query head and every query head its group's.
+
+    Token positions on every axis (no ``position_ids``, no ``grid_width``), whole numbers and blocks
+    wider than 2: ``R(p) = exp(p M)``, ``M = Σ_i G_i``, is applied by :func:`apply_power_rotation`
+    (one ``matrix_exp`` per bit of the largest position instead of one per token)."""
     kv_heads = k.shape[1]
     if q.shape[1] % max(kv_heads, 1):
         raise ValueError(f"{enc.name}: {q.shape[1]} query heads are not a multiple of {kv_heads} key heads")
@@ -251,6 +266,19 @@ def rotate_grouped(enc: Any, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor)
     dtype = torch.promote_types(
         next(enc.parameters()).dtype, torch.float32
     )  # float64 with float64 parameters
+    one_axis = enc._ids is None and enc.grid_width is None
+    if (
+        one_axis
+        and enc.block_width > 2
+        and not q_pos.is_floating_point()
+        and not k_pos.is_floating_point()
+        and checks_values()  # the bit count reads the positions
+    ):
+        summed = head_groups(
+            enc.generators(torch.float64).sum(dim=1), kv_heads, enc.name
+        )  # exact sums  # [Hkv|1, m, b, b]
+        q_gen = summed.repeat_interleave(group, dim=0) if group > 1 and summed.shape[0] > 1 else summed
+        return apply_power_rotation(q, q_gen, q_pos, dtype), apply_power_rotation(k, summed, k_pos, dtype)
     k_rot = enc.rotations(enc.axis_coords(k_pos, k.shape[2], "keys", dtype), kv_heads)
     if q_pos is k_pos and q.shape[2] == k.shape[2]:
         q_rot = k_rot
@@ -259,3 +287,32 @@ def rotate_grouped(enc: Any, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor)
     if group > 1 and q_rot.shape[1] > 1:
         q_rot = q_rot.repeat_interleave(group, dim=1)
     return apply_block_rotation(q, q_rot), apply_block_rotation(k, k_rot)
+
+
+def apply_power_rotation(
+    x: Tensor, generator: Tensor, positions: Tensor, dtype: torch.dtype = torch.float32
+) -> Tensor:
+    """``exp(p M)`` applied to ``x [B, H, T, D]`` at whole positions ``p [B|1, T]`` (non-negative),
+    for skew blocks ``M [H|1, m, b, b]``: ``exp(p M) = Π_k exp(2^k M)^{bit_k(p)}``.
+
+    The powers ``exp(2^k M)`` are formed by ``torch.matrix_exp`` in float64 (exact to float64
+    rounding even where ``2^k |M|`` is large) and applied in ``dtype`` (at least float32), one
+    block product per bit; the result is cast to ``x``'s dtype. Channels past ``m·b`` pass through.
+    """
+    blocks, size = generator.shape[-3], generator.shape[-1]
+    width = blocks * size
+    top = int(positions.max()) if positions.numel() else 0
+    bits = max(top.bit_length(), 1)
+    scales = 2.0 ** torch.arange(bits, dtype=torch.float64, device=generator.device)
+    wide = generator.to(torch.float64)
+    powers = torch.matrix_exp((scales.view(-1, 1, 1, 1, 1) * wide[None]).contiguous())  # [bits, H, m, b, b]
+    compute = torch.promote_types(dtype, x.dtype)
+    powers = powers.to(compute)
+    head, rest = x[..., :width], x[..., width:]
+    y = head.to(compute).unflatten(-1, (blocks, size))  # [B, H, T, m, b]
+    for bit in range(bits):
+        mask = ((positions >> bit) & 1).bool()[:, None, :, None, None]  # [B, 1, T, 1, 1]
+        turned = torch.einsum("hnij,bhtnj->bhtni", powers[bit], y)
+        y = torch.where(mask, turned, y)
+    out = y.flatten(-2).to(x.dtype)
+    return out if not rest.shape[-1] else torch.cat((out, rest), dim=-1)

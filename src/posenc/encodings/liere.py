@@ -125,9 +125,15 @@ class LieRE(AxisPositions, RotaryEncoding):
         """A spec string that rebuilds this encoding (options left at None left out)."""
         return format_spec(self.name, self.config())
 
-    def generators(self) -> Tensor:
-        """The skew generators ``[H|1, A, m, g, g]``: ``m`` side-by-side ``g × g`` blocks per axis."""
-        return liere_generators(self.generator_raw)
+    def generators(self, dtype: torch.dtype | None = None) -> Tensor:
+        """The skew generators ``[H|1, A, m, g, g]``: ``m`` side-by-side ``g × g`` blocks per axis,
+        from the parameters cast to ``dtype`` (default: theirs)."""
+        return liere_generators(self.generator_raw if dtype is None else self.generator_raw.to(dtype))
+
+    @property
+    def block_width(self) -> int:
+        """``g``, the size of a generator block."""
+        return self.generator_dim
 
     def rotations(self, coords: Tensor, heads: int | None = None) -> Tensor:
         """``R(x) [B, H|1, T, m, g, g]`` at coordinates ``coords [B, T, A]`` (``heads`` key/value heads under GQA)."""
