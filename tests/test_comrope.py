@@ -237,3 +237,57 @@ def test_whole_positions_by_powers_equal_the_matrix_exponential(name, options):
         direct32, _ = enc32.rotate(x.float(), x.float(), pos, pos)
     assert (fast32.double() - direct).abs().max() <= (direct32.double() - direct).abs().max() + 1e-6
     assert (fast32.double() - direct).abs().max() < 2e-5
+
+
+@pytest.mark.parametrize(
+    ("spec", "invariant"), [("comrope:block_size=4", True), ("string", True), ("liere", False)]
+)
+def test_layer_with_2d_coordinates_cached_and_translated(spec, invariant):
+    """Through a layer: 2-D real coordinates by ``position_ids``; decoding in chunks (ids for each
+    call's new tokens) equals the full pass; translating every coordinate keeps the output exactly
+    where the family is translation invariant (ComRoPE, STRING) and changes it where not (LieRE)."""
+    torch.manual_seed(7)
+    layer = posenc.MultiheadAttention(
+        32, 2, spec + ("," if ":" in spec else ":") + "num_axes=2", causal=True
+    ).eval()
+    with torch.no_grad():
+        for param in layer.encoding.parameters():  # STRING starts at P = I: move it
+            param.add_(torch.randn_like(param) * 0.3)
+    x = torch.randn(1, 9, 32)
+    ids = torch.rand(2, 1, 9) * 3
+    with layer.encoding.position_ids(ids):
+        full = layer(x)
+    cache, pieces, start = posenc.KVCache(), [], 0
+    for size in (4, 1, 4):
+        with layer.encoding.position_ids(ids[..., start : start + size]):
+            pieces.append(layer(x[:, start : start + size], cache=cache))
+        start += size
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-5, atol=1e-5)
+    with layer.encoding.position_ids(ids + torch.tensor([1.5, -0.75]).view(2, 1, 1)):
+        moved = layer(x)
+    if invariant:
+        torch.testing.assert_close(moved, full, rtol=1e-4, atol=1e-5)
+    else:
+        assert (moved - full).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("spec", ["comrope:block_size=4", "comrope", "liere", "string", "grape"])
+def test_real_positions(spec):
+    """Whole numbers given as reals equal the integers (for ComRoPE/LieRE: the per-token exponential
+    against the power form), and a fractional position lies on the same one-parameter group:
+    R(0.5)·R(0.5) = R(1) for these relative maps."""
+    torch.manual_seed(8)
+    enc = posenc.build(spec, num_heads=2, head_dim=16).double()
+    with torch.no_grad():
+        for param in enc.parameters():  # STRING starts at P = I: move it
+            param.add_(torch.randn_like(param) * 0.3)
+    x = torch.randn(1, 2, 4, 16, dtype=torch.float64)
+    pos = torch.tensor([[0, 3, 17, 300]])
+    as_int, _ = enc.rotate(x, x, pos, pos)
+    as_real, _ = enc.rotate(x, x, pos.double(), pos.double())
+    torch.testing.assert_close(as_real, as_int, rtol=0, atol=1e-9)
+    half = torch.full((1, 4), 0.5, dtype=torch.float64)
+    once, _ = enc.rotate(x, x, half, half)
+    twice, _ = enc.rotate(once, once, half, half)
+    one, _ = enc.rotate(x, x, torch.ones(1, 4, dtype=torch.float64), torch.ones(1, 4, dtype=torch.float64))
+    torch.testing.assert_close(twice, one, rtol=0, atol=1e-10)
