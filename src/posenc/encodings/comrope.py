@@ -27,7 +27,9 @@ Positions (:mod:`posenc.encodings._axes`): ``num_axes`` coordinates per token, f
 indices with ``grid_width``, or the token position on every axis. Grouped-query attention: the
 matrices are per query head; a key head uses those of the first query head of its group. ``R`` is
 formed in float32 (float64 with float64 parameters) by ``torch.matrix_exp`` (``b = 2``: the closed
-form ``cos``/``sin``) and cast to the activations' dtype.
+form ``cos``/``sin``) and cast to the activations' dtype. Whole token positions on every axis with
+``b > 2`` take the power form ``exp(pM) = Π_k exp(2^k M)^{bit_k(p)}`` (:func:`apply_power_rotation`:
+one float64 ``matrix_exp`` per bit of the largest position instead of one per token).
 
 Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """

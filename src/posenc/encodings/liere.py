@@ -28,7 +28,9 @@ Positions as ComRoPE's (:mod:`posenc.encodings._axes`): ``position_ids`` with re
 (the authors use ``linspace(0, 1)`` per axis), ``grid_width`` for patch indices, or the token
 position on every axis. Grouped-query attention: a key head uses its group's first query head's
 generators. ``R`` is formed in float32 (float64 with float64 parameters) and cast to the
-activations' dtype.
+activations' dtype; whole token positions on every axis take ComRoPE's power form
+(:func:`~posenc.encodings.comrope.apply_power_rotation`, one ``matrix_exp`` per bit of the largest
+position, not per token).
 
 Backends: sdpa and eager (q and k are rotated before the kernel, which then sees plain attention).
 """
