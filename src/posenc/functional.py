@@ -10,14 +10,25 @@ from __future__ import annotations
 
 from .encodings.alibi import alibi_slopes
 from .encodings.axial_rope import axial_rope_cos_sin
+from .encodings.comrope import (
+    apply_block_rotation,
+    apply_power_rotation,
+    block_rotations,
+    comrope_generators,
+    skew_exp,
+    skew_part,
+)
 from .encodings.cope import cope_interpolate, cope_positions
 from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_relative_index
 from .encodings.fire import fire_input
 from .encodings.fope import apply_fope, fope_cos_sin, fope_init_coefficients, fope_inv_freq, fope_series
 from .encodings.fox import fox_bias, fox_bias_at, fox_states
+from .encodings.grape import apply_grape, grape_log_freq_init, grape_rank2_exp
+from .encodings.grape_additive import grape_additive_lift
 from .encodings.hope import hope_inv_freq
 from .encodings.kerple import kerple_bias
 from .encodings.learned import resample_positions
+from .encodings.liere import liere_generators
 from .encodings.mlp_bias import log_distance
 from .encodings.mrope import (
     default_mrope_section,
@@ -34,6 +45,7 @@ from .encodings.sandwich import sandwich_bias, sandwich_head_factors, sandwich_i
 from .encodings.shaw import shaw_relative_index, shaw_relative_logits, shaw_relative_values
 from .encodings.sinusoidal import sinusoidal
 from .encodings.sinusoidal2d import grid_row_col, sinusoidal_2d
+from .encodings.string_rope import apply_string, cayley_orthogonal, string_init_freqs
 from .encodings.t5 import t5_bucket
 from .encodings.vit_rope import (
     dinov3_augment_coords,
@@ -48,10 +60,17 @@ from .encodings.xpos import apply_xpos, xpos_zeta
 
 __all__ = [
     "alibi_slopes",
+    "apply_block_rotation",
     "apply_fope",
+    "apply_grape",
+    "apply_power_rotation",
     "apply_rope",
+    "apply_string",
     "apply_xpos",
     "axial_rope_cos_sin",
+    "block_rotations",
+    "cayley_orthogonal",
+    "comrope_generators",
     "convert_rope_pairing",
     "cope_interpolate",
     "cope_positions",
@@ -71,9 +90,13 @@ __all__ = [
     "fox_bias",
     "fox_bias_at",
     "fox_states",
+    "grape_additive_lift",
+    "grape_log_freq_init",
+    "grape_rank2_exp",
     "grid_row_col",
     "hope_inv_freq",
     "kerple_bias",
+    "liere_generators",
     "log_distance",
     "mrope_axis_map",
     "mrope_channel_axes",
@@ -96,6 +119,9 @@ __all__ = [
     "shaw_relative_values",
     "sinusoidal",
     "sinusoidal_2d",
+    "skew_exp",
+    "skew_part",
+    "string_init_freqs",
     "t5_bucket",
     "vit_patch_row_col",
     "xpos_zeta",
