@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import posenc
-import posenc.backends as backends_pkg
 from posenc.backends import AttentionRequest, NoBackendError
+from posenc.backends import request as request_module
 
 CPU_BACKENDS = ["auto", "near_far", "segments", "blocked", "flex", "clipped", "relative", "sdpa", "eager"]
 ENCODINGS = ["rope", "alibi", "t5", "fox", "shaw"]
@@ -110,7 +110,7 @@ def _counted_decode_step(monkeypatch, cache_len: int) -> list[int]:
     with torch.no_grad():
         layer(torch.randn(1, cache_len, 32), cache=cache)
         counted: list[int] = []
-        real, real_together = backends_pkg._all_finite, backends_pkg._all_finite_together
+        real, real_together = request_module.all_finite, request_module.all_finite_together
 
         def counting(t: torch.Tensor) -> bool:
             counted.append(t.numel())
@@ -120,11 +120,11 @@ def _counted_decode_step(monkeypatch, cache_len: int) -> list[int]:
             counted.extend(t.numel() for t in tensors)
             return real_together(tensors)
 
-        monkeypatch.setattr(backends_pkg, "_all_finite", counting)
-        monkeypatch.setattr(backends_pkg, "_all_finite_together", counting_together)
+        monkeypatch.setattr(request_module, "all_finite", counting)
+        monkeypatch.setattr(request_module, "all_finite_together", counting_together)
         layer(torch.randn(1, 1, 32), cache=cache)
-        monkeypatch.setattr(backends_pkg, "_all_finite", real)
-        monkeypatch.setattr(backends_pkg, "_all_finite_together", real_together)
+        monkeypatch.setattr(request_module, "all_finite", real)
+        monkeypatch.setattr(request_module, "all_finite_together", real_together)
     assert layer.last_backend == "sdpa"
     return counted
 
@@ -143,11 +143,11 @@ def test_cross_attention_cache_is_checked_once(monkeypatch) -> None:
     layer = posenc.MultiheadAttention(32, 4, "rope").eval()
     context, cache = torch.randn(1, 50, 32), posenc.KVCache()
     counted: list[int] = []
-    real, real_together = backends_pkg._all_finite, backends_pkg._all_finite_together
-    monkeypatch.setattr(backends_pkg, "_all_finite", lambda t: counted.append(t.numel()) or real(t))
+    real, real_together = request_module.all_finite, request_module.all_finite_together
+    monkeypatch.setattr(request_module, "all_finite", lambda t: counted.append(t.numel()) or real(t))
     monkeypatch.setattr(
-        backends_pkg,
-        "_all_finite_together",
+        request_module,
+        "all_finite_together",
         lambda ts: counted.extend(t.numel() for t in ts) or real_together(ts),
     )
     with torch.no_grad():
@@ -189,7 +189,7 @@ def test_all_finite_together_agrees_with_isfinite(dtype, size) -> None:
     other = torch.randn(3, 5)[:, ::2]  # a strided, finite companion
     for name, tensor in cases.items():
         want = bool(torch.isfinite(tensor).all())
-        got = backends_pkg._all_finite_together((other, tensor, torch.arange(3)))
+        got = request_module.all_finite_together((other, tensor, torch.arange(3)))
         assert got == want, name
 
 

@@ -1,0 +1,388 @@
+"""The request a backend serves (:class:`AttentionRequest`) and the checks of its fields: shapes,
+dtypes, devices, positions, numbers, each error naming the field."""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import torch
+from torch import Tensor, nn
+
+from ..base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates
+from ..masks import AttentionMask
+from ._finite import all_finite, all_finite_together, all_parameters
+from ._softcap import check_softcap
+
+__all__ = ["AttentionRequest"]
+
+
+def _field_error(name: str, problem: str) -> ValueError:
+    return ValueError(f"AttentionRequest.{name}: {problem}")
+
+
+def _described(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a {value.dtype} tensor of shape {list(value.shape)}"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _check_number(name: str, value: object, what: str) -> None:
+    if type(value) is float or type(value) is int:  # the usual case, without the ABC check
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _field_error(name, f"must be {what}, got {_described(value)}")
+
+
+def _check_positions(
+    name: str, pos: object, batch: int, length: int, device: torch.device, allow_float: bool = False
+) -> None:
+    """Integer positions ``[B or 1, T]`` on ``device`` (a float position would be truncated by one
+    backend and used as it is by another); real-valued ones only for an encoding that defines them
+    (``float_positions``: rotary kinds, whose backends never read positions past the rotation)."""
+    if not isinstance(pos, Tensor):
+        raise _field_error(name, f"must be an integer tensor [B or 1, T], got {_described(pos)}")
+    if pos.dtype.is_floating_point and allow_float:
+        pass
+    elif pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
+        raise _field_error(
+            name,
+            f"must be an integer tensor (positions are whole numbers), got dtype {pos.dtype}; use .long()",
+        )
+    if pos.dim() != 2 or pos.shape[0] not in (1, batch) or pos.shape[1] != length:
+        raise _field_error(
+            name, f"must have shape [B or 1, T] = [{batch} or 1, {length}], got {list(pos.shape)}"
+        )
+    if pos.device != device:
+        raise _field_error(name, f"is on device {pos.device} but q is on {device}; move it to {device}")
+
+
+@dataclass
+class AttentionRequest:
+    """Everything a backend needs for one attention call.
+
+    Shapes: ``q [B, H, Tq, D]``; ``k [B, Hkv, Tk, D]`` and ``v [B, Hkv, Tk, Dv]`` (``H`` a multiple
+    of ``Hkv``; ``Dv`` equals ``D`` except for multi-head latent attention, which only the ABSOLUTE
+    path of sdpa and eager serves);
+    ``q_pos [B or 1, Tq]`` and ``k_pos [B or 1, Tk]`` int64 positions.
+
+    The mask is :attr:`mask` (:class:`~posenc.masks.AttentionMask`). Give it directly, or describe it
+    with the keyword fields, from which it is built: ``causal`` and ``causal_offset`` (the key index of
+    the first query, i.e. the cache length: query ``i`` sees keys ``j <= i + offset``),
+    ``key_padding_mask [B, Tk]`` (bool, True = padding) and ``attn_mask`` (bool, True = may attend,
+    or float added to the logits; 4-D, broadcastable to ``[B, H, Tq, Tk]``).
+
+    An input-dependent bias (FoX) needs ``token_states`` (:class:`~posenc.base.TokenStates`, from the
+    ``token_states`` its ``input_bias()`` declares, of the layer input); only backends with ``serves_input_bias`` run it.
+
+    Every field is checked once, at construction (shapes, dtypes, devices, integer positions, the
+    encoding's head count, scale, dropout): a ValueError names the field (``AttentionRequest.k: ...``).
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    encoding: PositionalEncoding
+    q_pos: Tensor
+    k_pos: Tensor
+    scale: float
+    causal: bool = False
+    causal_offset: int = 0
+    key_padding_mask: Tensor | None = None
+    attn_mask: Tensor | None = None
+    dropout_p: float = 0.0
+    need_weights: bool = False
+    layer: nn.Module | None = None
+    mask: AttentionMask = field(default=None, repr=False)  # type: ignore[assignment]
+    #: Attention sinks: one logit per query head ``[H]`` in every row's softmax denominator, or None.
+    sinks: Tensor | None = None
+    #: Input-dependent biases (FoX): the queries' and keys' states the bias is computed from.
+    token_states: TokenStates | None = None
+    #: The first ``known_finite_keys`` keys and values are known finite (a cache's, checked when written).
+    known_finite_keys: int = 0
+    #: Set when :attr:`has_nonfinite` finds every key and value finite (the cache entry storing them).
+    finite_mark: FiniteMark | None = None
+    #: Logit soft-capping (Gemma 2): the q/k logit ``s`` becomes ``softcap * tanh(s / softcap)`` before
+    #: the bias and masks are added; None for none. Only backends with ``serves_softcap`` apply it.
+    softcap: float | None = None
+
+    def __post_init__(self) -> None:
+        self._check_fields()
+        self._check_token_states()
+        if self.mask is None:
+            self.mask = AttentionMask.build(
+                q_len=self.q_len,
+                k_len=self.k_len,
+                batch=self.q.shape[0],
+                heads=self.num_heads,
+                device=self.q.device,
+                causal=self.causal,
+                causal_offset=self.causal_offset,
+                key_padding_mask=self.key_padding_mask,
+                attn_mask=self.attn_mask,
+            )
+
+    def _check_fields(self) -> None:
+        """Every field against the others, once, in O(1): shapes, dtypes, devices and numbers, never
+        tensor values (this runs on every decode step). A ValueError names the field at fault.
+
+        Without it, mismatched heads reached the CPU flash kernel (q with 2 heads and k/v with 3
+        killed Python with SIGFPE), float positions were truncated by one backend and used as they
+        are by another, and a T5 built for 2 heads served 1-head queries silently.
+        """
+        q, k, v = self.q, self.k, self.v
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor) or t.dim() != 4:
+                raise _field_error(name, f"must be a tensor [B, H, T, D], got {_described(t)}")
+        if not q.is_floating_point():
+            raise _field_error("q", f"must be a floating-point tensor, got dtype {q.dtype}")
+        batch, heads, q_len, dim = q.shape
+        kv_heads, k_len = k.shape[1], k.shape[2]
+        for name, t in (("k", k), ("v", v)):
+            if t.shape[0] != batch:
+                raise _field_error(
+                    name, f"has batch {t.shape[0]} but q has {batch}; give every tensor one batch"
+                )
+            if t.dtype != q.dtype:
+                raise _field_error(
+                    name, f"has dtype {t.dtype} but q has {q.dtype}; cast q, k and v to one dtype"
+                )
+            if t.device != q.device:
+                raise _field_error(
+                    name, f"is on device {t.device} but q is on {q.device}; move it to {q.device}"
+                )
+        if kv_heads == 0 or heads % kv_heads:
+            raise _field_error(
+                "k",
+                f"has {kv_heads} heads but q has {heads}: q's heads must be a multiple of k's "
+                "(grouped-query attention: q [B, H, Tq, D], k and v [B, Hkv, Tk, D])",
+            )
+        if v.shape[1] != kv_heads:
+            raise _field_error(
+                "v", f"has {v.shape[1]} heads but k has {kv_heads}; k and v need the same heads"
+            )
+        if v.shape[2] != k_len:
+            raise _field_error("v", f"has {v.shape[2]} positions but k has {k_len}; one value per key")
+        if k.shape[3] != dim:
+            raise _field_error("k", f"has head size {k.shape[3]} but q has {dim}; q and k need one head size")
+        if not isinstance(self.encoding, PositionalEncoding):
+            raise _field_error(
+                "encoding", f"must be a posenc PositionalEncoding, got {_described(self.encoding)}"
+            )
+        allow_float = (
+            bool(getattr(self.encoding, "float_positions", False)) and self.encoding.kind is Kind.ROTARY
+        )
+        for name, pos, length in (("q_pos", self.q_pos, q_len), ("k_pos", self.k_pos, k_len)):
+            _check_positions(name, pos, batch, length, q.device, allow_float)
+        self._check_encoding_sizes(heads, dim)
+        _check_number("scale", self.scale, "a finite number > 0 (the logit scale, 1/sqrt(D) by default)")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise _field_error("scale", f"must be finite and > 0 (1/sqrt(D) by default), got {self.scale!r}")
+        try:
+            self.softcap = check_softcap(self.softcap)
+        except ValueError as error:
+            raise _field_error("softcap", str(error).removeprefix("softcap ")) from None
+        _check_number("dropout_p", self.dropout_p, "a probability in [0, 1)")
+        if not 0.0 <= self.dropout_p < 1.0:
+            raise _field_error("dropout_p", f"must be in [0, 1), got {self.dropout_p!r}")
+        for name in ("causal", "need_weights"):
+            if not isinstance(getattr(self, name), bool):
+                raise _field_error(name, f"must be True or False, got {getattr(self, name)!r}")
+        offset = self.causal_offset
+        if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
+            raise _field_error("causal_offset", f"must be an int >= 0 (the cache length), got {offset!r}")
+        self._check_masks(batch, heads, q_len, k_len)
+        known = self.known_finite_keys
+        if type(known) is not int or not 0 <= known <= k_len:
+            raise _field_error("known_finite_keys", f"must be an int in [0, {k_len}], got {known!r}")
+        if self.sinks is not None:
+            sinks = self.sinks
+            if (
+                not isinstance(sinks, Tensor)
+                or tuple(sinks.shape) != (heads,)
+                or not sinks.is_floating_point()
+            ):
+                raise _field_error(
+                    "sinks", f"must be a float tensor [H] = [{heads}] or None, got {_described(sinks)}"
+                )
+            if sinks.device != q.device:
+                raise _field_error("sinks", f"is on device {sinks.device} but q is on {q.device}")
+
+    def _check_encoding_sizes(self, heads: int, dim: int) -> None:
+        """The encoding's layer sizes (what it was built for) against q's heads and head size."""
+        enc = self.encoding
+        sizes = type(enc).layer_sizes
+        if not sizes:
+            return
+        config = enc._config
+        built = config.get("num_heads") if "num_heads" in sizes else None
+        if built is not None and built != heads:
+            raise _field_error(
+                "encoding",
+                f"{enc.name} was built for num_heads={built} but q has {heads} heads; build it for the "
+                f"layer's query heads (num_heads={heads})",
+            )
+        built = config.get("head_dim") if "head_dim" in sizes and enc.kind is Kind.CONTENT else None
+        if built is not None and built != dim:
+            raise _field_error(
+                "encoding",
+                f"{enc.name} was built for head_dim={built} but q has head size {dim}; build it for head_dim={dim}",
+            )
+
+    def _check_masks(self, batch: int, heads: int, q_len: int, k_len: int) -> None:
+        device = self.q.device
+        padding = self.key_padding_mask
+        if padding is not None:
+            if not isinstance(padding, Tensor) or padding.dtype != torch.bool:
+                raise _field_error(
+                    "key_padding_mask",
+                    f"must be a bool tensor [B, Tk] (True = padding), got {_described(padding)}",
+                )
+            if tuple(padding.shape) != (batch, k_len):
+                raise _field_error(
+                    "key_padding_mask",
+                    f"must have shape [B, Tk] = [{batch}, {k_len}], got {list(padding.shape)}",
+                )
+            if padding.device != device:
+                raise _field_error("key_padding_mask", f"is on device {padding.device} but q is on {device}")
+        mask = self.attn_mask
+        if mask is not None:
+            want = (batch, heads, q_len, k_len)
+            if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
+                raise _field_error(
+                    "attn_mask", f"must be a bool (True = may attend) or float tensor, got {_described(mask)}"
+                )
+            if mask.dim() != 4 or any(n not in (1, w) for n, w in zip(mask.shape, want)):
+                raise _field_error(
+                    "attn_mask",
+                    f"must be 4-D and broadcastable to [B, H, Tq, Tk] = {list(want)}, got {list(mask.shape)}",
+                )
+            if mask.device != device:
+                raise _field_error("attn_mask", f"is on device {mask.device} but q is on {device}")
+            if mask.shape[2] != q_len or mask.shape[3] != k_len:  # the blocks slice rows and keys
+                self.attn_mask = mask.expand(-1, -1, q_len, k_len)
+        if self.mask is None:
+            return
+        given = self.mask
+        if not isinstance(given, AttentionMask):
+            raise _field_error(
+                "mask", f"must be a posenc.masks.AttentionMask or None, got {_described(given)}"
+            )
+        have = (given.batch, given.heads, given.q_len, given.k_len)
+        if have != (batch, heads, q_len, k_len):
+            raise _field_error(
+                "mask",
+                f"was built for [B, H, Tq, Tk] = {list(have)} but q and k give {[batch, heads, q_len, k_len]}",
+            )
+
+    def _check_token_states(self) -> None:
+        needs = self.encoding.input_dependent
+        states = self.token_states
+        if needs and states is None:
+            raise ValueError(
+                f"token_states: {self.encoding.name!r} computes its bias from the layer input; pass "
+                "token_states (posenc.base.TokenStates of encoding.input_bias().token_states(x, None, None)), or call the layer"
+            )
+        if not needs and states is not None:
+            raise ValueError(f"token_states: {self.encoding.name!r} is not an input-dependent bias")
+        if states is None:
+            return
+        batch = self.q.shape[0]
+        want = {"q": (self.q_len, states.q), "k": (self.k_len, states.k)}
+        for side, (length, tensor) in want.items():
+            if tensor.dim() != 3 or tensor.shape[0] != batch or tensor.shape[2] != length:
+                raise ValueError(
+                    f"token_states.{side} must have shape [B, S, T{side}] = [{batch}, S, {length}], "
+                    f"got {tuple(tensor.shape)}"
+                )
+        if states.q_index.shape != (self.q_len,) or states.k_index.shape != (self.k_len,):
+            raise ValueError(
+                f"token_states: q_index and k_index must have shapes [{self.q_len}] and [{self.k_len}], got "
+                f"{tuple(states.q_index.shape)} and {tuple(states.k_index.shape)}"
+            )
+
+    @property
+    def kind(self) -> Kind:
+        return self.encoding.kind
+
+    def dense_bias(self) -> Tensor:
+        """The bias ``[B or 1, H, Tq, Tk]`` of a BIAS encoding (float32 or wider), from the positions
+        or, for an input-dependent bias, from :attr:`token_states`."""
+        if self.token_states is not None:
+            return self.input_bias().bias_from_states(self.token_states)
+        return self.encoding.bias_for_positions(self.q_pos, self.k_pos)
+
+    def input_bias(self) -> InputBias:
+        """The encoding's :class:`~posenc.base.InputBias` declaration (requests with token states)."""
+        return self.derived("input_bias", self.encoding.input_bias)
+
+    @property
+    def num_heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def q_len(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def k_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def needs_grad(self) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        tensors = [self.q, self.k, self.v, *self.encoding.parameters()]
+        if self.sinks is not None:
+            tensors.append(self.sinks)
+        if self.token_states is not None:
+            tensors.extend(self.token_states.tensors())
+        return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+    @cached_property
+    def has_nonfinite(self) -> bool:
+        """True when q, k, v, the sinks, a float mask or the encoding's parameters hold nan or inf.
+
+        Fused kernels may turn such rows into finite numbers (PyTorch's CPU flash kernel returns
+        zeros); the backends that use one state a reason, so the request goes to one that propagates.
+        Computed once per request, however many backends ask. Keys and values before
+        ``known_finite_keys`` are not read again: a decode step checks what it adds, O(new tokens).
+        """
+        known = self.known_finite_keys
+        k, v = (self.k, self.v) if known == 0 else (self.k[:, :, known:], self.v[:, :, known:])
+        if not all_finite_together((self.q, k, v)):
+            return True
+        if self.finite_mark is not None:
+            self.finite_mark.finite = True
+        tensors = all_parameters(self.encoding)
+        tensors += [t for t in (self.sinks, self.mask.additive) if t is not None]
+        if self.token_states is not None:
+            tensors.extend(self.token_states.tensors())
+        return any(t.is_floating_point() and not all_finite(t) for t in tensors)
+
+    def derived(self, key: str, compute: Callable[[], object]) -> object:
+        """``compute()``, once per request and ``key``: what a backend derives from the request and
+        needs in ``reasons``, ``declines`` and ``run`` alike (an encoding's projected tables)."""
+        memo = self.__dict__.setdefault("_derived", {})
+        if key not in memo:
+            memo[key] = compute()
+        return memo[key]
+
+    def kv_per_query_head(self) -> tuple[Tensor, Tensor]:
+        """``k`` and ``v`` repeated along heads to ``[B, H, Tk, D]`` (grouped-query attention)."""
+        groups = self.num_heads // self.k.shape[1]
+        if groups == 1:
+            return self.k, self.v
+        return self.k.repeat_interleave(groups, dim=1), self.v.repeat_interleave(groups, dim=1)
+
+    def describe(self) -> str:
+        """One line naming what a backend has to serve: encoding, shapes, dtype, device, masks."""
+        return (
+            f"{self.encoding.name} ({self.kind.value}); q {list(self.q.shape)}, k/v {list(self.k.shape)}, "
+            f"{self.q.dtype}, {self.q.device}; mask: {self.mask.describe()}; sinks: {self.sinks is not None}; "
+            + (f"softcap: {self.softcap:g}; " if self.softcap is not None else "")
+            + f"grad: {self.needs_grad}, dropout: {self.dropout_p}, need_weights: {self.need_weights}"
+        )
