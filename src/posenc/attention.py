@@ -216,6 +216,7 @@ class MultiheadAttention(nn.Module):
         else:
             entry = self._cache_entry(cache, cross=False, batch=batch)
             past = 0 if entry is None else entry.k.shape[2]
+            self._check_carrying_cache(cache)
             if cache is not None and cache.streaming:
                 cache.check_streaming_layer(
                     self.encoding,
@@ -393,7 +394,28 @@ class MultiheadAttention(nn.Module):
         k, v, k_pos = cache.append(
             self, entry, k, v, q_pos, padding=padding, document_ids=docs, states=states, keep_last=keep_last
         )
+        carry = self._key_carrier()
+        if carry is not None:  # PaTH: the cache keeps every key carried through the new tokens' transforms
+            cache.get(self.layer_idx).k = carry(k, states)
         return q, k, v, k_pos
+
+    def _key_carrier(self):
+        """The encoding's ``carry_keys`` (:class:`~posenc.base.InputTransform`), or None."""
+        if self.encoding.kind is not Kind.CONTENT or not self.encoding.input_dependent:
+            return None
+        return self.encoding.input_transform().carry_keys
+
+    def _check_carrying_cache(self, cache: KVCache | None) -> None:
+        """Refuse a cache that cannot keep carried keys: a streaming one (it re-assigns positions and
+        evicts, then re-rotates) and a preallocated one (the step reads the buffers it would rewrite)."""
+        if cache is None or self._key_carrier() is None:
+            return
+        if cache.streaming or cache.max_length is not None:
+            what = "recent_tokens (streaming)" if cache.streaming else "max_length (preallocated)"
+            raise ValueError(
+                f"cache: {self.encoding.name!r} keeps its keys carried through every later token's transform, "
+                f"which a KVCache with {what} cannot hold; use KVCache() (grows)"
+            )
 
     def _prefix_lengths(
         self, prefix_len: int | Tensor | None, batch: int, k_len: int, device

@@ -168,7 +168,11 @@ class FlexBackend:
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         reasons = kind_reasons(request, Kind.BIAS)
-        if request.token_states is not None and request.input_bias().bias_at_index is None:
+        if (
+            request.kind is Kind.BIAS
+            and request.token_states is not None
+            and request.input_bias().bias_at_index is None
+        ):
             reasons.append(
                 f"{request.encoding.name} declares no pointwise bias_at_index in its input_bias(), "
                 "which the score_mod evaluates"
