@@ -123,7 +123,7 @@ def _layer(num_kv_heads=None, seed=0, spec="path"):
     return layer.to(F64)
 
 
-@pytest.mark.parametrize(("num_kv_heads", "spec"), [(None, "path"), (2, "path:num_kv_heads=2")])
+@pytest.mark.parametrize(("num_kv_heads", "spec"), [(None, "path"), (2, "path:num_kv_heads=2"), (1, "path")])
 def test_layer_blocked_equals_eager_forward_and_gradients(num_kv_heads, spec):
     layer = _layer(num_kv_heads, spec=spec).train()
     x = torch.randn(2, 150, 32, dtype=F64)  # three chunks of 64, the last one padded
@@ -141,13 +141,14 @@ def test_layer_blocked_equals_eager_forward_and_gradients(num_kv_heads, spec):
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-9)
 
 
+@pytest.mark.parametrize("max_length", [None, 96])
 @pytest.mark.parametrize("backend", ["eager", "householder", "auto"])
-def test_cached_decoding_equals_the_full_pass(backend):
+def test_cached_decoding_equals_the_full_pass(backend, max_length):
     layer = _layer(2, spec="path:num_kv_heads=2").eval()
     x = torch.randn(2, 80, 32, dtype=F64)
-    with posenc.use_backend(backend):
+    with posenc.use_backend(backend), torch.no_grad():
         full = layer(x)
-        cache, pieces, start = posenc.KVCache(), [], 0
+        cache, pieces, start = posenc.KVCache(max_length=max_length), [], 0
         for size in (5, 1, 66, 1, 7):
             pieces.append(layer(x[:, start : start + size], cache=cache))
             start += size
@@ -209,22 +210,16 @@ def test_bad_input_names_the_parameter():
         PaTH(num_heads=4, head_dim=8, dim=32, num_kv_heads=3)
     with pytest.raises(ValueError, match="head_dim"):
         PaTH(num_heads=4, head_dim=8.0, dim=32)
-    layer = posenc.MultiheadAttention(
-        32, 4, "path", causal=True, num_kv_heads=2
-    )  # path built for 4 key heads
-    with pytest.raises(ValueError, match="num_kv_heads=2"):
+    layer = posenc.MultiheadAttention(32, 4, "path:num_kv_heads=2", causal=True)  # 4 key heads
+    with pytest.raises(ValueError, match="num_kv_heads=2 is not a multiple"):
         layer(torch.randn(1, 5, 32))
     with pytest.raises(ValueError, match="causal"):
         posenc.MultiheadAttention(32, 4, "path", causal=False)
     layer = _layer()
     with pytest.raises(ValueError, match="cross-attention"):
         layer(torch.randn(1, 5, 32, dtype=F64), context=torch.randn(1, 6, 32, dtype=F64))
-    for cache, name in (
-        (posenc.KVCache(max_length=16), "max_length"),
-        (posenc.KVCache(recent_tokens=4), "recent"),
-    ):
-        with pytest.raises(ValueError, match=name):
-            layer(torch.randn(1, 5, 32, dtype=F64), cache=cache)
+    with pytest.raises(ValueError, match="recent_tokens"):
+        layer(torch.randn(1, 5, 32, dtype=F64), cache=posenc.KVCache(recent_tokens=4))
     q = torch.randn(1, 4, 5, 8)
     with pytest.raises(ValueError, match="token_states"):
         layer.encoding.logits(q, q, torch.arange(5)[None], torch.arange(5)[None], scale=1.0)
@@ -249,3 +244,14 @@ def test_the_householder_backend_states_its_limits():
         k_pos=torch.arange(6)[None], scale=1.0, causal=True,
     )  # fmt: skip
     assert get_backend("householder").reasons(request) == ["serves PaTH only; alibi is bias"]
+
+
+def test_grouped_query_layer_with_per_query_head_transforms_decodes_exactly():
+    """A layer with 1 key head and PaTH's default 4 transform heads: keys repeated to 4, then cached."""
+    layer = _layer(1).eval()
+    x = torch.randn(2, 20, 32, dtype=F64)
+    full = layer(x)
+    cache = posenc.KVCache()
+    pieces = [layer(x[:, :7], cache=cache)] + [layer(x[:, t : t + 1], cache=cache) for t in range(7, 20)]
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
+    assert cache.get(0).k.shape[1] == 4

@@ -589,11 +589,14 @@ class InputTransform:
     :class:`InputBias` has them; the logits then take ``token_states=`` (:class:`TokenStates`).
     ``carry_keys(k, TokenStates) -> k``, or None: the keys a KV cache keeps after a step, when they
     differ from those the step attends to (PaTH carries every key through the new tokens'
-    transforms); the layer stores them after appending.
+    transforms); the layer stores them after appending. ``key_heads``: the key heads the transform
+    acts on, or None (the layer's): a grouped-query layer that projects fewer key heads repeats its
+    keys and values to them (a multiple of its own) before they are attended to and cached.
     """
 
     token_states: Callable[[Tensor, Tensor | None, Tensor | None], Tensor]
     carry_keys: Callable[[Tensor, TokenStates], Tensor] | None = None
+    key_heads: int | None = None
 
 
 class ContentEncoding(PositionalEncoding):

@@ -23,8 +23,11 @@ new tokens ``t+1..t+n`` then needs only their transforms: ``s_ij = q_iᵀ H_i �
 cached key, the formula above for a new one; afterwards the layer stores every key carried through
 the new tokens' transforms (:func:`path_carry_keys`). So the attention functions here take the
 query tokens' ``(w, β)`` only, and treat the ``Tk − Tq`` keys before the queries as carried ones.
-PaTH has no inverse to undo a transform (``β = 1`` is a projection), so a streaming or
-preallocated (``max_length``) cache, which would need one, is refused.
+A preallocated cache (``max_length``) has its buffer rewritten with the carried keys after each
+step's append (the step attends to a copy); a streaming cache is refused. Under grouped-query
+attention with fewer layer key heads than ``num_kv_heads`` (default ``num_heads``), the layer
+repeats its keys and values to ``num_kv_heads`` before attending and caching (build PaTH with the
+layer's ``num_kv_heads`` to share one transform per key head, as fla does, and keep the cache small).
 
 Kind CONTENT, input-dependent (:meth:`PaTH.input_transform`), causal self-attention only; positions
 never enter (shift invariant). Backends: ``eager`` (:func:`path_logits`: the keys carried one
@@ -253,7 +256,7 @@ class PaTH(ContentEncoding):
 
     def input_transform(self) -> InputTransform:
         """The transforms from the layer input (:meth:`token_states`); the cache carries its keys."""
-        return InputTransform(self.token_states, self.carry_keys)
+        return InputTransform(self.token_states, self.carry_keys, key_heads=self.num_kv_heads)
 
     def token_states(
         self, x: Tensor, previous: Tensor | None = None, padding: Tensor | None = None
@@ -304,11 +307,8 @@ class PaTH(ContentEncoding):
                 "token_states: path computes its transforms from the layer input; pass token_states "
                 "(TokenStates of encoding.token_states(x)), or call the layer"
             )
-        # eager hands keys repeated per query head; the layer knows how many it projects
-        k_heads = getattr(
-            layer, "num_kv_heads", self.num_kv_heads if k.shape[1] == q.shape[1] else k.shape[1]
-        )
-        w, beta = self.householders(token_states, k_heads)
+        # eager hands keys repeated per query head: w and β are repeated alike
+        w, beta = path_householders(token_states.q, self.num_kv_heads, self.head_dim)
         return (path_logits(q, k, w, beta) * scale).to(q.dtype)
 
     def preview(self) -> str:
