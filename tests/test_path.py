@@ -255,3 +255,58 @@ def test_grouped_query_layer_with_per_query_head_transforms_decodes_exactly():
     pieces = [layer(x[:, :7], cache=cache)] + [layer(x[:, t : t + 1], cache=cache) for t in range(7, 20)]
     torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
     assert cache.get(0).k.shape[1] == 4
+
+
+def fla_naive_path_attn(q, k, v, w, beta, scale, chunk_size=4):
+    """flash-linear-attention ``fla/ops/path_attn/naive.py::naive_path_attn`` (MIT), transcribed with
+    ``[B, H, T, D]`` inputs, no forget gate and ``einops.rearrange`` written as reshapes."""
+    b, h, length, d = q.shape
+    bt = chunk_size
+    if length % bt != 0:
+        pad = bt - length % bt
+        q, k, w = (torch.nn.functional.pad(x, (0, 0, 0, pad)) for x in (q, k, w))
+        beta = torch.nn.functional.pad(beta, (0, pad))
+    seq_len = q.shape[2]
+    w_beta = w * beta[..., None]
+
+    def chunks(x):
+        return x.reshape(b, h, seq_len // bt, bt, d)
+
+    q, k, w, w_beta = map(chunks, (q, k, w, w_beta))
+    mask = torch.triu(torch.ones(bt, bt, dtype=torch.bool), diagonal=0)
+    t_mat = -(w_beta @ w.transpose(-1, -2)).masked_fill(mask, 0)
+    for i in range(1, bt):
+        t_mat[..., i, :i] = t_mat[..., i, :i].clone() + (
+            t_mat[..., i, :, None].clone() * t_mat[..., :, :i].clone()
+        ).sum(-2)
+    t_mat = t_mat + torch.eye(bt, dtype=q.dtype)
+    twbk = t_mat @ (w_beta @ k.transpose(-1, -2)).masked_fill(mask, 0)
+    qw = (q @ w.transpose(-1, -2)).tril()
+    twb = t_mat @ w_beta
+    a_local = (q @ k.transpose(-1, -2)).tril() - qw @ twbk
+    q = q - qw @ twb
+    k = k - twbk.transpose(-1, -2) @ w
+    h_mat = w.transpose(-1, -2) @ twb
+    a = torch.zeros(b, h, seq_len, seq_len, dtype=q.dtype)
+    q, k = q.reshape(b, h, seq_len, d), k.reshape(b, h, seq_len, d)
+    for i in range(0, seq_len, bt):
+        q_i = q[:, :, i : i + bt].clone()
+        for j in range(i - bt, -bt, -bt):
+            a[:, :, i : i + bt, j : j + bt] = q_i @ k[:, :, j : j + bt].transpose(-1, -2)
+            q_i = q_i - q_i @ h_mat[:, :, j // bt]
+    for i in range(0, seq_len // bt):
+        a[:, :, i * bt : i * bt + bt, i * bt : i * bt + bt] = a_local[:, :, i]
+    a = a.masked_fill_(~torch.tril(torch.ones(seq_len, seq_len, dtype=torch.bool)), float("-inf"))
+    a = a[:, :, :length, :length]
+    return (a * scale).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4])
+def test_equals_flash_linear_attention_naive_reference(chunk_size):
+    """The order and indices of fla's reference: the same output as its chunked naive form."""
+    q, k, v, w, beta = _inputs(length=10, seed=7)
+    want = fla_naive_path_attn(q, k, v, w, beta, 0.4, chunk_size)
+    torch.testing.assert_close(
+        path_attention_blocked(q, k, v, w, beta, 0.4, chunk=3), want, rtol=1e-11, atol=1e-11
+    )
+    torch.testing.assert_close(reference_attention(q, k, v, w, beta, 0.4), want, rtol=1e-11, atol=1e-11)
