@@ -310,3 +310,17 @@ def test_equals_flash_linear_attention_naive_reference(chunk_size):
         path_attention_blocked(q, k, v, w, beta, 0.4, chunk=3), want, rtol=1e-11, atol=1e-11
     )
     torch.testing.assert_close(reference_attention(q, k, v, w, beta, 0.4), want, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("past", [0, 5])
+def test_checkpointed_query_groups_equal_the_reference_with_gradients(monkeypatch, past):
+    """Under autograd the blocked form runs query groups (here 2 chunks of 3), each checkpointed."""
+    monkeypatch.setattr("posenc.encodings.path.GROUP_TOKENS", 6)
+    tensors = _inputs(length=17, seed=11, requires_grad=True)
+    q, k, v, w, beta = tensors
+    want = reference_attention(q, k, v, w, beta, 0.3)[:, :, past:]
+    keys = torch.cat([path_carry_keys(k[:, :, :past], w[:, :, :past], beta[:, :, :past]), k[:, :, past:]], 2)
+    got = path_attention_blocked(q[:, :, past:], keys, v, w[:, :, past:], beta[:, :, past:], 0.3, chunk=3)
+    torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-11)
+    for g, r in zip(_grads(got, tensors), _grads(want, tensors), strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-9, atol=1e-10)

@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..base import ContentEncoding, InputTransform, TokenStates
 from ..registry import at_least, register
@@ -149,6 +150,10 @@ def path_carry_keys(k: Tensor, w: Tensor, beta: Tensor, chunk: int = 64) -> Tens
     return done.to(k.dtype)
 
 
+#: Under autograd the blocked form runs this many query tokens at a time, each group checkpointed.
+GROUP_TOKENS = 1024
+
+
 def path_attention_blocked(
     q: Tensor, k: Tensor, v: Tensor, w: Tensor, beta: Tensor, scale: float, chunk: int = 64
 ) -> Tensor:
@@ -161,10 +166,11 @@ def path_attention_blocked(
     the key chunk ``d`` before it and is carried back through that chunk's product, all chunks at
     once; an online softmax accumulates the output. The carried keys before the queries are met
     last, by the queries carried back through every chunk. Memory ``O(Tq·(C + D))`` in inference;
-    under autograd each step's tensors are kept (``O(Tq²·(C + D)/C)``). Computed in float32 or
+    under autograd the queries run in groups of :data:`GROUP_TOKENS`, each checkpointed (recomputed
+    in the backward pass), so what is kept stays linear in the length too. Computed in float32 or
     wider, returned in ``q``'s dtype.
     """
-    batch, heads, q_len, dim = q.shape
+    batch, heads, q_len, _ = q.shape
     k_len, dtype = k.shape[2], _wide(q.dtype)
     past = k_len - q_len
     chunk = max(1, min(chunk, q_len))
@@ -182,29 +188,66 @@ def path_attention_blocked(
     qw = torch.tril(qb @ wb.transpose(-1, -2)) * bb[..., None, :]  # (q_i·w_s) β_s for s <= i
     inside = ut @ torch.tril(wb @ kb.transpose(-1, -2), diagonal=-1)  # U = A R
     future = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).triu(1)
-    scores = ((qb @ kb.transpose(-1, -2) - qw @ inside) * scale).masked_fill(future, float("-inf"))
+    diagonal = ((qb @ kb.transpose(-1, -2) - qw @ inside) * scale).masked_fill(future, float("-inf"))
     keys = kb - (inside.transpose(-1, -2) * bb[..., None, :]) @ wb  # carried to the chunk's end
     z = qb - (qw @ ut) @ wb  # queries carried back to the chunk's start
-    top = scores.amax(dim=-1)
-    probs = torch.exp(scores - top[..., None])
-    total, acc = probs.sum(dim=-1), probs @ vb
-    ends = [z[:, :, :1]]  # each chunk's queries carried back to the first token
-    for d in range(1, n):
-        zd = z[:, :, 1:]  # query chunks d..N-1, carried back to the end of chunks 0..N-d-1
-        s = (zd @ keys[:, :, : n - d].transpose(-1, -2)) * scale
-        top, total, acc = _merge(top, total, acc, s, vb[:, :, : n - d], d)
-        wk, bk, uk = wb[:, :, : n - d], bb[:, :, : n - d], ut[:, :, : n - d]
-        z = zd - (((zd @ wk.transpose(-1, -2)) * bk[..., None, :]) @ uk) @ wk
-        ends.append(z[:, :, :1])
-    if past:
-        flat = torch.cat(ends, dim=2).reshape(batch, heads, 1, n * chunk, dim)
-        old_k = _per_query_head(k[:, :, :past], heads).to(dtype)
-        old_v = _per_query_head(v[:, :, :past], heads).to(dtype)
-        s = (flat @ old_k[:, :, None].transpose(-1, -2)) * scale  # [B, H, 1, N·C, past]
-        s = s.reshape(batch, heads, n, chunk, past)
-        top, total, acc = _merge(top, total, acc, s, old_v[:, :, None], 0)
-    out = (acc / total[..., None]).reshape(batch, heads, n * chunk, -1)[:, :, :q_len]
+    old_k = _per_query_head(k[:, :, :past], heads).to(dtype)
+    old_v = _per_query_head(v[:, :, :past], heads).to(dtype)
+    shared = (keys, vb, wb, bb, ut, old_k, old_v, scale)
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (z, diagonal, *shared[:-1]))
+    group = max(1, GROUP_TOKENS // chunk) if grad else n
+    outs = []
+    for g0 in range(0, n, group):
+        g1 = min(g0 + group, n)
+        args = (g0, g1, z[:, :, g0:g1], diagonal[:, :, g0:g1], *shared)
+        outs.append(
+            checkpoint(_query_group, *args, use_reentrant=False) if g1 - g0 < n else _query_group(*args)
+        )
+    out = torch.cat(outs, dim=2).reshape(batch, heads, n * chunk, -1)[:, :, :q_len]
     return out.to(q.dtype)
+
+
+def _query_group(
+    g0: int,
+    g1: int,
+    z: Tensor,
+    diagonal: Tensor,
+    keys: Tensor,
+    vb: Tensor,
+    wb: Tensor,
+    bb: Tensor,
+    ut: Tensor,
+    old_k: Tensor,
+    old_v: Tensor,
+    scale: float,
+) -> Tensor:
+    """The output ``[B, H, g1 − g0, C, Dv]`` of query chunks ``g0..g1-1`` (``z``: carried back to their
+    chunk's start; ``diagonal``: their in-chunk scores) over every key before them."""
+    top = diagonal.amax(dim=-1)
+    probs = torch.exp(diagonal - top[..., None])
+    total, acc = probs.sum(dim=-1), probs @ vb[:, :, g0:g1]
+    ends = []  # each chunk's queries carried back to the first token
+    if g0 == 0:
+        ends.append(z[:, :, :1])
+        z = z[:, :, 1:]
+    for d in range(1, g1):
+        lo = max(g0, d)  # z holds chunks lo..g1-1, carried back to the end of chunks lo-d..g1-1-d
+        keys_at = slice(lo - d, g1 - d)
+        s = (z @ keys[:, :, keys_at].transpose(-1, -2)) * scale
+        top, total, acc = _merge(top, total, acc, s, vb[:, :, keys_at], lo - g0)
+        wk, bk, uk = wb[:, :, keys_at], bb[:, :, keys_at], ut[:, :, keys_at]
+        z = z - (((z @ wk.transpose(-1, -2)) * bk[..., None, :]) @ uk) @ wk
+        if d >= g0:  # chunk d has met chunk 0
+            ends.append(z[:, :, :1])
+            z = z[:, :, 1:]
+    past = old_k.shape[2]
+    if past:
+        batch, heads, count, chunk = diagonal.shape[:4]
+        dim = old_k.shape[-1]
+        flat = torch.cat(ends, dim=2).reshape(batch, heads, count * chunk, dim)
+        s = ((flat @ old_k.transpose(-1, -2)) * scale).reshape(batch, heads, count, chunk, past)
+        top, total, acc = _merge(top, total, acc, s, old_v[:, :, None], 0)
+    return acc / total[..., None]
 
 
 def _merge(top: Tensor, total: Tensor, acc: Tensor, s: Tensor, values: Tensor, first: int):
