@@ -226,9 +226,12 @@ def _query_group(
     top = diagonal.amax(dim=-1)
     probs = torch.exp(diagonal - top[..., None])
     total, acc = probs.sum(dim=-1), probs @ vb[:, :, g0:g1]
-    ends = []  # each chunk's queries carried back to the first token
+    past = old_k.shape[2]
+    ends = []  # with carried keys: each chunk's queries carried back to the first token (a copy, not
+    # a view that would keep the whole step's z alive)
     if g0 == 0:
-        ends.append(z[:, :, :1])
+        if past:
+            ends.append(z[:, :, :1].clone())
         z = z[:, :, 1:]
     for d in range(1, g1):
         lo = max(g0, d)  # z holds chunks lo..g1-1, carried back to the end of chunks lo-d..g1-1-d
@@ -238,9 +241,9 @@ def _query_group(
         wk, bk, uk = wb[:, :, keys_at], bb[:, :, keys_at], ut[:, :, keys_at]
         z = z - (((z @ wk.transpose(-1, -2)) * bk[..., None, :]) @ uk) @ wk
         if d >= g0:  # chunk d has met chunk 0
-            ends.append(z[:, :, :1])
+            if past:
+                ends.append(z[:, :, :1].clone())
             z = z[:, :, 1:]
-    past = old_k.shape[2]
     if past:
         batch, heads, count, chunk = diagonal.shape[:4]
         dim = old_k.shape[-1]
