@@ -5,7 +5,8 @@ transforms of the tokens between it and the query. The eager backend materialise
 logits after carrying the keys one query token at a time; this backend runs
 :func:`~posenc.encodings.path.path_attention_blocked`: the UT transform within chunks of
 :data:`CHUNK` tokens, queries carried back chunk by chunk, an online softmax over key chunks, so
-no ``[Tq, Tk]`` tensor exists (``O(Tq·(C + D))`` memory in inference). It equals eager to float
+no ``[Tq, Tk]`` tensor exists (``O(Tq·(C + D))`` memory in inference; under autograd the queries
+run in checkpointed groups, so training memory stays linear too). It equals eager to float
 rounding (tests/test_path.py checks float64).
 
 It serves PaTH (an encoding whose :class:`~posenc.base.InputTransform` it knows) under a causal

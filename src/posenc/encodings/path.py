@@ -35,7 +35,8 @@ query token at a time, ``O(Tq·Tk·D)`` work, dense logits) and ``householder``
 (:mod:`posenc.backends.householder`: :func:`path_attention_blocked`, the chunkwise form: within a
 chunk of ``C`` tokens the product of transforms is ``I − Wᵀ diag(β) A W`` with
 ``A = (I + tril(W Wᵀ, −1) diag(β))⁻¹`` (:func:`path_ut`, the UT transform), queries are carried
-back chunk by chunk, with an online softmax: memory linear in the length in inference).
+back chunk by chunk, with an online softmax; memory linear in the length, under autograd too, where
+the queries run in checkpointed groups).
 """
 
 from __future__ import annotations
