@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from posenc.backends import available_backends
-from posenc.benchmarks import bench_gpu
+from posenc.benchmarks import _gpu_exactness, _gpu_timing, bench_gpu
 
 pytestmark = pytest.mark.hf  # the generate section drives an HF Llama
 
@@ -63,7 +63,7 @@ def test_every_section_runs_on_the_cpu_and_reports_what_it_promises(tmp_path, mo
 def test_a_backend_off_by_more_than_eager_is_a_failure_and_fails_the_run(tmp_path, monkeypatch):
     """Corrupt sdpa's output by 1% (25x float32 rounding, more than twice eager's error): FAIL,
     exit status 1; the same on eager in bfloat16 is its dtype's reference, ``imprecise``."""
-    run = bench_gpu._run
+    run = _gpu_exactness._run
 
     def corrupted(layer, x, w, backend):
         out, grads = run(layer, x, w, backend)
@@ -71,7 +71,7 @@ def test_a_backend_off_by_more_than_eager_is_a_failure_and_fails_the_run(tmp_pat
             out = out + 0.01 * out.abs().max()
         return out, grads
 
-    monkeypatch.setattr(bench_gpu, "_run", corrupted)
+    monkeypatch.setattr(_gpu_exactness, "_run", corrupted)
     out = tmp_path / "gpu.json"
     args = [*QUICK, "--sections", "exactness", "--encodings", "rope", "--backends", "eager,sdpa"]
     assert bench_gpu.main([*args, "--json", str(out)]) == 1
@@ -81,10 +81,10 @@ def test_a_backend_off_by_more_than_eager_is_a_failure_and_fails_the_run(tmp_pat
 
 
 def test_a_nan_is_never_within_tolerance():
-    eager = bench_gpu.Check("rope", "eager", "float32", "", 1e-7, 1e-7)
-    nan = bench_gpu.Check("rope", "sdpa", "float32", "", math.nan, 1e-7)
-    assert bench_gpu._judged(nan, eager, torch.float32).status == "FAIL"
-    assert math.isnan(bench_gpu.relative_error(torch.tensor([math.nan]), torch.tensor([1.0])))
+    eager = _gpu_exactness.Check("rope", "eager", "float32", "", 1e-7, 1e-7)
+    nan = _gpu_exactness.Check("rope", "sdpa", "float32", "", math.nan, 1e-7)
+    assert _gpu_exactness._judged(nan, eager, torch.float32).status == "FAIL"
+    assert math.isnan(_gpu_timing.relative_error(torch.tensor([math.nan]), torch.tensor([1.0])))
 
 
 def test_a_gradient_zero_in_exact_arithmetic_is_not_divided_by_its_rounding():
@@ -92,8 +92,8 @@ def test_a_gradient_zero_in_exact_arithmetic_is_not_divided_by_its_rounding():
     float64 gives ~1e-16, float32 ~1e-7; against the largest gradient that is no error."""
     ref = [torch.tensor([10.0], dtype=torch.float64), torch.tensor([1e-16], dtype=torch.float64)]
     got = [torch.tensor([10.0]), torch.tensor([2e-7])]
-    assert bench_gpu.relative_error(got[1], ref[1]) > 1e8  # what dividing by the noise gave
-    assert bench_gpu.gradients_error(got, ref) < 1e-5
+    assert _gpu_timing.relative_error(got[1], ref[1]) > 1e8  # what dividing by the noise gave
+    assert _gpu_timing.gradients_error(got, ref) < 1e-5
 
 
 def test_a_spent_budget_leaves_the_rest_not_run(tmp_path):

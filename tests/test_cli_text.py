@@ -78,15 +78,15 @@ def test_list_names_the_exact_splits_that_serve_long_calls():
 
 def test_list_follows_the_dispatchers_order(monkeypatch):
     """The column is asked of the dispatcher: reorder auto's list and the column follows."""
-    from posenc.backends import dispatch
+    from posenc.backends import _memo, dispatch
 
     monkeypatch.setitem(dispatch.PRIORITY, "cpu", tuple(reversed(dispatch.DEFAULT_PRIORITY)))
-    dispatch._memo.bump()
+    _memo.bump()
     try:
         result = runner.invoke(app, ["list"], terminal_width=250)
     finally:
         monkeypatch.undo()
-        dispatch._memo.bump()
+        _memo.bump()
     assert result.exit_code == 0, result.output
     rows = _listed(result.output)
     assert rows["t5"] == "eager, sdpa, blocked, near_far (long)"

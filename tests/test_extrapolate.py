@@ -235,6 +235,33 @@ def test_layer_presets_run_as_encodings(tmp_path):
     assert {r["encoding"] for r in records} == set(config.encodings)
 
 
+NEW_RECIPES = [
+    "cohere2:window=2",
+    "gemma4:window=2,global_every=2",
+    "granite-swa:window=2,full_base=0",
+    "olmo3:window=2",
+    "swan:window=2",
+]
+
+
+def test_the_2025_recipes_train_from_the_command_line(tmp_path):
+    """``posenc extrapolate --encodings cohere2:...,gemma4:...`` trains each recipe on four layers
+    (both layer types present) and writes its records."""
+    from typer.testing import CliRunner
+
+    from posenc.cli import _load_command_modules, app
+
+    _load_command_modules()
+    out = tmp_path / "run"
+    tiny = ["--encodings", ",".join(NEW_RECIPES), "--steps", "2", "--train-len", "2", "--eval-len", "3"]
+    tiny += ["--num-symbols", "8", "--d-model", "16", "--num-layers", "4", "--num-heads", "2"]
+    tiny += ["--d-ff", "16", "--batch-size", "4", "--eval-examples", "3", "--workers", "1"]
+    result = CliRunner().invoke(app, ["extrapolate", *tiny, "--no-progress", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["encoding"] for r in records} == set(NEW_RECIPES)
+
+
 def test_a_bad_spec_fails_before_anything_is_written(tmp_path):
     out = tmp_path / "run"
     config = ExperimentConfig(task="copy", encodings=["nope", "rope:bse=3"], train_len=2, eval_len=3, **TINY)

@@ -56,6 +56,129 @@ def test_smollm3_and_gpt_oss_layouts_equal_hf():
         assert _rope_base(layer) == oss.rope_parameters["rope_theta"]
 
 
+def _lm(pattern: str, num_layers: int) -> posenc.TransformerLM:
+    """A tiny model with the recipe: d_model 64, 4 heads, so head_dim 16 as in :func:`_tiny`."""
+    return posenc.TransformerLM(16, 64, num_layers, 4, pattern=pattern)
+
+
+def _tiny(config_cls, num_layers: int, **extra):
+    """An HF config with head_dim 16 (hidden 64, 4 heads) and ``num_layers`` layers; nothing else
+    changed from its defaults, so layer types, windows and RoPE parameters are HF's."""
+    return config_cls(
+        num_hidden_layers=num_layers, hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=32, vocab_size=16, **extra,
+    )  # fmt: skip
+
+
+def _inv_freq(block) -> torch.Tensor:
+    return block.attn.encoding.tables.inv_freq.double()
+
+
+@pytest.mark.parametrize("num_layers", [8, 6])
+def test_cohere2_layout_equals_hf(num_layers):
+    """Command R7B / Command A: HF's attention layer applies RoPE only where it has a sliding window,
+    so the full layers are NoPE; the rotary frequencies and the interleaved pairing equal HF's."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.cohere2 import modeling_cohere2 as hf
+
+    config = _tiny(transformers.Cohere2Config, num_layers)
+    model = _lm("cohere2", num_layers)
+    rotary = hf.Cohere2RotaryEmbedding(config)
+    for index, (block, kind) in enumerate(zip(model.blocks, config.layer_types, strict=True)):
+        window = hf.Cohere2Attention(config, layer_idx=index).sliding_window
+        assert block.attn.window == window, (index, kind)
+        assert (block.attn.encoding.name == "nope") == (window is None) == (kind == "full_attention")
+        if window is not None:
+            torch.testing.assert_close(_inv_freq(block), rotary.inv_freq.double(), rtol=1e-7, atol=0)
+    assert config.sliding_window == 4096 and config.layer_types[:4] == ["sliding_attention"] * 3 + [
+        "full_attention"
+    ]
+    # Pairing: posenc's rotation of q and k equals HF's apply_rotary_pos_emb with Cohere's tables.
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 1, 4, 9, 16, dtype=torch.float64).unbind(0)
+    positions = torch.arange(9)
+    cos, sin = rotary(q, positions[None])
+    want = hf.apply_rotary_pos_emb(q, k, cos.double(), sin.double())
+    got = model.blocks[0].attn.encoding.rotate(q, k, positions, positions)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    half = posenc.TransformerLM(16, 64, 1, 4, pattern=[LayerSpec("rope")]).blocks[0].attn.encoding
+    assert not torch.allclose(half.rotate(q, k, positions, positions)[0], want[0])  # pairing matters
+
+
+@pytest.mark.parametrize("num_layers", [8, 12, 4])
+def test_gemma4_layout_equals_hf(num_layers):
+    """Gemma 4: 5 local : 1 global with the last layer forced global, the window, and each layer
+    type's inverse frequencies (global: p-RoPE, ``proportional``) equal to HF's rotary embedding."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma4 import modeling_gemma4 as hf
+
+    config = _tiny(transformers.Gemma4TextConfig, num_layers, head_dim=16, global_head_dim=16)
+    assert config.layer_types[-1] == "full_attention"
+    model = _lm("gemma4", num_layers)
+    rotary = hf.Gemma4TextRotaryEmbedding(config)
+    for index, (block, kind) in enumerate(zip(model.blocks, config.layer_types, strict=True)):
+        assert block.attn.window == hf.Gemma4TextAttention(config, layer_idx=index).sliding_window, index
+        assert block.attn.window == (config.sliding_window if kind == "sliding_attention" else None)
+        want = getattr(rotary, f"{kind}_inv_freq").double()
+        torch.testing.assert_close(_inv_freq(block), want, rtol=1e-7, atol=0)
+        options = posenc.registry.resolve(block.attn.encoding.spec()).options
+        assert float(options["base"]) == config.rope_parameters[kind]["rope_theta"]
+    full = config.rope_parameters["full_attention"]
+    assert full["rope_type"] == "proportional" and int((rotary.full_attention_inv_freq > 0).sum()) == int(
+        full["partial_rotary_factor"] * 16 // 2
+    )  # some pairs do not rotate, so the frequency check above can fail
+
+
+@pytest.mark.parametrize("full_base", [10_000.0, 0.0])
+def test_granite_swa_layout_equals_hf(full_base):
+    """Granite SWA: full attention at ``i % 4 == 0``, a 128 window elsewhere, a sink logit per head in
+    every layer, and HF's ``layer_rope_theta`` (0 is NoPE) as the recipe's bases."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.granite_swa import modeling_granite_swa as hf
+
+    layer_types = transformers.GraniteSWAConfig(num_hidden_layers=8).layer_types
+    thetas = [full_base if kind == "full_attention" else 10_000.0 for kind in layer_types]
+    config = _tiny(transformers.GraniteSWAConfig, 8, layer_rope_theta=thetas)
+    model = _lm(f"granite-swa:full_base={full_base}", 8)
+    for index, (block, kind, theta) in enumerate(
+        zip(model.blocks, config.layer_types, config.layer_rope_theta, strict=True)
+    ):
+        attention = hf.GraniteSWAAttention(config, layer_idx=index)
+        assert block.attn.window == attention.sliding_window, (index, kind)
+        assert block.attn.sinks is not None and attention.sinks.shape == (4,)
+        assert (block.attn.encoding.name == "nope") == (theta == 0)
+        if theta:
+            assert _rope_base(LayerSpec(block.attn.encoding.spec())) == theta, index
+    assert config.layer_types[0] == "full_attention" and model.blocks[0].attn.window is None
+
+
+def test_olmo3_layout_equals_hf():
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.olmo3 import modeling_olmo3 as hf
+
+    config = _tiny(transformers.Olmo3Config, 8)
+    model = _lm("olmo3", 8)
+    rotary = hf.Olmo3RotaryEmbedding(config)
+    for index, (block, kind) in enumerate(zip(model.blocks, config.layer_types, strict=True)):
+        assert block.attn.window == hf.Olmo3Attention(config, layer_idx=index).sliding_window, index
+        assert block.attn.window == (config.sliding_window if kind == "sliding_attention" else None)
+        want = getattr(rotary, f"{kind}_inv_freq").double()
+        torch.testing.assert_close(_inv_freq(block), want, rtol=1e-7, atol=0)
+    assert config.rope_parameters["full_attention"]["rope_theta"] == 500_000.0
+
+
+def test_swan_layout_follows_the_paper():
+    """SWAN-GPT (Puvvada et al. 2025), written out: blocks of one global NoPE layer and three
+    sliding-window (512) RoPE layers; there is no HF configuration."""
+    layers = layer_pattern("swan", 8)
+    nope = LayerSpec("nope")
+    swa = LayerSpec("rope:base=10000.0", window=512)
+    assert layers == [nope, swa, swa, swa, nope, swa, swa, swa]
+    assert layer_pattern("swan:window=8,nope_every=2", 4) == [
+        nope, LayerSpec("rope:base=10000.0", window=8), nope, LayerSpec("rope:base=10000.0", window=8)
+    ]  # fmt: skip
+
+
 def test_query_temperature_equals_hf_llama4_nope_layer():
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention
@@ -90,7 +213,17 @@ def test_query_temperature_equals_hf_llama4_nope_layer():
 
 @pytest.mark.parametrize(
     "preset",
-    ["gemma3:window=4,global_every=3", "llama4:chunk=5,floor_scale=4", "smollm3", "gpt-oss:window=3"],
+    [
+        "gemma3:window=4,global_every=3",
+        "llama4:chunk=5,floor_scale=4",
+        "smollm3",
+        "gpt-oss:window=3",
+        "cohere2:window=4",
+        "gemma4:window=4,global_every=3",
+        "granite-swa:window=3,full_base=0",
+        "olmo3:window=5",
+        "swan:window=4",
+    ],
 )
 def test_preset_models_decode_with_the_cache_as_the_full_pass(preset):
     torch.manual_seed(0)
@@ -130,6 +263,10 @@ def test_bad_patterns_are_named():
         posenc.TransformerLM(10, 16, 2, 2, pattern="gemma3:windw=4")
     with pytest.raises(ValueError, match="option 'window' must be int"):
         posenc.TransformerLM(10, 16, 2, 2, pattern="gemma3:window=big")
+    with pytest.raises(ValueError, match="layer preset 'swan': option 'window' must be positive"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern="swan:window=0")
+    with pytest.raises(ValueError, match="layer preset 'granite-swa': option 'full_base' must be float"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern="granite-swa:full_base=none")
     with pytest.raises(ValueError, match="either encoding or pattern"):
         posenc.TransformerLM(10, 16, 2, 2, "rope", pattern="gemma3")
     with pytest.raises(ValueError, match=r"one posenc\.patterns\.LayerSpec per layer"):

@@ -415,3 +415,32 @@ def test_diagnostics_read_the_trained_checkpoints(tmp_path: Path) -> None:
     width = [config.make_task().sequence_length(n) for n in (2, 4, 8)]
     assert uniform == pytest.approx([sum(math.log(i + 1) for i in range(t)) / t for t in width])
     assert (entropy >= 0).all() and (entropy <= uniform + 1e-9).all()
+
+
+def test_the_report_reads_one_folder_view_and_imports_experiments_at_the_top(tmp_path: Path) -> None:
+    """``viz/report/`` reads the folder once (:func:`read_folder`: records as :class:`Record`, the
+    summary, the ranking) and renders one module per section; no module of it imports inside a
+    function, so none imports from ``posenc.experiments`` there (issue 34)."""
+    import ast
+
+    import posenc.viz.report as report
+    from posenc.experiments.results import Record
+    from posenc.viz.report.view import read_folder
+
+    for path in sorted(Path(report.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        assert len(path.read_text().splitlines()) <= 400, path.name
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.Lambda)):
+                inner = [n for n in ast.walk(node) if isinstance(n, (ast.Import, ast.ImportFrom))]
+                assert not inner, f"{path.name}: {getattr(node, 'name', 'lambda')} imports inside a function"
+    write_experiment(tmp_path, checkpoints=False)
+    view = read_folder(tmp_path)
+    assert all(isinstance(r, Record) for r in view.records) and len(view.records) == len(view.lines)
+    assert view.summary is not None and view.train_len == TRAIN_LEN and view.headline.name == "exact_match"
+    assert view.ranking is not None and view.rows[: len(view.ranking.rows)] == view.ranking.rows
+    assert set(view.rows) == set(view.encodings) == set(ENCODINGS)
+    assert not view.pretrained and not view.study and view.preset is None and view.missing is None
+    assert [section.ID for section in report.SECTIONS] == [
+        "verdict", "per-length", "depth", "published", "diagnostics", "encodings", "config"
+    ]  # fmt: skip

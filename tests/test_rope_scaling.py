@@ -315,6 +315,70 @@ def test_module_forward_matches_hf_rotary_embedding(params, length):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+# ---------------------------------------------------------------------------- NTK-alpha (HunYuan)
+def _hunyuan_rotary(params: dict, head_dim: int = 16):
+    """HF's own ``HunYuanDenseV1RotaryEmbedding`` on a tiny config."""
+    hunyuan = pytest.importorskip("transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense")
+    from transformers import HunYuanDenseV1Config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # HF warns that "dynamic" does not read alpha, then reads it
+        config = HunYuanDenseV1Config(
+            vocab_size=32, hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+            num_hidden_layers=1, intermediate_size=32, rope_parameters=dict(params),
+        )  # fmt: skip
+    return hunyuan.HunYuanDenseV1RotaryEmbedding(config), hunyuan.apply_rotary_pos_emb
+
+
+#: HunYuan's checkpoints state NTK-alpha as "dynamic" with alpha (and a factor of 1.0 HF does not read).
+HUNYUAN_ALPHA = {
+    "rope_type": "dynamic",
+    "alpha": 1000.0,
+    "rope_theta": 10000.0,
+    "factor": 1.0,
+    "beta_fast": 32,
+}
+
+
+@pytest.mark.parametrize(
+    "params", [HUNYUAN_ALPHA, {"rope_type": "ntk_alpha", "alpha": 50.0, "rope_theta": 500000.0}]
+)
+def test_ntk_alpha_equals_hf_hunyuan_rotary_embedding(params):
+    hf_rope, apply_rotary = _hunyuan_rotary(params)
+    assert hf_rope.rope_type == "ntk_alpha"  # HF relabels it: the same reading as posenc's
+    q = torch.randn(2, 4, 23, 16)
+    pos = torch.arange(100, 123)[None]
+    cos, sin = hf_rope(q, pos)
+    want, _ = apply_rotary(q, q, cos, sin)
+    from_dict = posenc.build("rope", head_dim=16, rope_parameters=params)
+    assert from_dict.scaling.type == "ntk" and from_dict.scaling.alpha == params["alpha"]
+    alpha, base = params["alpha"], params["rope_theta"]
+    spec = posenc.build(f"rope:base={base},scaling=ntk,alpha={alpha}", head_dim=16)
+    for enc in (from_dict, spec):
+        torch.testing.assert_close(enc.inv_freq, hf_rope.inv_freq, rtol=1e-6, atol=0)
+        got, _ = enc.rotate(q, q, pos, pos)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the formula written out, float64: base * alpha^(d / (d - 2))
+    stretched = base * alpha ** (16 / 14)
+    formula = stretched ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    torch.testing.assert_close(spec.inv_freq.double(), formula, rtol=1e-6, atol=0)
+    # alpha is the ntk type's s under HunYuan's name: the same frequencies as factor=alpha
+    as_factor = posenc.build(f"rope:base={base},scaling=ntk,factor={alpha}", head_dim=16)
+    torch.testing.assert_close(spec.inv_freq, as_factor.inv_freq, rtol=0, atol=0)
+    assert posenc.build(spec.spec()).scaling == spec.scaling  # the spec round-trips
+
+
+def test_ntk_alpha_bad_input_names_alpha():
+    with pytest.raises(ValueError, match="alpha"):
+        posenc.build("rope:scaling=ntk,alpha=0", head_dim=16)
+    with pytest.raises(ValueError, match="alpha"):
+        posenc.build("rope:scaling=ntk,alpha=-2", head_dim=16)
+    with pytest.raises(ValueError, match="factor or alpha"):
+        posenc.build("rope:scaling=ntk,alpha=4,factor=4", head_dim=16)
+    with pytest.raises(ValueError, match="alpha"):
+        F.rope_inv_freq(16, scaling={"rope_type": "ntk", "alpha": float("nan")})
+
+
 def test_dynamic_in_attention_layer_uses_current_length():
     layer = posenc.MultiheadAttention(
         32, 2, encoding="rope:scaling=dynamic,factor=2,original_max_position_embeddings=8"

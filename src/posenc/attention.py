@@ -29,7 +29,7 @@ from .inputs import (
     check_sizes,
 )
 from .masks import AttentionMask
-from .patterns import LayerSpec, QueryTemperature
+from .patterns import LayerSpec, TemperatureForm
 from .positions import (
     checked_positions,
     documents_with_cache,
@@ -63,11 +63,18 @@ class MultiheadAttention(nn.Module):
             real token, as HF does for a left-padded batch).
         sinks: learned attention sinks (gpt-oss): one logit per head, :attr:`sinks` ``[H]``
             (initialised to 0), joins every row's softmax denominator and carries no value.
-        query_temperature: a :class:`~posenc.patterns.QueryTemperature` (Llama 4's NoPE layers):
+        value_from_key: K = V (Gemma 4's global layers, ``attention_k_eq_v``): the values are the key
+            projection before the encoding acts (before RoPE), and the layer has no ``v_proj``.
+        softcap: logit soft-capping (Gemma 2's ``attn_logit_softcapping``): each logit
+            ``s = q·k·scale`` becomes ``softcap * tanh(s / softcap)`` before the softmax (a BIAS
+            encoding's bias and the masks are added after the cap); None (default) for none. Served
+            by the eager, blocked, relative and flex backends, not by sdpa or the exact splits.
+        query_temperature: a :class:`~posenc.patterns.QueryTemperature` (Llama 4's NoPE layers:
             queries at position ``p`` are scaled by ``log1p(floor((p + 1) / floor_scale)) *
-            attn_scale + 1`` after the encoding acts.
+            attn_scale + 1``) or :class:`~posenc.patterns.LogQueryTemperature` (Inkling's global
+            layers: ``1 + alpha * ln(max((p + 1) / n_floor, 1))``), applied after the encoding acts.
         pattern: this layer's entry of a model's pattern (a :class:`~posenc.patterns.LayerSpec`):
-            its window, chunk, sinks and temperature, given instead of those four arguments (its
+            its window, chunk, sinks, temperature and softcap, given instead of those five arguments (its
             encoding is ``encoding``, which a model builds from it).
         backend: ``"auto"`` (first backend with no reasons), or a backend name to force.
         num_kv_heads: key/value heads for grouped-query attention (divides ``num_heads``).
@@ -105,7 +112,9 @@ class MultiheadAttention(nn.Module):
         window: int | None = None,
         chunk: int | None = None,
         sinks: bool = False,
-        query_temperature: QueryTemperature | None = None,
+        value_from_key: bool = False,
+        softcap: float | None = None,
+        query_temperature: TemperatureForm | None = None,
         pattern: LayerSpec | None = None,
         backend: str = "auto",
         num_kv_heads: int | None = None,
@@ -127,14 +136,17 @@ class MultiheadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads
         self.causal, self.backend, self.dropout, self.layer_idx = causal, backend, dropout, layer_idx
-        self.window, self.chunk, sinks, self.query_temperature = check_pattern(
-            pattern, window, chunk, sinks, query_temperature, causal
+        self.window, self.chunk, sinks, self.query_temperature, self.softcap = check_pattern(
+            pattern, window, chunk, sinks, query_temperature, causal, softcap
         )
         factory = {"device": device, "dtype": dtype}
         kv_dim = num_kv_heads * self.head_dim
         self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
-        self.v_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
+        if not isinstance(value_from_key, bool):
+            raise ValueError(f"value_from_key must be True or False (K = V, Gemma 4), got {value_from_key!r}")
+        self.value_from_key = value_from_key
+        self.v_proj = None if value_from_key else nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
         self.sinks = nn.Parameter(torch.zeros(num_heads, **factory)) if sinks else None
         context = LayerContext(num_heads, self.head_dim, embed_dim, causal=causal, device=device, dtype=dtype)
@@ -165,6 +177,8 @@ class MultiheadAttention(nn.Module):
             + (f", window={self.window}" if self.window is not None else "")
             + (f", chunk={self.chunk}" if self.chunk is not None else "")
             + (", sinks=True" if self.sinks is not None else "")
+            + (f", softcap={self.softcap:g}" if self.softcap is not None else "")
+            + (", value_from_key=True" if self.value_from_key else "")
         )
 
     # ------------------------------------------------------------------ forward
@@ -288,6 +302,7 @@ class MultiheadAttention(nn.Module):
             backend=self.backend,
             known_finite_keys=known,
             finite_mark=mark,
+            softcap=self.softcap,
         )
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
         return (out, weights) if need_weights else out
@@ -337,8 +352,7 @@ class MultiheadAttention(nn.Module):
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``q, k, v, q_pos, k_pos`` with positions inside the cache (StreamingLLM), then evicts."""
         q = self._heads(self.q_proj(x), self.num_heads)
-        k = self._heads(self.k_proj(x), self.num_kv_heads)
-        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        k, v = self.key_values(x)
         k, v, q_pos, k_pos = cache.append_streaming(self, entry, k, v, states)  # k unrotated
         if self.encoding.kind is Kind.ROTARY:
             q, k = self.encoding.rotate(q, k, q_pos, k_pos)
@@ -385,8 +399,7 @@ class MultiheadAttention(nn.Module):
         if self.encoding.kind is Kind.ABSOLUTE:
             x = embed_positions(self.encoding, x, q_pos)
         q = self._heads(self.q_proj(x), self.num_heads)
-        k = self._heads(self.k_proj(x), self.num_kv_heads)
-        v = self._heads(self.v_proj(x), self.num_kv_heads)
+        k, v = self.key_values(x)
         if self.encoding.kind is Kind.ROTARY:  # fresh projections: rotated in place where the encoding can
             q, k = self.encoding.rotate_fresh(q, k, q_pos, q_pos)
         transform = self._input_transform()
@@ -508,8 +521,7 @@ class MultiheadAttention(nn.Module):
         )
         if self.encoding.kind is Kind.ABSOLUTE:
             context = embed_positions(self.encoding, context, k_pos)
-        k = self._heads(self.k_proj(context), self.num_kv_heads)
-        v = self._heads(self.v_proj(context), self.num_kv_heads)
+        k, v = self.key_values(context)
         if self.encoding.kind is Kind.ROTARY:
             q, k = self.encoding.rotate(q, k, q_pos, k_pos)
         if cache is not None:
@@ -538,6 +550,14 @@ class MultiheadAttention(nn.Module):
         if not isinstance(cache, KVCache):
             raise ValueError(f"cache must be a posenc.KVCache, got {type(cache).__name__}")
         return cache.read(self, cross=cross, batch=batch, device=self.q_proj.weight.device, context=context)
+
+    def key_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values ``[B, Hkv, T, D]`` of ``x [B, T, E]``, before the encoding acts; with
+        ``value_from_key`` the values are a copy of the keys (a rotation in place leaves them be)."""
+        k = self._heads(self.k_proj(x), self.num_kv_heads)
+        if self.value_from_key:
+            return k, k.clone()
+        return k, self._heads(self.v_proj(x), self.num_kv_heads)
 
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         batch, length, _ = x.shape

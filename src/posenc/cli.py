@@ -137,6 +137,7 @@ def print_line(message: str) -> None:
 #: Modules that add sub-commands to :data:`app` when imported (skipped if not present yet).
 COMMAND_MODULES = [
     "posenc.experiments_cli",
+    "posenc.slurm_cli",
     "posenc.viz.cli",
     "posenc.bench_cli",
     "posenc.pretrained_cli",

@@ -17,7 +17,7 @@ HF's ``StaticCache`` does for ``torch.compile``:
 
 Attention is written out (``q k^T``, softmax, ``p v``) in float32 or wider, so nan and inf propagate as
 in the eager reference backend; a fused kernel may turn them into finite numbers. The step serves
-rotary, absolute and position-only bias encodings (and none) in causal layers without windows, chunks,
+rotary, absolute and position-only bias encodings (and none), soft-capped or not, in causal layers without windows, chunks,
 sinks, a query temperature or padding; any other layer is refused with the reason. After the steps,
 :meth:`StaticDecodeStep.sync` tells the cache how many tokens it holds, so the layer can go on eagerly
 (before it, the layer refuses to: its call would overwrite the steps' tokens).
@@ -40,6 +40,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from .backends._softcap import soft_cap
 from .base import Kind, checks_values
 from .cache import KVCache, check_in_place_write
 
@@ -161,8 +162,7 @@ class StaticDecodeStep(nn.Module):
         if encoding.kind is Kind.ABSOLUTE:
             x = encoding.embed(x, pos.expand(batch, 1))
         q = layer._heads(layer.q_proj(x), layer.num_heads)
-        k = layer._heads(layer.k_proj(x), layer.num_kv_heads)
-        v = layer._heads(layer.v_proj(x), layer.num_kv_heads)
+        k, v = layer.key_values(x)
         if encoding.kind is Kind.ROTARY:
             q, k = encoding.rotate(q, k, pos, pos)
         if k.dtype != self.k_buffer.dtype:  # a dtype, not a value: compiled graphs check it too
@@ -229,7 +229,7 @@ class StaticDecodeStep(nn.Module):
         # [B, Hkv, G, 1, D] against [B, Hkv, 1, N, D]: grouped-query heads without copying keys
         qg = q.reshape(batch, layer.num_kv_heads, groups, 1, q.shape[-1]).to(wide)
         logits = torch.matmul(qg, self.k_buffer.to(wide).unsqueeze(2).transpose(-1, -2)) * layer.scale
-        logits = logits + hidden
+        logits = soft_cap(logits, getattr(layer, "softcap", None)) + hidden
         if layer.encoding.kind is Kind.BIAS:
             # the keys' positions as written: the prompt's may be any, not their slots
             bias = layer.encoding.bias_for_positions(pos, self.pos_buffer)  # [B, H, 1, N]

@@ -34,6 +34,7 @@ from .encodings.path import (
     path_logits,
     path_ut,
 )
+from .encodings.relproj import relproj_bias
 from .encodings.rope import apply_rope, convert_rope_pairing, rope_cos_sin, rope_inv_freq
 from .encodings.rope_scaling import rope_scaled_inv_freq, rope_scaling_types
 from .encodings.sandwich import sandwich_bias, sandwich_head_factors, sandwich_inv_freq
@@ -91,6 +92,7 @@ __all__ = [
     "path_householders",
     "path_logits",
     "path_ut",
+    "relproj_bias",
     "resample_positions",
     "rope_cos_sin",
     "rope_inv_freq",

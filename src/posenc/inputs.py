@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .patterns import LayerSpec, QueryTemperature
+from .backends._softcap import check_softcap
+from .patterns import LayerSpec, TemperatureForm
 
 __all__ = [
     "check_attn_mask",
@@ -80,30 +81,35 @@ def check_pattern(
     window: int | None,
     chunk: int | None,
     sinks: bool,
-    query_temperature: QueryTemperature | None,
+    query_temperature: TemperatureForm | None,
     causal: bool,
-) -> tuple[int | None, int | None, bool, QueryTemperature | None]:
-    """A layer's attention pattern ``(window, chunk, sinks, query_temperature)``, checked: the four
-    arguments, or the fields of ``pattern`` (one layer of a model's pattern) when given."""
+    softcap: float | None = None,
+) -> tuple[int | None, int | None, bool, TemperatureForm | None, float | None]:
+    """A layer's attention pattern ``(window, chunk, sinks, query_temperature, softcap)``, checked:
+    the five arguments, or the fields of ``pattern`` (one layer of a model's pattern) when given."""
     if pattern is not None:
-        if (window, chunk, sinks, query_temperature) != (None, None, False, None):
-            raise ValueError("give either pattern or window, chunk, sinks and query_temperature, not both")
-        window, chunk, sinks, query_temperature = (
+        if (window, chunk, sinks, query_temperature, softcap) != (None, None, False, None, None):
+            raise ValueError(
+                "give either pattern or window, chunk, sinks, query_temperature and softcap, not both"
+            )
+        window, chunk, sinks, query_temperature, softcap = (
             pattern.window,
             pattern.chunk,
             pattern.sinks,
             pattern.temperature,
+            pattern.softcap,
         )
     # a window without causal is a band (|i - j| < window); chunks are defined over past keys only
     window = check_span("window", window, causal, needs_causal=False)
     chunk = check_span("chunk", chunk, causal)
     if not isinstance(sinks, bool):
         raise ValueError(f"sinks must be True or False, got {sinks!r}")
-    if query_temperature is not None and not isinstance(query_temperature, QueryTemperature):
+    if query_temperature is not None and not isinstance(query_temperature, TemperatureForm):
         raise ValueError(
-            f"query_temperature must be a posenc.patterns.QueryTemperature, got {query_temperature!r}"
+            "query_temperature must be a posenc.patterns.QueryTemperature (Llama 4) or LogQueryTemperature "
+            f"(Inkling), got {query_temperature!r}"
         )
-    return window, chunk, sinks, query_temperature
+    return window, chunk, sinks, query_temperature, check_softcap(softcap)
 
 
 def check_input(x: Tensor, name: str, embed_dim: int, weight: Tensor) -> None:

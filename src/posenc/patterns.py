@@ -16,7 +16,20 @@ llama4     3 chunked RoPE layers : 1 global NoPE layer (``(i + 1) % 4 == 0``), c
 smollm3    RoPE (base 2e6) everywhere except every 4th layer (``(i + 1) % 4 == 0``), which is NoPE.
 gpt-oss    alternating sliding window (even layers, window 128) and full attention, learned
            attention sinks in every layer.
+cohere2    3 sliding : 1 full (``(i + 1) % 4 == 0``). Sliding: window 4096, RoPE base 1e4 with
+           interleaved pairing; full layers NoPE (Command R7B / Command A).
+gemma4     5 local : 1 global, the last layer always global. Local: window 512, RoPE base 1e4;
+           global: p-RoPE (HF ``"proportional"``), base 1e6, a quarter of the pairs rotating.
+granite-   1 full : 3 sliding (``i % 4 == 0`` full, the first layer included), window 128, RoPE
+swa        base 1e4 (``full_base=0`` / ``sliding_base=0``: NoPE, HF's ``layer_rope_theta`` 0),
+           learned attention sinks in every layer (Granite SWA / "granite-swash").
+olmo3      3 sliding : 1 full (``(i + 1) % 4 == 0``), window 4096, RoPE base 5e5 in both.
+swan       SWAN-GPT (Puvvada et al. 2025): each block of ``nope_every`` (4) layers is one global
+           NoPE layer followed by sliding-window RoPE layers (window 512, RoPE base 1e4).
 =========  ===================================================================================
+
+Parts of these models that posenc does not build are left out and named in each preset's
+docstring (Gemma 4's K = V and KV-shared layers, SWAN-GPT's log scaling, Granite's multipliers).
 
 Sizes (window, chunk) default to the published ones; CPU-scale experiments pass smaller ones.
 """
@@ -28,20 +41,35 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+from torch import Tensor
+
 from .spec import parse_spec
 
 __all__ = [
     "LAYER_PRESETS",
     "LayerSpec",
+    "LogQueryTemperature",
     "QueryTemperature",
+    "TemperatureForm",
     "available_layer_presets",
     "is_layer_preset",
     "layer_pattern",
 ]
 
 
+class TemperatureForm:
+    """A position-dependent query scale (a layer's ``query_temperature``): queries at position ``p``
+    are multiplied by :meth:`factors` after the encoding acts. Llama 4's floored form is
+    :class:`QueryTemperature`, Inkling's continuous one :class:`LogQueryTemperature`."""
+
+    def factors(self, positions: Tensor) -> Tensor:
+        """The scale of each query: ``positions [B|1, T]`` (integers) -> ``[B|1, 1, T, 1]`` float32."""
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class QueryTemperature:
+class QueryTemperature(TemperatureForm):
     """A position-dependent query scale: queries at position ``p`` are multiplied by
     ``log1p(floor((p + position_offset) / floor_scale)) * attn_scale + 1``.
 
@@ -60,6 +88,46 @@ class QueryTemperature:
         if not math.isfinite(self.attn_scale):
             raise ValueError(f"QueryTemperature: attn_scale must be finite, got {self.attn_scale}")
 
+    def factors(self, positions: Tensor) -> Tensor:
+        """``log1p(floor((p + offset) / floor_scale)) * attn_scale + 1`` as ``[B|1, 1, T, 1]`` float32."""
+        shifted = (positions.to(torch.float32) + self.position_offset) / self.floor_scale
+        return (torch.log1p(torch.floor(shifted)) * self.attn_scale + 1.0)[:, None, :, None]
+
+
+@dataclass(frozen=True)
+class LogQueryTemperature(TemperatureForm):
+    """The continuous log temperature: queries at position ``p`` are multiplied by
+    ``1 + alpha * ln(max((p + position_offset) / n_floor, 1))``: 1 up to ``n_floor`` tokens, then
+    growing with the log of the length, without Llama 4's floor steps.
+
+    Inkling's global layers (HF ``InklingAttention``: ``log_scaling_alpha``, ``log_scaling_n_floor``,
+    positions counted from 1, the defaults' ``position_offset=1``). Inkling multiplies its
+    relative-projection bias by the same factor; this scale acts on the queries only.
+    """
+
+    n_floor: float
+    alpha: float = 0.1
+    position_offset: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.n_floor) and self.n_floor > 0):
+            raise ValueError(
+                f"LogQueryTemperature: n_floor must be finite and > 0 (HF log_scaling_n_floor), got {self.n_floor}"
+            )
+        if not math.isfinite(self.alpha):
+            raise ValueError(
+                f"LogQueryTemperature: alpha must be finite (HF log_scaling_alpha), got {self.alpha}"
+            )
+        if not math.isfinite(self.position_offset):
+            raise ValueError(
+                f"LogQueryTemperature: position_offset must be finite, got {self.position_offset}"
+            )
+
+    def factors(self, positions: Tensor) -> Tensor:
+        """``1 + alpha * ln(max((p + offset) / n_floor, 1))`` as ``[B|1, 1, T, 1]`` float32."""
+        ratio = (positions.to(torch.float32) + self.position_offset) / self.n_floor
+        return (1.0 + self.alpha * torch.log(ratio.clamp(min=1.0)))[:, None, :, None]
+
 
 @dataclass(frozen=True)
 class LayerSpec:
@@ -69,7 +137,9 @@ class LayerSpec:
     window: int | None = None
     chunk: int | None = None
     sinks: bool = False
-    temperature: QueryTemperature | None = None
+    temperature: TemperatureForm | None = None
+    #: Logit soft-capping (Gemma 2): ``softcap * tanh(s / softcap)`` on the layer's logits, or None.
+    softcap: float | None = None
 
 
 #: Layer presets by name: ``fn(num_layers, **options) -> [LayerSpec per layer]`` (the recipes of
@@ -136,6 +206,131 @@ def gpt_oss(num_layers: int, window: int = 128, base: float = 150_000.0) -> list
     """gpt-oss: sliding-window and full layers alternating, attention sinks everywhere."""
     return [
         LayerSpec(f"rope:base={base}", window=window if i % 2 == 0 else None, sinks=True)
+        for i in range(num_layers)
+    ]
+
+
+@_layer_preset("cohere2")
+def cohere2(
+    num_layers: int, window: int = 4096, full_every: int = 4, base: float = 10_000.0
+) -> list[LayerSpec]:
+    """Cohere 2 (Command R7B, Command A): sliding-window RoPE layers, every ``full_every``-th layer
+    full attention without positions (NoPE).
+
+    As HF ``Cohere2Config``: ``layer_types`` (``sliding_window_pattern`` 4), ``sliding_window``
+    4096 and ``rope_theta`` 1e4 (the released checkpoints set their own theta: pass ``base``);
+    Cohere rotates interleaved pairs ``(2k, 2k + 1)`` (HF ``Cohere2RotaryEmbedding``), so the
+    sliding layers use ``pairing=interleaved``. Not in the recipe: Cohere's parallel attention/MLP
+    block and its logit scale (the model around the layers is posenc's).
+    """
+    return [
+        LayerSpec("nope")
+        if (i + 1) % full_every == 0
+        else LayerSpec(f"rope:base={base},pairing=interleaved", window=window)
+        for i in range(num_layers)
+    ]
+
+
+@_layer_preset("gemma4")
+def gemma4(
+    num_layers: int,
+    window: int = 512,
+    global_every: int = 6,
+    local_base: float = 10_000.0,
+    global_base: float = 1_000_000.0,
+    global_rotating: float = 0.25,
+) -> list[LayerSpec]:
+    """Gemma 4: local sliding-window RoPE layers, every ``global_every``-th layer and always the
+    last one global with p-RoPE (only ``global_rotating`` of the pairs rotate, at the frequencies
+    of the whole head).
+
+    Exact, as HF ``Gemma4TextConfig``: ``layer_types`` (5:1, the last layer forced to
+    ``full_attention``), ``sliding_window`` 512, ``rope_parameters`` per layer type (local:
+    ``default``, theta 1e4; global: ``proportional``, theta 1e6, ``partial_rotary_factor``
+    0.25).
+
+    Approximated (a :class:`LayerSpec` cannot say them; the recipe's layers are ordinary ones):
+    the global layers' larger head (``global_head_dim`` 512 against 256) and their own KV-head
+    count; K = V (``attention_k_eq_v``: values from the key projection; a single layer has it as
+    ``MultiheadAttention(value_from_key=True)``, and ``posenc.hf`` serves it in HF's model);
+    KV-shared layers (``num_kv_shared_layers``: the last layers reuse the K/V of the last unshared
+    layer of their type); the q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
+    """
+    return [
+        LayerSpec(f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}")
+        if (i + 1) % global_every == 0 or i == num_layers - 1
+        else LayerSpec(f"rope:base={local_base}", window=window)
+        for i in range(num_layers)
+    ]
+
+
+@_layer_preset("granite-swa")
+def granite_swa(
+    num_layers: int,
+    window: int = 128,
+    full_every: int = 4,
+    sliding_base: float = 10_000.0,
+    full_base: float = 10_000.0,
+) -> list[LayerSpec]:
+    """Granite SWA ("granite-swash"): the first of every ``full_every`` layers full attention, the
+    others a sliding window; learned attention sinks (one logit per head) in every layer.
+
+    As HF ``GraniteSWAConfig``: ``layer_types`` (``i % 4 == 0`` full), ``sliding_window`` 128,
+    ``layer_rope_theta`` (default ``rope_theta`` 1e4 everywhere; a base of 0 is NoPE, as HF's
+    ``layer_rope_theta`` entry 0), the per-head ``sinks`` of ``GraniteSWAAttention``.
+    Approximated: Granite's ``attention_multiplier`` (HF scales scores by it, default 1, instead of
+    ``1/sqrt(head_dim)``) and its embedding, residual and logit multipliers, which are the model's,
+    not the layer's.
+    """
+
+    def encoding(base: float) -> str:
+        return f"rope:base={base}" if base else "nope"
+
+    return [
+        LayerSpec(encoding(full_base), sinks=True)
+        if i % full_every == 0
+        else LayerSpec(encoding(sliding_base), window=window, sinks=True)
+        for i in range(num_layers)
+    ]
+
+
+@_layer_preset("olmo3")
+def olmo3(
+    num_layers: int,
+    window: int = 4096,
+    full_every: int = 4,
+    sliding_base: float = 500_000.0,
+    full_base: float = 500_000.0,
+) -> list[LayerSpec]:
+    """OLMo 3: sliding-window RoPE layers, every ``full_every``-th layer full attention.
+
+    As HF ``Olmo3Config``: ``layer_types`` (``(i + 1) % 4 == 0`` full), ``sliding_window`` 4096,
+    ``rope_parameters`` per layer type (theta 5e5 in both). HF applies a ``rope_scaling`` (the
+    long-context checkpoints' YaRN) to the full layers only: give such a model a list of
+    :class:`LayerSpec` with the scaled spec on those layers. Not in the recipe: OLMo's q/k norms.
+    """
+    return [
+        LayerSpec(f"rope:base={full_base}")
+        if (i + 1) % full_every == 0
+        else LayerSpec(f"rope:base={sliding_base}", window=window)
+        for i in range(num_layers)
+    ]
+
+
+@_layer_preset("swan")
+def swan(num_layers: int, window: int = 512, nope_every: int = 4, base: float = 10_000.0) -> list[LayerSpec]:
+    """SWAN-GPT (Puvvada et al. 2025, "SWAN-GPT: An Efficient and Scalable Approach for
+    Long-Context Language Modeling"): NoPE layers with global attention interleaved with
+    sliding-window RoPE layers (SWA-RoPE); each block of ``nope_every`` layers starts with the
+    NoPE layer (the paper's 1 NoPE : 3 SWA-RoPE, window 512).
+
+    Approximated: the paper's dynamic logarithmic scaling of the NoPE layers' attention scores at
+    inference beyond the training length is not built (posenc's :class:`QueryTemperature` is
+    Llama 4's floored form, :class:`LogQueryTemperature` Inkling's; neither is SWAN's), so the NoPE
+    layers here are unscaled. No HF configuration exists: the test writes the paper's layout out.
+    """
+    return [
+        LayerSpec("nope") if i % nope_every == 0 else LayerSpec(f"rope:base={base}", window=window)
         for i in range(num_layers)
     ]
 

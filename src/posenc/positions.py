@@ -10,7 +10,8 @@ the defaults here, computed the same way by :class:`~posenc.MultiheadAttention`,
 * :func:`padding_with_cache`, :func:`documents_with_cache`: a call's padding and document ids
   over every key, the cached ones first;
 * :func:`prefix_lengths`: a prefix LM's ``prefix_len`` as ``[B]``;
-* :func:`temperature_factors`: Llama 4's position-dependent query scale;
+* :func:`temperature_factors`: a position-dependent query scale (Llama 4's floored form, Inkling's
+  continuous log form);
 * :func:`embed_positions`: where ABSOLUTE encodings act.
 """
 
@@ -22,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .base import PositionalEncoding, checks_values
-from .patterns import QueryTemperature
+from .patterns import TemperatureForm
 
 __all__ = [
     "checked_positions",
@@ -212,12 +213,10 @@ def prefix_lengths(prefix_len: int | Tensor, batch: int, k_len: int, device: tor
     return lengths
 
 
-def temperature_factors(temperature: QueryTemperature, positions: Tensor) -> Tensor:
-    """Query scales ``[B|1, 1, T, 1]`` (float32): ``log1p(floor((p + offset) / floor_scale)) * attn_scale + 1``."""
-    p = positions.to(torch.float32)
-    shifted = (p + temperature.position_offset) / temperature.floor_scale
-    factors = torch.log1p(torch.floor(shifted)) * temperature.attn_scale + 1.0
-    return factors[:, None, :, None]
+def temperature_factors(temperature: TemperatureForm, positions: Tensor) -> Tensor:
+    """Query scales ``[B|1, 1, T, 1]`` (float32) of ``temperature`` at ``positions [B|1, T]``
+    (:meth:`~posenc.patterns.TemperatureForm.factors`)."""
+    return temperature.factors(positions)
 
 
 def embed_positions(encoding: PositionalEncoding, x: Tensor, positions: Tensor) -> Tensor:

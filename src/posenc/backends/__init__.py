@@ -28,9 +28,11 @@ from torch import Tensor, nn
 from ..base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates
 from ..masks import AttentionMask
 from . import _memo
+from ._softcap import SOFTCAP_REASON, check_softcap
 
 __all__ = [
     "INPUT_BIAS_REASON",
+    "SOFTCAP_REASON",
     "AttentionRequest",
     "Backend",
     "NoBackendError",
@@ -186,6 +188,9 @@ class AttentionRequest:
     known_finite_keys: int = 0
     #: Set when :attr:`has_nonfinite` finds every key and value finite (the cache entry storing them).
     finite_mark: FiniteMark | None = None
+    #: Logit soft-capping (Gemma 2): the q/k logit ``s`` becomes ``softcap * tanh(s / softcap)`` before
+    #: the bias and masks are added; None for none. Only backends with ``serves_softcap`` apply it.
+    softcap: float | None = None
 
     def __post_init__(self) -> None:
         self._check_fields()
@@ -259,6 +264,10 @@ class AttentionRequest:
         _check_number("scale", self.scale, "a finite number > 0 (the logit scale, 1/sqrt(D) by default)")
         if not (math.isfinite(self.scale) and self.scale > 0):
             raise _field_error("scale", f"must be finite and > 0 (1/sqrt(D) by default), got {self.scale!r}")
+        try:
+            self.softcap = check_softcap(self.softcap)
+        except ValueError as error:
+            raise _field_error("softcap", str(error).removeprefix("softcap ")) from None
         _check_number("dropout_p", self.dropout_p, "a probability in [0, 1)")
         if not 0.0 <= self.dropout_p < 1.0:
             raise _field_error("dropout_p", f"must be in [0, 1), got {self.dropout_p!r}")
@@ -457,7 +466,8 @@ class AttentionRequest:
         return (
             f"{self.encoding.name} ({self.kind.value}); q {list(self.q.shape)}, k/v {list(self.k.shape)}, "
             f"{self.q.dtype}, {self.q.device}; mask: {self.mask.describe()}; sinks: {self.sinks is not None}; "
-            f"grad: {self.needs_grad}, dropout: {self.dropout_p}, need_weights: {self.need_weights}"
+            + (f"softcap: {self.softcap:g}; " if self.softcap is not None else "")
+            + f"grad: {self.needs_grad}, dropout: {self.dropout_p}, need_weights: {self.need_weights}"
         )
 
 
@@ -499,11 +509,14 @@ def backend_limits(backend: Backend, request: AttentionRequest) -> list[str]:
     """``backend.reasons(request)`` plus the limits every backend shares, checked here once.
 
     A backend evaluates an input-dependent bias only when it says so (``serves_input_bias = True``);
-    any other would read the encoding's position-only view and give silently wrong attention.
+    any other would read the encoding's position-only view and give silently wrong attention. Likewise
+    it soft-caps logits (``request.softcap``) only when it says so (``serves_softcap = True``).
     """
     reasons = list(backend.reasons(request))
     if request.token_states is not None and not getattr(backend, "serves_input_bias", False):
         reasons.append(INPUT_BIAS_REASON)
+    if request.softcap is not None and not getattr(backend, "serves_softcap", False):
+        reasons.append(SOFTCAP_REASON)
     return reasons
 
 

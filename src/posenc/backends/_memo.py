@@ -12,8 +12,8 @@ built-in backends read from a request, and only for the requests where that is a
 
 The key: the requested backend, the device type's order (``dispatch.PRIORITY`` as it stands: a
 direct edit of it changes the answer as :func:`~posenc.backends.dispatch.set_priority` does), the
-device, dtype and shapes of q, k and v, the kind, the causal offset, sinks (present or not),
-dropout > 0, need_weights, grad mode and whether anything requires grad. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
+device, dtype and shapes of q, k and v, the kind, the causal offset, sinks (present or not), the
+soft-cap, dropout > 0, need_weights, grad mode and whether anything requires grad. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
 made without finding nan or inf, and the caller tests it again on every hit.
 
 :func:`bump` (``register_backend``, ``use_backend``) empties the memo; ``set_priority`` need not, as
@@ -81,6 +81,7 @@ def signature(request, requested: str, backends: dict) -> tuple | None:
         request.kind,
         offset,
         request.sinks is not None,
+        request.softcap,
         request.dropout_p > 0,
         request.need_weights,
         torch.is_grad_enabled(),

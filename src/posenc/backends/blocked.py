@@ -29,6 +29,12 @@ The exact splits that beat masked blocks on some requests are backends of their 
 this one: ``near_far`` (long square self-attention with a far constant or separable terms) and
 ``segments`` (kinds without a bias under windows, documents and chunks).
 
+**Soft-capping** (``request.softcap``, Gemma 2) needs each ``q·kᵀ·scale`` before the bias is added,
+which the fused kernel never exposes: a capped request runs the explicit blocks forward and backward
+(``c·tanh(s / c)``, then the bias rows; the backward multiplies the logit gradient by ``1 − tanh²``
+for q and k, while the bias still gets the gradient of the capped, biased logits). This is the
+backend ``auto`` picks for soft-capped ABSOLUTE, ROTARY and BIAS requests on CPU (sdpa takes no logits).
+
 Masks come from the request's :class:`~posenc.masks.AttentionMask`: ``key_range`` tells a block
 which keys it can skip, ``rows`` gives its boolean rows (hidden logits become ``finfo(dtype).min``
 and so get probability 0 and no gradient), and rows that see no key are zeroed after the kernel.
@@ -50,6 +56,7 @@ from ._flash import FLASH_DTYPES as _FLASH_DTYPES
 from ._flash import NONFINITE_REASON, accumulation_dtype, flash_backward, flash_forward, kernel_layout
 from ._flash import cpu_flash_available as _cpu_flash_available
 from ._sinks import merge_sinks, sink_grad
+from ._softcap import soft_cap, soft_cap_backward
 
 __all__ = [
     "DEFAULT_BLOCK",
@@ -81,6 +88,7 @@ class _Plan:
     d_min: int  # smallest distance k_pos - q_pos (table modes)
     use_flash: bool
     q_len: int
+    softcap: float | None = None  # c in c·tanh(s / c) on the q/k logits (explicit blocks only)
     strip: Tensor | None = field(default=None, repr=False)  # toeplitz: [H, block, Tq + Tk - 1]
     param_names: list[str] = field(default_factory=list)  # function mode: "encoding.<name>" of params
     state: dict[str, Tensor] = field(default_factory=dict, repr=False)  # every tensor of the encoding
@@ -202,9 +210,11 @@ def _sum_to(grad: Tensor, shape: torch.Size) -> Tensor:
     return grad.sum(dim=dims, keepdim=True) if dims else grad
 
 
-def _explicit_block(q_blk: Tensor, k_blk: Tensor, bias: Tensor | None, scale: float) -> Tensor:
-    """Scaled logits plus bias ``[B, H, rows, keys]``."""
-    logits = torch.matmul(q_blk, k_blk.transpose(-1, -2)).mul_(scale)
+def _explicit_block(
+    q_blk: Tensor, k_blk: Tensor, bias: Tensor | None, scale: float, softcap: float | None = None
+) -> Tensor:
+    """Scaled (and soft-capped) logits plus bias ``[B, H, rows, keys]``."""
+    logits = soft_cap(torch.matmul(q_blk, k_blk.transpose(-1, -2)).mul_(scale), softcap)
     return logits if bias is None else logits.add_(bias)
 
 
@@ -244,7 +254,7 @@ class _BlockedBiasAttention(torch.autograd.Function):
                     scale=plan.scale,
                 )
             else:
-                logits = _explicit_block(q_blk, k_blk, bias, plan.scale).to(lse.dtype)
+                logits = _explicit_block(q_blk, k_blk, bias, plan.scale, plan.softcap).to(lse.dtype)
                 l_blk = torch.logsumexp(logits, dim=-1)
                 # softmax, not exp(logits - lse): a fully masked row's lse rounds to finfo.min.
                 o_blk = torch.matmul(torch.softmax(logits, dim=-1).to(q.dtype), v_blk)
@@ -307,10 +317,16 @@ class _BlockedBiasAttention(torch.autograd.Function):
             keys = k1 - k0
             k3, v3 = k_blk.reshape(batch * heads, keys, -1), v_blk.reshape(batch * heads, keys, -1)
             g3 = g_blk.reshape(batch * heads, rows, -1)
-            if bias is None:
+            bias3 = (
+                None if bias is None else bias.expand(batch, heads, -1, -1).reshape(batch * heads, rows, keys)
+            )
+            capped = None
+            if plan.softcap is not None:
+                capped = soft_cap(torch.bmm(q3, k3.transpose(1, 2)), plan.softcap)
+                logits = capped.clone() if bias3 is None else capped + bias3
+            elif bias3 is None:
                 logits = torch.bmm(q3, k3.transpose(1, 2))
             else:
-                bias3 = bias.expand(batch, heads, -1, -1).reshape(batch * heads, rows, keys)
                 logits = torch.baddbmm(bias3, q3, k3.transpose(1, 2))
             # Rows that see no key get a zero output gradient (their output is zeroed after this
             # function), so whatever finite values their probabilities take here cancel.
@@ -325,6 +341,8 @@ class _BlockedBiasAttention(torch.autograd.Function):
             d_logits4 = d_logits.view(batch, heads, rows, keys)  # zero where hidden: P is 0 there
             if want_bias:
                 _bias_grad(plan, d_logits4, d_table, state, params, d_params, needs[6:], i0, i1, k0)
+            if capped is not None:  # q and k reach the logits through the cap
+                d_logits = soft_cap_backward(d_logits, capped, plan.softcap)
             dq[:, :, i0:i1] = torch.bmm(d_logits, k3).mul_(plan.scale).view(batch, heads, rows, -1)
             dk[:, :, k0:k1] += torch.bmm(d_logits.transpose(1, 2), q3).view(batch, heads, keys, -1)
             dv[:, :, k0:k1] += dv_blk.view(batch, heads, keys, -1)
@@ -410,8 +428,12 @@ def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]
         block=block,
         mode=mode,
         d_min=d_min,
-        use_flash=req.q.device.type == "cpu" and req.q.dtype in _FLASH_DTYPES and _cpu_flash_available(),
+        use_flash=req.softcap is None
+        and req.q.device.type == "cpu"
+        and req.q.dtype in _FLASH_DTYPES
+        and _cpu_flash_available(),
         q_len=req.q_len,
+        softcap=req.softcap,
     )
     return plan, table
 
@@ -506,8 +528,11 @@ def query_block_declines(request: AttentionRequest) -> list[str]:
 
 class BlockedBackend:
     name = "blocked"
+    serves_softcap = True  # explicit blocks (see the module's docstring)
 
     def declines(self, request: AttentionRequest) -> list[str]:
+        if request.softcap is not None:  # sdpa cannot cap: no cheaper fused call to defer to
+            return []
         return query_block_declines(request)
 
     def reasons(self, request: AttentionRequest) -> list[str]:

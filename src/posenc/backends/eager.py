@@ -13,10 +13,13 @@ from torch import Tensor
 from ..base import Kind
 from . import AttentionRequest, register_backend
 from ._sinks import softmax_with_sinks
+from ._softcap import soft_cap
 
 
 def attention_logits(req: AttentionRequest) -> Tensor:
-    """Scaled, masked logits ``[B, H, Tq, Tk]`` in the query dtype (hidden entries are ``finfo.min``)."""
+    """Scaled, masked logits ``[B, H, Tq, Tk]`` in the query dtype (hidden entries are ``finfo.min``):
+    the q/k logits, soft-capped when the request says so (:mod:`~posenc.backends._softcap`), then the
+    bias, the float mask and the hidden keys."""
     q = req.q
     k, _ = req.kv_per_query_head()
     if req.kind is Kind.CONTENT:
@@ -25,6 +28,7 @@ def attention_logits(req: AttentionRequest) -> Tensor:
         logits = req.encoding.logits(q, k, req.q_pos, req.k_pos, scale=req.scale, layer=req.layer, **extra)
     else:
         logits = (q @ k.transpose(-1, -2)) * req.scale
+    logits = soft_cap(logits, req.softcap)
     if req.kind is Kind.BIAS:
         logits = logits + req.dense_bias().to(logits.dtype)
     additive = req.mask.additive
@@ -47,6 +51,7 @@ def attention_probs(req: AttentionRequest) -> Tensor:
 class EagerBackend:
     name = "eager"
     serves_input_bias = True
+    serves_softcap = True
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         return []

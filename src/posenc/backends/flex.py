@@ -1,4 +1,5 @@
-"""``flex`` backend: FlexAttention driven by the encoding's one bias definition (BIAS kinds).
+"""``flex`` backend: FlexAttention driven by the encoding's one bias definition (BIAS kinds), and
+soft-capped logits (``request.softcap``, Gemma 2) of any kind but CONTENT.
 
 The ``score_mod`` adds ``encoding.bias_at(h, q_pos[b, q_idx], k_pos[b, kv_idx])`` to each score:
 positions are looked up, not taken from the indices, so explicit positions, left padding and KV
@@ -6,7 +7,9 @@ caches work. An input-dependent bias (FoX) adds ``input_bias().bias_at_index(tok
 q_idx, kv_idx)`` instead: its ``bias_at`` is the bias at zero input, for plots only. The request's mask supplies the ``mask_mod`` and block mask
 (:meth:`posenc.masks.AttentionMask.block_mask`); a float ``attn_mask`` is added in the ``score_mod``. ``flex_attention`` is wrapped in ``torch.compile``
 once (``dynamic=False``): dynamo compiles it once per shape and dtype and reuses it, and a fresh
-``score_mod`` closure per call does not recompile.
+``score_mod`` closure per call does not recompile. With ``softcap`` the ``score_mod`` caps the score
+(``c * tanh(score / c)``) before it adds the bias, as the other backends do; that is also how an
+ABSOLUTE or ROTARY request with soft-capping reaches a fused kernel (sdpa takes no logits).
 
 What this backend refuses, with the reason stated (facts measured on torch 2.13):
 
@@ -34,6 +37,7 @@ from torch import Tensor
 
 from ..base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
+from ._softcap import soft_cap
 
 __all__ = ["FlexBackend", "flex_available", "flex_bias_attention"]
 
@@ -96,10 +100,12 @@ def _shape_key(req: AttentionRequest) -> tuple:
 # ---------------------------------------------------------------------------- score mod
 
 
-def _bias_mod(req: AttentionRequest) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+def _bias_mod(req: AttentionRequest) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor] | None:
     """The bias of score ``(b, h, q_idx, kv_idx)``: ``bias_at`` of the positions, or, for an
     input-dependent bias, the encoding's ``bias_at_index`` of the token states (its ``bias_at`` is
-    then only the bias at zero input, never the attention's)."""
+    then only the bias at zero input, never the attention's); None for a kind without a bias."""
+    if req.kind is not Kind.BIAS:
+        return None
     states = req.token_states
     if states is not None:
         at_index = req.input_bias().bias_at_index
@@ -112,23 +118,27 @@ def _bias_mod(req: AttentionRequest) -> Callable[[Tensor, Tensor, Tensor, Tensor
 
 
 def _score_mod(req: AttentionRequest) -> Callable:
-    """``score + bias(b, h, q, kv)`` (+ the float mask), for FlexAttention."""
+    """``cap(score) + bias(b, h, q, kv)`` (+ the float mask), for FlexAttention (``cap`` the request's
+    soft-capping, or none)."""
     bias_of = _bias_mod(req)
     additive = req.mask.additive
     if additive is not None:
         additive = additive.expand(req.q.shape[0], req.num_heads, req.q_len, req.k_len)
+    softcap = req.softcap
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        bias = bias_of(b, h, q_idx, kv_idx)
+        score = soft_cap(score, softcap)
+        if bias_of is not None:
+            score = score + bias_of(b, h, q_idx, kv_idx).to(score.dtype)
         if additive is not None:
-            bias = bias + additive[b, h, q_idx, kv_idx]
-        return score + bias.to(score.dtype)
+            score = score + additive[b, h, q_idx, kv_idx].to(score.dtype)
+        return score
 
     return score_mod
 
 
 def flex_bias_attention(req: AttentionRequest, *, compiled: bool = True) -> Tensor:
-    """Attention output ``[B, H, Tq, D]`` of a BIAS request through FlexAttention.
+    """Attention output ``[B, H, Tq, D]`` of a BIAS or soft-capped request through FlexAttention.
 
     ``compiled=False`` runs FlexAttention's uncompiled reference (it materialises the scores; for
     tests of the score and mask functions only).
@@ -158,6 +168,7 @@ class FlexBackend:
     name = "flex"
     # An input-dependent bias (FoX) runs through its pointwise bias_at_index (the score_mod).
     serves_input_bias = True
+    serves_softcap = True  # the score_mod caps each score
 
     def declines(self, request: AttentionRequest) -> list[str]:
         if request.q.device.type == "cpu":
@@ -167,7 +178,8 @@ class FlexBackend:
         return []
 
     def reasons(self, request: AttentionRequest) -> list[str]:
-        reasons = kind_reasons(request, Kind.BIAS)
+        capped_plain = request.softcap is not None and request.kind in (Kind.ABSOLUTE, Kind.ROTARY)
+        reasons = [] if capped_plain else kind_reasons(request, Kind.BIAS)
         if (
             request.kind is Kind.BIAS
             and request.token_states is not None

@@ -25,6 +25,7 @@ from torch.utils.checkpoint import checkpoint
 from ..base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
 from ._sinks import softmax_with_sinks
+from ._softcap import soft_cap
 
 __all__ = ["DEFAULT_BLOCK", "DENSE_LIMIT", "RelativeBackend", "relative_attention"]
 
@@ -39,7 +40,9 @@ def _block_output(
     """Attention output of query rows ``i0:i1`` against keys ``:k_end``, as the eager backend does."""
     q_pos = req.q_pos[:, i0:i1]
     k_pos = req.k_pos[:, :k_end]
-    logits = req.encoding.logits(q_blk, k, q_pos, k_pos, scale=req.scale, layer=req.layer)
+    logits = soft_cap(
+        req.encoding.logits(q_blk, k, q_pos, k_pos, scale=req.scale, layer=req.layer), req.softcap
+    )
     additive = req.mask.additive_rows(i0, i1, 0, k_end)
     if additive is not None:
         logits = logits + additive.to(logits.dtype)
@@ -84,6 +87,7 @@ def relative_attention(
 
 class RelativeBackend:
     name = "relative"
+    serves_softcap = True  # the encoding's logits are explicit, a block at a time
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         reasons = kind_reasons(request, Kind.CONTENT)

@@ -22,6 +22,7 @@ from . import (
     Backend,
     NoBackendError,
     available_backends,
+    backend_limits,
     get_backend,
     requested_backend,
     select_backend,
@@ -60,6 +61,7 @@ def attend(
     backend: str = "auto",
     known_finite_keys: int = 0,
     finite_mark: FiniteMark | None = None,
+    softcap: float | None = None,
 ) -> tuple[str, Tensor, Tensor | None]:
     """Attention of ``q`` over ``k``, ``v`` under ``encoding``, on ``backend`` (or the one ``auto`` picks).
 
@@ -72,7 +74,8 @@ def attend(
     an input-dependent bias's states (FoX); ``layer``: the calling module, for CONTENT encodings with
     per-layer parameters. ``known_finite_keys``: the first keys and values are a cache's, checked
     finite when written, so the nan check reads only the rest; ``finite_mark`` is set when every key
-    and value is found finite (see :class:`~posenc.backends.AttentionRequest`).
+    and value is found finite (see :class:`~posenc.backends.AttentionRequest`). ``softcap``: logit
+    soft-capping (Gemma 2), ``softcap * tanh(s / softcap)`` on the q/k logits, or None.
 
     Returns ``(backend name, out [B, H, Tq, Dv], weights [B, H, Tq, Tk] or None)``: weights only
     with ``need_weights``, from the backend or recomputed on the eager reference path.
@@ -98,6 +101,7 @@ def attend(
         token_states=token_states,
         known_finite_keys=known_finite_keys,
         finite_mark=finite_mark,
+        softcap=softcap,
     )
     return run_attention(request, backend)
 
@@ -162,6 +166,6 @@ def traced_backend(request: AttentionRequest, backend: str) -> Backend:
                 "or 'auto' in a compiled layer"
             )
         candidate = get_backend(name)
-        if not candidate.reasons(request):
+        if not backend_limits(candidate, request):  # the shared limits too (soft-capping, input biases)
             return candidate
     return select_backend(request, backend)  # none fits: the dispatcher's error names every reason

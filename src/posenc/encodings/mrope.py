@@ -468,6 +468,7 @@ class MRoPE(RotaryEncoding):
         num_axes: int | None = None,
         scaling: str | None = None,
         factor: float | None = None,
+        alpha: float | None = None,
         original_max_position_embeddings: int | None = None,
         max_position_embeddings: int | None = None,
         beta_fast: float | None = None,
@@ -501,6 +502,7 @@ class MRoPE(RotaryEncoding):
         check_pairing(pairing)
         options = dict(
             factor=factor,
+            alpha=alpha,
             original_max_position_embeddings=original_max_position_embeddings,
             max_position_embeddings=max_position_embeddings,
             beta_fast=beta_fast,

@@ -252,6 +252,7 @@ class RoPE(RotaryEncoding):
         cache_size: int = 2048,
         scaling: str | None = None,
         factor: float | None = None,
+        alpha: float | None = None,
         original_max_position_embeddings: int | None = None,
         max_position_embeddings: int | None = None,
         beta_fast: float | None = None,
@@ -281,6 +282,7 @@ class RoPE(RotaryEncoding):
         check_table_size("rope", "cache_size", cache_size, cache_size * max(head_dim or 2, 2))  # cos and sin
         options = dict(
             factor=factor,
+            alpha=alpha,
             original_max_position_embeddings=original_max_position_embeddings,
             max_position_embeddings=max_position_embeddings,
             beta_fast=beta_fast,

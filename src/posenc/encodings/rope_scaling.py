@@ -27,7 +27,9 @@ Types (docs/conventions.md §7.5):
 * ``default``: ``θ_k = b^(-2k/d_r)``.
 * ``linear``: position interpolation, ``θ_k / s``.
 * ``ntk``: static NTK-aware base rescale ``b' = b · s^(d_r / (d_r - 2))`` (the formula of
-  rotary-embedding-torch's ``theta_rescale_factor``); not an HF type.
+  rotary-embedding-torch's ``theta_rescale_factor``); not an HF type. ``s`` is ``factor`` or, under
+  HunYuan's name, ``alpha`` (NTK-alpha: HF HunYuan's ``{"rope_type": "dynamic", "alpha": a}``, which
+  its rotary embedding relabels ``ntk_alpha``, reads as this type).
 * ``dynamic``: dynamic NTK, ``b' = b · (s·L'/L - (s - 1))^(d_r/(d_r - 2))`` with
   ``L' = max(seq_len, L)``; unchanged while ``seq_len <= L``.
 * ``yarn``: NTK-by-parts ramp between ``θ`` and ``θ/s`` plus ``attention_scale = 0.1 ln s + 1``
@@ -72,7 +74,7 @@ _LENGTHS = ("original_max_position_embeddings", "max_position_embeddings")
 SCALING_OPTIONS: dict[str, tuple[str, ...]] = {
     "default": (),
     "linear": ("factor",),
-    "ntk": ("factor",),
+    "ntk": ("factor", "alpha"),
     "dynamic": ("factor", *_LENGTHS),
     "yarn": (
         "factor",
@@ -147,6 +149,7 @@ class RopeScaling:
 
     type: str = "default"
     factor: float | None = None
+    alpha: float | None = None
     original_max_position_embeddings: int | None = None
     max_position_embeddings: int | None = None
     beta_fast: float | None = None
@@ -179,8 +182,15 @@ class RopeScaling:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> RopeScaling:
-        """From an HF-style dict (``rope_type`` or the legacy ``type``; other keys are ignored)."""
+        """From an HF-style dict (``rope_type`` or the legacy ``type``; other keys are ignored).
+
+        HunYuan's NTK-alpha (``rope_type`` ``"dynamic"`` or ``"ntk_alpha"`` with an ``alpha``) is the
+        ``ntk`` type with that ``alpha``, as HF's ``HunYuanDenseV1RotaryEmbedding`` reads it: its
+        checkpoints' other options (``factor`` 1.0, ``beta_fast``, ...) are not read.
+        """
         rope_type = config.get("rope_type", config.get("type", "default")) or "default"
+        if rope_type in _NTK_ALPHA_TYPES and config.get("alpha") is not None:
+            return cls(type="ntk", alpha=config["alpha"])
         return cls(type=rope_type, **{k: config[k] for k in cls.OPTIONS if config.get(k) is not None})
 
     def options(self) -> dict[str, Any]:
@@ -371,13 +381,34 @@ def ntk_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Te
 
 
 def ntk_base(config: dict[str, Any]) -> float:
-    """The base of static NTK-aware scaling, ``b · factor^(d_r/(d_r-2))`` (``config`` as for
-    :func:`ntk_inv_freq`): what a rotary embedding without an ``ntk`` type is given instead."""
-    factor = _factor(config, "ntk")
+    """The base of static NTK-aware scaling, ``b · s^(d_r/(d_r-2))`` with ``s`` the ``factor`` or
+    HunYuan's ``alpha`` (one of them; ``config`` as for :func:`ntk_inv_freq`): what a rotary
+    embedding without an ``ntk`` type is given instead."""
+    factor = _ntk_factor(config)
     width = rotary_width(config)
     if width <= 2:
         raise ValueError(f"RoPE scaling 'ntk' needs a rotary dimension > 2, got {width}")
     return _base(config) * factor ** (width / (width - 2))
+
+
+#: The HF ``rope_type`` names under which HunYuan states NTK-alpha (with an ``alpha``).
+_NTK_ALPHA_TYPES = ("dynamic", "ntk_alpha")
+
+
+def _ntk_factor(config: dict[str, Any]) -> float:
+    """``s`` of the ntk type: ``factor``, or ``alpha`` (HunYuan's name for it), never both."""
+    alpha = config.get("alpha")
+    if alpha is None:
+        return _factor(config, "ntk")
+    if config.get("factor") is not None:
+        raise ValueError(
+            "RoPE scaling 'ntk': give factor or alpha (HunYuan's name for the same s in base * s^(d/(d-2))), "
+            f"not both (factor={config['factor']}, alpha={alpha})"
+        )
+    value = float(alpha)
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"RoPE scaling 'ntk': alpha must be finite and > 0, got {alpha}")
+    return value
 
 
 @_scaling(

@@ -48,6 +48,7 @@ __all__ = [
     "load_results",
     "measurement",
     "read_records",
+    "read_results",
     "read_run_records",
     "seed_interval",
     "summarize",
@@ -286,15 +287,21 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-def load_results(directory: str | Path) -> list[Record]:
-    """The checked records of ``directory/results.jsonl``; ``ValueError`` naming a malformed line."""
+def read_results(directory: str | Path) -> list[dict[str, Any]]:
+    """The checked records of ``directory/results.jsonl`` as the file holds them (:func:`read_records`);
+    ``FileNotFoundError`` without the file, ``ValueError`` naming a malformed line or an empty file."""
     path = Path(directory) / "results.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: is {directory} an experiment directory?")
-    records = [Record.from_dict(raw) for raw in read_records(path)]
+    records = read_records(path)
     if not records:
         raise ValueError(f"{path} holds no results")
     return records
+
+
+def load_results(directory: str | Path) -> list[Record]:
+    """The checked records of ``directory/results.jsonl`` (:func:`read_results`) as :class:`Record`."""
+    return [Record.from_dict(raw) for raw in read_results(directory)]
 
 
 def load_config(directory: str | Path) -> dict[str, Any]:

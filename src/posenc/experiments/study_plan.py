@@ -211,7 +211,7 @@ def plan_study(
 class StudyGrid:
     """A study as ``posenc submit`` splits it into array tasks: shard ``i`` of ``n`` runs the units
     at positions ``i, i + n, ...`` (as ``extrapolate --shard i/n`` does); a unit is finished in a
-    folder whose ``runs.jsonl`` records it. The protocol is :class:`.slurm.Grid`."""
+    folder whose ``runs.jsonl`` records it. The protocol is :class:`.grid.Grid`."""
 
     plan: StudyPlan
     #: The sub-folder of ``OUT`` (and of each shard folder) the study writes: none.

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..patterns import available_layer_presets
 from ..spec import LAYER_SEPARATOR, split_layers, split_specs
 from .results import atomic_write, iid_record
 from .tasks import IGNORE, Task, make_task, mix_seed
@@ -67,7 +68,9 @@ class ExperimentConfig:
         metadata={
             "help": "comma-separated encoding specs, options included: nope,alibi or rope:base=500000,pairing=half; "
             "a hybrid gives one spec per layer joined by '/': t5/sinusoidal; a layer preset with its "
-            "options: gemma3:window=8, llama4:chunk=8, smollm3, gpt-oss:window=8",
+            "options: gemma3:window=8, llama4:chunk=8, gpt-oss:window=8 (presets: "
+            + ", ".join(available_layer_presets())
+            + ")",
             "parse": split_specs,
         },
     )

@@ -4,7 +4,8 @@
 ``AttentionMaskInterface``) under the name ``"posenc"``. A model loaded or switched to it
 (``model.set_attn_implementation("posenc")``) then runs every attention call through posenc's
 backends (:mod:`posenc.backends`): the dispatcher picks the fastest one that can serve the call, and
-attention sinks (gpt-oss's ``s_aux``) are served exactly.
+attention sinks (gpt-oss's ``s_aux``) and logit soft-capping (Gemma 2's ``softcap``, by the backends
+that form each logit: blocked, eager, flex) are served exactly.
 
 What HF hands the attention function: ``query [B, H, Tq, D]`` and ``key``/``value [B, Hkv, Tk, D]``,
 already rotated by the model's own rotary embedding (so posenc adds no position term: the request's
@@ -18,8 +19,7 @@ T5's structured path (no dense bias) use :func:`use_posenc_attention`.
 transformers is optional (``pip install posenc[hf]``): importing this module does not import it;
 :func:`register` does, and says how to install it when it is missing.
 
-Not served (each a ValueError naming it): logit soft-capping (Gemma 2's ``softcap``) and HF's paged
-cache (continuous batching).
+Not served (a ValueError naming it): HF's paged cache (continuous batching).
 
 :func:`swap_encoding` replaces the rotary embedding of a Llama-family model (a decoder with one
 ``rotary_emb`` and layers whose ``self_attn`` rotates q and k with it) by any posenc encoding, one

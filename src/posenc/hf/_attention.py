@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..backends import get_backend
+from ..backends._softcap import check_softcap
 from ..backends.run import attend
 from ..base import FiniteMark, Kind, checks_values
 from ..masks import AttentionMask
@@ -91,11 +92,6 @@ def _known_finite_keys(module: nn.Module, key: Tensor, q_len: int) -> tuple[int,
 
 
 def _check_supported(kwargs: dict[str, Any]) -> None:
-    if kwargs.get("softcap") is not None:
-        raise ValueError(
-            "posenc attention does not serve logit soft-capping (softcap, Gemma 2); use "
-            "attn_implementation='eager' for this model"
-        )
     paged = type(kwargs.get("cache")).__name__ == "PagedAttentionCache" or any(
         kwargs.get(name) is not None for name in _PAGED_ARGUMENTS
     )
@@ -122,6 +118,9 @@ def attention_forward(
     ``[B, 1, Tq, Tk]`` or None; ``s_aux [H]`` attention sinks. Returns ``(out [B, Tq, H, D], weights)``
     with weights ``[B, H, Tq, Tk]`` only when HF asks for them (``output_attentions``).
     ``position_bias [B or 1, H, Tq, Tk]`` (T5's relative bias, trainable): added to the logits.
+    ``softcap`` (Gemma 2's ``attn_logit_softcapping``, in ``kwargs``): the logits ``q·k·scaling`` become
+    ``softcap * tanh(s / softcap)`` before the mask is added, as HF's eager attention does; the
+    dispatcher then picks a backend that caps (sdpa does not).
     """
     _check_supported(kwargs)
     q_len = query.shape[2]
@@ -164,9 +163,19 @@ def attention_forward(
         backend=BACKEND["name"],
         known_finite_keys=known,
         finite_mark=mark,
+        softcap=_softcap(kwargs.get("softcap")),
     )
     note_backend(name)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _softcap(softcap: object) -> float | None:
+    """HF's ``softcap`` checked as the model's ``attn_logit_softcapping`` (a cap that is not finite and
+    > 0 is an error naming it); None when the model caps nothing."""
+    try:
+        return check_softcap(softcap)
+    except ValueError as error:
+        raise ValueError(f"attn_logit_softcapping (HF's softcap): {error}") from None
 
 
 def _window_mask(
