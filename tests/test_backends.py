@@ -42,6 +42,8 @@ EXPECTED_KINDS: dict[str, set[Kind]] = {
     "clipped": set(),
     "relative": {Kind.CONTENT},
     "flex": {Kind.BIAS},
+    # PaTH's chunkwise form serves PaTH only, under a causal mask: tests/test_path.py checks it.
+    "householder": set(),
 }
 #: Backends that on CPU serve only float32 without gradients (stated as reasons otherwise).
 CPU_LIMITS = {"flex"}
@@ -96,10 +98,11 @@ def _scenario_fits(name: str, scenario: str) -> bool:
 
 
 def _promised(name: str, backend: str) -> bool:
-    """An input-dependent bias (FoX) is promised only by the backends that evaluate token states."""
+    """An input-dependent encoding (FoX, PaTH) is promised only by the backends of its kind that
+    evaluate token states."""
     cls = posenc.get_class(name)
-    if cls.input_dependent:
-        return bool(getattr(get_backend(backend), "serves_input_bias", False))
+    if cls.input_dependent and not getattr(get_backend(backend), "serves_input_bias", False):
+        return False
     return cls.kind in EXPECTED_KINDS[backend]
 
 

@@ -230,6 +230,7 @@ class MultiheadAttention(nn.Module):
         else:
             entry = self._cache_entry(cache, cross=False, batch=batch)
             past = 0 if entry is None else entry.k.shape[2]
+            self._check_carrying_cache(cache)
             if cache is not None and cache.streaming:
                 cache.check_streaming_layer(
                     self.encoding,
@@ -401,12 +402,61 @@ class MultiheadAttention(nn.Module):
         k, v = self.key_values(x)
         if self.encoding.kind is Kind.ROTARY:  # fresh projections: rotated in place where the encoding can
             q, k = self.encoding.rotate_fresh(q, k, q_pos, q_pos)
+        transform = self._input_transform()
+        if transform is not None:
+            k, v = self._transform_heads(transform.key_heads, k, v)
         if cache is None:
             return q, k, v, q_pos
         k, v, k_pos = cache.append(
             self, entry, k, v, q_pos, padding=padding, document_ids=docs, states=states, keep_last=keep_last
         )
+        if transform is not None and transform.carry_keys is not None:
+            k = self._store_carried(cache, k, transform.carry_keys(k, states))
         return q, k, v, k_pos
+
+    def _input_transform(self):
+        """The encoding's :class:`~posenc.base.InputTransform` (PaTH), or None."""
+        if self.encoding.kind is not Kind.CONTENT or not self.encoding.input_dependent:
+            return None
+        return self.encoding.input_transform()
+
+    def _transform_heads(self, heads: int | None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """``k, v`` repeated to the transform's key heads (a multiple of the layer's)."""
+        if heads is None or heads == self.num_kv_heads:
+            return k, v
+        if heads % self.num_kv_heads:
+            raise ValueError(
+                f"{self.encoding.name}: num_kv_heads={heads} is not a multiple of the layer's "
+                f"num_kv_heads={self.num_kv_heads}; build it with num_kv_heads={self.num_kv_heads}"
+            )
+        groups = heads // self.num_kv_heads
+        return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+
+    def _store_carried(self, cache: KVCache, k: Tensor, carried: Tensor) -> Tensor:
+        """Store ``carried`` keys as the entry's (its last ones, where a full buffer kept a tail) and
+        return the keys this step attends to (copied first where they are the buffer's view)."""
+        stored = cache.get(self.layer_idx)
+        tail = carried[:, :, carried.shape[2] - stored.k.shape[2] :]
+        if stored.axes is None:
+            stored.k = tail
+            return k
+        if k.data_ptr() == stored.k.data_ptr():
+            k = k.clone()
+        stored.k.copy_(tail)
+        return k
+
+    def _check_carrying_cache(self, cache: KVCache | None) -> None:
+        """Refuse a streaming cache for an encoding whose cache carries its keys (PaTH): it would
+        evict and re-position keys whose transforms are already applied."""
+        transform = self._input_transform()
+        if cache is None or transform is None or transform.carry_keys is None:
+            return
+        if cache.streaming:
+            raise ValueError(
+                f"cache: {self.encoding.name!r} keeps its keys carried through every later token's transform, "
+                "which a KVCache with recent_tokens (streaming) cannot hold; use KVCache() (grows or "
+                "max_length=N)"
+            )
 
     def _prefix_lengths(
         self, prefix_len: int | Tensor | None, batch: int, k_len: int, device

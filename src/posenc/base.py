@@ -36,6 +36,7 @@ __all__ = [
     "ContentEncoding",
     "FiniteMark",
     "InputBias",
+    "InputTransform",
     "Kind",
     "LayerContext",
     "NearFar",
@@ -45,6 +46,7 @@ __all__ = [
     "TokenStates",
     "check_positions",
     "checks_values",
+    "token_states_function",
 ]
 
 
@@ -176,8 +178,9 @@ class PositionalEncoding(nn.Module):
     * ``self_attention_only``: True when queries and keys must come from one sequence (FoX's forget
       gates accumulate along it); the layer refuses cross-attention.
     * ``input_dependent``: True when the bias depends on the layer input; set by
-      :class:`BiasEncoding` for a class that declares :meth:`BiasEncoding.input_bias` (FoX), read by
-      the layer, the cache and the request before any backend runs.
+      :class:`BiasEncoding` for a class that declares :meth:`BiasEncoding.input_bias` (FoX), and by
+      :class:`ContentEncoding` for one that declares :meth:`ContentEncoding.input_transform` (PaTH),
+      read by the layer, the cache and the request before any backend runs.
     * ``example_options``: options for the contract tests' small layer (head size 16).
     * ``option_ranges``: the documented range of each numeric option, checked at build time.
     * ``layer_sizes`` / :meth:`layer_defaults`: the options a layer supplies (:class:`LayerContext`).
@@ -204,7 +207,8 @@ class PositionalEncoding(nn.Module):
     integer_positions_reason: ClassVar[str] = ""
     self_attention_only: ClassVar[bool] = False
     #: True when the bias depends on the layer input, not on positions alone: derived from a BIAS
-    #: class's :meth:`BiasEncoding.input_bias` declaration (FoX), never set by hand.
+    #: class's :meth:`BiasEncoding.input_bias` declaration (FoX) or a CONTENT class's
+    #: :meth:`ContentEncoding.input_transform` (PaTH), never set by hand.
     input_dependent: ClassVar[bool] = False
     #: Options used when the encoding is built for the registry contract tests and ``posenc show``
     #: (e.g. M-RoPE's ``mrope_section`` must fit the small test head size of 16).
@@ -576,11 +580,43 @@ class ClippedRelative:
     value_rows: Tensor | None = None
 
 
+@dataclass(frozen=True)
+class InputTransform:
+    """What a CONTENT encoding whose transform between query and key depends on the layer input
+    (PaTH) is computed with; only the backends that declare ``serves_input_bias`` run it.
+
+    ``token_states(x, previous, padding) -> [B, S, T]``: per-token states of the layer input, as
+    :class:`InputBias` has them; the logits then take ``token_states=`` (:class:`TokenStates`).
+    ``carry_keys(k, TokenStates) -> k``, or None: the keys a KV cache keeps after a step, when they
+    differ from those the step attends to (PaTH carries every key through the new tokens'
+    transforms); the layer stores them after appending. ``key_heads``: the key heads the transform
+    acts on, or None (the layer's): a grouped-query layer that projects fewer key heads repeats its
+    keys and values to them (a multiple of its own) before they are attended to and cached.
+    """
+
+    token_states: Callable[[Tensor, Tensor | None, Tensor | None], Tensor]
+    carry_keys: Callable[[Tensor, TokenStates], Tensor] | None = None
+    key_heads: int | None = None
+
+
 class ContentEncoding(PositionalEncoding):
-    """CONTENT: computes the logits itself (and optionally a value term); implement :meth:`logits`."""
+    """CONTENT: computes the logits itself (and optionally a value term); implement :meth:`logits`.
+
+    A transform that depends on the layer input (PaTH) declares :meth:`input_transform`
+    (:class:`InputTransform`; it sets ``input_dependent``), and its :meth:`logits` then takes
+    ``token_states=``.
+    """
 
     kind = Kind.CONTENT
     hook = "logits"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.input_dependent = cls.input_transform is not ContentEncoding.input_transform
+
+    def input_transform(self) -> InputTransform | None:
+        """How an input-dependent transform is computed (:class:`InputTransform`), or None (default)."""
+        return None
 
     def clipped_relative(self, layer: nn.Module | None, heads: int) -> ClippedRelative | None:
         """The encoding's tables when its position terms have that form (Shaw, DeBERTa), else None.
@@ -618,6 +654,16 @@ KIND_BASES: dict[Kind, type[PositionalEncoding]] = {
     Kind.BIAS: BiasEncoding,
     Kind.CONTENT: ContentEncoding,
 }
+
+
+def token_states_function(
+    encoding: PositionalEncoding,
+) -> Callable[[Tensor, Tensor | None, Tensor | None], Tensor]:
+    """``token_states(x, previous, padding)`` of an input-dependent encoding: its
+    :class:`InputBias`'s (BIAS) or :class:`InputTransform`'s (CONTENT)."""
+    if encoding.kind is Kind.BIAS:
+        return encoding.input_bias().token_states  # type: ignore[attr-defined]
+    return encoding.input_transform().token_states  # type: ignore[attr-defined]
 
 
 def _device_of(module: nn.Module) -> torch.device:

@@ -31,7 +31,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from .base import FiniteMark, Kind, PositionalEncoding, TokenStates
+from .base import FiniteMark, Kind, PositionalEncoding, TokenStates, token_states_function
 
 __all__ = [
     "CacheFullError",
@@ -640,7 +640,7 @@ def token_states_with_cache(
     q_len = x.shape[1]
     new_padding = None if padding is None else padding[:, padding.shape[1] - q_len :]
     previous = None if entry is None else entry.token_state
-    new = encoding.input_bias().token_states(x, previous, new_padding)
+    new = token_states_function(encoding)(x, previous, new_padding)
     if entry is None or previous is None:
         return TokenStates.same_sequence(new)
     cached = entry.token_index

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .backends import AttentionRequest, available_backends, backend_limits, get_backend
-from .base import LayerContext, PositionalEncoding, TokenStates
+from .base import LayerContext, PositionalEncoding, TokenStates, token_states_function
 from .registry import build_for_layer, get_class, options
 from .spec import parse_spec
 
@@ -93,7 +93,7 @@ def backend_limits_by_name(name: str, seq_len: int, requires_grad: bool = False)
     states = None
     if enc.input_dependent:
         x = torch.zeros(b, seq_len, h * d, requires_grad=requires_grad)
-        states = TokenStates.same_sequence(enc.input_bias().token_states(x, None, None))
+        states = TokenStates.same_sequence(token_states_function(enc)(x, None, None))
     request = AttentionRequest(
         q=q,
         k=q,

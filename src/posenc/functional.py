@@ -38,6 +38,13 @@ from .encodings.mrope import (
     mrope_grid_ids,
     mrope_position_ids,
 )
+from .encodings.path import (
+    path_attention_blocked,
+    path_carry_keys,
+    path_householders,
+    path_logits,
+    path_ut,
+)
 from .encodings.relproj import relproj_bias
 from .encodings.rope import apply_rope, convert_rope_pairing, rope_cos_sin, rope_inv_freq
 from .encodings.rope_scaling import rope_scaled_inv_freq, rope_scaling_types
@@ -103,6 +110,11 @@ __all__ = [
     "mrope_cos_sin",
     "mrope_grid_ids",
     "mrope_position_ids",
+    "path_attention_blocked",
+    "path_carry_keys",
+    "path_householders",
+    "path_logits",
+    "path_ut",
     "relproj_bias",
     "resample_positions",
     "rope_cos_sin",

@@ -10,7 +10,8 @@ another whether it could run.
   self-attention with a BIAS encoding that is simple far away), ``segments`` (ABSOLUTE and ROTARY
   under windows, documents, chunks), ``blocked`` (BIAS kinds through the fused CPU flash kernel,
   training included), ``flex`` (declines on CPU: a compile per shape), ``clipped`` (CONTENT kinds
-  with clipped relative tables, long square self-attention), ``relative`` (CONTENT kinds), ``sdpa``
+  with clipped relative tables, long square self-attention), ``householder`` (PaTH's chunkwise form,
+  causal masks only), ``relative`` (CONTENT kinds), ``sdpa``
   (ABSOLUTE, ROTARY, small BIAS problems), ``eager`` (serves everything).
 * **cuda / xpu**: ``flex`` first (FlexAttention fuses the bias into the kernel, forward and
   backward), then as on CPU (the splits run the CPU kernel: they state that as a reason).
@@ -34,11 +35,22 @@ DEFAULT_PRIORITY: tuple[str, ...] = (
     "blocked",
     "flex",
     "clipped",
+    "householder",
     "relative",
     "sdpa",
     "eager",
 )
-_ACCELERATOR = ("flex", "near_far", "segments", "blocked", "clipped", "relative", "sdpa", "eager")
+_ACCELERATOR = (
+    "flex",
+    "near_far",
+    "segments",
+    "blocked",
+    "clipped",
+    "householder",
+    "relative",
+    "sdpa",
+    "eager",
+)
 
 PRIORITY: dict[str, tuple[str, ...]] = {"cpu": DEFAULT_PRIORITY, "cuda": _ACCELERATOR, "xpu": _ACCELERATOR}
 

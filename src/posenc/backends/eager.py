@@ -23,7 +23,9 @@ def attention_logits(req: AttentionRequest) -> Tensor:
     q = req.q
     k, _ = req.kv_per_query_head()
     if req.kind is Kind.CONTENT:
-        logits = req.encoding.logits(q, k, req.q_pos, req.k_pos, scale=req.scale, layer=req.layer)
+        # an input-dependent transform (PaTH) reads the tokens' states
+        extra = {} if req.token_states is None else {"token_states": req.token_states}
+        logits = req.encoding.logits(q, k, req.q_pos, req.k_pos, scale=req.scale, layer=req.layer, **extra)
     else:
         logits = (q @ k.transpose(-1, -2)) * req.scale
     logits = soft_cap(logits, req.softcap)

@@ -180,7 +180,11 @@ class FlexBackend:
     def reasons(self, request: AttentionRequest) -> list[str]:
         capped_plain = request.softcap is not None and request.kind in (Kind.ABSOLUTE, Kind.ROTARY)
         reasons = [] if capped_plain else kind_reasons(request, Kind.BIAS)
-        if request.token_states is not None and request.input_bias().bias_at_index is None:
+        if (
+            request.kind is Kind.BIAS
+            and request.token_states is not None
+            and request.input_bias().bias_at_index is None
+        ):
             reasons.append(
                 f"{request.encoding.name} declares no pointwise bias_at_index in its input_bias(), "
                 "which the score_mod evaluates"
