@@ -416,7 +416,7 @@ def test_bloom_runs_on_posenc_alibi_and_equals_hf():
 
 def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], object]:
     """Elements the nan check reduces in the last layer's call of one decode step after a prompt."""
-    import posenc.backends as backends_pkg
+    from posenc.backends import request as request_module
 
     torch.manual_seed(0)
     ids = torch.randint(1, VOCAB, (1, prompt_len + 1))
@@ -424,12 +424,14 @@ def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], o
     with torch.no_grad():
         model(ids[:, :prompt_len], past_key_values=cache, use_cache=True)
         counted: list[int] = []
-        real = backends_pkg._all_finite_together
+        real = request_module.all_finite_together
         monkeypatch.setattr(
-            backends_pkg, "_all_finite_together", lambda ts: counted.extend(t.numel() for t in ts) or real(ts)
+            request_module,
+            "all_finite_together",
+            lambda ts: counted.extend(t.numel() for t in ts) or real(ts),
         )
         model(ids[:, prompt_len:], past_key_values=cache, use_cache=True)
-        monkeypatch.setattr(backends_pkg, "_all_finite_together", real)
+        monkeypatch.setattr(request_module, "all_finite_together", real)
     return counted, cache
 
 

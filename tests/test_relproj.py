@@ -39,6 +39,8 @@ def _formula(x, weight, bank, n_floor=None, alpha=0.0):
 
 def test_equals_x_transformers_relative_proj_positional_bias():
     x_transformers = pytest.importorskip("x_transformers.x_transformers")
+    if not hasattr(x_transformers, "RelativeProjPositionalBias"):  # the [test] floor (2.1) predates it
+        pytest.skip("this x-transformers has no RelativeProjPositionalBias (the newest release has)")
     enc = posenc.build("relproj:d_rel=3,extent=6,bias=true", num_heads=H, dim=E).double()
     reference = x_transformers.RelativeProjPositionalBias(E, H, num_distance_basis=3, max_dist=6).double()
     with torch.no_grad():
