@@ -39,6 +39,15 @@ from posenc.masks import (
 EMBED, HEADS = 16, 2
 
 
+def _no_cache(create):
+    """HF's mask builder ``create`` called without a cache, under the keyword its release names it
+    (``cache`` from transformers 5.22, ``past_key_values`` before): bound by name, not version."""
+    import inspect
+
+    name = "cache" if "cache" in inspect.signature(create).parameters else "past_key_values"
+    return lambda **kwargs: create(**kwargs, **{name: None})
+
+
 def _hf_sdpa(mask_function, batch, q_len, k_len, past=0, keep=None):
     """HF's bool mask ``[B, 1, Tq, Tk]`` of ``mask_function`` (queries at ``past + i``), with HF's 2-D
     ``attention_mask`` ``keep [B, Tk]`` (1 = real token)."""
@@ -147,8 +156,8 @@ def test_modernbert_and_embedding_gemma_windows_equal_their_hf_masks():
                              use_bidirectional_attention=True)  # fmt: skip
     gemma._attn_implementation = "sdpa"
     assert gemma.sliding_window == 5  # 8 // 2 + 1
-    want = mu.create_sliding_window_causal_mask(
-        config=gemma, inputs_embeds=_emb(2, 13), attention_mask=keep, cache=None,
+    want = _no_cache(mu.create_sliding_window_causal_mask)(
+        config=gemma, inputs_embeds=_emb(2, 13), attention_mask=keep,
         position_ids=torch.arange(13)[None], or_mask_function=gemma3._bidirectional_window_overlay(5),
     )  # fmt: skip
     _assert_mask_equals(
@@ -203,8 +212,8 @@ def test_image_groups_in_packed_documents_equal_hf():
     positions = torch.cat([torch.arange(6), torch.arange(9), torch.arange(5)])[None]
     groups = torch.full((1, 20), -1)
     groups[0, 2:5], groups[0, 8:12], groups[0, 16:19] = 0, 1, 2
-    want = mu.create_causal_mask(
-        config=config, inputs_embeds=_emb(1, 20), attention_mask=None, cache=None, position_ids=positions,
+    want = _no_cache(mu.create_causal_mask)(
+        config=config, inputs_embeds=_emb(1, 20), attention_mask=None, position_ids=positions,
         block_sequence_ids=groups,
     )  # fmt: skip
     mask = _build(20, 20, batch=1, causal=True, group_ids=groups, q_document_ids=docs, k_document_ids=docs)
@@ -242,8 +251,8 @@ def test_chunks_start_at_the_first_real_token_as_in_llama4(chunk):
                               attention_chunk_size=chunk)  # fmt: skip
     config._attn_implementation = "sdpa"
     padding = _left_padded(2, length, (0, 3))
-    want = mu.create_chunked_causal_mask(
-        config=config, inputs_embeds=_emb(2, length), attention_mask=(~padding).long(), cache=None,
+    want = _no_cache(mu.create_chunked_causal_mask)(
+        config=config, inputs_embeds=_emb(2, length), attention_mask=(~padding).long(),
         position_ids=torch.arange(length)[None],
     )  # fmt: skip
     mask = _build(length, length, causal=True, chunk=chunk, key_padding_mask=padding)
