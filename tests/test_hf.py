@@ -720,13 +720,10 @@ def test_gemma4_k_equals_v_and_shared_kv_layers_equal_hf():
     assert torch.equal(model.generate(ids, **options), tokens)
 
 
-@pytest.mark.xfail(
-    strict=False,  # transformers 5.21 does not slice yet (the test passes there); 5.24 does
-    reason="Gemma 4 slices the queries of its KV-shared layers to logits_to_keep (HF skips that only for "
-    "sdpa, flex and flash by name) and leaves HF's mask None; posenc.hf reads a None mask with Tq > 1 "
-    "as HF's sdpa does (causal, top-left, keys past Tq dropped), which is wrong for the sliced queries",
-)
 def test_gemma4_logits_to_keep_above_one_equals_hf():
+    """Gemma 4 cuts its KV-shared layers' queries to the last logits_to_keep tokens and leaves HF's mask
+    None (it skips that only for sdpa, flex and flash, by name): the bridge read such a call as HF's
+    sdpa does (causal from the first key, keys past Tq dropped), 0.2 off; the queries are the last ones."""
     model = _gemma4()
     ids = _inputs()[0]
     model.set_attn_implementation("sdpa")

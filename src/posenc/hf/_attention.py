@@ -126,8 +126,14 @@ def attention_forward(
     q_len = query.shape[2]
     layer_causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     causal = layer_causal and attention_mask is None and q_len > 1
-    if causal and key.shape[2] > q_len:  # empty static-cache slots after the prompt (HF's sdpa rule)
-        key, value = key[:, :, :q_len], value[:, :, :q_len]
+    offset = 0
+    if causal and key.shape[2] > q_len:
+        if getattr(module, "is_kv_shared_layer", False):
+            # Gemma 4's KV-shared layers: the queries were cut to the last logits_to_keep tokens and
+            # the mask left None, the keys are the whole sequence's: the queries are its last ones.
+            offset = key.shape[2] - q_len
+        else:  # empty static-cache slots after the prompt (HF's sdpa rule)
+            key, value = key[:, :, :q_len], value[:, :, :q_len]
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
     if position_bias is not None:
         attention_mask = _with_position_bias(attention_mask, position_bias, causal, key.shape[2])
@@ -156,6 +162,7 @@ def attention_forward(
         scale=scale,
         mask=window_mask,
         causal=causal,
+        causal_offset=offset,
         attn_mask=None if window_mask is not None else attention_mask,
         dropout_p=float(dropout),
         need_weights=bool(kwargs.get("output_attentions", False)),
