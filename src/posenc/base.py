@@ -226,6 +226,9 @@ class PositionalEncoding(nn.Module):
     #: :class:`posenc.registry.Range`): the registry refuses a value outside it before ``__init__``
     #: runs, with a ``ValueError`` naming the option and the range.
     option_ranges: ClassVar[dict[str, Any]] = {}
+    #: ``__init__`` arguments that spec strings give as several flat options
+    #: (:class:`posenc.registry.OptionGroup`; RoPE's ``scaling``): the registry gathers and flattens them.
+    option_groups: ClassVar[dict[str, Any]] = {}
     #: Options that make a causal-only encoding correct without a causal mask (ALiBi's symmetric
     #: mode); models apply them to bidirectional layers when the spec leaves them unset.
     noncausal_options: ClassVar[dict[str, Any]] = {}

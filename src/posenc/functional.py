@@ -30,14 +30,8 @@ from .encodings.kerple import kerple_bias
 from .encodings.learned import resample_positions
 from .encodings.liere import liere_generators
 from .encodings.mlp_bias import log_distance
-from .encodings.mrope import (
-    default_mrope_section,
-    mrope_axis_map,
-    mrope_channel_axes,
-    mrope_cos_sin,
-    mrope_grid_ids,
-    mrope_position_ids,
-)
+from .encodings.mrope import default_mrope_section, mrope_axis_map, mrope_channel_axes, mrope_cos_sin
+from .encodings.mrope_ids import mrope_grid_ids, mrope_position_ids
 from .encodings.path import (
     path_attention_blocked,
     path_carry_keys,

@@ -13,11 +13,13 @@ options the layer supplies (``layer_sizes``, ``layer_defaults``), so nothing is 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import math
 import types
 import typing
+from collections.abc import Callable, Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin
@@ -28,6 +30,7 @@ from .base import KIND_BASES, LayerContext, PositionalEncoding
 from .spec import Spec, format_spec, parse_spec
 
 __all__ = [
+    "OptionGroup",
     "Range",
     "at_least",
     "available",
@@ -74,6 +77,27 @@ class Range:
                 f"{']' if self.high_inclusive else ')'}"
             )
         return low or high or "any number"
+
+
+@dataclass(frozen=True)
+class OptionGroup:
+    """Options a spec string names one by one and ``__init__`` takes as one value.
+
+    An encoding declares ``option_groups = {"scaling": group}``: its ``__init__`` has the one
+    argument (RoPE's ``scaling``), and the registry lists the group's flat ``options`` beside it
+    (:func:`options`), coerces them in spec strings, gathers them into the argument before
+    ``__init__`` runs (also for a direct call: ``RoPE(scaling="yarn", factor=4)``) and records them
+    flat again in :meth:`~posenc.base.PositionalEncoding.config`. So
+    ``rope:scaling=yarn,factor=4`` and ``RoPE(scaling=RopeScaling("yarn", factor=4))`` are one
+    encoding with one config and one spec string.
+    """
+
+    #: The flat option names and their types, in spec order.
+    options: Mapping[str, Any]
+    #: ``(argument as given, flat options given) -> the argument __init__ receives``.
+    gather: Callable[[Any, dict[str, Any]], Any]
+    #: ``argument -> (its own spec value, its flat options)``; refuses what it cannot flatten.
+    flatten: Callable[[Any], tuple[Any, dict[str, Any]]]
 
 
 def at_least(low: float) -> Range:
@@ -145,7 +169,10 @@ def _check_contract(name: str, cls: type[PositionalEncoding]) -> None:
             raise TypeError(
                 f"{where}: layer_sizes entry {option!r} must be one of {LayerContext.SIZES} and an __init__ option"
             )
-    unknown = sorted(set(cls.option_ranges) - set(params))
+    flat = {option for group in cls.option_groups.values() for option in group.options}
+    if not set(cls.option_groups) <= set(params) or flat & set(params):
+        raise TypeError(f"{where}: option_groups must name __init__ options and add flat options it lacks")
+    unknown = sorted(set(cls.option_ranges) - set(params) - flat)
     if unknown:
         raise TypeError(f"{where}: option_ranges names {unknown}, which are not __init__ options")
     if cls.derived_buffers and cls.reset_buffers is PositionalEncoding.reset_buffers:
@@ -155,20 +182,37 @@ def _check_contract(name: str, cls: type[PositionalEncoding]) -> None:
 
 
 def _wrap_init(cls: type[PositionalEncoding]) -> None:
-    """Check the declared option ranges, then record the options an instance was built with, so
-    ``config()``/``spec()`` can rebuild it."""
+    """Gather the flat options of each :class:`OptionGroup` into its argument, check the declared
+    option ranges, then record the options an instance was built with (flat), so ``config()`` and
+    ``spec()`` can rebuild it."""
     original = cls.__init__
     if getattr(original, "_posenc_records_config", False):
         return
     signature = inspect.signature(original)
+    groups = cls.option_groups
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        flat = {
+            key: {k: kwargs.pop(k) for k in group.options if k in kwargs} for key, group in groups.items()
+        }
         bound = signature.bind(self, *args, **kwargs)
         bound.apply_defaults()
-        given = {k: v for k, v in bound.arguments.items() if k != "self" and k != "kwargs"}
+        given: dict[str, Any] = {}
+        for key, value in bound.arguments.items():
+            if key in ("self", "kwargs"):
+                continue
+            if key not in groups:
+                given[key] = value
+                continue
+            group = groups[key]
+            bound.arguments[key] = value = group.gather(
+                value, {k: v for k, v in flat[key].items() if v is not None}
+            )
+            given[key], options_ = group.flatten(value)
+            given.update({option: options_.get(option) for option in group.options})
         # Declared ranges are checked before the encoding builds any table from the options.
         check_option_ranges(cls, given)
-        original(self, *args, **kwargs)
+        original(*bound.args, **bound.kwargs)
         if type(self) is cls:
             self._config = given
 
@@ -204,13 +248,18 @@ def _suggest(word: str, candidates: typing.Iterable[str]) -> str:
 
 
 def options(name: str) -> dict[str, inspect.Parameter]:
-    """The typed options of encoding ``name`` (its ``__init__`` parameters)."""
+    """The typed options of encoding ``name``: its ``__init__`` parameters, each
+    :class:`OptionGroup`'s flat options (default None) right after the argument they gather into."""
     cls = get_class(name)
     init = getattr(cls.__init__, "__wrapped__", cls.__init__)
-    params = inspect.signature(init).parameters
-    return {
-        k: p for k, p in params.items() if k != "self" and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }
+    found: dict[str, inspect.Parameter] = {}
+    for k, p in inspect.signature(init).parameters.items():
+        if k == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        found[k] = p
+        for option, annotation in getattr(cls.option_groups.get(k), "options", {}).items():
+            found[option] = inspect.Parameter(option, p.KEYWORD_ONLY, default=None, annotation=annotation)
+    return found
 
 
 def _type_hints(cls: type) -> dict[str, Any]:
@@ -243,6 +292,10 @@ def _coerce(name: str, option: str, value: Any, annotation: Any) -> Any:
             except ValueError:
                 continue
         raise ValueError(f"{name}: option {option!r} got {value!r}, expected {_type_name(annotation)}")
+    if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
+        if isinstance(value, annotation):
+            return value
+        raise ValueError(f"{name}: option {option!r} must be a {annotation.__name__}, got {value!r}")
     if origin is Literal:
         choices = get_args(annotation)
         if value in choices:

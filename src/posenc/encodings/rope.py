@@ -14,8 +14,9 @@ Conventions:
 * Positions may be real-valued (docs/conventions.md §7.11).
 * Angles are computed in float32 (``positions.float() * inv_freq``) whatever the model dtype;
   only ``cos``/``sin`` are cast to the activations' dtype, so a bf16 model keeps positions > 256.
-* Scaling (:mod:`posenc.encodings.rope_scaling`): ``scaling=`` one of its ``SCALING_TYPES`` with
-  typed options (``SCALING_OPTIONS``), or an HF ``rope_parameters`` dict as it is.
+* Scaling (:mod:`posenc.encodings.rope_scaling`): one ``scaling`` value, a type of its
+  ``SCALING_TYPES`` and its options (a :class:`RopeScaling`, a dict of its fields, or, in spec
+  strings, flat options: ``rope:scaling=yarn,factor=4``), or an HF ``rope_parameters`` dict as it is.
   ``attention_scale`` multiplies both ``cos`` and ``sin`` (logits scale by its square), as HF.
   ``dynamic`` and ``longrope`` recompute their frequencies at forward time from the current length
   ``max(position) + 1`` of the call (queries and new keys together). HF's ``dynamic_rope_update``
@@ -41,7 +42,8 @@ from ..base import PositionalEncoding, RotaryEncoding, check_table_size
 from ..kernels.rope import RotaryTables, rotary, rotary_cos_sin
 from ..registry import Range, at_least, greater_than, register
 from ..spec import format_spec
-from .rope_scaling import SCALING_OPTION_RANGES, resolve_scaling, rope_scaled_inv_freq
+from ._scaling_option import resolve_scaling, scaling_group
+from .rope_scaling import SCALING_OPTION_RANGES, RopeScaling, rope_scaled_inv_freq
 
 __functional__ = ["rope_inv_freq", "apply_rope", "convert_rope_pairing", "rope_cos_sin"]
 
@@ -208,11 +210,16 @@ class RoPE(RotaryEncoding):
             ``"proportional"``, where it may be 0).
         cache_size: positions whose ``cos``/``sin`` are precomputed; the table grows on demand
             (up to a bound, past which positions are computed directly: :class:`RotaryTables`).
-        scaling: ``None`` or one of ``rope_scaling.SCALING_TYPES`` (docs/conventions.md §7.5). For
-            ``"proportional"`` (p-RoPE), ``rotary_dim`` (or HF's ``partial_rotary_factor``) names
-            the channels that turn; the frequency table spans the whole head.
-        factor, ..., long_factor: the scaling's options (``RopeScaling.OPTIONS``, HF
-            ``rope_parameters`` names), gathered into one :class:`RopeScaling` (:attr:`scaling`).
+        scaling: the frequency scaling, one value (docs/conventions.md §7.5): ``None``, a type name
+            of ``rope_scaling.SCALING_TYPES``, a :class:`RopeScaling` (``RopeScaling("yarn",
+            factor=4.0, original_max_position_embeddings=4096)``) or a dict of its fields
+            (``{"type": "yarn", "factor": 4.0, ...}``). Spec strings and keywords may give its
+            options flat beside a type name (``rope:scaling=yarn,factor=4``, ``RoPE(scaling="yarn",
+            factor=4.0)``; ``RopeScaling.OPTIONS``, HF ``rope_parameters`` names): the registry
+            gathers them (:mod:`~posenc.encodings._scaling_option`), and ``config()`` lists them
+            flat. :attr:`scaling` is the :class:`RopeScaling`. For ``"proportional"`` (p-RoPE),
+            ``rotary_dim`` (or HF's ``partial_rotary_factor``) names the channels that turn; the
+            frequency table spans the whole head.
         rope_parameters: an HF ``rope_parameters`` dict used as it is (its ``rope_theta`` and
             ``partial_rotary_factor`` set the base and rotary width); exclusive with ``scaling`` and
             its options, except ``max_position_embeddings`` (HF's model-level length, read by
@@ -222,10 +229,6 @@ class RoPE(RotaryEncoding):
             evaluates a RoPE-trained checkpoint; ``"always"``: never rotate (NoPE on the same
             weights; a RoPE checkpoint loads unchanged, the encoding has no saved state)
             (docs/conventions.md §7.8).
-
-    The scaling options stay flat keyword options (not one ``RopeScaling`` argument) because the
-    registry's schema is this typed signature: spec strings such as
-    ``rope:scaling=yarn,factor=4,original_max_position_embeddings=4096`` name them directly.
     """
 
     float_positions = True  # angles p·θ are defined for any real position
@@ -239,6 +242,7 @@ class RoPE(RotaryEncoding):
         "cache_size": at_least(1),
         **SCALING_OPTION_RANGES,
     }
+    option_groups = {"scaling": scaling_group(RopeScaling.OPTIONS)}
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
 
@@ -250,21 +254,7 @@ class RoPE(RotaryEncoding):
         rotary_dim: int | None = None,
         partial_rotary_factor: float | None = None,
         cache_size: int = 2048,
-        scaling: str | None = None,
-        factor: float | None = None,
-        alpha: float | None = None,
-        original_max_position_embeddings: int | None = None,
-        max_position_embeddings: int | None = None,
-        beta_fast: float | None = None,
-        beta_slow: float | None = None,
-        mscale: float | None = None,
-        mscale_all_dim: float | None = None,
-        attention_factor: float | None = None,
-        truncate: bool | None = None,
-        low_freq_factor: float | None = None,
-        high_freq_factor: float | None = None,
-        short_factor: list[float] | None = None,
-        long_factor: list[float] | None = None,
+        scaling: str | RopeScaling | dict | None = None,
         rope_parameters: dict | None = None,
         drop_rotation: DropRotation = "never",
     ) -> None:
@@ -280,23 +270,7 @@ class RoPE(RotaryEncoding):
         ):
             raise ValueError(f"rope: head_dim must be a positive int, got {head_dim!r}")
         check_table_size("rope", "cache_size", cache_size, cache_size * max(head_dim or 2, 2))  # cos and sin
-        options = dict(
-            factor=factor,
-            alpha=alpha,
-            original_max_position_embeddings=original_max_position_embeddings,
-            max_position_embeddings=max_position_embeddings,
-            beta_fast=beta_fast,
-            beta_slow=beta_slow,
-            mscale=mscale,
-            mscale_all_dim=mscale_all_dim,
-            attention_factor=attention_factor,
-            truncate=truncate,
-            low_freq_factor=low_freq_factor,
-            high_freq_factor=high_freq_factor,
-            short_factor=short_factor,
-            long_factor=long_factor,
-        )
-        self.scaling, self._base, self._partial = resolve_scaling(base, scaling, rope_parameters, options)
+        self.scaling, self._base, self._partial = resolve_scaling(base, scaling, rope_parameters)
         if partial_rotary_factor is not None:
             if rope_parameters is not None:
                 raise ValueError(

@@ -41,7 +41,8 @@ Types (docs/conventions.md §7.5):
   get frequency 0 (no rotation); everything divided by ``factor`` (default 1). The table spans the
   whole head, so with half pairing pair ``k`` is channels ``(k, k + d/2)``.
 
-:class:`RopeScaling` carries a type and its options for the RoPE encoding. Each type registers,
+:class:`RopeScaling` carries a type and its options for the RoPE encoding (its ``scaling``:
+:mod:`posenc.encodings._scaling_option`). Each type registers,
 next to its function, an example configuration (:func:`rope_scaling_example`) that the figures
 draw, so a new type appears in them without any other change.
 """
@@ -70,7 +71,8 @@ SCALING_TYPES: tuple[str, ...] = get_args(ScalingType)
 _LENGTHS = ("original_max_position_embeddings", "max_position_embeddings")
 #: The options each type reads (HF ``rope_parameters`` names): the one list of them. Their union, in
 #: this order, is :attr:`RopeScaling.OPTIONS` (its fields), the keys of :data:`SCALING_OPTION_RANGES`
-#: and the flat scaling options of RoPE (M-RoPE: those of :data:`FIXED_LENGTH_OPTIONS`).
+#: and the flat spec options of RoPE's ``scaling`` (M-RoPE: those of :data:`FIXED_LENGTH_OPTIONS`),
+#: gathered into one value by :func:`~posenc.encodings._scaling_option.scaling_group`.
 SCALING_OPTIONS: dict[str, tuple[str, ...]] = {
     "default": (),
     "linear": ("factor",),
@@ -219,32 +221,6 @@ SCALING_OPTION_RANGES = {
     for option in RopeScaling.OPTIONS
     if option != "truncate"
 }
-
-
-def resolve_scaling(
-    base: float, scaling: str | None, rope_parameters: dict | None, options: dict[str, Any]
-) -> tuple[RopeScaling, float, float | None]:
-    """``(RopeScaling, base, partial_rotary_factor)`` from RoPE's (or M-RoPE's) typed options or an HF dict.
-
-    ``options`` are the scaling options by their ``RopeScaling.OPTIONS`` names (None: not given).
-    """
-    if rope_parameters is None:
-        return RopeScaling.from_options(scaling, **options), float(base), None
-    given = {k: v for k, v in options.items() if v is not None}
-    # HF keeps max_position_embeddings on the model config, outside rope_parameters.
-    model_level = {k: given.pop(k) for k in ("max_position_embeddings",) if k in given}
-    if scaling is not None or given:
-        raise ValueError(
-            f"rope: give either rope_parameters or scaling options, not both (got rope_parameters and "
-            f"{', '.join(['scaling'] * (scaling is not None) + sorted(given))})"
-        )
-    config = {"rope_theta": base, **model_level, **rope_parameters}
-    theta = config.get("rope_theta")
-    return (
-        RopeScaling.from_config(config),
-        float(10000.0 if theta is None else theta),
-        config.get("partial_rotary_factor"),
-    )
 
 
 def rope_scaling_types() -> list[str]:
