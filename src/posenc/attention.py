@@ -351,8 +351,7 @@ class MultiheadAttention(nn.Module):
         self, x: Tensor, entry: KVCacheEntry | None, cache: KVCache, states: TokenStates | None
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """``q, k, v, q_pos, k_pos`` with positions inside the cache (StreamingLLM), then evicts."""
-        q = self._heads(self.q_proj(x), self.num_heads)
-        k, v = self.key_values(x)
+        q, k, v = self.project(x)
         k, v, q_pos, k_pos = cache.append_streaming(self, entry, k, v, states)  # k unrotated
         if self.encoding.kind is Kind.ROTARY:
             q, k = self.encoding.rotate(q, k, q_pos, k_pos)
@@ -398,8 +397,7 @@ class MultiheadAttention(nn.Module):
         (``keep_last``: the window's keys the cache keeps after this call, see ``KVCache.append``)."""
         if self.encoding.kind is Kind.ABSOLUTE:
             x = embed_positions(self.encoding, x, q_pos)
-        q = self._heads(self.q_proj(x), self.num_heads)
-        k, v = self.key_values(x)
+        q, k, v = self.project(x)
         if self.encoding.kind is Kind.ROTARY:  # fresh projections: rotated in place where the encoding can
             q, k = self.encoding.rotate_fresh(q, k, q_pos, q_pos)
         transform = self._input_transform()
@@ -550,6 +548,27 @@ class MultiheadAttention(nn.Module):
         if not isinstance(cache, KVCache):
             raise ValueError(f"cache must be a posenc.KVCache, got {type(cache).__name__}")
         return cache.read(self, cross=cross, batch=batch, device=self.q_proj.weight.device, context=context)
+
+    @property
+    def pattern(self) -> LayerSpec:
+        """This layer's attention pattern as a :class:`~posenc.patterns.LayerSpec`: its encoding's spec,
+        window, chunk, sinks (present or not), query temperature and softcap, the fields a model's
+        pattern gives each layer (what a caller that serves only some patterns reads)."""
+        return LayerSpec(
+            self.encoding.spec(),
+            window=self.window,
+            chunk=self.chunk,
+            sinks=self.sinks is not None,
+            temperature=self.query_temperature,
+            softcap=self.softcap,
+        )
+
+    def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries ``[B, H, T, D]``, keys and values ``[B, Hkv, T, D]`` of ``x [B, T, E]``, before the
+        encoding acts on them (an ABSOLUTE encoding acts on ``x`` before: pass the embedded input)."""
+        q = self._heads(self.q_proj(x), self.num_heads)
+        k, v = self.key_values(x)
+        return q, k, v
 
     def key_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values ``[B, Hkv, T, D]`` of ``x [B, T, E]``, before the encoding acts; with

@@ -237,6 +237,66 @@ class KVCacheEntry(CacheStamp):
         for name, axis in self.axes.items():
             setattr(self, name, axis.view())
 
+    # ------------------------------------------------ the buffers of KVCache(max_length=N), by position
+    def buffers(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """The whole preallocated buffers of a ``KVCache(max_length=N)`` entry: keys and values
+        ``[B, Hkv, N, D]`` and key positions ``[B, N]`` int64, whose slots ``first_slot`` to
+        ``first_slot + T`` are the live ``k``, ``v``, ``k_pos`` (the other slots hold zeros or stale
+        tokens); None for a growing cache, or a streaming one (it keeps no positions: they are those
+        inside the cache). The entries of one layer's successive steps share them."""
+        if self.axes is None or "k_pos" not in self.axes:
+            return None
+        return self.axes["k"].buffer, self.axes["v"].buffer, self.axes["k_pos"].buffer
+
+    @property
+    def first_slot(self) -> int:
+        """The buffer slot of the first live key: 0 until a window slides the live part along the buffers."""
+        return 0 if self.axes is None else self.axes["k"].start
+
+    def write_at(self, slot: Tensor, k: Tensor, v: Tensor, k_pos: Tensor) -> None:
+        """Write one token's key and value ``[B, Hkv, 1, D]`` and key position ``k_pos [B, 1]`` (int64)
+        into buffer slot ``slot`` (a 0-d int64 tensor), in place (``index_copy_``). Shapes only are
+        read, never ``slot``'s value, so a compiled graph serves every slot. The live part and the
+        finite mark stay as they are: :meth:`set_length` records the tokens written. Refuses a
+        growing entry, a write that needs gradients and another dtype than the buffers'."""
+        buffers = self._buffers_for("write_at")
+        check_in_place_write("KVCacheEntry.write_at", "KVCache()", "keys", buffers[0], k, v)
+        index = slot.reshape(1)
+        for buffer, new, dim in zip(buffers, (k, v, k_pos), (2, 2, 1), strict=True):
+            buffer.index_copy_(dim, index, new)
+
+    def set_length(self, length: int) -> None:
+        """Make the ``length`` slots from :attr:`first_slot` on the live keys, values and positions
+        (after :meth:`write_at`, or to forget the last tokens), and :meth:`mark_unchecked` them.
+        Refuses a growing entry, a length past the buffers and an entry with per-key padding,
+        document ids or token states (they would no longer match the keys)."""
+        self._buffers_for("set_length")
+        room = self.axes["k"].capacity - self.first_slot
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= room:
+            raise ValueError(f"KVCacheEntry.set_length: length must be an int in [0, {room}], got {length!r}")
+        if self.padding is not None or self.document_ids is not None or self.token_state is not None:
+            raise ValueError(
+                "KVCacheEntry.set_length: the entry holds padding, document ids or token states per key, "
+                "which a new length would not match"
+            )
+        for axis in self.axes.values():
+            axis.length = length
+        self.refresh_views()
+        self.mark_unchecked()
+
+    def mark_unchecked(self) -> None:
+        """Forget that the stored keys and values were seen finite (tokens written without a check):
+        the next request that reads them tests every one for nan and inf again."""
+        self.finite.finite = False
+
+    def _buffers_for(self, method: str) -> tuple[Tensor, Tensor, Tensor]:
+        buffers = self.buffers()
+        if buffers is None:
+            raise ValueError(
+                f"KVCacheEntry.{method}: the entry has no preallocated buffers; use KVCache(max_length=N)"
+            )
+        return buffers
+
     def evict_with_keys(self, drop: int, evicted_before: int) -> None:
         """The padding and token states of the ``drop`` oldest keys leave with them (evicted after
         ``evicted_before`` earlier ones): every per-key field stays as long as the keys."""

@@ -8,19 +8,25 @@ HF's ``StaticCache`` does for ``torch.compile``:
 
 * the keys and values live in the ``[B, Hkv, N, D]`` buffers of a ``KVCache(max_length=N)`` (the
   prompt goes through the layer as usual, then the step takes over the same cache);
-* each step writes its key and value at ``position`` with ``index_copy_`` and attends over all ``N``
-  slots, the unwritten ones hidden by a mask built from ``position`` (a tensor, not a Python int);
+* each step projects its token with the layer's :meth:`~posenc.MultiheadAttention.project`, writes
+  its key and value at ``position`` (:meth:`~posenc.cache.KVCacheEntry.write_at`, one ``index_copy_``)
+  and attends over all ``N`` slots, the unwritten ones hidden by a mask built from ``position`` (a
+  tensor, not a Python int);
 * the token is encoded at the position after the cached token before it (the prompt's positions,
   whatever they were, continued), the slot only decides where it is written and what it sees;
 * a compiled step reads no tensor's value in Python (an eager one checks ``position``'s), so
   ``torch.compile(step, fullgraph=True)`` traces one graph and reuses it for every position.
 
-Attention is written out (``q k^T``, softmax, ``p v``) in float32 or wider, so nan and inf propagate as
-in the eager reference backend; a fused kernel may turn them into finite numbers. The step serves
-rotary, absolute and position-only bias encodings (and none), soft-capped or not, in causal layers without windows, chunks,
-sinks, a query temperature or padding; any other layer is refused with the reason. After the steps,
-:meth:`StaticDecodeStep.sync` tells the cache how many tokens it holds, so the layer can go on eagerly
-(before it, the layer refuses to: its call would overwrite the steps' tokens).
+The attention is an ordinary :class:`~posenc.backends.AttentionRequest` (q, the whole buffers, the
+mask of unwritten slots, in float32 or wider) run on :attr:`StaticDecodeStep.backend`, the eager
+reference backend, which ``torch.compile`` traces: nan and inf propagate as in the layer's eager path
+(a fused kernel may turn them into finite numbers), and soft-capping and biases are the backend's.
+The step serves rotary, absolute and position-only bias encodings (and none) in causal layers whose
+pattern (:attr:`~posenc.MultiheadAttention.pattern`) sets nothing but the encoding and a softcap: no
+window, chunk, sinks or query temperature; and caches without padding. Any other layer is refused
+with the reason. After the steps, :meth:`StaticDecodeStep.sync` tells the cache how many tokens it
+holds (:meth:`~posenc.cache.KVCacheEntry.set_length`), so the layer can go on eagerly (before it,
+the layer refuses to: its call would overwrite the steps' tokens).
 
 Example (``docs/decoding.md`` has the measured speed)::
 
@@ -37,12 +43,18 @@ Example (``docs/decoding.md`` has the measured speed)::
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import torch
 from torch import Tensor, nn
 
-from .backends._softcap import soft_cap
+from .attention import MultiheadAttention
+from .backends import AttentionRequest
+from .backends.run import run_attention
 from .base import Kind, checks_values
 from .cache import KVCache, check_in_place_write
+from .masks import AttentionMask
+from .patterns import LayerSpec
 
 __all__ = ["StaticDecodeStep"]
 
@@ -51,8 +63,9 @@ class StaticDecodeStep(nn.Module):
     """One-token decode steps of ``layer`` on the preallocated buffers of ``cache``, in fixed shapes.
 
     Args:
-        layer: a causal :class:`~posenc.MultiheadAttention` (no window, chunk, sinks, query
-            temperature; a rotary, absolute, position-only bias encoding, or none).
+        layer: a causal :class:`~posenc.MultiheadAttention` whose pattern sets only the fields in
+            :attr:`serves_pattern` (no window, chunk, sinks, query temperature), with a rotary,
+            absolute or position-only bias encoding, or none.
         cache: a ``KVCache(max_length=N)`` that ``layer`` has written (the prompt), without padding or
             document ids.
 
@@ -67,22 +80,30 @@ class StaticDecodeStep(nn.Module):
     every call (a compiled graph guards on them); ``position``'s value only in eager calls.
     """
 
-    def __init__(self, layer: nn.Module, cache: KVCache) -> None:
+    #: The backend every step's request runs on: one of :data:`~posenc.backends.run.TRACEABLE_BACKENDS`
+    #: (the eager reference: ``q kᵀ``, softmax and ``p v`` written out, nan and inf propagated,
+    #: soft-capping and biases served). :func:`~posenc.backends.use_backend` overrides it, as for any call.
+    backend = "eager"
+    #: The fields of the layer's :attr:`~posenc.MultiheadAttention.pattern` the step serves; a layer whose
+    #: pattern sets any other (a window, chunk, sinks, a query temperature, or a field added later) is refused.
+    serves_pattern = ("encoding", "softcap")
+
+    def __init__(self, layer: MultiheadAttention, cache: KVCache) -> None:
         super().__init__()
-        problems = _unsupported(layer, cache)
+        problems = _unsupported(layer, cache, self.serves_pattern)
         if problems:
             raise ValueError("StaticDecodeStep cannot serve this layer: " + "; ".join(problems))
         batch = cache.get(layer.layer_idx).k.shape[0]
         # read as the layer would: its writer, form, batch and device, and no other step's unsynced tokens
         entry = cache.read(layer, cross=False, batch=batch, device=layer.q_proj.weight.device)
-        self.layer, self.cache, self.axes = layer, cache, entry.axes
-        self.k_buffer, self.v_buffer, self.pos_buffer = (self.axes[n].buffer for n in ("k", "v", "k_pos"))
+        self.layer, self.cache, self.entry = layer, cache, entry
+        self.k_buffer, self.v_buffer, self.pos_buffer = entry.buffers()
         self.max_length = self.k_buffer.shape[2]
         # the step at slot s encodes position s + offset (per row), the position after the last
         # cached token's: the prompt may sit at any positions
         self._offset = self.pos_buffer.new_zeros(self.pos_buffer.shape[0], 1)
         self._dirty = False  # steps taken (or a rewind) since the last sync(): the cache's count is stale
-        self._continue_from(self.axes["k"].length)
+        self._continue_from(entry.k.shape[2])
         cache.attach_step(layer.layer_idx, self)
 
     def next_position(self) -> Tensor:
@@ -111,14 +132,12 @@ class StaticDecodeStep(nn.Module):
         self._dirty = True
 
     def sync(self) -> None:
-        """Record in the cache the tokens the steps wrote, so the layer (eager) continues after them."""
+        """Record in the cache the tokens the steps wrote, so the layer (eager) continues after them
+        (the steps checked nothing for nan: the next eager call checks every key)."""
         entry = self._follow_cache()
         if not self._dirty:
             return  # nothing written since the last sync (the layer may have added tokens since)
-        for axis in self.axes.values():
-            axis.length = self._written
-        entry.refresh_views()
-        entry.finite.finite = False  # the steps checked nothing: the next eager call checks all
+        entry.set_length(self._written)
         self._dirty = False
 
     def unsynced(self) -> str | None:
@@ -127,8 +146,8 @@ class StaticDecodeStep(nn.Module):
             return None
         return (
             f"a StaticDecodeStep wrote tokens into its buffers since its last sync() (the step holds "
-            f"{self._written} tokens, the cache records {self.axes['k'].length}); an eager call would "
-            "overwrite them"
+            f"{self._written} tokens, the cache records {self.cache.length(self.layer.layer_idx, cross=False)}); "
+            "an eager call would overwrite them"
         )
 
     def _continue_from(self, length: int) -> None:
@@ -141,13 +160,14 @@ class StaticDecodeStep(nn.Module):
         """The cache's current entry of the layer; with no steps since the last sync, the step
         continues after the tokens the layer added eagerly meanwhile."""
         entry = self.cache.get(self.layer.layer_idx)
-        if entry is None or entry.axes is not self.axes:
+        buffers = None if entry is None else entry.buffers()
+        if buffers is None or buffers[0] is not self.k_buffer:
             raise ValueError(
                 f"StaticDecodeStep: the cache's entry of layer_idx={self.layer.layer_idx} was replaced since "
                 "this step was built (cache.reset() or another prompt); build a new StaticDecodeStep"
             )
-        if not self._dirty and self.axes["k"].length != self._written:
-            self._continue_from(self.axes["k"].length)
+        if not self._dirty and entry.k.shape[2] != self._written:
+            self._continue_from(entry.k.shape[2])
         return entry
 
     def forward(self, x: Tensor, position: Tensor) -> Tensor:
@@ -161,8 +181,7 @@ class StaticDecodeStep(nn.Module):
         encoding = layer.encoding
         if encoding.kind is Kind.ABSOLUTE:
             x = encoding.embed(x, pos.expand(batch, 1))
-        q = layer._heads(layer.q_proj(x), layer.num_heads)
-        k, v = layer.key_values(x)
+        q, k, v = layer.project(x)
         if encoding.kind is Kind.ROTARY:
             q, k = encoding.rotate(q, k, pos, pos)
         if k.dtype != self.k_buffer.dtype:  # a dtype, not a value: compiled graphs check it too
@@ -171,10 +190,7 @@ class StaticDecodeStep(nn.Module):
                 f"{k.dtype}; keep the layer's dtype, or prefill a fresh KVCache(max_length=...)"
             )
         check_in_place_write("StaticDecodeStep", "the layer with KVCache()", "keys", None, k, v)
-        index = position.reshape(1)
-        self.k_buffer.index_copy_(2, index, k)
-        self.v_buffer.index_copy_(2, index, v)
-        self.pos_buffer.index_copy_(1, index, pos.expand(batch, 1))
+        self.entry.write_at(position, k, v, pos.expand(batch, 1))
         out = self._attend(q, position, pos)
         return layer.out_proj(out.transpose(1, 2).reshape(batch, 1, layer.embed_dim))
 
@@ -217,26 +233,33 @@ class StaticDecodeStep(nn.Module):
             )
 
     def _attend(self, q: Tensor, position: Tensor, pos: Tensor) -> Tensor:
-        """Softmax attention of ``q [B, H, 1, D]`` (at positions ``pos [B, 1]``) over every slot, those
-        after ``position`` hidden."""
-        layer = self.layer
-        slots = torch.arange(self.max_length, device=q.device)
+        """Attention of ``q [B, H, 1, D]`` (at positions ``pos [B, 1]``) over every slot, those after
+        ``position`` hidden as padding: a request in float32 or wider on :attr:`backend`."""
+        layer, batch = self.layer, q.shape[0]
         wide = torch.promote_types(q.dtype, torch.float32)
-        hidden = torch.zeros(self.max_length, dtype=wide, device=q.device)
-        hidden = hidden.masked_fill(slots > position.reshape(()), float("-inf"))
-        groups = layer.num_heads // layer.num_kv_heads
-        batch = q.shape[0]
-        # [B, Hkv, G, 1, D] against [B, Hkv, 1, N, D]: grouped-query heads without copying keys
-        qg = q.reshape(batch, layer.num_kv_heads, groups, 1, q.shape[-1]).to(wide)
-        logits = torch.matmul(qg, self.k_buffer.to(wide).unsqueeze(2).transpose(-1, -2)) * layer.scale
-        logits = soft_cap(logits, getattr(layer, "softcap", None)) + hidden
-        if layer.encoding.kind is Kind.BIAS:
-            # the keys' positions as written: the prompt's may be any, not their slots
-            bias = layer.encoding.bias_for_positions(pos, self.pos_buffer)  # [B, H, 1, N]
-            logits = logits + bias.to(wide).reshape(batch, layer.num_kv_heads, groups, 1, self.max_length)
-        probs = torch.softmax(logits, dim=-1)
-        out = torch.matmul(probs, self.v_buffer.to(wide).unsqueeze(2))
-        return out.reshape(batch, layer.num_heads, 1, -1).to(q.dtype)
+        unwritten = torch.arange(self.max_length, device=q.device) > position  # [N]
+        mask = AttentionMask.build(
+            q_len=1,
+            k_len=self.max_length,
+            batch=batch,
+            heads=layer.num_heads,
+            device=q.device,
+            key_padding_mask=unwritten.expand(batch, self.max_length),
+        )
+        request = AttentionRequest(
+            q=q.to(wide),
+            k=self.k_buffer.to(wide),
+            v=self.v_buffer.to(wide),
+            encoding=layer.encoding,
+            q_pos=pos,
+            k_pos=self.pos_buffer,  # the keys' positions as written: the prompt's may be any, not their slots
+            scale=layer.scale,
+            mask=mask,
+            layer=layer,
+            softcap=layer.softcap,
+        )
+        _, out, _ = run_attention(request, self.backend)
+        return out.to(q.dtype)
 
 
 def _x_problem(x: object, want: tuple[int, int, int]) -> str:
@@ -251,29 +274,38 @@ def _x_problem(x: object, want: tuple[int, int, int]) -> str:
     return got
 
 
-def _unsupported(layer: nn.Module, cache: KVCache) -> list[str]:
-    """Why :class:`StaticDecodeStep` cannot serve ``layer`` with ``cache`` (empty: it can)."""
-    problems = []
+def _unsupported(layer: nn.Module, cache: KVCache, served: tuple[str, ...]) -> list[str]:
+    """Why :class:`StaticDecodeStep` cannot serve ``layer`` with ``cache`` (empty: it can); of the
+    layer's pattern, it serves the fields named in ``served``."""
+    if not isinstance(layer, MultiheadAttention):
+        return [f"layer must be a posenc.MultiheadAttention, got {type(layer).__name__}"]
     if not isinstance(cache, KVCache) or cache.max_length is None:
-        problems.append("cache must be a posenc.KVCache(max_length=N) (preallocated buffers)")
-        return problems
+        return ["cache must be a posenc.KVCache(max_length=N) (preallocated buffers)"]
+    problems = []
     if cache.streaming:
         problems.append("a streaming cache (recent_tokens) re-rotates its keys every step")
-    if not getattr(layer, "causal", False):
+    if not layer.causal:
         problems.append("the layer must be causal (each step sees the tokens before it)")
-    for name in ("window", "chunk", "sinks", "query_temperature"):
-        if getattr(layer, name, None) is not None:
-            problems.append(f"layers with {name} are not served (use the layer itself)")
+    pattern, plain = layer.pattern, LayerSpec()
+    for name in (f.name for f in fields(LayerSpec) if f.name not in served):
+        if getattr(pattern, name) != getattr(plain, name):
+            problems.append(
+                f"layers with {name}={getattr(pattern, name)!r} are not served (use the layer itself)"
+            )
     encoding = layer.encoding
     if encoding.kind is Kind.CONTENT or encoding.input_dependent:
         problems.append(f"{encoding.name!r} computes logits from q/k or the input; use the layer itself")
     entry = cache.get(layer.layer_idx)
-    if entry is None or entry.axes is None:
+    if cache.streaming:
+        return problems
+    if entry is None:
         problems.append(
             f"the cache holds no entry of layer_idx={layer.layer_idx}: run the prompt through the layer first"
         )
+    elif entry.buffers() is None:
+        problems.append(f"the cache's entry of layer_idx={layer.layer_idx} holds no preallocated buffers")
     elif entry.padding is not None or entry.document_ids is not None:
         problems.append("the cache holds padding or document ids (the step attends to every written slot)")
-    elif entry.axes["k"].start != 0 or entry.evicted:
+    elif entry.first_slot != 0 or entry.evicted:
         problems.append("the cache's keys do not start at its first slot")
     return problems
