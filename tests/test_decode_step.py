@@ -298,3 +298,80 @@ def test_a_call_of_the_wrong_shape_is_refused_by_name(x_shape, position, message
     handed = step.next_position()
     with torch.no_grad(), pytest.raises(ValueError, match="StaticDecodeStep: " + message):
         step(torch.randn(*x_shape), handed if position is None else position)
+
+
+# ------------------------------------------------------------------ the public pieces the step uses
+def test_the_layer_projects_q_k_v_into_heads_before_the_encoding_acts():
+    layer = _layer("rope", num_kv_heads=1)
+    x = torch.randn(2, 5, EMBED)
+    q, k, v = layer.project(x)
+    head_dim = EMBED // HEADS
+    assert q.shape == (2, HEADS, 5, head_dim) and k.shape == v.shape == (2, 1, 5, head_dim)
+    torch.testing.assert_close(q, layer.q_proj(x).view(2, 5, HEADS, head_dim).transpose(1, 2))
+    torch.testing.assert_close((k, v), layer.key_values(x))
+
+
+def test_the_layer_states_its_pattern_and_a_layer_built_from_it_has_the_same():
+    temperature = posenc.patterns.QueryTemperature()
+    layer = posenc.MultiheadAttention(
+        EMBED, HEADS, "rope", causal=True, window=4, sinks=True, query_temperature=temperature, softcap=30.0
+    )
+    pattern = layer.pattern
+    assert pattern == posenc.patterns.LayerSpec(
+        layer.encoding.spec(), window=4, sinks=True, temperature=temperature, softcap=30.0
+    )
+    twin = posenc.MultiheadAttention(EMBED, HEADS, pattern.encoding, causal=True, pattern=pattern)
+    assert twin.pattern == pattern
+
+
+def _refused_patterns():
+    """A value for every field of LayerSpec the step does not serve: each one must be refused."""
+    from dataclasses import fields
+
+    values = {
+        "window": 4,
+        "chunk": 4,
+        "sinks": True,
+        "temperature": posenc.patterns.QueryTemperature(),
+    }
+    names = [
+        f.name for f in fields(posenc.patterns.LayerSpec) if f.name not in StaticDecodeStep.serves_pattern
+    ]
+    assert sorted(names) == sorted(values), "a new pattern field: say here how the step refuses it"
+    return list(values.items())
+
+
+@pytest.mark.parametrize(("name", "value"), _refused_patterns())
+def test_every_pattern_field_the_step_does_not_serve_is_refused_by_name(name, value):
+    spec = posenc.patterns.LayerSpec("rope", **{name: value})
+    layer = posenc.MultiheadAttention(EMBED, HEADS, "rope", causal=True, pattern=spec).eval()
+    cache = _prefilled(layer, torch.randn(1, 3, EMBED), 8)
+    with pytest.raises(ValueError, match=rf"cannot serve this layer: layers with {name}="):
+        StaticDecodeStep(layer, cache)
+
+
+def test_a_cache_entry_writes_at_a_slot_and_sets_its_length():
+    layer = _layer("rope")
+    cache = _prefilled(layer, torch.randn(2, 3, EMBED), 8)
+    entry = cache.get(0)
+    k_buffer, v_buffer, pos_buffer = entry.buffers()
+    assert k_buffer.shape[2] == v_buffer.shape[2] == pos_buffer.shape[1] == 8 and entry.first_slot == 0
+    k, v = torch.randn(2, 2, HEADS, 1, EMBED // HEADS).unbind(0)
+    k, v = k.expand(2, -1, -1, -1), v.expand(2, -1, -1, -1)
+    with torch.no_grad():
+        entry.write_at(torch.tensor(3), k, v, torch.full((2, 1), 3))
+    assert entry.k.shape[2] == 3  # written, not yet live
+    torch.testing.assert_close(k_buffer[:, :, 3:4], k)
+    entry.finite.finite = True
+    entry.set_length(4)
+    assert entry.k.shape[2] == cache.length(0) == 4 and not entry.finite.finite
+    torch.testing.assert_close((entry.k[:, :, 3:], entry.v[:, :, 3:]), (k, v))
+    assert entry.k_pos[:, 3].tolist() == [3, 3]
+    with pytest.raises(ValueError, match=r"set_length: length must be an int in \[0, 8\]"):
+        entry.set_length(9)
+    grown = posenc.KVCache()
+    with torch.no_grad():
+        layer(torch.randn(1, 3, EMBED), cache=grown)
+    assert grown.get(0).buffers() is None
+    with pytest.raises(ValueError, match=r"write_at: the entry has no preallocated buffers"):
+        grown.get(0).write_at(torch.tensor(3), k[:1], v[:1], torch.full((1, 1), 3))
