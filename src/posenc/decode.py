@@ -81,8 +81,8 @@ class StaticDecodeStep(nn.Module):
     """
 
     #: The backend every step's request runs on: one of :data:`~posenc.backends.run.TRACEABLE_BACKENDS`
-    #: (the eager reference: ``q kᵀ``, softmax and ``p v`` written out, nan and inf propagated,
-    #: soft-capping and biases served). :func:`~posenc.backends.use_backend` overrides it, as for any call.
+    #: (the eager reference: its attention written out op by op, nan and inf propagated, soft-capping
+    #: and biases served). :func:`~posenc.backends.use_backend` overrides it, as for any call.
     backend = "eager"
     #: The fields of the layer's :attr:`~posenc.MultiheadAttention.pattern` the step serves; a layer whose
     #: pattern sets any other (a window, chunk, sinks, a query temperature, or a field added later) is refused.
@@ -105,6 +105,12 @@ class StaticDecodeStep(nn.Module):
         self._dirty = False  # steps taken (or a rewind) since the last sync(): the cache's count is stale
         self._continue_from(entry.k.shape[2])
         cache.attach_step(layer.layer_idx, self)
+
+    @property
+    def axes(self) -> dict:
+        """The cache entry's time axes (``entry.axes``), kept for callers that read them; the step
+        itself writes through :meth:`~posenc.cache.KVCacheEntry.write_at` and ``set_length``."""
+        return self.entry.axes
 
     def next_position(self) -> Tensor:
         """The slot of the next token, as the 0-d int64 tensor the step takes (after the cache's
@@ -295,9 +301,9 @@ def _unsupported(layer: nn.Module, cache: KVCache, served: tuple[str, ...]) -> l
     encoding = layer.encoding
     if encoding.kind is Kind.CONTENT or encoding.input_dependent:
         problems.append(f"{encoding.name!r} computes logits from q/k or the input; use the layer itself")
-    entry = cache.get(layer.layer_idx)
     if cache.streaming:
         return problems
+    entry = cache.get(layer.layer_idx)
     if entry is None:
         problems.append(
             f"the cache holds no entry of layer_idx={layer.layer_idx}: run the prompt through the layer first"
