@@ -142,6 +142,26 @@ def test_one_graph_serves_every_position():
     assert counter.frame_count == 1
 
 
+def test_steps_of_layers_with_other_scales_and_caps_compile_in_one_process():
+    """Dynamo makes a float dynamic once it compiled a second value of it: the request's check of the
+    scale (and of the cap) then met a symbolic float and broke the graph (math.isfinite); the docs'
+    decoding example failed after any other compiled step had run in the process."""
+    torch._dynamo.reset()
+    torch.manual_seed(4)
+    for head_dim, cap in ((8, None), (16, 30.0), (32, 50.0)):
+        layer = posenc.MultiheadAttention(head_dim * 2, 2, "rope", causal=True, softcap=cap).eval()
+        prompt, xs = torch.randn(1, 5, head_dim * 2), torch.randn(3, 1, 1, head_dim * 2)
+        cache, reference = _prefilled(layer, prompt, 16), posenc.KVCache()
+        step = StaticDecodeStep(layer, cache)
+        compiled = torch.compile(step, backend="eager", fullgraph=True)
+        with torch.no_grad():
+            layer(prompt, cache=reference)
+            for x in xs:
+                torch.testing.assert_close(
+                    compiled(x, step.next_position()), layer(x, cache=reference), rtol=1e-5, atol=1e-5
+                )
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["rope", "alibi", "t5", "sinusoidal"])
 def test_inductor_compiled_step_equals_the_layer(name):

@@ -12,7 +12,7 @@ from functools import cached_property
 import torch
 from torch import Tensor, nn
 
-from ..base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates
+from ..base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates, checks_values
 from ..masks import AttentionMask
 from ._finite import all_finite, all_finite_together, all_parameters
 from ._softcap import check_softcap
@@ -179,10 +179,13 @@ class AttentionRequest:
             _check_positions(name, pos, batch, length, q.device, allow_float)
         self._check_encoding_sizes(heads, dim)
         _check_number("scale", self.scale, "a finite number > 0 (the logit scale, 1/sqrt(D) by default)")
-        if not (math.isfinite(self.scale) and self.scale > 0):
+        # A compiled call may see the scale as a symbolic float (dynamo makes a float dynamic once a
+        # second value is compiled): math.isfinite cannot be traced there; the layer checked it eagerly.
+        if checks_values() and not (math.isfinite(self.scale) and self.scale > 0):
             raise _field_error("scale", f"must be finite and > 0 (1/sqrt(D) by default), got {self.scale!r}")
         try:
-            self.softcap = check_softcap(self.softcap)
+            if checks_values():  # the same symbolic float as the scale under compile (checked eagerly)
+                self.softcap = check_softcap(self.softcap)
         except ValueError as error:
             raise _field_error("softcap", str(error).removeprefix("softcap ")) from None
         _check_number("dropout_p", self.dropout_p, "a probability in [0, 1)")
