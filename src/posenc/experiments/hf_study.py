@@ -62,8 +62,8 @@ from .study_plan import (
     CORPORA,
     STUDY_TASKS,
     expand_variants,
-    plan_study,
     shard_units,
+    study_grid,
     study_text,
     study_units,
     unit_id,
@@ -233,10 +233,9 @@ def run_study(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run (or resume) the study of ``model_ref`` into the folder ``out``; returns ``(records, settings)``."""
     out = Path(out)
-    model, tokenizer, _ = load_model(model_ref)
-    plan = plan_study(
-        model.config,
-        type(model).__name__,
+    # Planned from the config before the weights load (seconds to minutes): a bad option fails at
+    # once, and the plan is the one posenc submit makes for the same command.
+    plan = study_grid(
         model_ref,
         task=task,
         eval_len=eval_len,
@@ -246,7 +245,8 @@ def run_study(
         seeds=seeds,
         corpus=corpus,
         variants=variants,
-    )
+    ).plan
+    model, tokenizer, _ = load_model(model_ref)
     settings, scalings, labels = plan.settings, plan.scalings, plan.labels
     eval_len, length_list = settings["eval_len"], settings["lengths"]
     original = dict(getattr(model.config, "rope_parameters", None) or {})
