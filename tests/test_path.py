@@ -163,6 +163,24 @@ def test_cached_decoding_equals_the_full_pass(backend, max_length):
     torch.testing.assert_close(cache.get(0).k[:, :, [0, 40, 78, 79]], want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("max_length", [None, 96])
+@pytest.mark.parametrize("backend", ["eager", "auto"])
+def test_windowed_cached_decoding_equals_the_full_pass(backend, max_length):
+    # the cache trims a windowed entry as it appends; the carried keys must then overwrite the kept
+    # tail without touching the keys this step attends to (views of the same buffer)
+    torch.manual_seed(0)
+    layer = posenc.MultiheadAttention(32, 4, "path", causal=True, window=12).to(F64).eval()
+    x = torch.randn(2, 60, 32, dtype=F64)
+    with posenc.use_backend(backend), torch.no_grad():
+        full = layer(x)
+        cache, pieces, start = posenc.KVCache(max_length=max_length), [], 0
+        for size in (5, 1, 1, 20, 1, 1, 31):
+            pieces.append(layer(x[:, start : start + size], cache=cache))
+            start += size
+    torch.testing.assert_close(torch.cat(pieces, dim=1), full, rtol=1e-10, atol=1e-10)
+    assert cache.get(0).k.shape[2] == 11
+
+
 def test_auto_runs_the_blocked_form_and_eager_where_masks_need_it():
     layer = _layer()
     x = torch.randn(1, 20, 32, dtype=F64)

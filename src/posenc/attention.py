@@ -9,6 +9,7 @@ its position rules :mod:`posenc.positions`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal, overload
 
 import torch
@@ -17,6 +18,7 @@ from torch import Tensor, nn
 from .backends.run import attend
 from .base import Kind, LayerContext, PositionalEncoding, TokenStates
 from .cache import KVCache, KVCacheEntry, context_key, token_states_with_cache
+from .carried_keys import check_carrying_cache, input_transform, store_carried, transform_heads
 from .encodings.rope import register_rope_user
 from .inputs import (
     check_attn_mask,
@@ -31,17 +33,36 @@ from .inputs import (
 from .masks import AttentionMask
 from .patterns import LayerSpec, TemperatureForm
 from .positions import (
+    Step,
     checked_positions,
-    documents_with_cache,
     embed_positions,
-    padding_with_cache,
     prefix_lengths,
-    self_attention_positions,
+    read_step,
+    step_positions,
     temperature_factors,
 )
 from .registry import build_for_layer
 
 __all__ = ["MultiheadAttention"]
+
+
+@dataclass
+class _Inputs:
+    """What one call attends with: ``q [B, H, Tq, D]``, ``k``/``v [B, Hkv, Tk, D]`` (the cached keys
+    first) and their positions, with what the mask and the backend read about the keys."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    q_pos: Tensor
+    k_pos: Tensor
+    #: keys cached before this call's (self-attention; the causal mask's offset)
+    past: int = 0
+    padding: Tensor | None = None
+    documents: Tensor | None = None
+    states: TokenStates | None = None
+    #: this layer's self-attention entry as read before the call (None: none, or cross-attention)
+    entry: KVCacheEntry | None = None
 
 
 class MultiheadAttention(nn.Module):
@@ -208,102 +229,17 @@ class MultiheadAttention(nn.Module):
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
         check_input(x, "x", self.embed_dim, self.q_proj.weight)
-        check_devices(
-            x,
-            context=context,
-            positions=positions,
-            context_positions=context_positions,
-            key_padding_mask=key_padding_mask,
-            attn_mask=attn_mask,
-            document_ids=document_ids,
-            prefix_len=prefix_len,
-            group_ids=group_ids,
-        )
+        given = {"context": context, "positions": positions, "context_positions": context_positions}
+        given |= {"key_padding_mask": key_padding_mask, "attn_mask": attn_mask, "document_ids": document_ids}
+        check_devices(x, **given, prefix_len=prefix_len, group_ids=group_ids)
         batch, q_len, _ = x.shape
-        docs, states, entry = None, None, None
-        if context is not None:
-            self._check_context(context, batch, document_ids, prefix_len, group_ids)
-            q, k, v, q_pos, k_pos, padding = self._cross_inputs(
-                x, context, positions, context_positions, key_padding_mask, cache
-            )
-            past = 0
+        if context is None:
+            inputs = self._self_inputs(x, positions, key_padding_mask, document_ids, prefix_len, cache)
         else:
-            entry = self._cache_entry(cache, cross=False, batch=batch)
-            past = 0 if entry is None else entry.k.shape[2]
-            self._check_carrying_cache(cache)
-            if cache is not None and cache.streaming:
-                cache.check_streaming_layer(
-                    self.encoding,
-                    window=self.window,
-                    chunk=self.chunk,
-                    positions=positions,
-                    key_padding_mask=key_padding_mask,
-                    document_ids=document_ids,
-                    prefix_len=prefix_len,
-                )
-                states = token_states_with_cache(self.encoding, x, entry, None)
-                q, k, v, q_pos, k_pos = self._streaming_inputs(x, entry, cache, states)
-                padding = None
-            else:
-                padding = self._padding_with_cache(key_padding_mask, entry, batch, q_len)
-                docs = self._documents_with_cache(document_ids, entry, batch, q_len)
-                default = self._positions_after(entry, q_len, padding, docs, x.device)
-                q_pos = checked_positions(self.encoding, positions, "positions", batch, q_len, default)
-                states = token_states_with_cache(self.encoding, x, entry, padding)
-                # chunks count keys from the start; documents and prefixes read every key (padding is
-                # evicted with its keys, and the evicted real tokens counted for positions)
-                trims = self.window is not None and self.chunk is None and cache is not None
-                trims = trims and docs is None and prefix_len is None
-                keep_last = self.window - 1 if trims else None
-                q, k, v, k_pos = self._self_inputs(x, q_pos, entry, cache, padding, docs, states, keep_last)
-                if trims:
-                    cache.trim_to_window(self.layer_idx, self.window)
-        if attn_mask is not None:
-            attn_mask = check_attn_mask(attn_mask, batch, self.num_heads, q_len, k.shape[2])
-        if self.query_temperature is not None:
-            q = q * temperature_factors(self.query_temperature, q_pos).to(q.dtype)
-        self_attention = context is None
-        mask = AttentionMask.build(
-            q_len=q_len,
-            k_len=k.shape[2],
-            batch=batch,
-            heads=self.num_heads,
-            device=x.device,
-            causal=self.causal and self_attention,
-            causal_offset=past,
-            key_padding_mask=padding,
-            attn_mask=attn_mask,
-            window=self.window if self_attention else None,
-            chunk=self.chunk if self_attention else None,
-            q_document_ids=None if docs is None else docs[:, past:],
-            k_document_ids=docs,
-            prefix_len=self._prefix_lengths(prefix_len, batch, k.shape[2], x.device),
-            group_ids=self._group_ids(group_ids, prefix_len, batch, q_len),
-        )
-        known, mark = (
-            (0, None)
-            if cache is None
-            else cache.checked_keys(self.layer_idx, entry, cross=not self_attention)
-        )
-        self.last_backend, out, weights = attend(
-            q,
-            k,
-            v,
-            encoding=self.encoding,
-            q_pos=q_pos,
-            k_pos=k_pos,
-            scale=self.scale,
-            mask=mask,
-            dropout_p=self.dropout if self.training else 0.0,
-            need_weights=need_weights,
-            sinks=self.sinks,
-            token_states=states,
-            layer=self,
-            backend=self.backend,
-            known_finite_keys=known,
-            finite_mark=mark,
-            softcap=self.softcap,
-        )
+            self._check_context(context, batch, document_ids, prefix_len, group_ids)
+            inputs = self._cross_inputs(x, context, positions, context_positions, key_padding_mask, cache)
+        mask = self._mask(inputs, attn_mask, prefix_len, group_ids, self_attention=context is None)
+        out, weights = self._attend(inputs, mask, cache, need_weights, cross=context is not None)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
         return (out, weights) if need_weights else out
 
@@ -319,43 +255,155 @@ class MultiheadAttention(nn.Module):
 
         ``arange`` continuing after the tokens in ``cache``; with a ``key_padding_mask`` (left
         padding), the number of real tokens before each one; with ``document_ids``, the offset from
-        the token's document start. A model computes them once and hands them to every layer.
+        the token's document start (:func:`posenc.positions.step_positions`, which a model calls once
+        for every layer).
         """
         entry = self._cache_entry(cache, cross=False, batch=batch)
-        past = 0 if entry is None else entry.k.shape[2]
-        docs = self._documents_with_cache(document_ids, entry, batch, q_len)
+        streaming = cache is not None and cache.streaming
         device = self.q_proj.weight.device
-        if docs is None and cache is not None and cache.streaming:
-            return torch.arange(past, past + q_len, device=device)[None]
-        padding = (
-            None if docs is not None else self._padding_with_cache(key_padding_mask, entry, batch, q_len)
+        return step_positions(
+            entry, batch, q_len, key_padding_mask, document_ids, device, streaming=streaming
         )
-        return self._positions_after(entry, q_len, padding, docs, device)
 
-    @staticmethod
-    def _positions_after(
-        entry: KVCacheEntry | None,
-        q_len: int,
-        padding: Tensor | None,
-        docs: Tensor | None,
-        device: torch.device,
-    ) -> Tensor:
-        """The default positions of ``q_len`` new tokens after ``entry``'s: the keys it holds, those
-        a window evicted, and the real tokens among them (:func:`self_attention_positions`)."""
-        if entry is None:
-            return self_attention_positions(q_len, 0, 0, padding, docs, device)
-        past, evicted, real = entry.k.shape[2], entry.evicted, entry.evicted_real
-        return self_attention_positions(q_len, past, evicted, padding, docs, device, real)
+    # ------------------------------------------------------------------ the steps of forward
+    def _self_inputs(
+        self,
+        x: Tensor,
+        positions: Tensor | None,
+        key_padding_mask: Tensor | None,
+        document_ids: Tensor | None,
+        prefix_len: int | Tensor | None,
+        cache: KVCache | None,
+    ) -> _Inputs:
+        """Self-attention's queries, keys and values with their positions (the cached keys first),
+        its padding and documents over every key, read once from this layer's cache entry."""
+        batch, q_len, _ = x.shape
+        entry = self._cache_entry(cache, cross=False, batch=batch)
+        check_carrying_cache(self.encoding, cache)
+        if cache is not None and cache.streaming:
+            given = {"positions": positions, "key_padding_mask": key_padding_mask}
+            given |= {"document_ids": document_ids, "prefix_len": prefix_len}
+            cache.check_streaming_layer(self.encoding, window=self.window, chunk=self.chunk, **given)
+            return self._streaming_inputs(x, entry, cache)
+        step = read_step(entry, batch, q_len, key_padding_mask, document_ids, x.device)
+        q_pos = checked_positions(self.encoding, positions, "positions", batch, q_len, step.positions)
+        states = token_states_with_cache(self.encoding, x, entry, step.padding)
+        q, k, v, k_pos = self._new_keys(x, q_pos, entry, cache, step, states, prefix=prefix_len is not None)
+        return _Inputs(q, k, v, q_pos, k_pos, step.past, step.padding, step.documents, states, entry)
 
-    def _streaming_inputs(
-        self, x: Tensor, entry: KVCacheEntry | None, cache: KVCache, states: TokenStates | None
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """``q, k, v, q_pos, k_pos`` with positions inside the cache (StreamingLLM), then evicts."""
+    def _streaming_inputs(self, x: Tensor, entry: KVCacheEntry | None, cache: KVCache) -> _Inputs:
+        """Self-attention's inputs with positions inside the cache (StreamingLLM), which then evicts."""
+        past = 0 if entry is None else entry.k.shape[2]
+        states = token_states_with_cache(self.encoding, x, entry, None)
         q, k, v = self.project(x)
         k, v, q_pos, k_pos = cache.append_streaming(self, entry, k, v, states)  # k unrotated
         if self.encoding.kind is Kind.ROTARY:
             q, k = self.encoding.rotate(q, k, q_pos, k_pos)
-        return q, k, v, q_pos, k_pos
+        return _Inputs(q, k, v, q_pos, k_pos, past, states=states, entry=entry)
+
+    def _new_keys(
+        self,
+        x: Tensor,
+        q_pos: Tensor,
+        entry: KVCacheEntry | None,
+        cache: KVCache | None,
+        step: Step,
+        states: TokenStates | None,
+        *,
+        prefix: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``q, k, v, k_pos`` of self-attention: the new tokens' keys after the cached ones, appended
+        to the cache (which keeps what this layer's window needs, see ``KVCache.append``)."""
+        if self.encoding.kind is Kind.ABSOLUTE:
+            x = embed_positions(self.encoding, x, q_pos)
+        q, k, v = self.project(x)
+        if self.encoding.kind is Kind.ROTARY:  # fresh projections: rotated in place where the encoding can
+            q, k = self.encoding.rotate_fresh(q, k, q_pos, q_pos)
+        transform = input_transform(self.encoding)
+        if transform is not None:
+            k, v = transform_heads(self.encoding, transform.key_heads, self.num_kv_heads, k, v)
+        if cache is None:
+            return q, k, v, q_pos
+        layout = {"window": self.window, "chunk": self.chunk, "prefix": prefix}
+        k, v, k_pos = cache.append(
+            self,
+            entry,
+            k,
+            v,
+            q_pos,
+            padding=step.padding,
+            document_ids=step.documents,
+            states=states,
+            **layout,
+        )
+        if transform is not None and transform.carry_keys is not None:
+            k = store_carried(cache, self.layer_idx, k, transform.carry_keys(k, states))
+        return q, k, v, k_pos
+
+    def _mask(
+        self,
+        inputs: _Inputs,
+        attn_mask: Tensor | None,
+        prefix_len: int | Tensor | None,
+        group_ids: Tensor | None,
+        *,
+        self_attention: bool,
+    ) -> AttentionMask:
+        """The call's :class:`~posenc.masks.AttentionMask`: this layer's causality, window and chunk (in
+        self-attention), the padding, documents, prefix or groups, and the caller's ``attn_mask``."""
+        batch, _, q_len, _ = inputs.q.shape
+        k_len, device, docs = inputs.k.shape[2], inputs.q.device, inputs.documents
+        if attn_mask is not None:
+            attn_mask = check_attn_mask(attn_mask, batch, self.num_heads, q_len, k_len)
+        return AttentionMask.build(
+            q_len=q_len,
+            k_len=k_len,
+            batch=batch,
+            heads=self.num_heads,
+            device=device,
+            causal=self.causal and self_attention,
+            causal_offset=inputs.past,
+            key_padding_mask=inputs.padding,
+            attn_mask=attn_mask,
+            window=self.window if self_attention else None,
+            chunk=self.chunk if self_attention else None,
+            q_document_ids=None if docs is None else docs[:, inputs.past :],
+            k_document_ids=docs,
+            prefix_len=self._prefix_lengths(prefix_len, batch, k_len, device),
+            group_ids=self._group_ids(group_ids, prefix_len, batch, q_len),
+        )
+
+    def _attend(
+        self, inputs: _Inputs, mask: AttentionMask, cache: KVCache | None, need_weights: bool, *, cross: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """``(out [B, H, Tq, Dv], weights or None)`` from the backend the dispatcher picks (recorded in
+        :attr:`last_backend`); the cache says how many of the keys it already knows finite."""
+        q = inputs.q
+        if self.query_temperature is not None:
+            q = q * temperature_factors(self.query_temperature, inputs.q_pos).to(q.dtype)
+        known, mark = (
+            (0, None) if cache is None else cache.checked_keys(self.layer_idx, inputs.entry, cross=cross)
+        )
+        self.last_backend, out, weights = attend(
+            q,
+            inputs.k,
+            inputs.v,
+            encoding=self.encoding,
+            q_pos=inputs.q_pos,
+            k_pos=inputs.k_pos,
+            scale=self.scale,
+            mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            need_weights=need_weights,
+            sinks=self.sinks,
+            token_states=inputs.states,
+            layer=self,
+            backend=self.backend,
+            known_finite_keys=known,
+            finite_mark=mark,
+            softcap=self.softcap,
+        )
+        return out, weights
 
     def _check_context(
         self,
@@ -380,80 +428,6 @@ class MultiheadAttention(nn.Module):
             raise ValueError(
                 f"{self.encoding.name!r} needs queries and keys from one sequence (self-attention); "
                 "cross-attention got a context: use another encoding in cross-attention layers"
-            )
-
-    def _self_inputs(
-        self,
-        x: Tensor,
-        q_pos: Tensor,
-        entry: KVCacheEntry | None,
-        cache: KVCache | None,
-        padding: Tensor | None,
-        docs: Tensor | None,
-        states: TokenStates | None = None,
-        keep_last: int | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``q, k, v, k_pos`` of self-attention: the new tokens' keys after the cached ones
-        (``keep_last``: the window's keys the cache keeps after this call, see ``KVCache.append``)."""
-        if self.encoding.kind is Kind.ABSOLUTE:
-            x = embed_positions(self.encoding, x, q_pos)
-        q, k, v = self.project(x)
-        if self.encoding.kind is Kind.ROTARY:  # fresh projections: rotated in place where the encoding can
-            q, k = self.encoding.rotate_fresh(q, k, q_pos, q_pos)
-        transform = self._input_transform()
-        if transform is not None:
-            k, v = self._transform_heads(transform.key_heads, k, v)
-        if cache is None:
-            return q, k, v, q_pos
-        k, v, k_pos = cache.append(
-            self, entry, k, v, q_pos, padding=padding, document_ids=docs, states=states, keep_last=keep_last
-        )
-        if transform is not None and transform.carry_keys is not None:
-            k = self._store_carried(cache, k, transform.carry_keys(k, states))
-        return q, k, v, k_pos
-
-    def _input_transform(self):
-        """The encoding's :class:`~posenc.base.InputTransform` (PaTH), or None."""
-        if self.encoding.kind is not Kind.CONTENT or not self.encoding.input_dependent:
-            return None
-        return self.encoding.input_transform()
-
-    def _transform_heads(self, heads: int | None, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """``k, v`` repeated to the transform's key heads (a multiple of the layer's)."""
-        if heads is None or heads == self.num_kv_heads:
-            return k, v
-        if heads % self.num_kv_heads:
-            raise ValueError(
-                f"{self.encoding.name}: num_kv_heads={heads} is not a multiple of the layer's "
-                f"num_kv_heads={self.num_kv_heads}; build it with num_kv_heads={self.num_kv_heads}"
-            )
-        groups = heads // self.num_kv_heads
-        return k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-
-    def _store_carried(self, cache: KVCache, k: Tensor, carried: Tensor) -> Tensor:
-        """Store ``carried`` keys as the entry's (its last ones, where a full buffer kept a tail) and
-        return the keys this step attends to (copied first where they are the buffer's view)."""
-        stored = cache.get(self.layer_idx)
-        tail = carried[:, :, carried.shape[2] - stored.k.shape[2] :]
-        if stored.axes is None:
-            stored.k = tail
-            return k
-        if k.data_ptr() == stored.k.data_ptr():
-            k = k.clone()
-        stored.k.copy_(tail)
-        return k
-
-    def _check_carrying_cache(self, cache: KVCache | None) -> None:
-        """Refuse a streaming cache for an encoding whose cache carries its keys (PaTH): it would
-        evict and re-position keys whose transforms are already applied."""
-        transform = self._input_transform()
-        if cache is None or transform is None or transform.carry_keys is None:
-            return
-        if cache.streaming:
-            raise ValueError(
-                f"cache: {self.encoding.name!r} keeps its keys carried through every later token's transform, "
-                "which a KVCache with recent_tokens (streaming) cannot hold; use KVCache() (grows or "
-                "max_length=N)"
             )
 
     def _prefix_lengths(
@@ -495,8 +469,9 @@ class MultiheadAttention(nn.Module):
         context_positions: Tensor | None,
         key_padding_mask: Tensor | None,
         cache: KVCache | None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-        """``q, k, v, q_pos, k_pos, padding`` of cross-attention (keys from the cache when it has them)."""
+    ) -> _Inputs:
+        """Cross-attention's queries, keys, values, positions and padding (keys from the cache when it
+        has them)."""
         batch, q_len, _ = x.shape
         entry = self._cache_entry(cache, cross=True, batch=batch, context=context)
         k_len = context.shape[1] if entry is None else entry.k.shape[2]
@@ -512,7 +487,7 @@ class MultiheadAttention(nn.Module):
             k, v, k_pos = entry.k, entry.v, entry.k_pos
             if self.encoding.kind is Kind.ROTARY:
                 q, _ = self.encoding.rotate(q, k[:, :, :0], q_pos, k_pos[:, :0])
-            return q, k, v, q_pos, k_pos, padding
+            return _Inputs(q, k, v, q_pos, k_pos, padding=padding)
         k_default = torch.arange(context.shape[1], device=x.device)[None]
         k_pos = checked_positions(
             self.encoding, context_positions, "context_positions", batch, context.shape[1], k_default
@@ -525,7 +500,7 @@ class MultiheadAttention(nn.Module):
         if cache is not None:
             entry = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, context_key=context_key(context))
             cache.write(self, entry, cross=True)
-        return q, k, v, q_pos, k_pos, padding
+        return _Inputs(q, k, v, q_pos, k_pos, padding=padding)
 
     # ------------------------------------------------------------------ cache
     def describe(self) -> str:
@@ -581,17 +556,3 @@ class MultiheadAttention(nn.Module):
     def _heads(self, x: Tensor, heads: int) -> Tensor:
         batch, length, _ = x.shape
         return x.view(batch, length, heads, self.head_dim).transpose(1, 2)
-
-    def _padding_with_cache(
-        self, mask: Tensor | None, entry: KVCacheEntry | None, batch: int, q_len: int
-    ) -> Tensor | None:
-        """The padding mask over all keys: cached padding plus the new tokens' (or the full mask)."""
-        cached = None if entry is None else (entry.k.shape[2], entry.padding)
-        return padding_with_cache(mask, cached, batch, q_len, 0 if entry is None else entry.evicted)
-
-    def _documents_with_cache(
-        self, document_ids: Tensor | None, entry: KVCacheEntry | None, batch: int, q_len: int
-    ) -> Tensor | None:
-        """Document ids of every key ``[B, past + q_len]`` (cached ones first), checked; or None."""
-        cached = None if entry is None else (entry.k.shape[2], entry.document_ids)
-        return documents_with_cache(document_ids, cached, batch, q_len, self.q_proj.weight.device)

@@ -53,6 +53,7 @@ __all__ = [
     "context_key",
     "rotation_dropped",
     "token_states_with_cache",
+    "window_retention",
 ]
 
 
@@ -227,15 +228,20 @@ class KVCache:
         padding: Tensor | None,
         document_ids: Tensor | None,
         states: TokenStates | None,
-        keep_last: int | None = None,
+        window: int | None = None,
+        chunk: int | None = None,
+        prefix: bool = False,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Every key, value and key position so far: ``entry``'s (``layer``'s, read; or None), then the
         new ``k``, ``v`` ``[B, Hkv, T, D]`` at ``k_pos``. They are stored as ``layer``'s entry with
         the keys' ``padding``, ``document_ids`` and token ``states`` (all ``[B, past + T]``).
 
-        ``keep_last``: the layer trims the entry to its last ``keep_last`` keys after this call
-        (:meth:`trim_to_window`); a preallocated cache then stores only those when the buffer
-        cannot hold them all."""
+        ``window``, ``chunk``, ``prefix`` (whether the call has a ``prefix_len``): the layer's mask,
+        from which the cache decides what the stored entry keeps (:func:`window_retention`); a
+        windowed entry is trimmed after this call (:meth:`trim_to_window`), and a preallocated cache
+        stores only the kept keys when the buffer cannot hold them all. The returned keys are every
+        key this call attends to."""
+        keep_last = window_retention(window, chunk=chunk, documents=document_ids is not None, prefix=prefix)
         if self.max_length is not None:
             k, v, k_pos, stored = self._append_in_place(entry, k, v, k_pos, keep_last)
         else:
@@ -253,6 +259,8 @@ class KVCache:
         # A full buffer kept only the window's keys (k holds every key): the rest leave with them.
         stored.evict_with_keys(k.shape[2] - stored.k.shape[2], 0 if entry is None else entry.evicted)
         self.write(layer, stored, previous=entry)
+        if keep_last is not None:
+            self.trim_to_window(layer.layer_idx, keep_last + 1)
         return k, v, k_pos
 
     def _append_in_place(
@@ -423,6 +431,20 @@ class KVCache:
             )
         if window is not None or chunk is not None:
             raise ValueError("a streaming KVCache serves layers without window or chunk of their own")
+
+
+def window_retention(window: int | None, *, chunk: int | None, documents: bool, prefix: bool) -> int | None:
+    """How many keys a layer's cache entry keeps after a call: ``window - 1`` for a sliding window
+    (the next query sees no older key), None to keep every key.
+
+    A window combined with chunks keeps every key (chunks count keys from the start of the
+    sequence), and so does one with packed documents or a prefix (their masks read every key).
+    Padding does not stop the trim: padded keys are evicted with the others, and the evicted real
+    tokens are counted so positions continue (``KVCacheEntry.evicted_real``).
+    """
+    if window is None or chunk is not None or documents or prefix:
+        return None
+    return window - 1
 
 
 def token_states_with_cache(

@@ -43,7 +43,7 @@ from .attention import MultiheadAttention
 from .base import Kind, LayerContext, PositionalEncoding, checks_values
 from .cache import KVCache
 from .patterns import LayerSpec, layer_pattern
-from .positions import embed_positions
+from .positions import embed_positions, step_positions
 from .registry import build_for_layer, resolve
 from .spec import Spec
 
@@ -309,7 +309,15 @@ class _Stack(nn.Module):
                     f"positions must have shape [{length}] or [{batch}, {length}], got {tuple(positions.shape)}"
                 )
             return positions.to(tokens.device)
-        return self.blocks[0].attn.default_positions(batch, length, key_padding_mask, cache, document_ids)
+        if cache is None:
+            return step_positions(None, batch, length, key_padding_mask, document_ids, tokens.device)
+        if not isinstance(cache, KVCache):
+            raise ValueError(f"cache must be a posenc.KVCache, got {type(cache).__name__}")
+        # every layer's entry has seen the same tokens (a window evicts, and counts what it evicted)
+        entry = cache.read(self.blocks[0].attn, cross=False, batch=batch, device=tokens.device)
+        return step_positions(
+            entry, batch, length, key_padding_mask, document_ids, tokens.device, streaming=cache.streaming
+        )
 
     def hidden_states(
         self,

@@ -7,6 +7,9 @@ the defaults here, computed the same way by :class:`~posenc.MultiheadAttention`,
 * :func:`default_positions`: ``past + arange(T)``, or counted from the padding mask (left padding);
 * :func:`document_positions`: restarting at each packed document's first token;
 * :func:`self_attention_positions`: the one of the two a self-attention call takes;
+* :func:`read_step`: everything a self-attention call's new tokens get from its cache entry (the
+  keys before them, their padding and documents over every key, their default positions), asked
+  once by the layer; :func:`step_positions` the default positions alone, asked once by a model;
 * :func:`padding_with_cache`, :func:`documents_with_cache`: a call's padding and document ids
   over every key, the cached ones first;
 * :func:`prefix_lengths`: a prefix LM's ``prefix_len`` as ``[B]``;
@@ -18,6 +21,8 @@ the defaults here, computed the same way by :class:`~posenc.MultiheadAttention`,
 from __future__ import annotations
 
 import numbers
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -25,7 +30,11 @@ from torch import Tensor
 from .base import PositionalEncoding, checks_values
 from .patterns import TemperatureForm
 
+if TYPE_CHECKING:
+    from .cache_entry import KVCacheEntry
+
 __all__ = [
+    "Step",
     "checked_positions",
     "default_positions",
     "document_positions",
@@ -33,7 +42,9 @@ __all__ = [
     "embed_positions",
     "padding_with_cache",
     "prefix_lengths",
+    "read_step",
     "self_attention_positions",
+    "step_positions",
     "temperature_factors",
 ]
 
@@ -93,6 +104,64 @@ def self_attention_positions(
     if docs is not None:
         return document_positions(docs)[:, past:]
     return default_positions(q_len, past + evicted, padding, device, evicted_real)
+
+
+@dataclass(frozen=True)
+class Step:
+    """A self-attention call's new tokens as its cache entry sees them (:func:`read_step`)."""
+
+    #: keys the cache holds before this call (0 without a cache)
+    past: int
+    #: ``[B, past + T]`` key padding (True = padding), cached keys first; None when nothing is padded
+    padding: Tensor | None
+    #: ``[B, past + T]`` document ids, cached keys first; None without packed documents
+    documents: Tensor | None
+    #: ``[B or 1, T]`` the positions the new tokens take when none are given
+    positions: Tensor
+
+
+def read_step(
+    entry: KVCacheEntry | None,
+    batch: int,
+    q_len: int,
+    key_padding_mask: Tensor | None,
+    document_ids: Tensor | None,
+    device: torch.device,
+) -> Step:
+    """The :class:`Step` of ``q_len`` new tokens after ``entry``'s keys (a layer's own entry, read
+    and checked; None without a cache or before the first call): the keys it holds, those a window
+    evicted and the real tokens among them decide the positions (:func:`self_attention_positions`),
+    the call's ``key_padding_mask`` and ``document_ids`` are extended over the cached keys."""
+    if entry is None:
+        padding = padding_with_cache(key_padding_mask, None, batch, q_len)
+        docs = documents_with_cache(document_ids, None, batch, q_len, device)
+        return Step(0, padding, docs, self_attention_positions(q_len, 0, 0, padding, docs, device))
+    past, evicted = entry.k.shape[2], entry.evicted
+    padding = padding_with_cache(key_padding_mask, (past, entry.padding), batch, q_len, evicted)
+    docs = documents_with_cache(document_ids, (past, entry.document_ids), batch, q_len, device)
+    positions = self_attention_positions(q_len, past, evicted, padding, docs, device, entry.evicted_real)
+    return Step(past, padding, docs, positions)
+
+
+def step_positions(
+    entry: KVCacheEntry | None,
+    batch: int,
+    q_len: int,
+    key_padding_mask: Tensor | None,
+    document_ids: Tensor | None,
+    device: torch.device,
+    *,
+    streaming: bool = False,
+) -> Tensor:
+    """The default positions ``[B or 1, q_len]`` of a call's new tokens after ``entry``'s keys, as
+    :func:`read_step` gives them: what a model computes once and hands to every layer (``streaming``:
+    a StreamingLLM cache, whose positions are the slots inside the cache). With ``document_ids``
+    the padding does not enter the positions, and is not read."""
+    if streaming and document_ids is None:
+        past = 0 if entry is None else entry.k.shape[2]
+        return torch.arange(past, past + q_len, device=device)[None]
+    padding = None if document_ids is not None else key_padding_mask
+    return read_step(entry, batch, q_len, padding, document_ids, device).positions
 
 
 def checked_positions(
