@@ -88,6 +88,11 @@ def check_pattern(
     """A layer's attention pattern ``(window, chunk, sinks, query_temperature, softcap)``, checked:
     the five arguments, or the fields of ``pattern`` (one layer of a model's pattern) when given."""
     if pattern is not None:
+        if pattern.kv_shared:
+            raise ValueError(
+                "pattern: kv_shared=True needs a model that gives the layer its donor "
+                "(TransformerLM(..., kv_shared_layers=N) or a pattern with kv_shared layers)"
+            )
         if (window, chunk, sinks, query_temperature, softcap) != (None, None, False, None, None):
             raise ValueError(
                 "give either pattern or window, chunk, sinks, query_temperature and softcap, not both"

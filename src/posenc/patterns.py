@@ -29,7 +29,7 @@ swan       SWAN-GPT (Puvvada et al. 2025): each block of ``nope_every`` (4) laye
 =========  ===================================================================================
 
 Parts of these models that posenc does not build are left out and named in each preset's
-docstring (Gemma 4's K = V and KV-shared layers, SWAN-GPT's log scaling, Granite's multipliers).
+docstring (Gemma 4's K = V, SWAN-GPT's log scaling, Granite's multipliers).
 
 Sizes (window, chunk) default to the published ones; CPU-scale experiments pass smaller ones.
 """
@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -55,6 +55,7 @@ __all__ = [
     "available_layer_presets",
     "is_layer_preset",
     "layer_pattern",
+    "mark_kv_shared",
 ]
 
 
@@ -140,6 +141,29 @@ class LayerSpec:
     temperature: TemperatureForm | None = None
     #: Logit soft-capping (Gemma 2): ``softcap * tanh(s / softcap)`` on the layer's logits, or None.
     softcap: float | None = None
+    #: KV-shared (Gemma 4's ``num_kv_shared_layers``): the layer computes no keys or values and attends
+    #: with those of the last unshared layer before it of its type (:mod:`posenc.kv_sharing`); a
+    #: model's option, which a lone :class:`~posenc.MultiheadAttention` refuses.
+    kv_shared: bool = False
+
+
+def mark_kv_shared(layers: Sequence[LayerSpec], kv_shared_layers: int) -> list[LayerSpec]:
+    """``layers`` with the last ``kv_shared_layers`` marked ``kv_shared`` (HF ``num_kv_shared_layers``)."""
+    count = len(layers)
+    if isinstance(kv_shared_layers, bool) or not isinstance(kv_shared_layers, int):
+        raise ValueError(f"kv_shared_layers must be an int, got {kv_shared_layers!r}")
+    if not 0 <= kv_shared_layers < count:
+        raise ValueError(
+            f"kv_shared_layers must be in [0, num_layers={count}) (at least one layer computes its own "
+            f"keys and values), got {kv_shared_layers}"
+        )
+    if kv_shared_layers and any(layer.kv_shared for layer in layers):
+        raise ValueError(
+            "kv_shared_layers: the pattern already marks layers kv_shared (e.g. 'gemma4:kv_shared_layers=N'); "
+            "give the count once"
+        )
+    first = count - kv_shared_layers
+    return [replace(layer, kv_shared=True) if i >= first else layer for i, layer in enumerate(layers)]
 
 
 #: Layer presets by name: ``fn(num_layers, **options) -> [LayerSpec per layer]`` (the recipes of
@@ -239,6 +263,7 @@ def gemma4(
     local_base: float = 10_000.0,
     global_base: float = 1_000_000.0,
     global_rotating: float = 0.25,
+    kv_shared_layers: int = 0,
 ) -> list[LayerSpec]:
     """Gemma 4: local sliding-window RoPE layers, every ``global_every``-th layer and always the
     last one global with p-RoPE (only ``global_rotating`` of the pairs rotate, at the frequencies
@@ -253,15 +278,19 @@ def gemma4(
     the global layers' larger head (``global_head_dim`` 512 against 256) and their own KV-head
     count; K = V (``attention_k_eq_v``: values from the key projection; a single layer has it as
     ``MultiheadAttention(value_from_key=True)``, and ``posenc.hf`` serves it in HF's model);
-    KV-shared layers (``num_kv_shared_layers``: the last layers reuse the K/V of the last unshared
-    layer of their type); the q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
+    the q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
+
+    ``kv_shared_layers=N`` (HF ``num_kv_shared_layers``, default 0): the last ``N`` layers are
+    KV-shared (:attr:`LayerSpec.kv_shared`): each attends with the keys and values of the last
+    unshared layer of its type, as HF's ``kv_sharing_modes`` picks it (:mod:`posenc.kv_sharing`).
     """
-    return [
+    layers = [
         LayerSpec(f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}")
         if (i + 1) % global_every == 0 or i == num_layers - 1
         else LayerSpec(f"rope:base={local_base}", window=window)
         for i in range(num_layers)
     ]
+    return mark_kv_shared(layers, kv_shared_layers)
 
 
 @_layer_preset("granite-swa")
