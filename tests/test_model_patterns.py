@@ -129,6 +129,34 @@ def test_gemma4_layout_equals_hf(num_layers):
     )  # some pairs do not rotate, so the frequency check above can fail
 
 
+def test_gemma4_wider_global_heads_equal_hf():
+    """``global_head_dim`` and ``num_global_key_value_heads`` (with ``attention_k_eq_v``, which gates
+    the second in HF): each layer's head size, KV heads, q/k/out projection shapes and, on the global
+    layers, the p-RoPE frequencies of the wider head equal HF's attention layers."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma4 import modeling_gemma4 as hf
+
+    config = _tiny(
+        transformers.Gemma4TextConfig, 6, head_dim=16, global_head_dim=32, num_global_key_value_heads=2,
+        attention_k_eq_v=True,
+    )  # fmt: skip
+    model = posenc.TransformerLM(16, 64, 6, 4, pattern="gemma4:global_head_dim=32,global_kv_heads=2")
+    rotary = hf.Gemma4TextRotaryEmbedding(config)
+    for index, (block, kind) in enumerate(zip(model.blocks, config.layer_types, strict=True)):
+        ours, theirs = block.attn, hf.Gemma4TextAttention(config, layer_idx=index)
+        assert ours.head_dim == theirs.head_dim == (32 if kind == "full_attention" else 16), index
+        assert ours.num_kv_heads == theirs.k_proj.out_features // theirs.head_dim, index
+        for mine, hfs in (
+            (ours.q_proj, theirs.q_proj),
+            (ours.k_proj, theirs.k_proj),
+            (ours.out_proj, theirs.o_proj),
+        ):
+            assert mine.weight.shape == hfs.weight.shape, index
+        want = getattr(rotary, f"{kind}_inv_freq").double()
+        torch.testing.assert_close(_inv_freq(block), want, rtol=1e-7, atol=0)
+    assert [b.attn.head_dim for b in _lm("gemma4", 6).blocks] == [16] * 6  # off by default
+
+
 @pytest.mark.parametrize("full_base", [10_000.0, 0.0])
 def test_granite_swa_layout_equals_hf(full_base):
     """Granite SWA: full attention at ``i % 4 == 0``, a 128 window elsewhere, a sink logit per head in

@@ -78,6 +78,8 @@ class MultiheadAttention(nn.Module):
             encoding is ``encoding``, which a model builds from it).
         backend: ``"auto"`` (first backend with no reasons), or a backend name to force.
         num_kv_heads: key/value heads for grouped-query attention (divides ``num_heads``).
+        head_dim: per-head size ``D``; default ``E / H``. Another size (Gemma 4's global layers,
+            ``global_head_dim``) makes ``q_proj`` ``E -> H·D`` and ``out_proj`` ``H·D -> E``.
         dropout: attention-probability dropout during training.
         bias: whether the projections have biases.
         scale: logit scale; default the encoding's (``1/sqrt(D)``, DeBERTa ``1/sqrt(D·s)``).
@@ -122,11 +124,12 @@ class MultiheadAttention(nn.Module):
         bias: bool = True,
         scale: float | None = None,
         layer_idx: int = 0,
+        head_dim: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        num_kv_heads = check_sizes(embed_dim, num_heads, num_kv_heads)
+        num_kv_heads = check_sizes(embed_dim, num_heads, num_kv_heads, head_dim)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if backend != "auto":
@@ -134,20 +137,20 @@ class MultiheadAttention(nn.Module):
 
             get_backend(backend)
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
-        self.head_dim = embed_dim // num_heads
+        self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
         self.causal, self.backend, self.dropout, self.layer_idx = causal, backend, dropout, layer_idx
         self.window, self.chunk, sinks, self.query_temperature, self.softcap = check_pattern(
             pattern, window, chunk, sinks, query_temperature, causal, softcap
         )
         factory = {"device": device, "dtype": dtype}
-        kv_dim = num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        kv_dim, q_dim = num_kv_heads * self.head_dim, num_heads * self.head_dim
+        self.q_proj = nn.Linear(embed_dim, q_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         if not isinstance(value_from_key, bool):
             raise ValueError(f"value_from_key must be True or False (K = V, Gemma 4), got {value_from_key!r}")
         self.value_from_key = value_from_key
         self.v_proj = None if value_from_key else nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.out_proj = nn.Linear(q_dim, embed_dim, bias=bias, **factory)
         self.sinks = nn.Parameter(torch.zeros(num_heads, **factory)) if sinks else None
         context = LayerContext(num_heads, self.head_dim, embed_dim, causal=causal, device=device, dtype=dtype)
         self.encoding = build_for_layer(encoding, context)
@@ -304,7 +307,7 @@ class MultiheadAttention(nn.Module):
             finite_mark=mark,
             softcap=self.softcap,
         )
-        out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
         return (out, weights) if need_weights else out
 
     def default_positions(

@@ -33,6 +33,7 @@ the padding mask for left padding) and are computed once per forward and passed 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -89,6 +90,10 @@ class TransformerBlock(nn.Module):
     ) -> None:
         super().__init__()
         self.norm_attn = nn.LayerNorm(d_model)
+        head_dim = None  # a layer's own head size and KV heads (Gemma 4's global layers) go as arguments
+        if layer is not None:
+            head_dim, num_kv_heads = layer.head_dim, layer.num_kv_heads or num_kv_heads
+            layer = replace(layer, head_dim=None, num_kv_heads=None)
         self.attn = attention(
             d_model,
             num_heads,
@@ -99,6 +104,7 @@ class TransformerBlock(nn.Module):
             num_kv_heads=num_kv_heads,
             dropout=dropout,
             layer_idx=layer_idx,
+            head_dim=head_dim,
         )
         self.norm_ffn = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, d_ff, dropout)
@@ -200,7 +206,9 @@ class _Stack(nn.Module):
         specs = [parsed[s] if isinstance(s, str) else s for s in given]
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.input_encodings = nn.ModuleList(self._input_encodings(specs))
-        layer_encodings = self._layer_encodings(specs)
+        layer_encodings = self._layer_encodings(
+            specs, [layer.head_dim or self.head_dim for layer in self.layers]
+        )
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 d_model,
@@ -265,9 +273,9 @@ class _Stack(nn.Module):
             )
         return [encoding] * num_layers
 
-    def _build(self, spec: Spec | PositionalEncoding) -> PositionalEncoding:
+    def _build(self, spec: Spec | PositionalEncoding, head_dim: int | None = None) -> PositionalEncoding:
         context = LayerContext(
-            self.num_heads, self.head_dim, self.d_model, causal=self.causal, max_len=self.max_len
+            self.num_heads, head_dim or self.head_dim, self.d_model, causal=self.causal, max_len=self.max_len
         )
         extra = {}
         if isinstance(spec, Spec) and not self.causal:  # e.g. ALiBi's symmetric form for an encoder
@@ -284,10 +292,12 @@ class _Stack(nn.Module):
                 built[key] = self._build(spec)
         return list(built.values())
 
-    def _layer_encodings(self, specs: list[ParsedSpec]) -> list[PositionalEncoding | None]:
+    def _layer_encodings(
+        self, specs: list[ParsedSpec], head_dims: list[int]
+    ) -> list[PositionalEncoding | None]:
         shared: dict[object, PositionalEncoding] = {}
         layers: list[PositionalEncoding | None] = []
-        for spec in specs:
+        for spec, head_dim in zip(specs, head_dims, strict=True):
             if spec is None or _kind_of(spec) is Kind.ABSOLUTE:
                 layers.append(None)  # position arrives through the residual stream
                 continue
@@ -295,12 +305,12 @@ class _Stack(nn.Module):
                 layers.append(spec)
                 continue
             if spec.cls.shared_across_layers:
-                key = str(spec)
+                key = (str(spec), head_dim)
                 if key not in shared:
-                    shared[key] = self._build(spec)
+                    shared[key] = self._build(spec, head_dim)
                 layers.append(shared[key])
             else:
-                layers.append(self._build(spec))
+                layers.append(self._build(spec, head_dim))
         return layers
 
     # ------------------------------------------------------------------ forward

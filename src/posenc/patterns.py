@@ -19,7 +19,8 @@ gpt-oss    alternating sliding window (even layers, window 128) and full attenti
 cohere2    3 sliding : 1 full (``(i + 1) % 4 == 0``). Sliding: window 4096, RoPE base 1e4 with
            interleaved pairing; full layers NoPE (Command R7B / Command A).
 gemma4     5 local : 1 global, the last layer always global. Local: window 512, RoPE base 1e4;
-           global: p-RoPE (HF ``"proportional"``), base 1e6, a quarter of the pairs rotating.
+           global: p-RoPE (HF ``"proportional"``), base 1e6, a quarter of the pairs rotating;
+           options: the last N layers KV-shared, the global layers' head size and KV heads.
 granite-   1 full : 3 sliding (``i % 4 == 0`` full, the first layer included), window 128, RoPE
 swa        base 1e4 (``full_base=0`` / ``sliding_base=0``: NoPE, HF's ``layer_rope_theta`` 0),
            learned attention sinks in every layer (Granite SWA / "granite-swash").
@@ -145,6 +146,11 @@ class LayerSpec:
     #: with those of the last unshared layer before it of its type (:mod:`posenc.kv_sharing`); a
     #: model's option, which a lone :class:`~posenc.MultiheadAttention` refuses.
     kv_shared: bool = False
+    #: The layer's head size and key/value heads when they differ from the model's (Gemma 4's global
+    #: layers: HF ``global_head_dim``, ``num_global_key_value_heads``); None: the model's. Sizes, which
+    #: the model passes to the layer as ``head_dim=`` and ``num_kv_heads=``.
+    head_dim: int | None = None
+    num_kv_heads: int | None = None
 
 
 def mark_kv_shared(layers: Sequence[LayerSpec], kv_shared_layers: int) -> list[LayerSpec]:
@@ -264,6 +270,8 @@ def gemma4(
     global_base: float = 1_000_000.0,
     global_rotating: float = 0.25,
     kv_shared_layers: int = 0,
+    global_head_dim: int = 0,
+    global_kv_heads: int = 0,
 ) -> list[LayerSpec]:
     """Gemma 4: local sliding-window RoPE layers, every ``global_every``-th layer and always the
     last one global with p-RoPE (only ``global_rotating`` of the pairs rotate, at the frequencies
@@ -274,18 +282,27 @@ def gemma4(
     ``default``, theta 1e4; global: ``proportional``, theta 1e6, ``partial_rotary_factor``
     0.25).
 
-    Approximated (a :class:`LayerSpec` cannot say them; the recipe's layers are ordinary ones):
-    the global layers' larger head (``global_head_dim`` 512 against 256) and their own KV-head
-    count; K = V (``attention_k_eq_v``: values from the key projection; a single layer has it as
-    ``MultiheadAttention(value_from_key=True)``, and ``posenc.hf`` serves it in HF's model);
-    the q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
+    Options for the rest of HF's attention layout (each off by default, so the recipe's layers
+    have the model's sizes):
 
-    ``kv_shared_layers=N`` (HF ``num_kv_shared_layers``, default 0): the last ``N`` layers are
-    KV-shared (:attr:`LayerSpec.kv_shared`): each attends with the keys and values of the last
-    unshared layer of its type, as HF's ``kv_sharing_modes`` picks it (:mod:`posenc.kv_sharing`).
+    * ``kv_shared_layers=N`` (HF ``num_kv_shared_layers``): the last ``N`` layers are KV-shared
+      (:attr:`LayerSpec.kv_shared`): each attends with the keys and values of the last unshared
+      layer of its type, as HF's ``kv_sharing_modes`` picks it (:mod:`posenc.kv_sharing`).
+    * ``global_head_dim=D`` (HF ``global_head_dim``; the released models: 512 against a
+      ``head_dim`` of 256): the global layers' head size (``LayerSpec.head_dim``), their p-RoPE
+      built for it. 0: the model's.
+    * ``global_kv_heads=K`` (HF ``num_global_key_value_heads``, which HF applies only with
+      ``attention_k_eq_v``): the global layers' key/value heads. 0: the model's.
+
+    Not in the recipe: K = V (``attention_k_eq_v``: a single layer has it as
+    ``MultiheadAttention(value_from_key=True)``, and ``posenc.hf`` serves it in HF's model); the
+    q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
     """
+    wide = {"head_dim": global_head_dim or None, "num_kv_heads": global_kv_heads or None}
     layers = [
-        LayerSpec(f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}")
+        LayerSpec(
+            f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}", **wide
+        )
         if (i + 1) % global_every == 0 or i == num_layers - 1
         else LayerSpec(f"rope:base={local_base}", window=window)
         for i in range(num_layers)
