@@ -207,6 +207,32 @@ def test_swan_layout_follows_the_paper():
     ]  # fmt: skip
 
 
+def test_swan_log_scaling_follows_the_formula():
+    """SWAN-GPT's dynamic scaling of its NoPE layers, ``s_p = log_a(p + a)`` (as arXiv 2601.22156,
+    Eq. 11, restates it), written out in float64: the recipe's NoPE layers scale their queries so, the
+    SWA-RoPE layers not at all; 1 at the first token, log_a(2a) at position a."""
+    import math
+
+    a = 6.0
+    layers = layer_pattern(f"swan:window=8,log_base={a}", 8)
+    assert [layer.temperature is not None for layer in layers] == [True, False, False, False] * 2
+    positions = torch.tensor([[0, 1, 5, 6, 100, 4095]])
+    want = torch.tensor([math.log(p + a) / math.log(a) for p in positions[0].tolist()], dtype=torch.float64)
+    got = layers[0].temperature.factors(positions)[0, 0, :, 0].double()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert got[0] == 1.0 and abs(float(got[3]) - math.log(12) / math.log(6)) < 1e-6
+    # a model built with it: the NoPE layer's queries scaled, the unscaled recipe differs
+    torch.manual_seed(0)
+    scaled = posenc.TransformerLM(16, 32, 4, 4, pattern=f"swan:window=3,log_base={a}").double()
+    plain = posenc.TransformerLM(16, 32, 4, 4, pattern="swan:window=3").double()
+    plain.load_state_dict(scaled.state_dict())
+    tokens = torch.randint(0, 16, (1, 12))
+    assert not torch.allclose(scaled(tokens), plain(tokens))
+    assert torch.allclose(scaled(tokens[:, :1]), plain(tokens[:, :1]))  # factor 1 at position 0
+    with pytest.raises(ValueError, match="log_base must be a number > 1"):
+        layer_pattern("swan:log_base=0.5", 4)
+
+
 def test_query_temperature_equals_hf_llama4_nope_layer():
     transformers = pytest.importorskip("transformers")
     from transformers.models.llama4.modeling_llama4 import Llama4TextAttention

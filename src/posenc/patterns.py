@@ -26,11 +26,12 @@ swa        base 1e4 (``full_base=0`` / ``sliding_base=0``: NoPE, HF's ``layer_ro
            learned attention sinks in every layer (Granite SWA / "granite-swash").
 olmo3      3 sliding : 1 full (``(i + 1) % 4 == 0``), window 4096, RoPE base 5e5 in both.
 swan       SWAN-GPT (Puvvada et al. 2025): each block of ``nope_every`` (4) layers is one global
-           NoPE layer followed by sliding-window RoPE layers (window 512, RoPE base 1e4).
+           NoPE layer followed by sliding-window RoPE layers (window 512, RoPE base 1e4);
+           ``log_base=a``: its NoPE layers' query scale ``log_a(p + a)`` (inference).
 =========  ===================================================================================
 
 Parts of these models that posenc does not build are left out and named in each preset's
-docstring (Gemma 4's K = V, SWAN-GPT's log scaling, Granite's multipliers).
+docstring (Gemma 4's K = V, Granite's multipliers).
 
 Sizes (window, chunk) default to the published ones; CPU-scale experiments pass smaller ones.
 """
@@ -124,6 +125,22 @@ class LogQueryTemperature(TemperatureForm):
             raise ValueError(
                 f"LogQueryTemperature: position_offset must be finite, got {self.position_offset}"
             )
+
+    @classmethod
+    def swan(cls, log_base: float) -> LogQueryTemperature:
+        """SWAN-GPT's dynamic attention scaling of its NoPE layers, ``s_p = log_a(p + a)`` with ``a =
+        log_base`` (> 1), tuned after training: the same form, ``1 + ln((p + a) / a) / ln a``.
+
+        Source: SWAN-GPT (Puvvada et al. 2025, arXiv 2504.08719) as Chen, Thai et al. 2026 ("Hybrid
+        Linear Attention Done Right", arXiv 2601.22156, Eq. 11), who adopt it, restate it:
+        ``softmax(s_t q_t K^T / sqrt(d))``, ``s_t = log_a(t + a)``. ``t`` is taken as posenc's 0-based
+        position, so the first token's factor is 1 (docs/conventions.md §11.2).
+        """
+        if isinstance(log_base, bool) or not isinstance(log_base, (int, float)) or not log_base > 1:
+            raise ValueError(
+                f"LogQueryTemperature.swan: log_base must be a number > 1 (SWAN's a), got {log_base!r}"
+            )
+        return cls(n_floor=float(log_base), alpha=1.0 / math.log(log_base), position_offset=float(log_base))
 
     def factors(self, positions: Tensor) -> Tensor:
         """``1 + alpha * ln(max((p + offset) / n_floor, 1))`` as ``[B|1, 1, T, 1]`` float32."""
@@ -364,19 +381,27 @@ def olmo3(
 
 
 @_layer_preset("swan")
-def swan(num_layers: int, window: int = 512, nope_every: int = 4, base: float = 10_000.0) -> list[LayerSpec]:
+def swan(
+    num_layers: int, window: int = 512, nope_every: int = 4, base: float = 10_000.0, log_base: float = 0.0
+) -> list[LayerSpec]:
     """SWAN-GPT (Puvvada et al. 2025, "SWAN-GPT: An Efficient and Scalable Approach for
     Long-Context Language Modeling"): NoPE layers with global attention interleaved with
     sliding-window RoPE layers (SWA-RoPE); each block of ``nope_every`` layers starts with the
     NoPE layer (the paper's 1 NoPE : 3 SWA-RoPE, window 512).
 
-    Approximated: the paper's dynamic logarithmic scaling of the NoPE layers' attention scores at
-    inference beyond the training length is not built (posenc's :class:`QueryTemperature` is
-    Llama 4's floored form, :class:`LogQueryTemperature` Inkling's; neither is SWAN's), so the NoPE
-    layers here are unscaled. No HF configuration exists: the test writes the paper's layout out.
+    ``log_base=a`` (> 1; default 0, off): the dynamic attention scaling SWAN applies at inference to
+    its NoPE layers, queries at position ``p`` times ``log_a(p + a)``
+    (:meth:`LogQueryTemperature.swan`; ``a`` is tuned after training). Train without it and
+    build the evaluation model with it (or set ``layer.attn.query_temperature``). The formula is
+    taken from a later paper's restatement (arXiv 2601.22156, Eq. 11): the SWAN paper's own text was
+    not reachable, so its exact position count (0- or 1-based) is unconfirmed (docs/conventions.md §11.2).
+    No HF configuration exists: the test writes the paper's layout out.
     """
+    temperature = LogQueryTemperature.swan(log_base) if log_base else None
     return [
-        LayerSpec("nope") if i % nope_every == 0 else LayerSpec(f"rope:base={base}", window=window)
+        LayerSpec("nope", temperature=temperature)
+        if i % nope_every == 0
+        else LayerSpec(f"rope:base={base}", window=window)
         for i in range(num_layers)
     ]
 
