@@ -258,3 +258,13 @@ def test_a_shared_layer_reads_only_its_donors_keys_of_this_forward():
             model.blocks[3].attn(x, cache=cache)
     with pytest.raises(ValueError, match="kv_shared=True are not served"):
         StaticDecodeStep(model.blocks[3].attn, posenc.KVCache(max_length=16))
+
+
+def test_a_copied_model_links_its_own_layers():
+    import copy
+
+    model = _model()
+    twin = copy.deepcopy(model)
+    assert twin.blocks[3].attn.handoff is twin.blocks[2].attn.handoff is not model.blocks[2].attn.handoff
+    tokens = _tokens()
+    torch.testing.assert_close(twin(tokens), model(tokens), rtol=0, atol=0)
