@@ -353,6 +353,7 @@ def _refused_patterns():
         "chunk": 4,
         "sinks": True,
         "temperature": posenc.patterns.QueryTemperature(),
+        "kv_shared": True,
     }
     names = [
         f.name for f in fields(posenc.patterns.LayerSpec) if f.name not in StaticDecodeStep.serves_pattern
@@ -364,8 +365,16 @@ def _refused_patterns():
 @pytest.mark.parametrize(("name", "value"), _refused_patterns())
 def test_every_pattern_field_the_step_does_not_serve_is_refused_by_name(name, value):
     spec = posenc.patterns.LayerSpec("rope", **{name: value})
-    layer = posenc.MultiheadAttention(EMBED, HEADS, "rope", causal=True, pattern=spec).eval()
-    cache = _prefilled(layer, torch.randn(1, 3, EMBED), 8)
+    if name == "kv_shared":  # a lone layer refuses the field: one linked to its donor carries it
+        from posenc.kv_sharing import KVDonorAttention, KVSharedAttention, link_kv_sharing
+
+        donor = KVDonorAttention(EMBED, HEADS, "rope", causal=True).eval()
+        layer = KVSharedAttention(EMBED, HEADS, "rope", causal=True, pattern=spec, layer_idx=1).eval()
+        link_kv_sharing([donor, layer], {1: 0})
+        cache = _prefilled(donor, torch.randn(1, 3, EMBED), 8)
+    else:
+        layer = posenc.MultiheadAttention(EMBED, HEADS, "rope", causal=True, pattern=spec).eval()
+        cache = _prefilled(layer, torch.randn(1, 3, EMBED), 8)
     with pytest.raises(ValueError, match=rf"cannot serve this layer: layers with {name}="):
         StaticDecodeStep(layer, cache)
 

@@ -129,6 +129,34 @@ def test_gemma4_layout_equals_hf(num_layers):
     )  # some pairs do not rotate, so the frequency check above can fail
 
 
+def test_gemma4_wider_global_heads_equal_hf():
+    """``global_head_dim`` and ``num_global_key_value_heads`` (with ``attention_k_eq_v``, which gates
+    the second in HF): each layer's head size, KV heads, q/k/out projection shapes and, on the global
+    layers, the p-RoPE frequencies of the wider head equal HF's attention layers."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma4 import modeling_gemma4 as hf
+
+    config = _tiny(
+        transformers.Gemma4TextConfig, 6, head_dim=16, global_head_dim=32, num_global_key_value_heads=2,
+        attention_k_eq_v=True,
+    )  # fmt: skip
+    model = posenc.TransformerLM(16, 64, 6, 4, pattern="gemma4:global_head_dim=32,global_kv_heads=2")
+    rotary = hf.Gemma4TextRotaryEmbedding(config)
+    for index, (block, kind) in enumerate(zip(model.blocks, config.layer_types, strict=True)):
+        ours, theirs = block.attn, hf.Gemma4TextAttention(config, layer_idx=index)
+        assert ours.head_dim == theirs.head_dim == (32 if kind == "full_attention" else 16), index
+        assert ours.num_kv_heads == theirs.k_proj.out_features // theirs.head_dim, index
+        for mine, hfs in (
+            (ours.q_proj, theirs.q_proj),
+            (ours.k_proj, theirs.k_proj),
+            (ours.out_proj, theirs.o_proj),
+        ):
+            assert mine.weight.shape == hfs.weight.shape, index
+        want = getattr(rotary, f"{kind}_inv_freq").double()
+        torch.testing.assert_close(_inv_freq(block), want, rtol=1e-7, atol=0)
+    assert [b.attn.head_dim for b in _lm("gemma4", 6).blocks] == [16] * 6  # off by default
+
+
 @pytest.mark.parametrize("full_base", [10_000.0, 0.0])
 def test_granite_swa_layout_equals_hf(full_base):
     """Granite SWA: full attention at ``i % 4 == 0``, a 128 window elsewhere, a sink logit per head in
@@ -177,6 +205,32 @@ def test_swan_layout_follows_the_paper():
     assert layer_pattern("swan:window=8,nope_every=2", 4) == [
         nope, LayerSpec("rope:base=10000.0", window=8), nope, LayerSpec("rope:base=10000.0", window=8)
     ]  # fmt: skip
+
+
+def test_swan_log_scaling_follows_the_formula():
+    """SWAN-GPT's dynamic scaling of its NoPE layers, ``s_p = log_a(p + a)`` (as arXiv 2601.22156,
+    Eq. 11, restates it), written out in float64: the recipe's NoPE layers scale their queries so, the
+    SWA-RoPE layers not at all; 1 at the first token, log_a(2a) at position a."""
+    import math
+
+    a = 6.0
+    layers = layer_pattern(f"swan:window=8,log_base={a}", 8)
+    assert [layer.temperature is not None for layer in layers] == [True, False, False, False] * 2
+    positions = torch.tensor([[0, 1, 5, 6, 100, 4095]])
+    want = torch.tensor([math.log(p + a) / math.log(a) for p in positions[0].tolist()], dtype=torch.float64)
+    got = layers[0].temperature.factors(positions)[0, 0, :, 0].double()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert got[0] == 1.0 and abs(float(got[3]) - math.log(12) / math.log(6)) < 1e-6
+    # a model built with it: the NoPE layer's queries scaled, the unscaled recipe differs
+    torch.manual_seed(0)
+    scaled = posenc.TransformerLM(16, 32, 4, 4, pattern=f"swan:window=3,log_base={a}").double()
+    plain = posenc.TransformerLM(16, 32, 4, 4, pattern="swan:window=3").double()
+    plain.load_state_dict(scaled.state_dict())
+    tokens = torch.randint(0, 16, (1, 12))
+    assert not torch.allclose(scaled(tokens), plain(tokens))
+    assert torch.allclose(scaled(tokens[:, :1]), plain(tokens[:, :1]))  # factor 1 at position 0
+    with pytest.raises(ValueError, match="log_base must be a number > 1"):
+        layer_pattern("swan:log_base=0.5", 4)
 
 
 def test_query_temperature_equals_hf_llama4_nope_layer():

@@ -43,11 +43,11 @@ from .positions import (
 )
 from .registry import build_for_layer
 
-__all__ = ["MultiheadAttention"]
+__all__ = ["AttentionInputs", "MultiheadAttention"]
 
 
 @dataclass
-class _Inputs:
+class AttentionInputs:
     """What one call attends with: ``q [B, H, Tq, D]``, ``k``/``v [B, Hkv, Tk, D]`` (the cached keys
     first) and their positions, with what the mask and the backend read about the keys."""
 
@@ -99,6 +99,8 @@ class MultiheadAttention(nn.Module):
             encoding is ``encoding``, which a model builds from it).
         backend: ``"auto"`` (first backend with no reasons), or a backend name to force.
         num_kv_heads: key/value heads for grouped-query attention (divides ``num_heads``).
+        head_dim: per-head size ``D``; default ``E / H``. Another size (Gemma 4's global layers,
+            ``global_head_dim``) makes ``q_proj`` ``E -> H·D`` and ``out_proj`` ``H·D -> E``.
         dropout: attention-probability dropout during training.
         bias: whether the projections have biases.
         scale: logit scale; default the encoding's (``1/sqrt(D)``, DeBERTa ``1/sqrt(D·s)``).
@@ -143,11 +145,12 @@ class MultiheadAttention(nn.Module):
         bias: bool = True,
         scale: float | None = None,
         layer_idx: int = 0,
+        head_dim: int | None = None,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
-        num_kv_heads = check_sizes(embed_dim, num_heads, num_kv_heads)
+        num_kv_heads = check_sizes(embed_dim, num_heads, num_kv_heads, head_dim)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if backend != "auto":
@@ -155,20 +158,20 @@ class MultiheadAttention(nn.Module):
 
             get_backend(backend)
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
-        self.head_dim = embed_dim // num_heads
+        self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
         self.causal, self.backend, self.dropout, self.layer_idx = causal, backend, dropout, layer_idx
         self.window, self.chunk, sinks, self.query_temperature, self.softcap = check_pattern(
             pattern, window, chunk, sinks, query_temperature, causal, softcap
         )
         factory = {"device": device, "dtype": dtype}
-        kv_dim = num_kv_heads * self.head_dim
-        self.q_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        kv_dim, q_dim = num_kv_heads * self.head_dim, num_heads * self.head_dim
+        self.q_proj = nn.Linear(embed_dim, q_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         if not isinstance(value_from_key, bool):
             raise ValueError(f"value_from_key must be True or False (K = V, Gemma 4), got {value_from_key!r}")
         self.value_from_key = value_from_key
         self.v_proj = None if value_from_key else nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
-        self.out_proj = nn.Linear(embed_dim, embed_dim, bias=bias, **factory)
+        self.out_proj = nn.Linear(q_dim, embed_dim, bias=bias, **factory)
         self.sinks = nn.Parameter(torch.zeros(num_heads, **factory)) if sinks else None
         context = LayerContext(num_heads, self.head_dim, embed_dim, causal=causal, device=device, dtype=dtype)
         self.encoding = build_for_layer(encoding, context)
@@ -240,7 +243,7 @@ class MultiheadAttention(nn.Module):
             inputs = self._cross_inputs(x, context, positions, context_positions, key_padding_mask, cache)
         mask = self._mask(inputs, attn_mask, prefix_len, group_ids, self_attention=context is None)
         out, weights = self._attend(inputs, mask, cache, need_weights, cross=context is not None)
-        out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.embed_dim))
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
         return (out, weights) if need_weights else out
 
     def default_positions(
@@ -274,7 +277,7 @@ class MultiheadAttention(nn.Module):
         document_ids: Tensor | None,
         prefix_len: int | Tensor | None,
         cache: KVCache | None,
-    ) -> _Inputs:
+    ) -> AttentionInputs:
         """Self-attention's queries, keys and values with their positions (the cached keys first),
         its padding and documents over every key, read once from this layer's cache entry."""
         batch, q_len, _ = x.shape
@@ -289,9 +292,9 @@ class MultiheadAttention(nn.Module):
         q_pos = checked_positions(self.encoding, positions, "positions", batch, q_len, step.positions)
         states = token_states_with_cache(self.encoding, x, entry, step.padding)
         q, k, v, k_pos = self._new_keys(x, q_pos, entry, cache, step, states, prefix=prefix_len is not None)
-        return _Inputs(q, k, v, q_pos, k_pos, step.past, step.padding, step.documents, states, entry)
+        return AttentionInputs(q, k, v, q_pos, k_pos, step.past, step.padding, step.documents, states, entry)
 
-    def _streaming_inputs(self, x: Tensor, entry: KVCacheEntry | None, cache: KVCache) -> _Inputs:
+    def _streaming_inputs(self, x: Tensor, entry: KVCacheEntry | None, cache: KVCache) -> AttentionInputs:
         """Self-attention's inputs with positions inside the cache (StreamingLLM), which then evicts."""
         past = 0 if entry is None else entry.k.shape[2]
         states = token_states_with_cache(self.encoding, x, entry, None)
@@ -299,7 +302,7 @@ class MultiheadAttention(nn.Module):
         k, v, q_pos, k_pos = cache.append_streaming(self, entry, k, v, states)  # k unrotated
         if self.encoding.kind is Kind.ROTARY:
             q, k = self.encoding.rotate(q, k, q_pos, k_pos)
-        return _Inputs(q, k, v, q_pos, k_pos, past, states=states, entry=entry)
+        return AttentionInputs(q, k, v, q_pos, k_pos, past, states=states, entry=entry)
 
     def _new_keys(
         self,
@@ -342,7 +345,7 @@ class MultiheadAttention(nn.Module):
 
     def _mask(
         self,
-        inputs: _Inputs,
+        inputs: AttentionInputs,
         attn_mask: Tensor | None,
         prefix_len: int | Tensor | None,
         group_ids: Tensor | None,
@@ -374,7 +377,13 @@ class MultiheadAttention(nn.Module):
         )
 
     def _attend(
-        self, inputs: _Inputs, mask: AttentionMask, cache: KVCache | None, need_weights: bool, *, cross: bool
+        self,
+        inputs: AttentionInputs,
+        mask: AttentionMask,
+        cache: KVCache | None,
+        need_weights: bool,
+        *,
+        cross: bool,
     ) -> tuple[Tensor, Tensor | None]:
         """``(out [B, H, Tq, Dv], weights or None)`` from the backend the dispatcher picks (recorded in
         :attr:`last_backend`); the cache says how many of the keys it already knows finite."""
@@ -469,7 +478,7 @@ class MultiheadAttention(nn.Module):
         context_positions: Tensor | None,
         key_padding_mask: Tensor | None,
         cache: KVCache | None,
-    ) -> _Inputs:
+    ) -> AttentionInputs:
         """Cross-attention's queries, keys, values, positions and padding (keys from the cache when it
         has them)."""
         batch, q_len, _ = x.shape
@@ -487,7 +496,7 @@ class MultiheadAttention(nn.Module):
             k, v, k_pos = entry.k, entry.v, entry.k_pos
             if self.encoding.kind is Kind.ROTARY:
                 q, _ = self.encoding.rotate(q, k[:, :, :0], q_pos, k_pos[:, :0])
-            return _Inputs(q, k, v, q_pos, k_pos, padding=padding)
+            return AttentionInputs(q, k, v, q_pos, k_pos, padding=padding)
         k_default = torch.arange(context.shape[1], device=x.device)[None]
         k_pos = checked_positions(
             self.encoding, context_positions, "context_positions", batch, context.shape[1], k_default
@@ -500,7 +509,7 @@ class MultiheadAttention(nn.Module):
         if cache is not None:
             entry = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, context_key=context_key(context))
             cache.write(self, entry, cross=True)
-        return _Inputs(q, k, v, q_pos, k_pos, padding=padding)
+        return AttentionInputs(q, k, v, q_pos, k_pos, padding=padding)
 
     # ------------------------------------------------------------------ cache
     def describe(self) -> str:

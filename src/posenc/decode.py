@@ -86,7 +86,7 @@ class StaticDecodeStep(nn.Module):
     backend = "eager"
     #: The fields of the layer's :attr:`~posenc.MultiheadAttention.pattern` the step serves; a layer whose
     #: pattern sets any other (a window, chunk, sinks, a query temperature, or a field added later) is refused.
-    serves_pattern = ("encoding", "softcap")
+    serves_pattern = ("encoding", "softcap", "head_dim", "num_kv_heads")
 
     def __init__(self, layer: MultiheadAttention, cache: KVCache) -> None:
         super().__init__()
@@ -198,7 +198,7 @@ class StaticDecodeStep(nn.Module):
         check_in_place_write("StaticDecodeStep", "the layer with KVCache()", "keys", None, k, v)
         self.entry.write_at(position, k, v, pos.expand(batch, 1))
         out = self._attend(q, position, pos)
-        return layer.out_proj(out.transpose(1, 2).reshape(batch, 1, layer.embed_dim))
+        return layer.out_proj(out.transpose(1, 2).reshape(batch, 1, -1))
 
     def _check_call(self, x: Tensor, position: Tensor) -> None:
         """Refuse what the step would get wrong, from flags and shapes only (dynamo guards on them:

@@ -31,19 +31,25 @@ __all__ = [
 ]
 
 
-def check_sizes(embed_dim: int, num_heads: int, num_kv_heads: int | None) -> int:
-    """The layer's head counts, checked: ``E`` divisible by ``H``, ``Hkv`` dividing ``H``. Returns ``Hkv``."""
+def check_sizes(embed_dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None = None) -> int:
+    """The layer's head counts, checked: ``E`` divisible by ``H`` (unless ``head_dim`` is given, a
+    positive int), ``Hkv`` dividing ``H``. Returns ``Hkv``."""
     for label, value in (
         ("embed_dim", embed_dim),
         ("num_heads", num_heads),
         ("num_kv_heads", num_kv_heads),
+        ("head_dim", head_dim),
     ):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
             raise ValueError(f"{label} must be an int, got {value!r} ({type(value).__name__})")
     if embed_dim <= 0 or num_heads <= 0:
         raise ValueError(f"embed_dim and num_heads must be positive, got {embed_dim} and {num_heads}")
-    if embed_dim % num_heads:
-        raise ValueError(f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}")
+    if head_dim is not None and head_dim <= 0:
+        raise ValueError(f"head_dim must be positive or None (embed_dim / num_heads), got {head_dim}")
+    if head_dim is None and embed_dim % num_heads:
+        raise ValueError(
+            f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; pass head_dim= for another head size"
+        )
     num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
     if num_kv_heads <= 0 or num_heads % num_kv_heads:
         raise ValueError(f"num_kv_heads={num_kv_heads} must be positive and divide num_heads={num_heads}")
@@ -88,6 +94,16 @@ def check_pattern(
     """A layer's attention pattern ``(window, chunk, sinks, query_temperature, softcap)``, checked:
     the five arguments, or the fields of ``pattern`` (one layer of a model's pattern) when given."""
     if pattern is not None:
+        if (pattern.head_dim, pattern.num_kv_heads) != (None, None):
+            raise ValueError(
+                "pattern: head_dim and num_kv_heads are the layer's sizes: pass them as "
+                "MultiheadAttention(..., head_dim=, num_kv_heads=) (a model passes its LayerSpec's so)"
+            )
+        if pattern.kv_shared:
+            raise ValueError(
+                "pattern: kv_shared=True needs a model that gives the layer its donor "
+                "(TransformerLM(..., kv_shared_layers=N) or a pattern with kv_shared layers)"
+            )
         if (window, chunk, sinks, query_temperature, softcap) != (None, None, False, None, None):
             raise ValueError(
                 "give either pattern or window, chunk, sinks, query_temperature and softcap, not both"

@@ -33,6 +33,7 @@ the padding mask for left padding) and are computed once per forward and passed 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import ClassVar
 
 import torch
@@ -42,7 +43,8 @@ from torch import Tensor, nn
 from .attention import MultiheadAttention
 from .base import Kind, LayerContext, PositionalEncoding, checks_values
 from .cache import KVCache
-from .patterns import LayerSpec, layer_pattern
+from .kv_sharing import KVDonorAttention, KVSharedAttention, kv_donors, link_kv_sharing
+from .patterns import LayerSpec, layer_pattern, mark_kv_shared
 from .positions import embed_positions, step_positions
 from .registry import build_for_layer, resolve
 from .spec import Spec
@@ -84,10 +86,15 @@ class TransformerBlock(nn.Module):
         backend: str,
         layer_idx: int,
         layer: LayerSpec | None = None,
+        attention: type[MultiheadAttention] = MultiheadAttention,
     ) -> None:
         super().__init__()
         self.norm_attn = nn.LayerNorm(d_model)
-        self.attn = MultiheadAttention(
+        head_dim = None  # a layer's own head size and KV heads (Gemma 4's global layers) go as arguments
+        if layer is not None:
+            head_dim, num_kv_heads = layer.head_dim, layer.num_kv_heads or num_kv_heads
+            layer = replace(layer, head_dim=None, num_kv_heads=None)
+        self.attn = attention(
             d_model,
             num_heads,
             encoding,
@@ -97,6 +104,7 @@ class TransformerBlock(nn.Module):
             num_kv_heads=num_kv_heads,
             dropout=dropout,
             layer_idx=layer_idx,
+            head_dim=head_dim,
         )
         self.norm_ffn = nn.LayerNorm(d_model)
         self.ffn = FeedForward(d_model, d_ff, dropout)
@@ -161,6 +169,7 @@ class _Stack(nn.Module):
         num_kv_heads: int | None = None,
         backend: str = "auto",
         pattern: str | Sequence[LayerSpec] | None = None,
+        kv_shared_layers: int = 0,
     ) -> None:
         super().__init__()
         causal = self.default_causal if causal is None else causal
@@ -188,15 +197,18 @@ class _Stack(nn.Module):
         self.causal, self.max_len = causal, max_len
         self.head_dim = d_model // num_heads
 
-        self.layers = self._layer_specs(pattern, encoding, num_layers)
+        self.layers = mark_kv_shared(self._layer_specs(pattern, encoding, num_layers), kv_shared_layers)
         given = [layer.encoding for layer in self.layers] if pattern is not None else None
         given = given or self._per_layer_specs(encoding, num_layers)
         self.encoding_specs = [s if isinstance(s, str) or s is None else s.spec() for s in given]
+        donors = kv_donors(self.layers, self.encoding_specs)  # {shared layer: donor}, Gemma 4
         parsed = {s: resolve(s) for s in dict.fromkeys(given) if isinstance(s, str)}  # once per string
         specs = [parsed[s] if isinstance(s, str) else s for s in given]
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.input_encodings = nn.ModuleList(self._input_encodings(specs))
-        layer_encodings = self._layer_encodings(specs)
+        layer_encodings = self._layer_encodings(
+            specs, [layer.head_dim or self.head_dim for layer in self.layers]
+        )
         self.blocks = nn.ModuleList(
             TransformerBlock(
                 d_model,
@@ -209,9 +221,11 @@ class _Stack(nn.Module):
                 backend=backend,
                 layer_idx=i,
                 layer=self.layers[i],
+                attention=self._attention_class(i, donors),
             )
             for i, enc in enumerate(layer_encodings)
         )
+        self._kv_handoffs = link_kv_sharing([block.attn for block in self.blocks], donors)
         self.input_dropout = nn.Dropout(dropout)
         self.final_norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, vocab_size, bias=False)
@@ -230,6 +244,13 @@ class _Stack(nn.Module):
         if len(layers) != num_layers or not all(isinstance(layer, LayerSpec) for layer in layers):
             raise ValueError(f"pattern must give one posenc.patterns.LayerSpec per layer ({num_layers})")
         return layers
+
+    @staticmethod
+    def _attention_class(index: int, donors: dict[int, int]) -> type[MultiheadAttention]:
+        """The attention layer of block ``index``: a KV-shared one, a donor, or an ordinary one."""
+        if index in donors:
+            return KVSharedAttention
+        return KVDonorAttention if index in donors.values() else MultiheadAttention
 
     @staticmethod
     def _per_layer_specs(
@@ -252,9 +273,9 @@ class _Stack(nn.Module):
             )
         return [encoding] * num_layers
 
-    def _build(self, spec: Spec | PositionalEncoding) -> PositionalEncoding:
+    def _build(self, spec: Spec | PositionalEncoding, head_dim: int | None = None) -> PositionalEncoding:
         context = LayerContext(
-            self.num_heads, self.head_dim, self.d_model, causal=self.causal, max_len=self.max_len
+            self.num_heads, head_dim or self.head_dim, self.d_model, causal=self.causal, max_len=self.max_len
         )
         extra = {}
         if isinstance(spec, Spec) and not self.causal:  # e.g. ALiBi's symmetric form for an encoder
@@ -271,10 +292,12 @@ class _Stack(nn.Module):
                 built[key] = self._build(spec)
         return list(built.values())
 
-    def _layer_encodings(self, specs: list[ParsedSpec]) -> list[PositionalEncoding | None]:
+    def _layer_encodings(
+        self, specs: list[ParsedSpec], head_dims: list[int]
+    ) -> list[PositionalEncoding | None]:
         shared: dict[object, PositionalEncoding] = {}
         layers: list[PositionalEncoding | None] = []
-        for spec in specs:
+        for spec, head_dim in zip(specs, head_dims, strict=True):
             if spec is None or _kind_of(spec) is Kind.ABSOLUTE:
                 layers.append(None)  # position arrives through the residual stream
                 continue
@@ -282,12 +305,12 @@ class _Stack(nn.Module):
                 layers.append(spec)
                 continue
             if spec.cls.shared_across_layers:
-                key = str(spec)
+                key = (str(spec), head_dim)
                 if key not in shared:
-                    shared[key] = self._build(spec)
+                    shared[key] = self._build(spec, head_dim)
                 layers.append(shared[key])
             else:
-                layers.append(self._build(spec))
+                layers.append(self._build(spec, head_dim))
         return layers
 
     # ------------------------------------------------------------------ forward
@@ -358,15 +381,19 @@ class _Stack(nn.Module):
         for enc in self.input_encodings:
             x = embed_positions(enc, x, pos)
         x = self.input_dropout(x)
-        for block in self.blocks:
-            x = block(
-                x,
-                positions=pos,
-                key_padding_mask=key_padding_mask,
-                cache=cache,
-                document_ids=document_ids,
-                group_ids=group_ids,
-            )
+        try:
+            for block in self.blocks:
+                x = block(
+                    x,
+                    positions=pos,
+                    key_padding_mask=key_padding_mask,
+                    cache=cache,
+                    document_ids=document_ids,
+                    group_ids=group_ids,
+                )
+        finally:
+            for handoff in self._kv_handoffs:  # the donors' keys serve this forward only
+                handoff.clear()
         return self.final_norm(x)
 
 
@@ -391,6 +418,11 @@ class TransformerLM(_Stack):
             ``"llama4:chunk=64"``, see :mod:`posenc.patterns`) or one
             :class:`~posenc.patterns.LayerSpec` per layer (encoding, window, chunk, sinks, query
             temperature).
+        kv_shared_layers: the last ``N`` layers compute no keys or values and attend with those of
+            the last unshared layer before them of their type (encoding, window, chunk): Gemma 4's
+            ``num_kv_shared_layers`` (:mod:`posenc.kv_sharing`); a :class:`KVCache` holds the
+            donors' entries only. ``0 <= N < num_layers``; a pattern may mark the layers instead
+            (``"gemma4:kv_shared_layers=N"``).
 
     ``forward(tokens [B, T], cache=None, positions=None, key_padding_mask=None, document_ids=None)
     -> logits [B, T, V]``.

@@ -19,17 +19,19 @@ gpt-oss    alternating sliding window (even layers, window 128) and full attenti
 cohere2    3 sliding : 1 full (``(i + 1) % 4 == 0``). Sliding: window 4096, RoPE base 1e4 with
            interleaved pairing; full layers NoPE (Command R7B / Command A).
 gemma4     5 local : 1 global, the last layer always global. Local: window 512, RoPE base 1e4;
-           global: p-RoPE (HF ``"proportional"``), base 1e6, a quarter of the pairs rotating.
+           global: p-RoPE (HF ``"proportional"``), base 1e6, a quarter of the pairs rotating;
+           options: the last N layers KV-shared, the global layers' head size and KV heads.
 granite-   1 full : 3 sliding (``i % 4 == 0`` full, the first layer included), window 128, RoPE
 swa        base 1e4 (``full_base=0`` / ``sliding_base=0``: NoPE, HF's ``layer_rope_theta`` 0),
            learned attention sinks in every layer (Granite SWA / "granite-swash").
 olmo3      3 sliding : 1 full (``(i + 1) % 4 == 0``), window 4096, RoPE base 5e5 in both.
 swan       SWAN-GPT (Puvvada et al. 2025): each block of ``nope_every`` (4) layers is one global
-           NoPE layer followed by sliding-window RoPE layers (window 512, RoPE base 1e4).
+           NoPE layer followed by sliding-window RoPE layers (window 512, RoPE base 1e4);
+           ``log_base=a``: its NoPE layers' query scale ``log_a(p + a)`` (inference).
 =========  ===================================================================================
 
 Parts of these models that posenc does not build are left out and named in each preset's
-docstring (Gemma 4's K = V and KV-shared layers, SWAN-GPT's log scaling, Granite's multipliers).
+docstring (Gemma 4's K = V, Granite's multipliers).
 
 Sizes (window, chunk) default to the published ones; CPU-scale experiments pass smaller ones.
 """
@@ -38,8 +40,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -55,6 +57,7 @@ __all__ = [
     "available_layer_presets",
     "is_layer_preset",
     "layer_pattern",
+    "mark_kv_shared",
 ]
 
 
@@ -123,6 +126,22 @@ class LogQueryTemperature(TemperatureForm):
                 f"LogQueryTemperature: position_offset must be finite, got {self.position_offset}"
             )
 
+    @classmethod
+    def swan(cls, log_base: float) -> LogQueryTemperature:
+        """SWAN-GPT's dynamic attention scaling of its NoPE layers, ``s_p = log_a(p + a)`` with ``a =
+        log_base`` (> 1), tuned after training: the same form, ``1 + ln((p + a) / a) / ln a``.
+
+        Source: SWAN-GPT (Puvvada et al. 2025, arXiv 2504.08719) as Chen, Thai et al. 2026 ("Hybrid
+        Linear Attention Done Right", arXiv 2601.22156, Eq. 11), who adopt it, restate it:
+        ``softmax(s_t q_t K^T / sqrt(d))``, ``s_t = log_a(t + a)``. ``t`` is taken as posenc's 0-based
+        position, so the first token's factor is 1 (docs/conventions.md §11.2).
+        """
+        if isinstance(log_base, bool) or not isinstance(log_base, (int, float)) or not log_base > 1:
+            raise ValueError(
+                f"LogQueryTemperature.swan: log_base must be a number > 1 (SWAN's a), got {log_base!r}"
+            )
+        return cls(n_floor=float(log_base), alpha=1.0 / math.log(log_base), position_offset=float(log_base))
+
     def factors(self, positions: Tensor) -> Tensor:
         """``1 + alpha * ln(max((p + offset) / n_floor, 1))`` as ``[B|1, 1, T, 1]`` float32."""
         ratio = (positions.to(torch.float32) + self.position_offset) / self.n_floor
@@ -140,6 +159,34 @@ class LayerSpec:
     temperature: TemperatureForm | None = None
     #: Logit soft-capping (Gemma 2): ``softcap * tanh(s / softcap)`` on the layer's logits, or None.
     softcap: float | None = None
+    #: KV-shared (Gemma 4's ``num_kv_shared_layers``): the layer computes no keys or values and attends
+    #: with those of the last unshared layer before it of its type (:mod:`posenc.kv_sharing`); a
+    #: model's option, which a lone :class:`~posenc.MultiheadAttention` refuses.
+    kv_shared: bool = False
+    #: The layer's head size and key/value heads when they differ from the model's (Gemma 4's global
+    #: layers: HF ``global_head_dim``, ``num_global_key_value_heads``); None: the model's. Sizes, which
+    #: the model passes to the layer as ``head_dim=`` and ``num_kv_heads=``.
+    head_dim: int | None = None
+    num_kv_heads: int | None = None
+
+
+def mark_kv_shared(layers: Sequence[LayerSpec], kv_shared_layers: int) -> list[LayerSpec]:
+    """``layers`` with the last ``kv_shared_layers`` marked ``kv_shared`` (HF ``num_kv_shared_layers``)."""
+    count = len(layers)
+    if isinstance(kv_shared_layers, bool) or not isinstance(kv_shared_layers, int):
+        raise ValueError(f"kv_shared_layers must be an int, got {kv_shared_layers!r}")
+    if not 0 <= kv_shared_layers < count:
+        raise ValueError(
+            f"kv_shared_layers must be in [0, num_layers={count}) (at least one layer computes its own "
+            f"keys and values), got {kv_shared_layers}"
+        )
+    if kv_shared_layers and any(layer.kv_shared for layer in layers):
+        raise ValueError(
+            "kv_shared_layers: the pattern already marks layers kv_shared (e.g. 'gemma4:kv_shared_layers=N'); "
+            "give the count once"
+        )
+    first = count - kv_shared_layers
+    return [replace(layer, kv_shared=True) if i >= first else layer for i, layer in enumerate(layers)]
 
 
 #: Layer presets by name: ``fn(num_layers, **options) -> [LayerSpec per layer]`` (the recipes of
@@ -239,6 +286,9 @@ def gemma4(
     local_base: float = 10_000.0,
     global_base: float = 1_000_000.0,
     global_rotating: float = 0.25,
+    kv_shared_layers: int = 0,
+    global_head_dim: int = 0,
+    global_kv_heads: int = 0,
 ) -> list[LayerSpec]:
     """Gemma 4: local sliding-window RoPE layers, every ``global_every``-th layer and always the
     last one global with p-RoPE (only ``global_rotating`` of the pairs rotate, at the frequencies
@@ -249,19 +299,32 @@ def gemma4(
     ``default``, theta 1e4; global: ``proportional``, theta 1e6, ``partial_rotary_factor``
     0.25).
 
-    Approximated (a :class:`LayerSpec` cannot say them; the recipe's layers are ordinary ones):
-    the global layers' larger head (``global_head_dim`` 512 against 256) and their own KV-head
-    count; K = V (``attention_k_eq_v``: values from the key projection; a single layer has it as
-    ``MultiheadAttention(value_from_key=True)``, and ``posenc.hf`` serves it in HF's model);
-    KV-shared layers (``num_kv_shared_layers``: the last layers reuse the K/V of the last unshared
-    layer of their type); the q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
+    Options for the rest of HF's attention layout (each off by default, so the recipe's layers
+    have the model's sizes):
+
+    * ``kv_shared_layers=N`` (HF ``num_kv_shared_layers``): the last ``N`` layers are KV-shared
+      (:attr:`LayerSpec.kv_shared`): each attends with the keys and values of the last unshared
+      layer of its type, as HF's ``kv_sharing_modes`` picks it (:mod:`posenc.kv_sharing`).
+    * ``global_head_dim=D`` (HF ``global_head_dim``; the released models: 512 against a
+      ``head_dim`` of 256): the global layers' head size (``LayerSpec.head_dim``), their p-RoPE
+      built for it. 0: the model's.
+    * ``global_kv_heads=K`` (HF ``num_global_key_value_heads``, which HF applies only with
+      ``attention_k_eq_v``): the global layers' key/value heads. 0: the model's.
+
+    Not in the recipe: K = V (``attention_k_eq_v``: a single layer has it as
+    ``MultiheadAttention(value_from_key=True)``, and ``posenc.hf`` serves it in HF's model); the
+    q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
     """
-    return [
-        LayerSpec(f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}")
+    wide = {"head_dim": global_head_dim or None, "num_kv_heads": global_kv_heads or None}
+    layers = [
+        LayerSpec(
+            f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}", **wide
+        )
         if (i + 1) % global_every == 0 or i == num_layers - 1
         else LayerSpec(f"rope:base={local_base}", window=window)
         for i in range(num_layers)
     ]
+    return mark_kv_shared(layers, kv_shared_layers)
 
 
 @_layer_preset("granite-swa")
@@ -318,19 +381,27 @@ def olmo3(
 
 
 @_layer_preset("swan")
-def swan(num_layers: int, window: int = 512, nope_every: int = 4, base: float = 10_000.0) -> list[LayerSpec]:
+def swan(
+    num_layers: int, window: int = 512, nope_every: int = 4, base: float = 10_000.0, log_base: float = 0.0
+) -> list[LayerSpec]:
     """SWAN-GPT (Puvvada et al. 2025, "SWAN-GPT: An Efficient and Scalable Approach for
     Long-Context Language Modeling"): NoPE layers with global attention interleaved with
     sliding-window RoPE layers (SWA-RoPE); each block of ``nope_every`` layers starts with the
     NoPE layer (the paper's 1 NoPE : 3 SWA-RoPE, window 512).
 
-    Approximated: the paper's dynamic logarithmic scaling of the NoPE layers' attention scores at
-    inference beyond the training length is not built (posenc's :class:`QueryTemperature` is
-    Llama 4's floored form, :class:`LogQueryTemperature` Inkling's; neither is SWAN's), so the NoPE
-    layers here are unscaled. No HF configuration exists: the test writes the paper's layout out.
+    ``log_base=a`` (> 1; default 0, off): the dynamic attention scaling SWAN applies at inference to
+    its NoPE layers, queries at position ``p`` times ``log_a(p + a)``
+    (:meth:`LogQueryTemperature.swan`; ``a`` is tuned after training). Train without it and
+    build the evaluation model with it (or set ``layer.attn.query_temperature``). The formula is
+    taken from a later paper's restatement (arXiv 2601.22156, Eq. 11): the SWAN paper's own text was
+    not reachable, so its exact position count (0- or 1-based) is unconfirmed (docs/conventions.md §11.2).
+    No HF configuration exists: the test writes the paper's layout out.
     """
+    temperature = LogQueryTemperature.swan(log_base) if log_base else None
     return [
-        LayerSpec("nope") if i % nope_every == 0 else LayerSpec(f"rope:base={base}", window=window)
+        LayerSpec("nope", temperature=temperature)
+        if i % nope_every == 0
+        else LayerSpec(f"rope:base={base}", window=window)
         for i in range(num_layers)
     ]
 

@@ -550,6 +550,8 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
         for layer in layers:
             enc = layer.encoding
             for proj, heads in ((layer.q_proj, layer.num_heads), (layer.k_proj, layer.num_kv_heads)):
+                if proj is None:  # a KV-shared layer: its keys are its donor's, switched with it
+                    continue
                 for param in (proj.weight, proj.bias):
                     if param is not None:
                         param.copy_(
