@@ -22,7 +22,7 @@ from posenc.backends import (
     get_backend,
     select_backend,
 )
-from posenc.masks import AttentionMask, and_masks, or_masks
+from posenc.masks import AttentionMask, WrittenSlotsMask, and_masks, or_masks
 
 
 def _loop_mask(batch, heads, q_len, k_len, *, causal, offset, padding, allowed):
@@ -161,3 +161,15 @@ def test_no_backend_error_names_the_request():
     message = str(err.value)
     for part in ("rope", "[1, 2, 5, 8]", "torch.float32", "cpu", "causal(offset=0)", "key_padding[1, 5]"):
         assert part in message, part
+
+
+@pytest.mark.parametrize("last", [0, 5, 12])
+def test_written_slots_mask_shows_the_slots_up_to_the_step_and_no_row_is_empty(last):
+    slot = torch.tensor(last)
+    mask = AttentionMask(1, 13, 2, 3, torch.device("cpu"), (WrittenSlotsMask(slot),))
+    want = (torch.arange(13) <= last)[None, None, None, :]  # the rule written out: j <= the step's slot
+    assert torch.equal(mask.dense(), want)
+    kv_idx = torch.arange(13)
+    zero = torch.zeros((), dtype=torch.long)
+    assert torch.equal(mask.mask_mod()(zero, zero, zero, kv_idx), want[0, 0, 0])
+    assert mask.empty_rows() is None

@@ -53,7 +53,7 @@ from .backends import AttentionRequest
 from .backends.run import run_attention
 from .base import Kind, checks_values
 from .cache import KVCache, check_in_place_write
-from .masks import AttentionMask
+from .masks import AttentionMask, WrittenSlotsMask
 from .patterns import LayerSpec
 
 __all__ = ["StaticDecodeStep"]
@@ -240,18 +240,12 @@ class StaticDecodeStep(nn.Module):
 
     def _attend(self, q: Tensor, position: Tensor, pos: Tensor) -> Tensor:
         """Attention of ``q [B, H, 1, D]`` (at positions ``pos [B, 1]``) over every slot, those after
-        ``position`` hidden as padding: a request in float32 or wider on :attr:`backend`."""
+        ``position`` hidden (:class:`~posenc.masks.WrittenSlotsMask`): a request in float32 or wider on
+        :attr:`backend`."""
         layer, batch = self.layer, q.shape[0]
         wide = torch.promote_types(q.dtype, torch.float32)
-        unwritten = torch.arange(self.max_length, device=q.device) > position  # [N]
-        mask = AttentionMask.build(
-            q_len=1,
-            k_len=self.max_length,
-            batch=batch,
-            heads=layer.num_heads,
-            device=q.device,
-            key_padding_mask=unwritten.expand(batch, self.max_length),
-        )
+        written = (WrittenSlotsMask(position),)  # slots after ``position`` hold no token yet
+        mask = AttentionMask(1, self.max_length, batch, layer.num_heads, q.device, written)
         request = AttentionRequest(
             q=q.to(wide),
             k=self.k_buffer.to(wide),

@@ -25,6 +25,7 @@ __all__ = [
     "PrefixLMMask",
     "SlidingWindowMask",
     "UserBoolMask",
+    "WrittenSlotsMask",
     "and_masks",
     "has_groups",
     "left_padding_counts",
@@ -143,6 +144,27 @@ class KeyPaddingMask(MaskComponent):
 
     def describe(self) -> str:
         return f"key_padding{list(self.padding.shape)}"
+
+
+@dataclass(frozen=True, eq=False)
+class WrittenSlotsMask(MaskComponent):
+    """A preallocated cache's decode step: every query sees the slots ``j <= last`` (``last`` a 0-d
+    int64 tensor, the step's own slot, so no row is empty); the slots after it are not written yet.
+
+    A tensor, not an int: a compiled step reads the slot from the tensor and never recompiles."""
+
+    last: Tensor
+    data_dependent = True
+    keeps_diagonal = True
+
+    def mod(self, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return kv_idx <= self.last
+
+    def block(self, i0: int, i1: int, k0: int, k1: int, device: torch.device) -> Tensor:
+        return (torch.arange(k0, k1, device=device) <= self.last)[None, None, None, :]
+
+    def describe(self) -> str:
+        return "written_slots(<= the step's slot)"
 
 
 @dataclass(frozen=True)
