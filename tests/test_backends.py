@@ -101,7 +101,7 @@ def _promised(name: str, backend: str) -> bool:
     """An input-dependent encoding (FoX, PaTH) is promised only by the backends of its kind that
     evaluate token states."""
     cls = posenc.get_class(name)
-    if cls.input_dependent and not getattr(get_backend(backend), "serves_input_bias", False):
+    if cls.input_dependent and not get_backend(backend).serves_input_bias:
         return False
     return cls.kind in EXPECTED_KINDS[backend]
 
@@ -169,7 +169,14 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype, grad: bool)
     if layer.encoding.input_dependent:  # FoX: the states of one sequence's layer input
         x = torch.randn(batch, q_len, HEADS * HEAD_DIM, dtype=dtype)
         pattern["token_states"] = TokenStates.same_sequence(layer.encoding.token_states(x))
-    return AttentionRequest(
+    if "mask" not in pattern:  # a built mask, or the keywords that describe one
+        pattern["key_padding_mask"] = padding
+        pattern["attn_mask"] = (
+            _user_mask(batch, q_len, k_len, dtype) if mask == "bool_and_minus_inf" else None
+        )
+        pattern["causal"] = causal
+    make = AttentionRequest if "mask" in pattern else AttentionRequest.from_keywords
+    return make(
         **pattern,
         q=q,
         k=k,
@@ -178,9 +185,6 @@ def _request(layer, scenario: str, causal: bool, dtype: torch.dtype, grad: bool)
         q_pos=torch.arange(q_len)[None],
         k_pos=torch.arange(k_len)[None],
         scale=layer.scale,
-        causal=causal,
-        key_padding_mask=padding,
-        attn_mask=_user_mask(batch, q_len, k_len, dtype) if mask == "bool_and_minus_inf" else None,
         layer=layer,
         sinks=torch.randn(HEADS, dtype=dtype, requires_grad=grad) if mask == "sinks" else None,
     )

@@ -14,7 +14,7 @@ from torch.func import functional_call
 import posenc
 from _bias_fixtures import ClippedTableBias, QueryNormalisedBias, reference_attention
 from posenc.backends import AttentionRequest, get_backend, use_backend
-from posenc.backends.blocked import blocked_bias_attention
+from posenc.backends.blocked import _make_plan, blocked_bias_attention
 from posenc.backends.eager import EagerBackend
 from posenc.backends.relative import relative_attention
 from posenc.examples import build_example
@@ -70,7 +70,7 @@ def test_blocked_matches_formula(encoding_cls, case, frozen):
         mask[..., 0, :] = False  # a query row with no key
     elif mask_kind == "float":
         mask = torch.randn(1, 1, q_len, k_len, dtype=torch.float64)
-    req = AttentionRequest(
+    req = AttentionRequest.from_keywords(
         q=q,
         k=k,
         v=v,
@@ -100,7 +100,13 @@ def test_blocked_matches_formula(encoding_cls, case, frozen):
 @pytest.mark.parametrize("case", ["causal_cache_offset", "padding_fully_masked_rows", "bool_mask"])
 def test_blocked_without_the_cpu_flash_kernel(case, monkeypatch):
     """The explicit-softmax path (other devices, or a torch without the CPU flash op)."""
-    monkeypatch.setattr("posenc.backends.blocked._cpu_flash_available", lambda: False)
+    monkeypatch.setattr("posenc.backends._flash.cpu_flash_available", lambda: False)
+    q = torch.randn(1, H, 4, D)
+    pos = torch.arange(4)[None]
+    req = AttentionRequest(
+        q=q, k=q, v=q, encoding=ClippedTableBias(num_heads=H), q_pos=pos, k_pos=pos, scale=0.4
+    )
+    assert not _make_plan(req, 2)[0].use_flash  # the explicit path is the one under test
     test_blocked_matches_formula(ClippedTableBias, case, frozen=False)
     test_blocked_matches_formula(QueryNormalisedBias, case, frozen=True)
 
@@ -124,7 +130,7 @@ def test_auto_picks_blocked_for_bias_and_states_reasons():
     enc = ClippedTableBias(num_heads=H)
     q, k, v = _qkv(1, 8, 8, dtype=torch.float32)
     pos = torch.arange(8)[None]
-    req = AttentionRequest(
+    req = AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True, dropout_p=0.1
     )
     reasons = get_backend("blocked").reasons(req)
@@ -149,7 +155,9 @@ def test_blocked_bfloat16_close_to_float32():
     pos = torch.arange(33)[None]
 
     def req(a, b, c):
-        return AttentionRequest(q=a, k=b, v=c, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True)
+        return AttentionRequest.from_keywords(
+            q=a, k=b, v=c, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True
+        )
 
     full = blocked_bias_attention(req(q, k, v), block=8)
     half = blocked_bias_attention(req(q.bfloat16(), k.bfloat16(), v.bfloat16()), block=8)
@@ -179,7 +187,7 @@ def test_relative_blocks_match_eager(name, padded):
     if padded:
         padding = torch.zeros(2, 29, dtype=torch.bool)
         padding[1, :3] = True
-    req = AttentionRequest(
+    req = AttentionRequest.from_keywords(
         q=q,
         k=k,
         v=v,

@@ -19,7 +19,7 @@ def _request(enc, length, causal, dtype=torch.float64, kv_heads=None, batch=2, o
     kv = kv_heads or HEADS
     k, v = (torch.randn(batch, kv, length, DIM, dtype=dtype, requires_grad=True) for _ in range(2))
     pos = torch.arange(length)[None] + offset
-    return AttentionRequest(
+    return AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=causal, **kwargs
     )
 
@@ -120,12 +120,12 @@ def test_clipped_split_states_why_it_does_not_serve(case, expected):
     if case == "nan":
         with torch.no_grad():
             req.q[0, 0, 5, 0] = float("nan")
-        req = AttentionRequest(
+        req = AttentionRequest.from_keywords(
             q=req.q, k=req.k, v=req.v, encoding=enc, q_pos=req.q_pos, k_pos=req.k_pos, scale=0.4, causal=True
         )
     if case == "gaps":
         pos = torch.arange(length)[None] * 2
-        req = AttentionRequest(
+        req = AttentionRequest.from_keywords(
             q=req.q, k=req.k, v=req.v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True
         )
     reason = "; ".join(auto_reasons(get_backend("clipped"), req)) or None
@@ -206,7 +206,7 @@ def test_auto_takes_the_split_from_eight_near_blocks():
         layer = posenc.MultiheadAttention(24, 3, spec, causal=True)
         q = torch.randn(1, 3, length, 8)
         pos = torch.arange(length)[None]
-        req = AttentionRequest(
+        req = AttentionRequest.from_keywords(
             q=q, k=q, v=q, encoding=layer.encoding, q_pos=pos, k_pos=pos, scale=0.3, causal=True, layer=layer
         )
         reason = "; ".join(auto_reasons(get_backend("clipped"), req)) or None

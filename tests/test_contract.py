@@ -184,7 +184,7 @@ def _request(layer, x, causal=True):
     states = None
     if layer.encoding.input_dependent:
         states = TokenStates.same_sequence(layer.encoding.token_states(x))
-    return AttentionRequest(
+    return AttentionRequest.from_keywords(
         token_states=states,
         q=torch.zeros(x.shape[0], layer.num_heads, x.shape[1], layer.head_dim),
         k=torch.zeros(x.shape[0], layer.num_kv_heads, x.shape[1], layer.head_dim),

@@ -54,7 +54,11 @@ def build(case: str) -> AttentionRequest:
         extra["mask"] = posenc.masks.AttentionMask.build(
             q_len=length, k_len=length, batch=1, heads=HEADS, causal=causal, **mask_options
         )
-    return AttentionRequest(
+    make = AttentionRequest  # with the mask built above
+    if "mask" not in extra:
+        make = AttentionRequest.from_keywords
+        extra.update(causal=causal, causal_offset=offset if causal else 0)
+    return make(
         q=q,
         k=k,
         v=k.clone(),
@@ -62,8 +66,6 @@ def build(case: str) -> AttentionRequest:
         q_pos=q_pos,
         k_pos=k_pos,
         scale=DIM**-0.5,
-        causal=causal,
-        causal_offset=offset if causal else 0,
         dropout_p=0.1 if "dropout" in opts else 0.0,
         sinks=torch.zeros(HEADS, dtype=dtype) if "sinks" in opts else None,
         layer=layer,

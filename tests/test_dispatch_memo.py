@@ -15,6 +15,7 @@ import torch
 
 from posenc.backends import _memo, get_backend, register_backend, select_backend, use_backend
 from posenc.backends.dispatch import PRIORITY, set_priority
+from posenc.masks import AttentionMask
 from test_dispatch_grid import EXPECTED, build
 
 DECODE = "rope|1|causal|offset=255"
@@ -48,9 +49,16 @@ def variant(case: str, nan: bool, grad: bool, weights: bool = False, float_mask:
     changes["need_weights"] = weights
     if float_mask:
         b, h, tq, tk = req.q.shape[0], req.q.shape[1], req.q_len, req.k_len
-        changes["attn_mask"] = torch.zeros(b, h, tq, tk, requires_grad=grad)
-        changes["causal"] = req.causal
-        changes["causal_offset"] = req.causal_offset
+        offset = req.mask.causal_offset  # None: no causal component (every key visible), as built
+        changes["mask"] = AttentionMask.build(
+            q_len=tq,
+            k_len=tk,
+            batch=b,
+            heads=h,
+            causal=offset is not None,
+            causal_offset=offset or 0,
+            attn_mask=torch.zeros(b, h, tq, tk, requires_grad=grad),
+        )
     return dataclasses.replace(req, **changes)
 
 

@@ -44,20 +44,12 @@ def _request(
         q_pos = k_pos[:, k_len - q_len :]
     else:
         q_pos, k_pos = torch.arange(offset, offset + q_len)[None], torch.arange(k_len)[None]
-    return AttentionRequest(
-        q=q,
-        k=k,
-        v=v,
-        encoding=enc,
-        q_pos=q_pos,
-        k_pos=k_pos,
-        scale=0.35,
-        causal=causal,
-        causal_offset=offset,
-        key_padding_mask=padding,
-        attn_mask=mask,
-        **extra,
+    keywords = dict(causal=causal, causal_offset=offset, key_padding_mask=padding, attn_mask=mask)
+    req = AttentionRequest.from_keywords(
+        q=q, k=k, v=v, encoding=enc, q_pos=q_pos, k_pos=k_pos, scale=0.35, **keywords, **extra
     )
+    req.mask_keywords = keywords  # what the reference reads (the request holds the built mask only)
+    return req
 
 
 def _reference(req):
@@ -68,10 +60,10 @@ def _reference(req):
         req.v,
         bias,
         req.scale,
-        causal=req.causal,
-        offset=req.causal_offset,
-        padding=req.key_padding_mask,
-        attn_mask=req.attn_mask,
+        causal=req.mask_keywords["causal"],
+        offset=req.mask_keywords["causal_offset"],
+        padding=req.mask_keywords["key_padding_mask"],
+        attn_mask=req.mask_keywords["attn_mask"],
     )
 
 
@@ -171,9 +163,9 @@ def test_gpu_forward_and_backward_match_formula():
     on_gpu = {name: getattr(req, name).cuda().detach() for name in ("q", "k", "v", "q_pos", "k_pos")}
     for name in ("q", "k", "v"):
         on_gpu[name].requires_grad_(True)
-    req = AttentionRequest(
-        encoding=enc, scale=req.scale, causal=req.causal, causal_offset=req.causal_offset, **on_gpu
-    )
+    keywords = {name: req.mask_keywords[name] for name in ("causal", "causal_offset")}
+    req = AttentionRequest.from_keywords(encoding=enc, scale=req.scale, **keywords, **on_gpu)
+    req.mask_keywords = keywords
     assert get_backend("flex").reasons(req) == []
     out = flex_bias_attention(req)
     ref = _reference(req)

@@ -218,7 +218,7 @@ def _flex_request(enc, x, past, causal):
     q = torch.randn(batch, H, length - past, D)
     k, v = torch.randn(2, batch, H, length, D)
     pos = index[None]
-    return AttentionRequest(
+    return AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=pos[:, past:], k_pos=pos, scale=D**-0.5,
         causal=causal, causal_offset=past, token_states=token_states,
     )  # fmt: skip
@@ -295,7 +295,9 @@ def test_request_without_token_states_is_refused():
     q = torch.zeros(1, H, 4, D)
     pos = torch.arange(4)[None]
     with pytest.raises(ValueError, match="token_states"):
-        AttentionRequest(q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=1.0, causal=True)
+        AttentionRequest.from_keywords(
+            q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=1.0, causal=True
+        )
     alibi = posenc.build("alibi", num_heads=H)
     states = TokenStates.same_sequence(torch.zeros(1, H, 4))
     with pytest.raises(ValueError, match="not an input-dependent bias"):

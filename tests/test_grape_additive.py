@@ -136,7 +136,9 @@ def test_frozen_slopes_run_on_the_near_far_split(causal):
     length = 90
     q, k, v = (torch.randn(1, 2, length, 8, dtype=torch.float64) for _ in range(3))
     pos = torch.arange(length)[None]
-    req = AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=8**-0.5, causal=causal)
+    req = AttentionRequest.from_keywords(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=8**-0.5, causal=causal
+    )
     plan, why = near_far_plan(req, block=16)
     assert plan is not None, why
     bias = enc.bias(length, length).double()

@@ -129,7 +129,9 @@ def _request(encoding="alibi", device="cpu", causal=True, **kw):
     enc = posenc.build(encoding, num_heads=2) if encoding != "rope" else posenc.build("rope", head_dim=8)
     q = torch.zeros(1, 2, 5, 8, device=device)
     pos = torch.arange(5, device=device)[None]
-    return AttentionRequest(q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=1.0, causal=causal, **kw)
+    return AttentionRequest.from_keywords(
+        q=q, k=q, v=q, encoding=enc, q_pos=pos, k_pos=pos, scale=1.0, causal=causal, **kw
+    )
 
 
 def test_priority_lists_per_device():

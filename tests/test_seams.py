@@ -103,7 +103,7 @@ def test_a_changed_flash_schema_turns_the_flash_paths_off_with_a_warning(monkeyp
         ):
             assert not _flash.cpu_flash_available()
         q = torch.randn(1, 2, 5, 8)
-        request = AttentionRequest(
+        request = AttentionRequest.from_keywords(
             q=q, k=q, v=q, encoding=_nope(), q_pos=torch.arange(5)[None], k_pos=torch.arange(5)[None],
             scale=0.3, causal=True, sinks=torch.zeros(2),
         )  # fmt: skip

@@ -49,7 +49,7 @@ def test_sinks_equal_hf_gpt_oss(encoding, backend, offset):
     v = torch.randn(batch, KV_HEADS, k_len, HEAD_DIM, dtype=dtype, requires_grad=True)
     sinks = torch.randn(HEADS, dtype=dtype, requires_grad=True)
     q_pos, k_pos = torch.arange(offset, k_len)[None], torch.arange(k_len)[None]
-    request = AttentionRequest(
+    request = AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=q_pos, k_pos=k_pos, scale=0.3, causal=True, causal_offset=offset,
         sinks=sinks,
     )  # fmt: skip

@@ -139,7 +139,7 @@ def test_flex_score_mod_caps_before_the_bias(encoding):
     pos = torch.arange(33)[None]
     padding = torch.zeros(2, 33, dtype=torch.bool)
     padding[0, :3] = True
-    request = AttentionRequest(
+    request = AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True, key_padding_mask=padding,
         softcap=CAP,
     )  # fmt: skip
@@ -149,7 +149,9 @@ def test_flex_score_mod_caps_before_the_bias(encoding):
         got = flex_bias_attention(request, compiled=False)
         want, _ = get_backend("eager").run(request)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    uncapped = AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True)
+    uncapped = AttentionRequest.from_keywords(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True
+    )
     if encoding != "alibi":  # without the cap flex serves BIAS kinds only (sdpa serves the others)
         assert get_backend("flex").reasons(uncapped)
 
@@ -160,7 +162,7 @@ def test_fused_backends_refuse_with_the_reason_and_auto_picks_blocked(encoding):
     x = torch.randn(1, 1200, HEADS * HEAD_DIM)
     pos = torch.arange(1200)[None]
     q, k, v = _tensors(1, 1200, 1200, grad=False, dtype=torch.float32)
-    request = AttentionRequest(
+    request = AttentionRequest.from_keywords(
         q=q, k=k.repeat_interleave(2, 1), v=v.repeat_interleave(2, 1), encoding=layer.encoding,
         q_pos=pos, k_pos=pos, scale=layer.scale, causal=True, softcap=CAP,
     )  # fmt: skip
@@ -195,7 +197,7 @@ def test_a_traced_call_runs_a_backend_that_caps():
     """Under torch.compile the layer picks among sdpa and eager by their limits: eager, not sdpa."""
     q, k, v = _tensors(1, 5, 5, grad=False, dtype=torch.float32)
     pos = torch.arange(5)[None]
-    request = AttentionRequest(
+    request = AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=posenc.build("nope"), q_pos=pos, k_pos=pos, scale=0.5, causal=True, softcap=CAP
     )  # fmt: skip
     assert traced_backend(request, "auto").name == "eager"

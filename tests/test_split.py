@@ -50,7 +50,7 @@ def _request(enc, length, causal, dtype, *, batch=2, sinks=False, grad=True):
 
     q, k, v = (tensor(batch, HEADS, length, DIM) for _ in range(3))
     pos = torch.arange(length)[None]
-    return AttentionRequest(
+    return AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=causal,
         sinks=tensor(HEADS) if sinks else None,
     )  # fmt: skip
@@ -138,7 +138,7 @@ def test_alibi_float32_keeps_its_precision_at_length():
     L=2048 float32 stays within float32 rounding of the float64 reference."""
     enc = posenc.build("alibi", num_heads=HEADS)
     req64 = _request(enc, 2048, True, torch.float64, batch=1, grad=False)
-    req32 = AttentionRequest(
+    req32 = AttentionRequest.from_keywords(
         q=req64.q.float(), k=req64.k.float(), v=req64.v.float(), encoding=enc,
         q_pos=req64.q_pos, k_pos=req64.k_pos, scale=req64.scale, causal=True,
     )  # fmt: skip
@@ -182,7 +182,7 @@ def test_near_far_states_why_it_does_not_fit():
     enc = posenc.build("alibi", num_heads=HEADS, mode="symmetric")
     req = _request(enc, 600, True, torch.float32, grad=False)
     assert near_far_plan(req)[0] is not None
-    padded = AttentionRequest(
+    padded = AttentionRequest.from_keywords(
         q=req.q, k=req.k, v=req.v, encoding=enc, q_pos=req.q_pos, k_pos=req.k_pos, scale=0.4, causal=True,
         key_padding_mask=torch.zeros(2, 600, dtype=torch.bool),
     )  # fmt: skip
@@ -296,7 +296,7 @@ def test_segment_engine_propagates_nothing_from_hidden_rows():
     pad = torch.zeros(1, 40, dtype=torch.bool)
     pad[0, :6] = True
     pos = torch.arange(40)[None]
-    req = AttentionRequest(
+    req = AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True, key_padding_mask=pad
     )
     out = segment_attention(req, block=8)
@@ -360,7 +360,7 @@ def test_separable_without_a_causal_mask_needs_shift_invariance():
 def test_near_far_bfloat16_close_to_float32(name):
     enc = _encoding(name, True, torch.float32)
     req = _request(enc, 300, True, torch.float32, batch=1)
-    half = AttentionRequest(
+    half = AttentionRequest.from_keywords(
         q=req.q.bfloat16(), k=req.k.bfloat16(), v=req.v.bfloat16(), encoding=enc,
         q_pos=req.q_pos, k_pos=req.k_pos, scale=req.scale, causal=True,
     )  # fmt: skip

@@ -94,7 +94,7 @@ def backend_limits_by_name(name: str, seq_len: int, requires_grad: bool = False)
     if enc.input_dependent:
         x = torch.zeros(b, seq_len, h * d, requires_grad=requires_grad)
         states = TokenStates.same_sequence(token_states_function(enc)(x, None, None))
-    request = AttentionRequest(
+    request = AttentionRequest.from_keywords(
         q=q,
         k=q,
         v=q,

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from ._mask_keywords import MaskKeywordError, checked_attn_mask
 from ._mask_segments import KeySegment, split_segments
 from .mask_components import (
     BidirectionalWindowMask,
@@ -66,6 +67,7 @@ __all__ = [
     "KeySegment",
     "MaskComponent",
     "MaskFn",
+    "MaskKeywordError",
     "PrefixLMMask",
     "SlidingWindowMask",
     "UserBoolMask",
@@ -133,8 +135,22 @@ class AttentionMask:
             group_ids: ``[B, Tq]`` int; with ``causal``, queries also see the later keys of this call
                 with their own non-negative group id (:class:`BlockwiseCausalMask`; ``-1``: no group).
 
-        The caller validates the options (the attention layer names the parameter at fault).
+        ``causal``, ``causal_offset``, ``key_padding_mask`` and ``attn_mask`` are checked here (a
+        :class:`MaskKeywordError`, a ValueError, names the keyword at fault); the caller validates the
+        other options (the attention layer names the parameter at fault).
         """
+        device = torch.device(device)
+        attn_mask = checked_attn_mask(
+            q_len=q_len,
+            k_len=k_len,
+            batch=batch,
+            heads=heads,
+            device=device,
+            causal=causal,
+            causal_offset=causal_offset,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+        )
         components: list[MaskComponent] = []
         offset = int(causal_offset)
         if causal and prefix_len is not None:
@@ -163,7 +179,7 @@ class AttentionMask:
                 components.append(UserBoolMask(~hidden))
                 attn_mask = attn_mask.masked_fill(hidden, 0.0)
             additive = attn_mask
-        return cls(q_len, k_len, batch, heads, torch.device(device), tuple(components), additive)
+        return cls(q_len, k_len, batch, heads, device, tuple(components), additive)
 
     # ------------------------------------------------------------------ questions
     @property

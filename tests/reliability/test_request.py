@@ -2,7 +2,8 @@
 
 * **One check of ``AttentionRequest`` at construction**: a table of bad requests, one per field
   and mistake, each a ValueError whose message names the field; heads that do not divide are that
-  error, not the flash kernel's SIGFPE.
+  error, not the flash kernel's SIGFPE. The mask keywords (``causal``, ``key_padding_mask``, ...)
+  are no request fields: a table of bad ones, each named where the mask is built.
 * **Choosing a backend**: nan or inf in the inputs never reaches a fused kernel that would turn it
   finite (and the non-finite check sees every nan and inf, and no overflow); a padding mask at
   length never builds a dense mask on auto; dense weights at length 50,000 are refused up front,
@@ -24,6 +25,7 @@ written out in float64.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -117,8 +119,21 @@ BAD_REQUESTS = [
     ("dropout_p-one", "dropout_p", lambda: dict(dropout_p=1.0)),
     ("dropout_p-negative", "dropout_p", lambda: dict(dropout_p=-0.1)),
     ("dropout_p-nan", "dropout_p", lambda: dict(dropout_p=float("nan"))),
-    ("causal-string", "causal", lambda: dict(causal="yes")),
     ("need_weights-none", "need_weights", lambda: dict(need_weights=None)),
+    ("mask-not-a-mask", "mask", lambda: dict(mask="causal")),
+    (
+        "mask-other-length",
+        "mask",
+        lambda: dict(mask=AttentionMask.build(q_len=T + 1, k_len=T + 1, batch=B, heads=HEADS, causal=True)),
+    ),
+    ("sinks-shape", "sinks", lambda: dict(sinks=torch.zeros(3))),
+    ("sinks-integer", "sinks", lambda: dict(sinks=torch.zeros(HEADS, dtype=torch.long))),
+]
+
+#: One bad mask keyword per row, as BAD_REQUESTS: the request holds the built mask only, so these are
+#: checked where the mask is built (AttentionMask.build, and AttentionRequest.from_keywords through it).
+BAD_MASK_KEYWORDS = [
+    ("causal-string", "causal", lambda: dict(causal="yes")),
     ("causal_offset-negative", "causal_offset", lambda: dict(causal=True, causal_offset=-1)),
     ("causal_offset-float", "causal_offset", lambda: dict(causal=True, causal_offset=1.5)),
     ("key_padding_mask-float", "key_padding_mask", lambda: dict(key_padding_mask=torch.zeros(B, T))),
@@ -132,14 +147,12 @@ BAD_REQUESTS = [
     ("attn_mask-integer", "attn_mask", lambda: dict(attn_mask=torch.ones(1, 1, T, T, dtype=torch.long))),
     ("attn_mask-keys", "attn_mask", lambda: dict(attn_mask=torch.ones(1, 1, T, T + 1).bool())),
     ("attn_mask-heads", "attn_mask", lambda: dict(attn_mask=torch.ones(1, 3, T, T).bool())),
-    ("mask-not-a-mask", "mask", lambda: dict(mask="causal")),
     (
-        "mask-other-length",
-        "mask",
-        lambda: dict(mask=AttentionMask.build(q_len=T + 1, k_len=T + 1, batch=B, heads=HEADS, causal=True)),
+        "key_padding_mask-device",
+        "key_padding_mask",
+        lambda: dict(key_padding_mask=torch.zeros(B, T, dtype=torch.bool, device=META)),
     ),
-    ("sinks-shape", "sinks", lambda: dict(sinks=torch.zeros(3))),
-    ("sinks-integer", "sinks", lambda: dict(sinks=torch.zeros(HEADS, dtype=torch.long))),
+    ("attn_mask-device", "attn_mask", lambda: dict(attn_mask=torch.ones(1, 1, T, T, device=META))),
 ]
 
 
@@ -151,11 +164,42 @@ def test_request_names_the_field_at_fault(field, bad):
         AttentionRequest(**{**_valid(), **bad()})
 
 
+MASK_KEYWORDS = {"causal", "causal_offset", "key_padding_mask", "attn_mask"}
+
+
+@pytest.mark.parametrize("keyword,bad", [pytest.param(f, b, id=i) for i, f, b in BAD_MASK_KEYWORDS])
+def test_a_bad_mask_keyword_is_named_where_the_mask_is_built(keyword, bad):
+    """The checks the request ran on its keyword fields run where the mask is built: a ValueError
+    naming the keyword from AttentionMask.build, ``AttentionRequest.<keyword>`` from from_keywords."""
+    _ = AttentionRequest.from_keywords(**_valid())  # the base request is valid
+    with pytest.raises(ValueError, match=rf"^AttentionRequest\.{keyword}: "):
+        AttentionRequest.from_keywords(**_valid(), **bad())
+    _ = AttentionMask.build(q_len=T, k_len=T, batch=B, heads=HEADS)
+    with pytest.raises(ValueError, match=rf"^{keyword}: "):
+        AttentionMask.build(q_len=T, k_len=T, batch=B, heads=HEADS, **bad())
+
+
 def test_every_field_has_a_bad_request():
-    """The table covers each field the check reads (a new field needs a row)."""
-    checked = {"q", "k", "v", "encoding", "q_pos", "k_pos", "scale", "causal", "causal_offset"}
-    checked |= {"key_padding_mask", "attn_mask", "dropout_p", "need_weights", "mask", "sinks"}
+    """The tables cover each field and keyword the checks read (a new field needs a row)."""
+    checked = {"q", "k", "v", "encoding", "q_pos", "k_pos", "scale", "dropout_p", "need_weights"}
+    checked |= {"mask", "sinks"}
     assert checked == {field for _, field, _ in BAD_REQUESTS}
+    assert {keyword for _, keyword, _ in BAD_MASK_KEYWORDS} == MASK_KEYWORDS
+
+
+def test_the_request_holds_one_mask_form():
+    """``mask`` is the request's only mask field: the keywords are not fields, a request given one
+    is a TypeError, and a request without a mask is full bidirectional attention."""
+    fields = {f.name for f in dataclasses.fields(AttentionRequest)}
+    assert "mask" in fields and not fields & MASK_KEYWORDS
+    for keyword in sorted(MASK_KEYWORDS):
+        with pytest.raises(TypeError, match=keyword):
+            AttentionRequest(**_valid(), **{keyword: None})
+    with pytest.raises(TypeError, match="not both"):
+        AttentionRequest.from_keywords(**_valid(), mask=None)
+    assert AttentionRequest(**_valid()).mask.is_trivial
+    causal = AttentionRequest.from_keywords(**_valid(), causal=True, causal_offset=2).mask
+    assert causal.causal_offset == 2 and causal.q_len == T and causal.heads == HEADS
 
 
 def test_heads_that_do_not_divide_are_an_error_not_a_crash():
@@ -168,7 +212,7 @@ def test_heads_that_do_not_divide_are_an_error_not_a_crash():
         "q, kv = torch.randn(1, 2, 1031, 16), torch.randn(1, 3, 1031, 16)\n"
         "pos = torch.arange(1031)[None]\n"
         "try:\n"
-        "    run_attention(AttentionRequest(q=q, k=kv, v=kv, encoding=posenc.build('t5', num_heads=2),\n"
+        "    run_attention(AttentionRequest.from_keywords(q=q, k=kv, v=kv, encoding=posenc.build('t5', num_heads=2),\n"
         "                                   q_pos=pos, k_pos=pos, scale=0.25, causal=True))\n"
         "except ValueError as e:\n"
         "    print(e)\n"
@@ -204,7 +248,7 @@ def test_the_nonfinite_check_sees_every_nan_and_inf_and_no_overflow(values, fini
     pos = torch.arange(5)[None]
     for name in ("q", "k", "v"):
         q, k, v = (x if name == which else torch.ones_like(x) for which in ("q", "k", "v"))
-        req = AttentionRequest(
+        req = AttentionRequest.from_keywords(
             q=q, k=k, v=v, encoding=posenc.build("nope"), q_pos=pos, k_pos=pos, scale=1.0, causal=True
         )
         assert req.has_nonfinite is (not finite), (name, values)
@@ -234,7 +278,7 @@ def test_nan_in_the_input_is_never_turned_into_finite_numbers(encoding):
 def test_key_padding_at_length_never_builds_a_dense_mask_on_auto(monkeypatch):
     """sdpa turns a padding mask into a dense [B, 1, L, L] tensor (10 GB at L=50,000); past a size
     auto takes the blocked backend instead, with the same result."""
-    monkeypatch.setattr("posenc.backends.blocked.MAX_DENSE_MASK_BYTES", 300 * 300 * 4 - 1)
+    monkeypatch.setattr("posenc.backends._query_blocks.MAX_DENSE_MASK_BYTES", 300 * 300 * 4 - 1)
     layer = _layer("rope", causal=True).double()
     x = torch.randn(2, 300, E, dtype=torch.float64)
     pad = torch.zeros(2, 300, dtype=torch.bool)
@@ -295,9 +339,9 @@ def test_broadcast_attn_mask_rows_work_on_blocked():
     pos = torch.arange(length)[None]
     allowed = torch.rand(B, 1, 1, length) > 0.3
     fields = dict(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4)
-    got, _ = get_backend("blocked").run(AttentionRequest(**fields, attn_mask=allowed))
+    got, _ = get_backend("blocked").run(AttentionRequest.from_keywords(**fields, attn_mask=allowed))
     want, _ = get_backend("eager").run(
-        AttentionRequest(**fields, attn_mask=allowed.expand(B, 1, length, length))
+        AttentionRequest.from_keywords(**fields, attn_mask=allowed.expand(B, 1, length, length))
     )
     torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
 
@@ -330,7 +374,8 @@ def _operands(layout: str, batch: int, length: int, kv_heads: int = HEADS):
 def _request(views, enc, length, **fields) -> AttentionRequest:
     pos = torch.arange(length)[None]
     q, k, v = views
-    return AttentionRequest(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, **fields)
+    make = AttentionRequest if "mask" in fields else AttentionRequest.from_keywords
+    return make(q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, **fields)
 
 
 def _contiguous(req: AttentionRequest) -> AttentionRequest:
@@ -437,7 +482,7 @@ def _sinks_request(enc, length=12):
     q, k, v = (torch.randn(1, HEADS, length, DIM, dtype=torch.float64, requires_grad=True) for _ in range(3))
     pos = torch.arange(length)[None]
     sinks = torch.randn(HEADS, dtype=torch.float64, requires_grad=True)
-    return AttentionRequest(
+    return AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True, sinks=sinks
     )  # fmt: skip
 
@@ -502,7 +547,7 @@ def test_t5_table_gradient_in_bfloat16_is_summed_wide(backend):
     (want,) = torch.autograd.grad((ref * weight).sum(), table64)
 
     bf = [t.to(torch.bfloat16) for t in (q, k, v)]
-    req = AttentionRequest(
+    req = AttentionRequest.from_keywords(
         q=bf[0], k=bf[1], v=bf[2], encoding=enc, q_pos=pos[None], k_pos=pos[None], scale=scale, causal=True
     )  # fmt: skip
     out, _ = get_backend(backend).run(req)

@@ -47,9 +47,18 @@ __all__ = [
 
 
 class Backend(Protocol):
-    """What an attention backend provides."""
+    """What an attention backend provides: every attribute the dispatcher reads.
+
+    The capability flags default to False; :func:`register_backend` gives a backend that does not
+    declare one the default, so dispatch reads them as plain attributes.
+    """
 
     name: str
+    #: It evaluates input-dependent biases (FoX: ``request.token_states``); others read the
+    #: encoding's position-only view, so :func:`backend_limits` refuses such requests for them.
+    serves_input_bias: bool = False
+    #: It applies logit soft-capping (``request.softcap``); a fused kernel that takes no logits cannot.
+    serves_softcap: bool = False
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         """Hard limits: why this backend cannot serve ``request``; empty when it can."""
@@ -88,9 +97,9 @@ def backend_limits(backend: Backend, request: AttentionRequest) -> list[str]:
     it soft-caps logits (``request.softcap``) only when it says so (``serves_softcap = True``).
     """
     reasons = list(backend.reasons(request))
-    if request.token_states is not None and not getattr(backend, "serves_input_bias", False):
+    if request.token_states is not None and not backend.serves_input_bias:
         reasons.append(INPUT_BIAS_REASON)
-    if request.softcap is not None and not getattr(backend, "serves_softcap", False):
+    if request.softcap is not None and not backend.serves_softcap:
         reasons.append(SOFTCAP_REASON)
     return reasons
 
@@ -111,11 +120,26 @@ _BACKENDS: dict[str, Backend] = {}
 _forced = threading.local()
 
 
+#: The :class:`Backend` flags and their defaults, given at registration to a backend without them.
+_FLAG_DEFAULTS = {"serves_input_bias": False, "serves_softcap": False}
+
+
 def register_backend(backend: Backend) -> Backend:
-    """Add a backend by its ``name``; :mod:`~posenc.backends.dispatch` says where ``auto`` tries it."""
+    """Add a backend by its ``name``; :mod:`~posenc.backends.dispatch` says where ``auto`` tries it.
+
+    A backend that does not declare a :class:`Backend` flag gets its default (False) here.
+    """
     missing = [m for m in ("reasons", "declines", "run") if not callable(getattr(backend, m, None))]
     if missing:
         raise TypeError(f"backend {backend!r} lacks {', '.join(missing)} (see posenc.backends.Backend)")
+    for flag, default in _FLAG_DEFAULTS.items():
+        if not hasattr(backend, flag):
+            try:
+                setattr(backend, flag, default)
+            except AttributeError:  # __slots__ or a frozen object
+                raise TypeError(
+                    f"backend {backend!r} lacks {flag} and takes no attribute: declare {flag} = {default}"
+                ) from None
     _BACKENDS[backend.name] = backend
     _memo.bump()
     return backend

@@ -14,6 +14,7 @@ __all__ = [
     "NONFINITE_REASON",
     "accumulation_dtype",
     "cpu_flash_available",
+    "cpu_flash_limit",
     "flash_backward",
     "flash_forward",
     "kernel_layout",
@@ -35,6 +36,20 @@ def cpu_flash_available() -> bool:
         ops, "_scaled_dot_product_flash_attention_for_cpu_backward"
     )
     return present and _schema_drift() is None
+
+
+def cpu_flash_limit(q: Tensor) -> str | None:
+    """Why PyTorch's CPU flash kernel cannot take queries like ``q`` (its dtype and device), or None
+    when it can: the one wording of this limit for every backend that calls the kernel itself
+    (blocked, near_far, segments, clipped, sdpa with sinks)."""
+    if q.device.type != "cpu":
+        return f"PyTorch's CPU flash kernel takes CPU tensors only; q is on {q.device}"
+    if q.dtype not in FLASH_DTYPES:
+        names = ", ".join(str(dtype).removeprefix("torch.") for dtype in FLASH_DTYPES)
+        return f"PyTorch's CPU flash kernel takes {names}, not {q.dtype}"
+    if not cpu_flash_available():
+        return "PyTorch's CPU flash kernel is missing from this torch or has another schema (posenc.seams)"
+    return None
 
 
 @functools.lru_cache(maxsize=1)

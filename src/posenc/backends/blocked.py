@@ -51,23 +51,28 @@ from torch.autograd.function import once_differentiable
 from ..base import Kind
 from ..masks import AttentionMask, CausalMask
 from . import AttentionRequest, register_backend
-from ._exact import MASKED_KERNEL_COST, at_least_float32, consecutive, distance_table, masked_band
-from ._flash import FLASH_DTYPES as _FLASH_DTYPES
-from ._flash import NONFINITE_REASON, accumulation_dtype, flash_backward, flash_forward, kernel_layout
-from ._flash import cpu_flash_available as _cpu_flash_available
+from ._exact import at_least_float32, consecutive, distance_table
+from ._flash import accumulation_dtype, cpu_flash_limit, flash_backward, flash_forward, kernel_layout
+from ._query_blocks import (  # shared with the splits; re-exported under their old names here
+    DEFAULT_BLOCK,
+    MAX_DENSE_MASK_BYTES,
+    MIN_AUTO_LOGITS,
+    query_block_declines,
+    query_block_reasons,
+)
 from ._sinks import merge_sinks, sink_grad
 from ._softcap import soft_cap, soft_cap_backward
 
 __all__ = [
     "DEFAULT_BLOCK",
+    "MAX_DENSE_MASK_BYTES",
+    "MIN_AUTO_LOGITS",
     "BlockedBackend",
     "blocked_bias_attention",
     "query_block_declines",
     "query_block_reasons",
 ]
 
-#: Queries per block: 128 rows x 4096 keys x 8 heads of float32 bias is 16 MiB.
-DEFAULT_BLOCK = 128
 #: Use the distance table only while it stays small relative to the sequence (sparse explicit
 #: positions such as 0 and 10**6 would make it huge); otherwise evaluate ``bias_at`` per block.
 _MAX_TABLE_FACTOR = 4
@@ -428,10 +433,7 @@ def _make_plan(req: AttentionRequest, block: int) -> tuple[_Plan, Tensor | None]
         block=block,
         mode=mode,
         d_min=d_min,
-        use_flash=req.softcap is None
-        and req.q.device.type == "cpu"
-        and req.q.dtype in _FLASH_DTYPES
-        and _cpu_flash_available(),
+        use_flash=req.softcap is None and cpu_flash_limit(req.q) is None,
         q_len=req.q_len,
         softcap=req.softcap,
     )
@@ -460,70 +462,6 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
     q, k, v = (kernel_layout(t) for t in (req.q, *req.kv_per_query_head()))
     out = _BlockedBiasAttention.apply(plan, q, k, v, table, req.sinks, *params)
     return req.mask.zero_empty_rows(out)
-
-
-#: Below this many logits per head ``auto`` lets sdpa take bias encodings: blocking pays off from
-#: about 256x256 (benchmarks/RESULTS.md).
-MIN_AUTO_LOGITS = 256 * 256
-#: sdpa materialises any mask but a plain causal one as a dense ``[B|1, H|1, Tq, Tk]`` tensor; past
-#: this many bytes ``auto`` prefers the blocked backend, which never builds one.
-MAX_DENSE_MASK_BYTES = 256 << 20
-
-
-def _dense_mask_too_big(request: AttentionRequest) -> bool:
-    mask = request.mask
-    if mask.is_trivial or mask.is_plain_causal:
-        return False
-    batch = request.q.shape[0] if mask.data_dependent else 1
-    return batch * request.q_len * request.k_len * request.q.element_size() > MAX_DENSE_MASK_BYTES
-
-
-def _skips_enough(request: AttentionRequest, block: int = DEFAULT_BLOCK) -> bool:
-    """For kinds without a bias: whether blocks over the mask's key ranges beat one sdpa call.
-
-    sdpa pays for every pair (half of them for a plain causal mask, the masked kernel for any other
-    mask); blocked pays the masked kernel on each block's key range only.
-    """
-    mask = request.mask
-    band = masked_band(mask, request.q_len, block)
-    pairs = request.q_len * request.k_len
-    sdpa = pairs * (0.5 if mask.is_plain_causal else MASKED_KERNEL_COST if mask.components else 1.0)
-    return MASKED_KERNEL_COST * band < sdpa
-
-
-def query_block_reasons(request: AttentionRequest) -> list[str]:
-    """The limits of attention through the CPU flash kernel a block of queries at a time, with the
-    bias and masks as its float mask: what this backend and the splits built on the same kernel
-    cannot run (CONTENT kinds aside)."""
-    reasons = []
-    if request.v.shape[-1] != request.q.shape[-1]:
-        reasons.append(
-            f"v's head size {request.v.shape[-1]} differs from q/k's {request.q.shape[-1]}: "
-            "the fused kernel takes one head size"
-        )
-    if request.dropout_p > 0:
-        reasons.append("attention dropout is not implemented in the blocked backend and the splits")
-    if request.q.device.type == "cpu" and request.has_nonfinite:
-        reasons.append(NONFINITE_REASON)
-    additive = request.mask.additive
-    if additive is not None and additive.requires_grad and torch.is_grad_enabled():
-        reasons.append(
-            "a float attn_mask that requires grad is not differentiated by the blocked backend and the splits"
-        )
-    return reasons
-
-
-def query_block_declines(request: AttentionRequest) -> list[str]:
-    """Where one sdpa call is cheaper than blocks of queries (and the splits built on them)."""
-    if request.q_len * request.k_len < MIN_AUTO_LOGITS:
-        return [
-            f"small attention (Tq*Tk = {request.q_len * request.k_len} < 256*256): the dense bias through sdpa is cheaper"
-        ]
-    if request.kind is not Kind.BIAS and not _skips_enough(request) and not _dense_mask_too_big(request):
-        return [
-            "without a bias, sdpa is cheaper unless the mask hides most keys (windows, documents, chunks)"
-        ]
-    return []
 
 
 class BlockedBackend:

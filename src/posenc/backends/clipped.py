@@ -55,7 +55,7 @@ from ._exact import (
     row_constant_grad,
     same_consecutive_positions,
 )
-from ._flash import NONFINITE_REASON, accumulation_dtype, cpu_flash_available, kernel_layout
+from ._flash import NONFINITE_REASON, accumulation_dtype, cpu_flash_limit, kernel_layout
 
 __all__ = ["CLIPPED_BLOCK", "CLIPPED_MIN_BLOCKS", "CLIPPED_MIN_LEN", "ClippedBackend", "clipped_attention"]
 
@@ -86,8 +86,9 @@ def _limits(req: AttentionRequest) -> str | None:
     """The first limit that needs no declaration (None when there is none)."""
     if req.kind is not Kind.CONTENT:
         return "the clipped split serves CONTENT encodings"
-    if req.q.device.type != "cpu" or not cpu_flash_available():
-        return "the clipped split runs PyTorch's CPU flash kernel (CPU only)"
+    flash = cpu_flash_limit(req.q)
+    if flash is not None:
+        return flash
     if req.q.dtype not in CLIPPED_DTYPES:
         return f"the clipped split runs in float32 or float64, not {req.q.dtype}"
     mask = req.mask

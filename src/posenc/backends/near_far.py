@@ -51,15 +51,14 @@ from ._exact import (
     with_key_term,
 )
 from ._flash import (
-    FLASH_DTYPES,
     accumulation_dtype,
-    cpu_flash_available,
+    cpu_flash_limit,
     flash_backward,
     flash_forward,
     kernel_layout,
 )
+from ._query_blocks import query_block_declines, query_block_reasons
 from ._sinks import merge_sinks, sink_grad
-from .blocked import query_block_declines, query_block_reasons
 
 __all__ = ["NEAR_BLOCK", "NEAR_FAR_MIN_LEN", "NearFarBackend", "near_far_attention", "near_far_plan"]
 
@@ -467,18 +466,15 @@ def near_far_attention(req: AttentionRequest, block: int = NEAR_BLOCK) -> Tensor
     return req.mask.zero_empty_rows(out)
 
 
-def _kernel_ready(req: AttentionRequest) -> bool:
-    return req.q.device.type == "cpu" and req.q.dtype in FLASH_DTYPES and cpu_flash_available()
-
-
 class NearFarBackend:
     name = "near_far"
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         if request.kind is not Kind.BIAS:
             return [f"serves BIAS encodings only; {request.encoding.name} is {request.kind.value}"]
-        if not _kernel_ready(request):
-            return ["runs PyTorch's CPU flash kernel (CPU tensors of its dtypes)"]
+        flash = cpu_flash_limit(request.q)
+        if flash is not None:
+            return [flash]
         plan, why = near_far_plan(request)
         return ([] if plan is not None else [why]) + query_block_reasons(request)
 

@@ -12,6 +12,7 @@ from functools import cached_property
 import torch
 from torch import Tensor, nn
 
+from .._mask_keywords import MaskKeywordError, described
 from ..base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates, checks_values
 from ..masks import AttentionMask
 from ._finite import all_finite, all_finite_together, all_parameters
@@ -24,17 +25,11 @@ def _field_error(name: str, problem: str) -> ValueError:
     return ValueError(f"AttentionRequest.{name}: {problem}")
 
 
-def _described(value: object) -> str:
-    if isinstance(value, Tensor):
-        return f"a {value.dtype} tensor of shape {list(value.shape)}"
-    return f"{value!r} ({type(value).__name__})"
-
-
 def _check_number(name: str, value: object, what: str) -> None:
     if type(value) is float or type(value) is int:  # the usual case, without the ABC check
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise _field_error(name, f"must be {what}, got {_described(value)}")
+        raise _field_error(name, f"must be {what}, got {described(value)}")
 
 
 def _check_positions(
@@ -44,7 +39,7 @@ def _check_positions(
     backend and used as it is by another); real-valued ones only for an encoding that defines them
     (``float_positions``: rotary kinds, whose backends never read positions past the rotation)."""
     if not isinstance(pos, Tensor):
-        raise _field_error(name, f"must be an integer tensor [B or 1, T], got {_described(pos)}")
+        raise _field_error(name, f"must be an integer tensor [B or 1, T], got {described(pos)}")
     if pos.dtype.is_floating_point and allow_float:
         pass
     elif pos.dtype.is_floating_point or pos.dtype.is_complex or pos.dtype == torch.bool:
@@ -69,11 +64,11 @@ class AttentionRequest:
     path of sdpa and eager serves);
     ``q_pos [B or 1, Tq]`` and ``k_pos [B or 1, Tk]`` int64 positions.
 
-    The mask is :attr:`mask` (:class:`~posenc.masks.AttentionMask`). Give it directly, or describe it
-    with the keyword fields, from which it is built: ``causal`` and ``causal_offset`` (the key index of
-    the first query, i.e. the cache length: query ``i`` sees keys ``j <= i + offset``),
-    ``key_padding_mask [B, Tk]`` (bool, True = padding) and ``attn_mask`` (bool, True = may attend,
-    or float added to the logits; 4-D, broadcastable to ``[B, H, Tq, Tk]``).
+    The mask is :attr:`mask`, one :class:`~posenc.masks.AttentionMask` (build it with
+    :meth:`AttentionMask.build <posenc.masks.AttentionMask.build>`); left out (None), every query sees
+    every key (full bidirectional attention). The request has no other mask field: a request written
+    with the keywords ``causal``, ``causal_offset``, ``key_padding_mask`` and ``attn_mask`` is
+    :meth:`from_keywords`, which builds the mask from them.
 
     An input-dependent bias (FoX) needs ``token_states`` (:class:`~posenc.base.TokenStates`, from the
     ``token_states`` its ``input_bias()`` declares, of the layer input); only backends with ``serves_input_bias`` run it.
@@ -89,14 +84,11 @@ class AttentionRequest:
     q_pos: Tensor
     k_pos: Tensor
     scale: float
-    causal: bool = False
-    causal_offset: int = 0
-    key_padding_mask: Tensor | None = None
-    attn_mask: Tensor | None = None
+    #: Which keys each query sees; None (the default): every key, full bidirectional attention.
+    mask: AttentionMask = field(default=None, repr=False)  # type: ignore[assignment]
     dropout_p: float = 0.0
     need_weights: bool = False
     layer: nn.Module | None = None
-    mask: AttentionMask = field(default=None, repr=False)  # type: ignore[assignment]
     #: Attention sinks: one logit per query head ``[H]`` in every row's softmax denominator, or None.
     sinks: Tensor | None = None
     #: Input-dependent biases (FoX): the queries' and keys' states the bias is computed from.
@@ -113,17 +105,53 @@ class AttentionRequest:
         self._check_fields()
         self._check_token_states()
         if self.mask is None:
-            self.mask = AttentionMask.build(
+            self.mask = self._built_mask()
+
+    @classmethod
+    def from_keywords(
+        cls,
+        *,
+        causal: bool = False,
+        causal_offset: int = 0,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        **fields: object,
+    ) -> AttentionRequest:
+        """The request of ``fields`` (every field but :attr:`mask`) whose mask the keywords describe:
+        ``causal`` and ``causal_offset`` (the key index of the first query, i.e. the cache length:
+        query ``i`` sees keys ``j <= i + offset``), ``key_padding_mask [B, Tk]`` (bool, True =
+        padding) and ``attn_mask`` (bool, True = may attend, or float added to the logits; 4-D,
+        broadcastable to ``[B, H, Tq, Tk]``).
+
+        ``AttentionRequest.from_keywords(q=q, ..., causal=True)`` is what
+        ``AttentionRequest(q=q, ..., causal=True)`` was before the request held its mask only; it
+        equals ``AttentionRequest(q=q, ..., mask=AttentionMask.build(q_len=..., causal=True))``. A
+        ValueError names the field or keyword at fault (``AttentionRequest.key_padding_mask: ...``).
+        """
+        if "mask" in fields:
+            raise TypeError(
+                "AttentionRequest.from_keywords: give the mask keywords or mask=, not both "
+                "(AttentionRequest(..., mask=mask) takes a built mask)"
+            )
+        request = cls(**fields)  # type: ignore[arg-type]  # every other field checked first
+        request.mask = request._built_mask(
+            causal=causal, causal_offset=causal_offset, key_padding_mask=key_padding_mask, attn_mask=attn_mask
+        )
+        return request
+
+    def _built_mask(self, **keywords: object) -> AttentionMask:
+        """The mask of this request's shapes that ``keywords`` describe (none: every key)."""
+        try:
+            return AttentionMask.build(
                 q_len=self.q_len,
                 k_len=self.k_len,
                 batch=self.q.shape[0],
                 heads=self.num_heads,
                 device=self.q.device,
-                causal=self.causal,
-                causal_offset=self.causal_offset,
-                key_padding_mask=self.key_padding_mask,
-                attn_mask=self.attn_mask,
+                **keywords,  # type: ignore[arg-type]
             )
+        except MaskKeywordError as error:
+            raise _field_error(error.keyword, error.problem) from None
 
     def _check_fields(self) -> None:
         """Every field against the others, once, in O(1): shapes, dtypes, devices and numbers, never
@@ -136,7 +164,7 @@ class AttentionRequest:
         q, k, v = self.q, self.k, self.v
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, Tensor) or t.dim() != 4:
-                raise _field_error(name, f"must be a tensor [B, H, T, D], got {_described(t)}")
+                raise _field_error(name, f"must be a tensor [B, H, T, D], got {described(t)}")
         if not q.is_floating_point():
             raise _field_error("q", f"must be a floating-point tensor, got dtype {q.dtype}")
         batch, heads, q_len, dim = q.shape
@@ -170,7 +198,7 @@ class AttentionRequest:
             raise _field_error("k", f"has head size {k.shape[3]} but q has {dim}; q and k need one head size")
         if not isinstance(self.encoding, PositionalEncoding):
             raise _field_error(
-                "encoding", f"must be a posenc PositionalEncoding, got {_described(self.encoding)}"
+                "encoding", f"must be a posenc PositionalEncoding, got {described(self.encoding)}"
             )
         allow_float = (
             bool(getattr(self.encoding, "float_positions", False)) and self.encoding.kind is Kind.ROTARY
@@ -191,13 +219,9 @@ class AttentionRequest:
         _check_number("dropout_p", self.dropout_p, "a probability in [0, 1)")
         if not 0.0 <= self.dropout_p < 1.0:
             raise _field_error("dropout_p", f"must be in [0, 1), got {self.dropout_p!r}")
-        for name in ("causal", "need_weights"):
-            if not isinstance(getattr(self, name), bool):
-                raise _field_error(name, f"must be True or False, got {getattr(self, name)!r}")
-        offset = self.causal_offset
-        if isinstance(offset, bool) or not isinstance(offset, numbers.Integral) or offset < 0:
-            raise _field_error("causal_offset", f"must be an int >= 0 (the cache length), got {offset!r}")
-        self._check_masks(batch, heads, q_len, k_len)
+        if not isinstance(self.need_weights, bool):
+            raise _field_error("need_weights", f"must be True or False, got {self.need_weights!r}")
+        self._check_mask(batch, heads, q_len, k_len)
         known = self.known_finite_keys
         if type(known) is not int or not 0 <= known <= k_len:
             raise _field_error("known_finite_keys", f"must be an int in [0, {k_len}], got {known!r}")
@@ -209,7 +233,7 @@ class AttentionRequest:
                 or not sinks.is_floating_point()
             ):
                 raise _field_error(
-                    "sinks", f"must be a float tensor [H] = [{heads}] or None, got {_described(sinks)}"
+                    "sinks", f"must be a float tensor [H] = [{heads}] or None, got {described(sinks)}"
                 )
             if sinks.device != q.device:
                 raise _field_error("sinks", f"is on device {sinks.device} but q is on {q.device}")
@@ -235,44 +259,13 @@ class AttentionRequest:
                 f"{enc.name} was built for head_dim={built} but q has head size {dim}; build it for head_dim={dim}",
             )
 
-    def _check_masks(self, batch: int, heads: int, q_len: int, k_len: int) -> None:
-        device = self.q.device
-        padding = self.key_padding_mask
-        if padding is not None:
-            if not isinstance(padding, Tensor) or padding.dtype != torch.bool:
-                raise _field_error(
-                    "key_padding_mask",
-                    f"must be a bool tensor [B, Tk] (True = padding), got {_described(padding)}",
-                )
-            if tuple(padding.shape) != (batch, k_len):
-                raise _field_error(
-                    "key_padding_mask",
-                    f"must have shape [B, Tk] = [{batch}, {k_len}], got {list(padding.shape)}",
-                )
-            if padding.device != device:
-                raise _field_error("key_padding_mask", f"is on device {padding.device} but q is on {device}")
-        mask = self.attn_mask
-        if mask is not None:
-            want = (batch, heads, q_len, k_len)
-            if not isinstance(mask, Tensor) or not (mask.dtype == torch.bool or mask.is_floating_point()):
-                raise _field_error(
-                    "attn_mask", f"must be a bool (True = may attend) or float tensor, got {_described(mask)}"
-                )
-            if mask.dim() != 4 or any(n not in (1, w) for n, w in zip(mask.shape, want)):
-                raise _field_error(
-                    "attn_mask",
-                    f"must be 4-D and broadcastable to [B, H, Tq, Tk] = {list(want)}, got {list(mask.shape)}",
-                )
-            if mask.device != device:
-                raise _field_error("attn_mask", f"is on device {mask.device} but q is on {device}")
-            if mask.shape[2] != q_len or mask.shape[3] != k_len:  # the blocks slice rows and keys
-                self.attn_mask = mask.expand(-1, -1, q_len, k_len)
+    def _check_mask(self, batch: int, heads: int, q_len: int, k_len: int) -> None:
         if self.mask is None:
             return
         given = self.mask
         if not isinstance(given, AttentionMask):
             raise _field_error(
-                "mask", f"must be a posenc.masks.AttentionMask or None, got {_described(given)}"
+                "mask", f"must be a posenc.masks.AttentionMask or None, got {described(given)}"
             )
         have = (given.batch, given.heads, given.q_len, given.k_len)
         if have != (batch, heads, q_len, k_len):

@@ -81,7 +81,7 @@ def attend(
     with ``need_weights``, from the backend or recomputed on the eager reference path.
     Every argument is checked by :class:`~posenc.backends.AttentionRequest` (a ValueError names it).
     """
-    request = AttentionRequest(
+    fields = dict(
         q=q,
         k=k,
         v=v,
@@ -89,20 +89,25 @@ def attend(
         q_pos=q_pos,
         k_pos=k_pos,
         scale=scale,
-        causal=causal,
-        causal_offset=causal_offset,
-        key_padding_mask=key_padding_mask,
-        attn_mask=attn_mask,
         dropout_p=dropout_p,
         need_weights=need_weights,
         layer=layer,
-        mask=mask,
         sinks=sinks,
         token_states=token_states,
         known_finite_keys=known_finite_keys,
         finite_mark=finite_mark,
         softcap=softcap,
     )
+    if mask is not None:
+        request = AttentionRequest(mask=mask, **fields)
+    else:  # the keywords describe the mask (the request holds the built one only)
+        request = AttentionRequest.from_keywords(
+            causal=causal,
+            causal_offset=causal_offset,
+            key_padding_mask=key_padding_mask,
+            attn_mask=attn_mask,
+            **fields,
+        )
     return run_attention(request, backend)
 
 

@@ -20,9 +20,8 @@ from torch.autograd.function import once_differentiable
 from ..base import Kind
 from . import AttentionRequest, register_backend
 from ._flash import (
-    FLASH_DTYPES,
     NONFINITE_REASON,
-    cpu_flash_available,
+    cpu_flash_limit,
     flash_backward,
     flash_forward,
     kernel_layout,
@@ -65,8 +64,9 @@ class SdpaBackend:
             reasons.append(NONFINITE_REASON)
         if request.sinks is None:
             return reasons
-        if request.q.device.type != "cpu" or not cpu_flash_available() or request.q.dtype not in FLASH_DTYPES:
-            reasons.append("attention sinks need the CPU flash kernel's log-sum-exp (CPU tensors only)")
+        flash = cpu_flash_limit(request.q)
+        if flash is not None:
+            reasons.append(f"attention sinks need the kernel's log-sum-exp: {flash}")
         if request.dropout_p > 0:
             reasons.append("attention sinks with dropout are not implemented in the sdpa backend")
         trainable = _trainable_bias(request)

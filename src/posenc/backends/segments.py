@@ -30,15 +30,14 @@ from ..masks import AttentionMask, KeySegment
 from . import AttentionRequest, register_backend
 from ._exact import MASKED_KERNEL_COST, add_runs, masked_band, merge_lse, part_weight, piece_ranges, runs
 from ._flash import (
-    FLASH_DTYPES,
     accumulation_dtype,
-    cpu_flash_available,
+    cpu_flash_limit,
     flash_backward,
     flash_forward,
     kernel_layout,
 )
+from ._query_blocks import DEFAULT_BLOCK, query_block_declines, query_block_reasons
 from ._sinks import merge_sinks, sink_grad
-from .blocked import DEFAULT_BLOCK, query_block_declines, query_block_reasons
 
 __all__ = ["SEGMENT_BLOCK", "SegmentsBackend", "segment_attention", "segment_groups"]
 
@@ -375,10 +374,6 @@ def segment_attention(req: AttentionRequest, block: int = SEGMENT_BLOCK) -> Tens
     return req.mask.zero_empty_rows(out)
 
 
-def _kernel_ready(req: AttentionRequest) -> bool:
-    return req.q.device.type == "cpu" and req.q.dtype in FLASH_DTYPES and cpu_flash_available()
-
-
 def _segment_cost(groups: list[_Group]) -> float:
     """The kernel's work over every group, a masked logit at :data:`MASKED_KERNEL_COST`."""
     return sum((1.0 if g.allowed is None else MASKED_KERNEL_COST) * g.n * g.rows * g.keys for g in groups)
@@ -392,12 +387,11 @@ class SegmentsBackend:
             return [
                 f"serves kinds without a bias (absolute, rotary); {request.encoding.name} is {request.kind.value}"
             ]
-        if not _kernel_ready(request):
-            return ["runs PyTorch's CPU flash kernel (CPU tensors of its dtypes)"]
-        return query_block_reasons(request)
+        flash = cpu_flash_limit(request.q)
+        return [flash] if flash is not None else query_block_reasons(request)
 
     def declines(self, request: AttentionRequest) -> list[str]:
-        if request.kind in (Kind.BIAS, Kind.CONTENT) or not _kernel_ready(request):
+        if request.kind in (Kind.BIAS, Kind.CONTENT) or cpu_flash_limit(request.q) is not None:
             return []  # its reasons say why
         declined = query_block_declines(request)
         if declined:

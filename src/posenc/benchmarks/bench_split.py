@@ -84,7 +84,7 @@ def build_case(case: str, params: dict):
         content = enc.kind is Kind.CONTENT
 
         def request():
-            return AttentionRequest(
+            return AttentionRequest.from_keywords(
                 q=q,
                 k=k,
                 v=v,
