@@ -51,7 +51,7 @@ DISABLE_ENV = "POSENC_NATIVE_ROPE"
 #: The folder the compiled loop is kept in (default ``~/.cache/posenc/kernels``).
 KERNELS_ENV = "POSENC_KERNELS"
 
-# One loop per dtype. FMA=1 is the fused form (o1 = fma(-x2, s, round(x1*c))), FMA=0 the unfused
+# One loop per dtype. fused=1: o1 = fma(-x2, s, round(x1*c)); fused=0, the unfused
 # one (round(x1*c) + round(-x2*s)). ROUND rounds a product to the storage dtype, as eager's mul does.
 _SOURCE = r"""
 #include <stdint.h>
@@ -69,34 +69,53 @@ static inline uint16_t bf16_store(float f) { /* round to nearest even, as c10::B
 #define SAME(v) (v)
 #define BF16_ROUND(v) bf16_load(bf16_store(v))
 
+/* Row r of the B*H*L rows, in memory order (heads inside positions in the layer's projection views). */
+static inline void locate(int64_t r, int64_t H, int64_t L, int64_t heads_inner, int64_t* b, int64_t* h,
+                          int64_t* t) {
+    const int64_t rest = r % (H * L);
+    *b = r / (H * L);
+    *h = heads_inner ? rest % H : rest / L;
+    *t = heads_inner ? rest / H : rest % L;
+}
+
 #define ROTATE_HALF(NAME, T, F, LOAD, STORE, ROUND, FMA_FN)                                          \
+static inline void NAME##_row(const T* x, T* o, const T* c, const T* s, int64_t half, int fused) {   \
+    if (fused) {                                                                                     \
+        _Pragma("omp simd")                                                                          \
+        for (int64_t k = 0; k < half; k++) {                                                         \
+            const F x1 = LOAD(x[k]), x2 = LOAD(x[k + half]), ck = LOAD(c[k]), sk = LOAD(s[k]);       \
+            const F a = ROUND(x1 * ck), e = ROUND(x2 * ck);                                          \
+            o[k] = STORE(FMA_FN(-x2, sk, a));                                                        \
+            o[k + half] = STORE(FMA_FN(x1, sk, e));                                                  \
+        }                                                                                            \
+    } else {                                                                                         \
+        _Pragma("omp simd")                                                                          \
+        for (int64_t k = 0; k < half; k++) {                                                         \
+            const F x1 = LOAD(x[k]), x2 = LOAD(x[k + half]), ck = LOAD(c[k]), sk = LOAD(s[k]);       \
+            const F a = ROUND(x1 * ck), e = ROUND(x2 * ck), p = -x2 * sk, q = x1 * sk;               \
+            o[k] = STORE(a + p);                                                                     \
+            o[k + half] = STORE(e + q);                                                              \
+        }                                                                                            \
+    }                                                                                                \
+}                                                                                                    \
 void NAME(const T* src, T* dst, const T* cs, const T* sn, int64_t B, int64_t H, int64_t L,           \
-          int64_t half, const int64_t* st, int fused, int threads) {                                 \
-    const int64_t rows = B * H * L, heads_inner = st[1] < st[2];                                     \
-    _Pragma("omp parallel for schedule(static) num_threads(threads) if(threads > 1 && rows * half > 32768)") \
-    for (int64_t r = 0; r < rows; r++) {                                                             \
-        const int64_t b = r / (H * L), rest = r % (H * L);                                           \
-        const int64_t h = heads_inner ? rest % H : rest / L, t = heads_inner ? rest / H : rest % L;  \
-        const T* x = src + b * st[0] + h * st[1] + t * st[2];                                        \
-        T* o = dst + b * st[3] + h * st[4] + t * st[5];                                              \
-        const T* c = cs + b * st[6] + t * st[7];                                                     \
-        const T* s = sn + b * st[6] + t * st[7];                                                     \
-        if (fused) {                                                                                 \
-            _Pragma("omp simd")                                                                      \
-            for (int64_t k = 0; k < half; k++) {                                                     \
-                const F x1 = LOAD(x[k]), x2 = LOAD(x[k + half]), ck = LOAD(c[k]), sk = LOAD(s[k]);   \
-                const F a = ROUND(x1 * ck), e = ROUND(x2 * ck);                                      \
-                o[k] = STORE(FMA_FN(-x2, sk, a));                                                    \
-                o[k + half] = STORE(FMA_FN(x1, sk, e));                                              \
-            }                                                                                        \
-        } else {                                                                                     \
-            _Pragma("omp simd")                                                                      \
-            for (int64_t k = 0; k < half; k++) {                                                     \
-                const F x1 = LOAD(x[k]), x2 = LOAD(x[k + half]), ck = LOAD(c[k]), sk = LOAD(s[k]);   \
-                const F a = ROUND(x1 * ck), e = ROUND(x2 * ck), p = -x2 * sk, q = x1 * sk;           \
-                o[k] = STORE(a + p);                                                                 \
-                o[k + half] = STORE(e + q);                                                          \
-            }                                                                                        \
+          int64_t half, int64_t sb, int64_t sh, int64_t st, int64_t db, int64_t dh, int64_t dt,      \
+          int64_t cb, int64_t ct, int fused, int threads) {                                          \
+    const int64_t rows = B * H * L, heads_inner = sh < st;                                           \
+    if (threads > 1 && rows * half > 32768) {                                                        \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                            \
+        for (int64_t r = 0; r < rows; r++) {                                                         \
+            int64_t b, h, t;                                                                         \
+            locate(r, H, L, heads_inner, &b, &h, &t);                                                \
+            NAME##_row(src + b * sb + h * sh + t * st, dst + b * db + h * dh + t * dt,               \
+                       cs + b * cb + t * ct, sn + b * cb + t * ct, half, fused);                     \
+        }                                                                                            \
+    } else { /* no parallel region: its start costs more than a decoding step's rows */              \
+        for (int64_t r = 0; r < rows; r++) {                                                         \
+            int64_t b, h, t;                                                                         \
+            locate(r, H, L, heads_inner, &b, &h, &t);                                                \
+            NAME##_row(src + b * sb + h * sh + t * st, dst + b * db + h * dh + t * dt,               \
+                       cs + b * cb + t * ct, sn + b * cb + t * ct, half, fused);                     \
         }                                                                                            \
     }                                                                                                \
 }
@@ -181,37 +200,37 @@ def rotate_half(x: Tensor, target: Tensor, cos: Tensor, sin: Tensor) -> bool:
 
 
 def _serves(x: Tensor, target: Tensor, cos: Tensor, sin: Tensor) -> bool:
-    tensors = (x, target, cos, sin)
-    if not all(type(t) is Tensor and t.device.type == "cpu" and t.dtype == x.dtype for t in tensors):
-        return False  # subclasses (fake tensors, parameters), other devices, mixed dtypes
-    if x.dtype not in _FUNCTIONS or x.stride(-1) != 1 or target.stride(-1) != 1:
+    # plain tensors only: subclasses (fake tensors, parameters) may have no memory of their own
+    if (
+        type(x) is not Tensor
+        or type(target) is not Tensor
+        or type(cos) is not Tensor
+        or type(sin) is not Tensor
+    ):
         return False
-    try:  # tensors without memory of their own (inside torch.vmap) have no pointer to pass
-        return all(t.data_ptr() != 0 or t.numel() == 0 for t in tensors)
+    dtype = x.dtype
+    if dtype not in _FUNCTIONS or target.dtype != dtype or cos.dtype != dtype or sin.dtype != dtype:
+        return False
+    if x.device.type != "cpu" or x.stride(-1) != 1 or target.stride(-1) != 1 or x.numel() == 0:
+        return False
+    try:  # inside torch.vmap, tensors have no pointer to pass
+        return bool(x.data_ptr() and target.data_ptr() and cos.data_ptr() and sin.data_ptr())
     except RuntimeError:
         return False
 
 
 def _call(library: ctypes.CDLL, fused: int, x: Tensor, target: Tensor, cos: Tensor, sin: Tensor) -> None:
     batch, heads, length, _ = x.shape
-    cos, sin = cos.contiguous(), sin.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()  # one set of strides for both tables
     if cos.shape != sin.shape:
         raise ValueError(f"cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    x_b, x_h, x_t, _ = x.stride()
+    o_b, o_h, o_t, _ = target.stride()
     table_batch = cos.stride(0) if cos.shape[0] > 1 else 0  # one table row per batch row, or shared
-    strides = (ctypes.c_int64 * 8)(*x.stride()[:3], *target.stride()[:3], table_batch, cos.stride(1))
     getattr(library, _FUNCTIONS[x.dtype])(
-        ctypes.c_void_p(x.data_ptr()),
-        ctypes.c_void_p(target.data_ptr()),
-        ctypes.c_void_p(cos.data_ptr()),
-        ctypes.c_void_p(sin.data_ptr()),
-        ctypes.c_int64(batch),
-        ctypes.c_int64(heads),
-        ctypes.c_int64(length),
-        ctypes.c_int64(cos.shape[-1]),
-        strides,
-        ctypes.c_int(fused),
-        ctypes.c_int(torch.get_num_threads()),
-    )
+        x.data_ptr(), target.data_ptr(), cos.data_ptr(), sin.data_ptr(), batch, heads, length,
+        cos.shape[-1], x_b, x_h, x_t, o_b, o_h, o_t, table_batch, cos.stride(1), fused, torch.get_num_threads(),
+    )  # fmt: skip
 
 
 def _load() -> bool:
@@ -238,6 +257,11 @@ def _build_and_probe() -> tuple[ctypes.CDLL | None, int, str]:
     try:
         path = _compiled(compiler)
         library = ctypes.CDLL(str(path))
+        for name in _FUNCTIONS.values():  # typed once: calls then pass plain ints
+            getattr(library, name).argtypes = (
+                [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 12 + [ctypes.c_int] * 2
+            )
+            getattr(library, name).restype = None
     except (OSError, subprocess.SubprocessError) as error:
         return None, 0, f"building the loop failed: {error}"
     _STATE.path = path
