@@ -173,7 +173,8 @@ def status() -> str:
 
 @contextlib.contextmanager
 def eager_only() -> Iterator[None]:
-    """Rotate half pairs with the eager passes inside the block (benchmarks and tests compare the two)."""
+    """Rotate half pairs with the eager passes inside the block, in every thread of the process
+    (benchmarks and tests compare the two)."""
     _STATE.disabled_here += 1
     try:
         yield
