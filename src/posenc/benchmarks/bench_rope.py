@@ -4,8 +4,9 @@ Rows: the machine's copy bandwidth (``copy_`` of q and k into preallocated tenso
 HF ``apply_rotary_pos_emb`` (Llama, full-width cos/sin as HF's rotary embedding returns them),
 ``rotary_embedding_torch.RotaryEmbedding.rotate_queries_or_keys`` (interleaved pairs, cached
 frequencies), posenc's ``rope`` encoding ``rotate`` as it is, the attention layer's path (the
-encoding's ``rotate_fresh`` in place on ``[B, H, T, D]`` views of the projections, half pairs, and
-interleaved pairs as :func:`posenc.switch_rope_pairing_` makes them), and the fused kernel
+encoding's ``rotate_fresh`` in place on ``[B, H, T, D]`` views of the projections, half pairs
+through the compiled loop of :mod:`posenc.kernels.rope_native` and through the eager passes it
+replaces, and interleaved pairs as :func:`posenc.switch_rope_pairing_` makes them), and the fused kernel
 ``posenc.kernels.rope.apply_rotary`` (out of place, in place, interleaved, and under
 ``torch.compile``). Effective bandwidth counts reading and writing q and k once.
 
@@ -20,7 +21,14 @@ import torch
 
 import posenc
 from posenc.benchmarks._harness import interleaved, machine, markdown_table
+from posenc.kernels import rope_native
 from posenc.kernels.rope import RotaryTables, apply_rotary, rotary_reference
+
+
+def half_eager(encoding, projections, positions):
+    """The layer's half-pair rotation through the eager passes the compiled loop replaces."""
+    with rope_native.eager_only():
+        return encoding.rotate_fresh(*projections, positions, positions)
 
 
 def build_cases(shape: tuple[int, int, int, int], compile_too: bool) -> dict:
@@ -66,6 +74,9 @@ def build_cases(shape: tuple[int, int, int, int], compile_too: bool) -> dict:
         "layer path: half pairs in place on the projection views": lambda: layer_encodings[
             "half"
         ].rotate_fresh(*projections, positions, positions),
+        "layer path: half pairs, eager passes (the fallback)": lambda: half_eager(
+            layer_encodings["half"], projections, positions
+        ),
         "layer path: interleaved pairs (posenc.switch_rope_pairing_)": lambda: layer_encodings[
             "interleaved"
         ].rotate_fresh(*projections, positions, positions),
@@ -124,7 +135,10 @@ def run(shape: tuple[int, int, int, int], repeats: int, compile_too: bool) -> st
         "speed-up vs HF",
         "speed-up vs rotary-embedding-torch",
     ]
-    title = f"### RoPE on q and k {tuple(shape)} float32\n\nMachine: {machine()}\n\n"
+    title = (
+        f"### RoPE on q and k {tuple(shape)} float32\n\nMachine: {machine()}\n\n"
+        f"Half pairs: {rope_native.status()}\n\n"
+    )
     return title + markdown_table(header, rows)
 
 

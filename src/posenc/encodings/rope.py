@@ -492,8 +492,10 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
 
     Why: the layer rotates its fresh q/k projections in place, and interleaved pairs rotate as one
     complex multiply (one pass; 145% of the time of copying q and k, measured on 2 CPU threads),
-    while half pairs take five eager elementwise passes (35%). A checkpoint in HF's half layout runs
-    its rotations faster after one switch. Save it with the encodings' new spec (``pairing`` is in
+    while half pairs take five eager elementwise passes (35%) where the compiled loop of
+    :mod:`posenc.kernels.rope_native` does not serve them (it reaches the complex multiply's rate
+    on CPU given a C compiler; benchmarks/RESULTS.md). There, a checkpoint in HF's half layout
+    runs its rotations faster after one switch. Save it with the encodings' new spec (``pairing`` is in
     :meth:`~posenc.base.PositionalEncoding.spec`): its weights are now in the interleaved layout.
 
     Args:

@@ -12,8 +12,9 @@ full-size temporaries per tensor; on CPU each fresh large tensor also pays page 
 * under ``torch.compile`` (``torch.compiler.is_compiling()``) the plain expression is used, which
   inductor fuses into one loop without graph breaks.
 
-``pairing="half"`` rotates channel ``k`` with ``k + d_r/2`` (GPT-NeoX/Llama), ``"interleaved"``
-rotates ``(2k, 2k+1)`` (the paper, GPT-J) through a complex multiply. Channels past ``d_r``
+``pairing="half"`` rotates channel ``k`` with ``k + d_r/2`` (GPT-NeoX/Llama) through one compiled
+loop on CPU (:mod:`posenc.kernels.rope_native`, bit for bit the eager passes it falls back to),
+``"interleaved"`` rotates ``(2k, 2k+1)`` (the paper, GPT-J) through a complex multiply. Channels past ``d_r``
 (partial rotary) pass through.
 """
 
@@ -23,6 +24,8 @@ from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+from . import rope_native
 
 __all__ = [
     "MAX_CACHED_ROWS",
@@ -214,6 +217,11 @@ def apply_rotary(
     width = 2 * half
     if pairing == "interleaved" and _complex_ready(x) and _complex_ready(target):
         return _rotate_complex(x, target, cos, sin, width, inplace)
+    if pairing == "half" and rope_native.rotate_half(x, target, cos, sin):
+        # one compiled pass, bit for bit the eager passes below (posenc.kernels.rope_native)
+        if not inplace and width < x.shape[-1]:
+            target[..., width:] = x[..., width:]
+        return target
     if width == x.shape[-1] and cos.shape[0] == 1 and x.numel() * x.element_size() <= CHUNK_BYTES:
         # one chunk of every channel (a decode step's q and k): no slicing, which costs more than the math
         if pairing == "half":
