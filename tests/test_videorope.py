@@ -200,3 +200,13 @@ def test_bad_input_names_the_parameter():
         F.videorope_position_ids(torch.tensor([0, 2, 2, 2, 2, 2]), video_grid_thw=[[1, 4, 4]])
     with pytest.raises(ValueError, match="videorope_position_ids: more video runs"):
         F.videorope_position_ids(torch.tensor([0, 2, 2, 2, 2]))
+
+
+def test_worked_example():
+    # docs/conventions.md §9.8, by hand: the 3x3 block at p = 2 is centred on (2, 2), offsets −1, 0, 1.
+    types = torch.tensor([0, 0] + [1] * 9 + [0, 0])
+    ids, deltas = F.videorope_position_ids(types, image_grid_thw=[[1, 6, 6]])
+    assert ids[0, 0].tolist() == [0, 1] + [2] * 9 + [3, 4]
+    assert ids[1, 0].tolist() == [0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 4]
+    assert ids[2, 0].tolist() == [0, 1, 1, 2, 3, 1, 2, 3, 1, 2, 3, 3, 4]
+    assert deltas.tolist() == [-8]

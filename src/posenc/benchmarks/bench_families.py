@@ -36,7 +36,18 @@ from posenc.benchmarks._harness import (
 HEADS, HEAD_DIM = 4, 64
 EMBED = HEADS * HEAD_DIM
 #: The families timed (spec strings as ``posenc.build`` reads them); ``rope`` for scale.
-FAMILIES = ["rope", "hope:train_length=2048", "fope", "comrope", "liere", "string", "grape", "grape_a", "path", "mrope"]
+FAMILIES = [
+    "rope",
+    "hope:train_length=2048",
+    "fope",
+    "comrope",
+    "liere",
+    "string",
+    "grape",
+    "grape_a",
+    "path",
+    "mrope",
+]
 
 
 def make_call(spec: str, backend: str, length: int, train: bool):
