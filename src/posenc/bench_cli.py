@@ -47,6 +47,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "RoPE on q,k (4,32,2048,128): fused kernel vs HF and rotary-embedding-torch",
     ),
+    "families": (
+        "bench_families",
+        [],
+        "HoPE, FoPE, ComRoPE, LieRE, STRING, GRAPE, GRAPE-A, PaTH, M-RoPE: auto vs eager at 2048 and 8192, 1 thread",
+    ),
     "hf": (
         "bench_hf",
         [],
@@ -72,6 +77,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "hf": ["--sizes", "512", "--window", "64", "--repeats", "2"],
     "split": ["--sizes", "1024", "--window", "128", "--repeats", "2"],
     "decode": ["--caches", "256", "--steps", "32", "--repeats", "2", "--new", "16", "--prompt", "32"],
+    "families": ["--sizes", "512", "--long", "", "--repeats", "2", "--no-memory"],
     "gpu": ["--quick"],
 }
 

@@ -31,7 +31,12 @@ from .encodings.learned import resample_positions
 from .encodings.liere import liere_generators
 from .encodings.mlp_bias import log_distance
 from .encodings.mrope import default_mrope_section, mrope_axis_map, mrope_channel_axes, mrope_cos_sin
-from .encodings.mrope_ids import mrope_grid_ids, mrope_position_ids
+from .encodings.mrope_ids import (
+    mrope_grid_ids,
+    mrope_position_ids,
+    videorope_grid_ids,
+    videorope_position_ids,
+)
 from .encodings.path import (
     path_attention_blocked,
     path_carry_keys,
@@ -129,6 +134,8 @@ __all__ = [
     "skew_part",
     "string_init_freqs",
     "t5_bucket",
+    "videorope_grid_ids",
+    "videorope_position_ids",
     "vit_patch_row_col",
     "xpos_zeta",
 ]

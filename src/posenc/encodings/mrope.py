@@ -24,6 +24,12 @@ axes, with either pairing (``pairing="half"``, the default, or ``"interleaved"``
   ``2·n_s`` *channels* of the doubled table ``[θ | θ]``, band ``s`` on axis ``s``. With half
   pairing the two channels of a pair ``(k, k + d/2)`` can then follow different axes: such a pair is
   ``[[cos a, −sin a], [sin b, cos b]]``, a rotation only where the two ids agree (text tokens).
+* ``layout="videorope"`` (VideoRoPE, Wei et al. 2025, "VideoRoPE: What Makes for Good Video Rotary
+  Position Embedding?"; its code's ``apply_m_modify_multimodal_rotary_pos_emb``): low-frequency
+  temporal allocation. ``mrope_section = [n_t, n_h, n_w]`` in Qwen's order (VideoRoPE keeps
+  Qwen2-VL's ``[16, 24, 24]``); the first ``n_h + n_w`` pairs (the high frequencies) alternate
+  ``h, w, h, w, …`` and the last ``n_t`` (the lowest frequencies) use ``t``; rotate_half pairing.
+  Its diagonal ids and temporal spacing: :func:`~posenc.encodings.mrope_ids.videorope_position_ids`.
 * ``axis_map``: an explicit axis per pair (or per channel with ``"doubled"``), any map;
   ``num_axes`` the number of id axes the layer is given (default: one per band, or 3).
 
@@ -87,15 +93,15 @@ from .rope_scaling import (
 
 __functional__ = ["mrope_cos_sin", "default_mrope_section", "mrope_axis_map", "mrope_channel_axes"]
 
-Layout = Literal["section", "interleaved", "alternating", "doubled"]
-LAYOUTS = ("section", "interleaved", "alternating", "doubled")
+Layout = Literal["section", "interleaved", "alternating", "doubled", "videorope"]
+LAYOUTS = ("section", "interleaved", "alternating", "doubled", "videorope")
 
 
 def default_mrope_section(head_dim: int, layout: Layout = "section") -> list[int]:
     """HF's default band sizes, for any head size (``head_dim`` here is the rotary width).
 
-    ``"section"``: ``[d/8, rest//2, rest - rest//2]`` with ``rest = d/2 - d/8`` (``[16, 24, 24]``
-    at ``d = 128``). ``"interleaved"``: ``[d/2 - 2·side, side, side]`` with ``side = 5d // 32``
+    ``"section"`` and ``"videorope"``: ``[d/8, rest//2, rest - rest//2]`` with ``rest = d/2 - d/8``
+    (``[16, 24, 24]`` at ``d = 128``, Qwen2-VL's, which VideoRoPE keeps). ``"interleaved"``: ``[d/2 - 2·side, side, side]`` with ``side = 5d // 32``
     (Qwen3-VL's ``[24, 20, 20]`` at ``d = 128``). ``"alternating"``: ``[side, side, d/2 - 2·side]``
     with ``side = 11d // 64`` (ERNIE-4.5-VL's ``[22, 22, 20]`` at ``d = 128``, in its ``(h, w, t)``
     order). ``"doubled"`` has no default (HunyuanVL's config always gives its sections).
@@ -138,7 +144,7 @@ def _rotary_width(head_dim: int, rotary_dim: int | None, partial: float | None) 
 
 def _check_section(section: list[int], width: int, layout: Layout = "section") -> None:
     pairs = width // 2
-    three = layout in ("interleaved", "alternating")
+    three = layout in ("interleaved", "alternating", "videorope")
     if (
         (len(section) != 3 if three else len(section) < 1)
         or any(s < 0 for s in section)
@@ -173,6 +179,8 @@ def mrope_axis_map(mrope_section: Sequence[int], layout: Layout = "section") -> 
     ``k % 3 == 2`` and ``k < 3·n_w``, else ``t``, e.g. ``[4, 2, 2] -> [0,1,2,0,1,2,0,0]``.
     ``"alternating"`` (ERNIE-4.5-VL, ``[n_h, n_w, n_t]``): the first ``n_h + n_w`` pairs alternate
     ``h, w, h, w, …``, the last ``n_t`` use ``t``, e.g. ``[2, 2, 4] -> [1,2,1,2,0,0,0,0]``.
+    ``"videorope"`` (``[n_t, n_h, n_w]``): the first ``n_h + n_w`` pairs alternate ``h, w, h, w, …``,
+    the last ``n_t`` (lowest frequencies) use ``t``, e.g. ``[2, 3, 3] -> [1,2,1,2,1,2,0,0]``.
     ``"doubled"`` maps channels, not pairs (:func:`mrope_channel_axes`); this returns the axis of
     each pair's first channel.
     """
@@ -183,9 +191,12 @@ def mrope_axis_map(mrope_section: Sequence[int], layout: Layout = "section") -> 
             return mrope_channel_axes(sizes, layout)[0]  # the first channel of each pair
         axes = torch.arange(len(sizes), dtype=torch.int64)
         return axes.repeat_interleave(torch.tensor(sizes, dtype=torch.int64))
-    if layout == "alternating":
-        hw = sizes[0] + sizes[1]
-        return torch.cat([torch.arange(hw) % 2 + 1, torch.zeros(sizes[2], dtype=torch.int64)])
+    if layout in ("alternating", "videorope"):
+        # ERNIE lists (h, w, t), VideoRoPE (t, h, w): both put t on the last, lowest-frequency pairs.
+        hw, t = (
+            (sizes[0] + sizes[1], sizes[2]) if layout == "alternating" else (sizes[1] + sizes[2], sizes[0])
+        )
+        return torch.cat([torch.arange(hw) % 2 + 1, torch.zeros(t, dtype=torch.int64)])
     axis = torch.zeros(sum(sizes), dtype=torch.int64)
     for which in (1, 2):
         axis[which : 3 * sizes[which] : 3] = which
@@ -341,7 +352,7 @@ class MRoPE(RotaryEncoding):
         """Args: ``head_dim`` (filled in by the layer; even); ``base``; ``mrope_section`` (band
         sizes summing to ``rotary_dim/2``, read as the layout's model reads them; default
         :func:`default_mrope_section`); ``layout`` (``"section"``, ``"interleaved"``,
-        ``"alternating"`` or ``"doubled"``); ``rotary_dim``: rotate only the first ``rotary_dim``
+        ``"alternating"``, ``"doubled"`` or ``"videorope"``); ``rotary_dim``: rotate only the first ``rotary_dim``
         channels (partial rotary, Qwen3.5, GLM-4V; HF's ``partial_rotary_factor`` in
         ``rope_parameters`` says the same; default all); ``pairing`` (``"half"``, the default: ``(k, k +
         d_r/2)``, Qwen, HunyuanVL; ``"interleaved"``: ``(2k, 2k+1)``, GLM-4V, ERNIE-4.5-VL);
@@ -468,7 +479,10 @@ class MRoPE(RotaryEncoding):
             )
         if _has_negative(ids):
             # The same rule as plain positions (base.check_positions): ids are non-negative.
-            raise ValueError(f"mrope: position ids must be non-negative, got minimum {float(ids.min())}")
+            raise ValueError(
+                f"mrope: position ids must be non-negative, got minimum {float(ids.min())} (adding one constant "
+                "to every axis changes no attention score: videorope_position_ids(..., non_negative=True) does)"
+            )
         previous, self._ids = self._ids, ids if ids.dtype.is_floating_point else ids.long()
         try:
             yield
