@@ -12,8 +12,7 @@ import shutil
 import pytest
 import torch
 
-from posenc.kernels import rope as kernel
-from posenc.kernels import rope_native
+from posenc.kernels import half_pairs, rope_native
 from posenc.kernels.rope import apply_rotary, rotary, rotary_cos_sin
 
 BITS = {torch.float32: torch.int32, torch.float64: torch.int64, torch.bfloat16: torch.int16}
@@ -225,14 +224,14 @@ def test_the_loop_is_compiled_once_and_loaded_from_its_folder_afterwards(fresh, 
 def test_a_loop_that_differs_from_the_eager_passes_is_not_used(fresh, monkeypatch, calls):
     """The probe at load compares the loop with the eager passes; here they are made to round
     differently (one ulp on the first half), so neither form of the loop matches."""
-    real = kernel._rotate_half_pairs
+    real = half_pairs.rotate_half_pairs
 
     def off_by_one_ulp(src, dst, cos, sin, half, inplace):
         real(src, dst, cos, sin, half, inplace)
         first = dst[..., :half]
         first.copy_(torch.nextafter(first, torch.full_like(first, float("inf"))))
 
-    monkeypatch.setattr(kernel, "_rotate_half_pairs", off_by_one_ulp)
+    monkeypatch.setattr(half_pairs, "rotate_half_pairs", off_by_one_ulp)
     assert "differs from the eager passes" in rope_native.status()
     calls.clear()  # the probe's runs
     apply_rotary(

@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from . import rope_native
+from . import half_pairs, rope_native
 
 __all__ = [
     "MAX_CACHED_ROWS",
@@ -225,7 +225,7 @@ def apply_rotary(
     if width == x.shape[-1] and cos.shape[0] == 1 and x.numel() * x.element_size() <= CHUNK_BYTES:
         # one chunk of every channel (a decode step's q and k): no slicing, which costs more than the math
         if pairing == "half":
-            _rotate_half_pairs(x, target, cos[0], sin[0], half, inplace)
+            half_pairs.rotate_half_pairs(x, target, cos[0], sin[0], half, inplace)
         else:
             _rotate_interleaved(x, target, cos[0], sin[0], inplace)
         return target
@@ -235,7 +235,7 @@ def apply_rotary(
         c, s = cos[b0 if cos.shape[0] > 1 else 0], sin[b0 if cos.shape[0] > 1 else 0]
         src, dst = x[b0:b1, h0:h1, :, :width], target[b0:b1, h0:h1, :, :width]
         if pairing == "half":
-            _rotate_half_pairs(src, dst, c, s, half, inplace)
+            half_pairs.rotate_half_pairs(src, dst, c, s, half, inplace)
         else:
             _rotate_interleaved(src, dst, c, s, inplace)
     return target
@@ -253,18 +253,6 @@ def _chunks(x: Tensor, table_batch: int):
     for b in range(batch):
         for h0 in range(0, heads, heads_per_chunk):
             yield b, b + 1, h0, min(heads, h0 + heads_per_chunk)
-
-
-def _rotate_half_pairs(src: Tensor, dst: Tensor, cos: Tensor, sin: Tensor, half: int, inplace: bool) -> None:
-    x1, x2 = src.chunk(2, dim=-1)  # src and dst hold exactly the 2 * half rotated channels
-    o1, o2 = dst.chunk(2, dim=-1)
-    if inplace:
-        first = x1.clone()  # small: one chunk
-        o1.mul_(cos).addcmul_(x2, sin, value=-1.0)
-        o2.mul_(cos).addcmul_(first, sin)
-    else:
-        torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-1.0)
-        torch.mul(x2, cos, out=o2).addcmul_(x1, sin)
 
 
 def _complex_ready(x: Tensor) -> bool:

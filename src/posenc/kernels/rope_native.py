@@ -44,6 +44,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from . import half_pairs
+
 __all__ = ["DISABLE_ENV", "KERNELS_ENV", "eager_only", "kernel_dir", "rotate_half", "status"]
 
 #: ``POSENC_NATIVE_ROPE=0`` keeps the eager passes (read at the first half-pair rotation).
@@ -309,8 +311,6 @@ def _compiled(compiler: str) -> Path:
 
 def _matches_eager(library: ctypes.CDLL, fused: int) -> bool:
     """The loop in this form equals the eager passes bit for bit on probe rows of every dtype."""
-    from .rope import _rotate_half_pairs  # the eager passes this loop replaces (imported late: a cycle)
-
     for dtype in _FUNCTIONS:
         for half in (1, 5, 37, 64):  # PyTorch's scalar loop, its tail, its vector loop
             count = 2 * 7 * 3 * 2 * half
@@ -318,7 +318,7 @@ def _matches_eager(library: ctypes.CDLL, fused: int) -> bool:
             x = x.to(dtype).reshape(2, 7, 3, 2 * half).transpose(1, 2)  # the layer's projection views
             cos, sin = (_probe_values(7 * half, seed, 2).to(dtype).reshape(1, 7, half) for seed in (2, 3))
             want = torch.empty_like(x)
-            _rotate_half_pairs(x, want, cos[0], sin[0], half, inplace=False)
+            half_pairs.rotate_half_pairs(x, want, cos[0], sin[0], half, inplace=False)
             got = x.clone()
             _call(library, fused, got, got, cos, sin)
             if not torch.equal(got, want):
