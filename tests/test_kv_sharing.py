@@ -10,6 +10,7 @@ posenc's, is compared through ``posenc.hf`` in tests/test_hf.py.)
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -49,13 +50,14 @@ def _rope(x: torch.Tensor, base: float) -> torch.Tensor:
     return torch.cat([first * cos - second * sin, second * cos + first * sin], dim=-1)
 
 
-def _twin(model: posenc.TransformerLM, tokens: torch.Tensor) -> torch.Tensor:
-    """The model's logits computed here: shared layer ``i`` attends with ``DONORS[i]``'s keys and values."""
+def _twin(model: posenc.TransformerLM, tokens: torch.Tensor, layers=LAYERS) -> torch.Tensor:
+    """The model's logits computed here: shared layer ``i`` attends with ``DONORS[i]``'s keys and values
+    (a K = V layer's values: its key projection before RoPE)."""
     batch, length = tokens.shape
     x = model.token_embedding(tokens)
     keys: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     i, j = torch.arange(length)[:, None], torch.arange(length)[None]
-    for index, (block, layer) in enumerate(zip(model.blocks, LAYERS, strict=True)):
+    for index, (block, layer) in enumerate(zip(model.blocks, layers, strict=True)):
         attn, h = block.attn, block.norm_attn(x)
         base = float(layer.encoding.split("=")[1])
         q = _rope(attn.q_proj(h).view(batch, length, H, D).transpose(1, 2), base)
@@ -63,7 +65,8 @@ def _twin(model: posenc.TransformerLM, tokens: torch.Tensor) -> torch.Tensor:
             k, v = keys[DONORS[index]]
         else:
             k = _rope(attn.k_proj(h).view(batch, length, HKV, D).transpose(1, 2), base)
-            v = attn.v_proj(h).view(batch, length, HKV, D).transpose(1, 2)
+            values = attn.k_proj if layer.value_from_key else attn.v_proj
+            v = values(h).view(batch, length, HKV, D).transpose(1, 2)
             keys[index] = k, v
         k, v = k.repeat_interleave(H // HKV, dim=1), v.repeat_interleave(H // HKV, dim=1)
         allowed = (j <= i) & ((i - j < layer.window) if layer.window else True)
@@ -98,6 +101,34 @@ def test_shared_layers_equal_the_twin_with_the_donors_keys_and_gradients():
     # the check can fail: the shared layers' own keys (the unshared model) give other logits
     unshared = _model(kv_shared_layers=0)
     assert not torch.allclose(unshared(tokens), want, atol=1e-3)
+
+
+def test_a_k_eq_v_donor_hands_its_values_to_the_shared_layer():
+    """Gemma 4 with ``attention_k_eq_v``: the full layers (donor 1 and shared 4) are K = V; the shared
+    layer attends with the donor's values, its key projection before RoPE (the twin's formula)."""
+    layers = [replace(layer, value_from_key=layer.window is None) for layer in LAYERS]
+    model = _model(pattern=layers)
+    assert [b.attn.v_proj is None for b in model.blocks] == [False, True, False, True, True]
+    assert model.blocks[4].attn.pattern.value_from_key and model.blocks[4].attn.pattern.kv_shared
+    tokens = _tokens()
+    got, want = model(tokens), _twin(model, tokens, layers)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    params = [p for p in model.parameters()]
+    got_grads = torch.autograd.grad(got.square().sum(), params)
+    for (name, _), g, w in zip(
+        model.named_parameters(), got_grads, torch.autograd.grad(want.square().sum(), params), strict=True
+    ):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-10, msg=name)
+    with torch.no_grad():
+        cache = posenc.KVCache()
+        steps = [model(tokens[:, :6], cache=cache)] + [
+            model(tokens[:, t : t + 1], cache=cache) for t in range(6, 11)
+        ]
+    torch.testing.assert_close(torch.cat(steps, dim=1), want, rtol=1e-10, atol=1e-10)
+    # a shared layer whose K = V differs from every earlier layer of its type has no donor
+    mixed = [*layers[:4], replace(layers[4], value_from_key=False)]
+    with pytest.raises(ValueError, match=r"kv_shared_layers: layer 4 reuses .*value_from_key=False"):
+        _model(pattern=mixed)
 
 
 def test_donor_is_hfs_last_unshared_layer_of_the_type():

@@ -157,6 +157,66 @@ def test_gemma4_wider_global_heads_equal_hf():
     assert [b.attn.head_dim for b in _lm("gemma4", 6).blocks] == [16] * 6  # off by default
 
 
+@pytest.mark.parametrize("shared", [0, 2])
+def test_gemma4_k_eq_v_layers_equal_hf(shared):
+    """``k_eq_v`` (HF ``attention_k_eq_v``): K = V on exactly the layers where HF's attention uses it
+    (``use_alternative_attention``: the full layers, KV-shared ones included) and, on the unshared
+    ones, no ``v_proj`` where HF has none. Off by default, as HF's config."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.gemma4 import modeling_gemma4 as hf
+
+    assert transformers.Gemma4TextConfig().attention_k_eq_v is False
+    assert not any(layer.value_from_key for layer in layer_pattern("gemma4", 8))
+    config = _tiny(
+        transformers.Gemma4TextConfig, 8, head_dim=16, global_head_dim=16, attention_k_eq_v=True,
+        num_kv_shared_layers=shared,
+    )  # fmt: skip
+    model = _lm(f"gemma4:k_eq_v=true,kv_shared_layers={shared}" if shared else "gemma4:k_eq_v=true", 8)
+    flags = []
+    for index, block in enumerate(model.blocks):
+        theirs = hf.Gemma4TextAttention(config, layer_idx=index)
+        assert (
+            block.attn.pattern.value_from_key == block.attn.value_from_key == theirs.use_alternative_attention
+        )
+        assert block.attn.pattern.kv_shared == theirs.is_kv_shared_layer, index
+        if not theirs.is_kv_shared_layer:
+            assert (block.attn.v_proj is None) == (theirs.v_proj is None), index
+        flags.append(theirs.use_alternative_attention)
+    assert flags == [False] * 5 + [True, False, True]  # the check can fail: both kinds present
+
+
+def test_gemma4_k_eq_v_model_equals_a_twin_with_the_key_weights_as_values():
+    """The recipe's K = V model equals (1) the same layers written out by hand with
+    ``value_from_key=True`` and (2) the recipe without K = V whose global layers' ``v_proj`` holds
+    their ``k_proj`` weights (values from a separate projection: an independent reference)."""
+    torch.manual_seed(0)
+    recipe = "gemma4:window=3,global_every=3,global_head_dim=32,global_kv_heads=2"
+    model = posenc.TransformerLM(16, 64, 6, 4, pattern=recipe + ",k_eq_v=true").double().eval()
+    local, wide = "rope:base=10000.0", "rope:base=1000000.0,scaling=proportional,partial_rotary_factor=0.25"
+    by_hand = [
+        LayerSpec(wide, head_dim=32, num_kv_heads=2, value_from_key=True)
+        if i in (2, 5)
+        else LayerSpec(local, window=3)
+        for i in range(6)
+    ]
+    assert model.layers == by_hand
+    built = posenc.TransformerLM(16, 64, 6, 4, pattern=by_hand).double().eval()
+    built.load_state_dict(model.state_dict())  # strict: the same parameters, no v_proj on layers 2, 5
+    twin = posenc.TransformerLM(16, 64, 6, 4, pattern=recipe).double().eval()
+    state = model.state_dict()
+    for i in (2, 5):
+        for name in ("weight", "bias"):
+            state[f"blocks.{i}.attn.v_proj.{name}"] = state[f"blocks.{i}.attn.k_proj.{name}"]
+    twin.load_state_dict(state)
+    tokens = torch.randint(0, 16, (2, 11))
+    with torch.no_grad():
+        want = model(tokens)
+        torch.testing.assert_close(built(tokens), want, rtol=0, atol=0)
+        torch.testing.assert_close(twin(tokens), want, rtol=1e-12, atol=1e-12)
+        twin.blocks[5].attn.v_proj.bias.add_(0.1)  # the check can fail: the global values matter
+        assert not torch.allclose(twin(tokens), want)
+
+
 @pytest.mark.parametrize("full_base", [10_000.0, 0.0])
 def test_granite_swa_layout_equals_hf(full_base):
     """Granite SWA: full attention at ``i % 4 == 0``, a 128 window elsewhere, a sink logit per head in
@@ -274,6 +334,8 @@ def test_query_temperature_equals_hf_llama4_nope_layer():
         "gpt-oss:window=3",
         "cohere2:window=4",
         "gemma4:window=4,global_every=3",
+        "gemma4:window=4,global_every=3,k_eq_v=true",
+        "gemma4:window=4,global_every=2,k_eq_v=true,kv_shared_layers=2",
         "granite-swa:window=3,full_base=0",
         "olmo3:window=5",
         "swan:window=4",
@@ -321,6 +383,12 @@ def test_bad_patterns_are_named():
         posenc.TransformerLM(10, 16, 2, 2, pattern="swan:window=0")
     with pytest.raises(ValueError, match="layer preset 'granite-swa': option 'full_base' must be float"):
         posenc.TransformerLM(10, 16, 2, 2, pattern="granite-swa:full_base=none")
+    with pytest.raises(ValueError, match="layer preset 'gemma4': option 'k_eq_v' must be true or false"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern="gemma4:k_eq_v=maybe")
+    with pytest.raises(ValueError, match="k_eq_v must be True or False"):
+        layer_pattern.__globals__["LAYER_PRESETS"]["gemma4"](2, k_eq_v="false")
+    with pytest.raises(ValueError, match="value_from_key must be True or False"):
+        posenc.TransformerLM(10, 16, 2, 2, pattern=[LayerSpec("rope", value_from_key=1)] * 2)
     with pytest.raises(ValueError, match="either encoding or pattern"):
         posenc.TransformerLM(10, 16, 2, 2, "rope", pattern="gemma3")
     with pytest.raises(ValueError, match=r"one posenc\.patterns\.LayerSpec per layer"):

@@ -80,3 +80,51 @@ def test_static_decode_step_and_cross_attention():
 def test_value_from_key_must_be_a_bool():
     with pytest.raises(ValueError, match="value_from_key"):
         posenc.MultiheadAttention(E, H, "rope", value_from_key="yes")
+
+
+def test_pattern_carries_value_from_key_both_ways():
+    """``LayerSpec.value_from_key``: a layer built from the pattern has K = V (no ``v_proj``), reports
+    it in its ``pattern``, and a layer built from that pattern is the same layer."""
+    spec = posenc.patterns.LayerSpec("rope", window=5, value_from_key=True)
+    layer = posenc.MultiheadAttention(E, H, "rope", causal=True, num_kv_heads=HKV, pattern=spec).double()
+    assert layer.v_proj is None and layer.value_from_key
+    assert layer.pattern.value_from_key and layer.pattern.window == 5
+    assert not posenc.MultiheadAttention(E, H, "rope").pattern.value_from_key
+    again = posenc.MultiheadAttention(
+        E, H, "rope", causal=True, num_kv_heads=HKV, pattern=layer.pattern
+    ).double()
+    again.load_state_dict(layer.state_dict())  # strict: no v_proj either
+    _, twin = _pair("rope", causal=True, window=5)
+    twin.load_state_dict(
+        layer.state_dict() | {"v_proj.weight": layer.k_proj.weight, "v_proj.bias": layer.k_proj.bias}
+    )
+    x = torch.randn(2, 9, E, dtype=torch.float64)
+    torch.testing.assert_close(again(x), twin(x), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("options", "match"),
+    [
+        (
+            {"pattern": posenc.patterns.LayerSpec("rope", value_from_key="yes")},
+            "value_from_key must be True or False",
+        ),
+        (
+            {"pattern": posenc.patterns.LayerSpec("rope"), "value_from_key": True},
+            "give either pattern or .*value_from_key, not both",
+        ),
+    ],
+)
+def test_bad_pattern_value_from_key_names_the_parameter(options, match):
+    with pytest.raises(ValueError, match=match):
+        posenc.MultiheadAttention(E, H, "rope", causal=True, **options)
+
+
+@pytest.mark.parametrize("encoding", ["rope", "rope:partial_rotary_factor=0.5"])
+def test_switch_rope_pairing_keeps_a_k_eq_v_layer(encoding):
+    """Switching the pairing permutes ``k_proj``'s rows, and so a K = V layer's value channels: its
+    ``out_proj`` columns are permuted with them and the output stays (the twin is left unswitched)."""
+    shared, twin = _pair(encoding, causal=True)
+    x = torch.randn(2, 9, E, dtype=torch.float64)
+    assert posenc.switch_rope_pairing_(shared, "interleaved") == 1
+    torch.testing.assert_close(shared(x), twin(x), rtol=1e-12, atol=1e-12)

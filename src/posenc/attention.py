@@ -95,8 +95,8 @@ class MultiheadAttention(nn.Module):
             attn_scale + 1``) or :class:`~posenc.patterns.LogQueryTemperature` (Inkling's global
             layers: ``1 + alpha * ln(max((p + 1) / n_floor, 1))``), applied after the encoding acts.
         pattern: this layer's entry of a model's pattern (a :class:`~posenc.patterns.LayerSpec`):
-            its window, chunk, sinks, temperature and softcap, given instead of those five arguments (its
-            encoding is ``encoding``, which a model builds from it).
+            its window, chunk, sinks, temperature, softcap and value_from_key, given instead of those six
+            arguments (its encoding is ``encoding``, which a model builds from it).
         backend: ``"auto"`` (first backend with no reasons), or a backend name to force.
         num_kv_heads: key/value heads for grouped-query attention (divides ``num_heads``).
         head_dim: per-head size ``D``; default ``E / H``. Another size (Gemma 4's global layers,
@@ -160,15 +160,13 @@ class MultiheadAttention(nn.Module):
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads if head_dim is None else head_dim
         self.causal, self.backend, self.dropout, self.layer_idx = causal, backend, dropout, layer_idx
-        self.window, self.chunk, sinks, self.query_temperature, self.softcap = check_pattern(
-            pattern, window, chunk, sinks, query_temperature, causal, softcap
+        self.window, self.chunk, sinks, self.query_temperature, self.softcap, value_from_key = check_pattern(
+            pattern, window, chunk, sinks, query_temperature, causal, softcap, value_from_key
         )
         factory = {"device": device, "dtype": dtype}
         kv_dim, q_dim = num_kv_heads * self.head_dim, num_heads * self.head_dim
         self.q_proj = nn.Linear(embed_dim, q_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
-        if not isinstance(value_from_key, bool):
-            raise ValueError(f"value_from_key must be True or False (K = V, Gemma 4), got {value_from_key!r}")
         self.value_from_key = value_from_key
         self.v_proj = None if value_from_key else nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
         self.out_proj = nn.Linear(q_dim, embed_dim, bias=bias, **factory)
@@ -536,7 +534,7 @@ class MultiheadAttention(nn.Module):
     @property
     def pattern(self) -> LayerSpec:
         """This layer's attention pattern as a :class:`~posenc.patterns.LayerSpec`: its encoding's spec,
-        window, chunk, sinks (present or not), query temperature and softcap, the fields a model's
+        window, chunk, sinks (present or not), query temperature, softcap and K = V, the fields a model's
         pattern gives each layer (what a caller that serves only some patterns reads)."""
         return LayerSpec(
             self.encoding.spec(),
@@ -545,6 +543,7 @@ class MultiheadAttention(nn.Module):
             sinks=self.sinks is not None,
             temperature=self.query_temperature,
             softcap=self.softcap,
+            value_from_key=self.value_from_key,
         )
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -86,7 +86,7 @@ class StaticDecodeStep(nn.Module):
     backend = "eager"
     #: The fields of the layer's :attr:`~posenc.MultiheadAttention.pattern` the step serves; a layer whose
     #: pattern sets any other (a window, chunk, sinks, a query temperature, or a field added later) is refused.
-    serves_pattern = ("encoding", "softcap", "head_dim", "num_kv_heads")
+    serves_pattern = ("encoding", "softcap", "head_dim", "num_kv_heads", "value_from_key")
 
     def __init__(self, layer: MultiheadAttention, cache: KVCache) -> None:
         super().__init__()

@@ -90,9 +90,11 @@ def check_pattern(
     query_temperature: TemperatureForm | None,
     causal: bool,
     softcap: float | None = None,
-) -> tuple[int | None, int | None, bool, TemperatureForm | None, float | None]:
-    """A layer's attention pattern ``(window, chunk, sinks, query_temperature, softcap)``, checked:
-    the five arguments, or the fields of ``pattern`` (one layer of a model's pattern) when given."""
+    value_from_key: bool = False,
+) -> tuple[int | None, int | None, bool, TemperatureForm | None, float | None, bool]:
+    """A layer's attention pattern ``(window, chunk, sinks, query_temperature, softcap,
+    value_from_key)``, checked: the six arguments, or the fields of ``pattern`` (one layer of a
+    model's pattern) when given."""
     if pattern is not None:
         if (pattern.head_dim, pattern.num_kv_heads) != (None, None):
             raise ValueError(
@@ -104,28 +106,33 @@ def check_pattern(
                 "pattern: kv_shared=True needs a model that gives the layer its donor "
                 "(TransformerLM(..., kv_shared_layers=N) or a pattern with kv_shared layers)"
             )
-        if (window, chunk, sinks, query_temperature, softcap) != (None, None, False, None, None):
+        given = (window, chunk, sinks, query_temperature, softcap, value_from_key)
+        if given != (None, None, False, None, None, False):
             raise ValueError(
-                "give either pattern or window, chunk, sinks, query_temperature and softcap, not both"
+                "give either pattern or window, chunk, sinks, query_temperature, softcap and "
+                "value_from_key, not both"
             )
-        window, chunk, sinks, query_temperature, softcap = (
+        window, chunk, sinks, query_temperature, softcap, value_from_key = (
             pattern.window,
             pattern.chunk,
             pattern.sinks,
             pattern.temperature,
             pattern.softcap,
+            pattern.value_from_key,
         )
     # a window without causal is a band (|i - j| < window); chunks are defined over past keys only
     window = check_span("window", window, causal, needs_causal=False)
     chunk = check_span("chunk", chunk, causal)
     if not isinstance(sinks, bool):
         raise ValueError(f"sinks must be True or False, got {sinks!r}")
+    if not isinstance(value_from_key, bool):
+        raise ValueError(f"value_from_key must be True or False (K = V, Gemma 4), got {value_from_key!r}")
     if query_temperature is not None and not isinstance(query_temperature, TemperatureForm):
         raise ValueError(
             "query_temperature must be a posenc.patterns.QueryTemperature (Llama 4) or LogQueryTemperature "
             f"(Inkling), got {query_temperature!r}"
         )
-    return window, chunk, sinks, query_temperature, check_softcap(softcap)
+    return window, chunk, sinks, query_temperature, check_softcap(softcap), value_from_key
 
 
 def check_input(x: Tensor, name: str, embed_dim: int, weight: Tensor) -> None:

@@ -6,8 +6,10 @@ shared layer is the last unshared layer before it of the same type; the shared l
 rotates its own queries, and attends over exactly the keys and values its donor attended to in the
 same forward (the cached ones and the new ones, before a windowed cache trims them), with its own
 mask of the same shape. A layer's *type* here is what fixes its keys and its mask: its encoding
-spec, window, chunk and key sizes (HF's ``sliding_attention`` / ``full_attention``). Query-side options (sinks,
-query temperature, softcap) stay the shared layer's own.
+spec, window, chunk, key sizes and K = V (HF's ``sliding_attention`` / ``full_attention``; HF's
+``attention_k_eq_v`` marks every full layer, shared or not). Query-side options (sinks, query
+temperature, softcap) stay the shared layer's own. A K = V donor hands over its values, the copy of its
+keys before the encoding acted, and the shared layer attends with them.
 
 Cache: only the donor writes (one entry per donor, none for the layers that share it); a shared
 layer reads the donor's entry through this declared link only, checked to come from the same
@@ -44,11 +46,11 @@ __all__ = [
 
 def kv_donors(layers: Sequence[LayerSpec], encodings: Sequence[str | None]) -> dict[int, int]:
     """``{shared layer: donor}``: for each layer marked ``kv_shared``, the last unshared layer before
-    it with the same encoding spec (``encodings[i]``), window, chunk, head size and KV heads."""
+    it with the same encoding spec (``encodings[i]``), window, chunk, head size, KV heads and K = V."""
     donors: dict[int, int] = {}
     last: dict[tuple, int] = {}
     for i, (layer, encoding) in enumerate(zip(layers, encodings, strict=True)):
-        kind = (encoding, layer.window, layer.chunk, layer.head_dim, layer.num_kv_heads)
+        kind = (encoding, layer.window, layer.chunk, layer.head_dim, layer.num_kv_heads, layer.value_from_key)
         if not layer.kv_shared:
             last[kind] = i
             continue
@@ -56,7 +58,8 @@ def kv_donors(layers: Sequence[LayerSpec], encodings: Sequence[str | None]) -> d
             raise ValueError(
                 f"kv_shared_layers: layer {i} reuses the keys and values of the last unshared layer of its type, "
                 f"but no earlier unshared layer has encoding={encoding!r}, window={layer.window}, "
-                f"chunk={layer.chunk}, head_dim={layer.head_dim}, num_kv_heads={layer.num_kv_heads}; share "
+                f"chunk={layer.chunk}, head_dim={layer.head_dim}, num_kv_heads={layer.num_kv_heads}, "
+                f"value_from_key={layer.value_from_key}; share "
                 "fewer layers or keep one layer of that type unshared"
             )
         donors[i] = last[kind]

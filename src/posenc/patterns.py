@@ -20,7 +20,8 @@ cohere2    3 sliding : 1 full (``(i + 1) % 4 == 0``). Sliding: window 4096, RoPE
            interleaved pairing; full layers NoPE (Command R7B / Command A).
 gemma4     5 local : 1 global, the last layer always global. Local: window 512, RoPE base 1e4;
            global: p-RoPE (HF ``"proportional"``), base 1e6, a quarter of the pairs rotating;
-           options: the last N layers KV-shared, the global layers' head size and KV heads.
+           options: the last N layers KV-shared, the global layers' head size and KV heads,
+           K = V on the global layers.
 granite-   1 full : 3 sliding (``i % 4 == 0`` full, the first layer included), window 128, RoPE
 swa        base 1e4 (``full_base=0`` / ``sliding_base=0``: NoPE, HF's ``layer_rope_theta`` 0),
            learned attention sinks in every layer (Granite SWA / "granite-swash").
@@ -31,7 +32,7 @@ swan       SWAN-GPT (Puvvada et al. 2025): each block of ``nope_every`` (4) laye
 =========  ===================================================================================
 
 Parts of these models that posenc does not build are left out and named in each preset's
-docstring (Gemma 4's K = V, Granite's multipliers).
+docstring (Gemma 4's q/k/v norms, Granite's multipliers).
 
 Sizes (window, chunk) default to the published ones; CPU-scale experiments pass smaller ones.
 """
@@ -168,6 +169,9 @@ class LayerSpec:
     #: the model passes to the layer as ``head_dim=`` and ``num_kv_heads=``.
     head_dim: int | None = None
     num_kv_heads: int | None = None
+    #: K = V (Gemma 4's global layers, HF ``attention_k_eq_v``): the values are the key projection
+    #: before the encoding acts, and the layer has no ``v_proj`` (``MultiheadAttention(value_from_key=True)``).
+    value_from_key: bool = False
 
 
 def mark_kv_shared(layers: Sequence[LayerSpec], kv_shared_layers: int) -> list[LayerSpec]:
@@ -289,6 +293,7 @@ def gemma4(
     kv_shared_layers: int = 0,
     global_head_dim: int = 0,
     global_kv_heads: int = 0,
+    k_eq_v: bool = False,
 ) -> list[LayerSpec]:
     """Gemma 4: local sliding-window RoPE layers, every ``global_every``-th layer and always the
     last one global with p-RoPE (only ``global_rotating`` of the pairs rotate, at the frequencies
@@ -310,15 +315,22 @@ def gemma4(
       built for it. 0: the model's.
     * ``global_kv_heads=K`` (HF ``num_global_key_value_heads``, which HF applies only with
       ``attention_k_eq_v``): the global layers' key/value heads. 0: the model's.
+    * ``k_eq_v=true`` (HF ``attention_k_eq_v``, default False as in HF's config): K = V on the
+      global layers (``LayerSpec.value_from_key``): their values are the key projection before
+      RoPE, and they have no ``v_proj``; the sliding layers keep theirs, as in HF's
+      ``Gemma4TextAttention`` (``attention_k_eq_v and not is_sliding``).
 
-    Not in the recipe: K = V (``attention_k_eq_v``: a single layer has it as
-    ``MultiheadAttention(value_from_key=True)``, and ``posenc.hf`` serves it in HF's model); the
-    q/k/v norms and attention scale 1; per-layer input embeddings (PLE).
+    Not in the recipe: the q/k/v norms (HF normalises the values, K = V's included, with a
+    scale-free RMS norm) and attention scale 1; per-layer input embeddings (PLE).
     """
+    if not isinstance(k_eq_v, bool):
+        raise ValueError(f"gemma4: k_eq_v must be True or False (HF attention_k_eq_v), got {k_eq_v!r}")
     wide = {"head_dim": global_head_dim or None, "num_kv_heads": global_kv_heads or None}
     layers = [
         LayerSpec(
-            f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}", **wide
+            f"rope:base={global_base},scaling=proportional,partial_rotary_factor={global_rotating}",
+            value_from_key=k_eq_v,
+            **wide,
         )
         if (i + 1) % global_every == 0 or i == num_layers - 1
         else LayerSpec(f"rope:base={local_base}", window=window)
@@ -415,6 +427,15 @@ def is_layer_preset(spec: object) -> bool:
     return isinstance(spec, str) and parse_spec(spec)[0] in LAYER_PRESETS
 
 
+def _parse_bool(text: str) -> bool:
+    """A bool option's text (``true``/``false``, ``1``/``0``, ``yes``/``no``, as encoding specs read
+    them); anything else raises ``ValueError`` (``bool("false")`` would be True)."""
+    truth = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+    if text.lower() not in truth:
+        raise ValueError(text)
+    return truth[text.lower()]
+
+
 def layer_pattern(spec: str, num_layers: int) -> list[LayerSpec]:
     """The layers of preset ``spec`` (``"name"`` or ``"name:option=value,..."``) for ``num_layers``.
 
@@ -431,10 +452,11 @@ def layer_pattern(spec: str, num_layers: int) -> list[LayerSpec]:
             raise ValueError(f"layer preset {name!r}: unknown option {key!r}; options: {', '.join(params)}")
         kind = type(params[key].default)
         try:
-            value = kind(text)
+            value = _parse_bool(text) if kind is bool else kind(text)
         except ValueError:
+            expected = "true or false" if kind is bool else kind.__name__
             raise ValueError(
-                f"layer preset {name!r}: option {key!r} must be {kind.__name__}, got {text!r}"
+                f"layer preset {name!r}: option {key!r} must be {expected}, got {text!r}"
             ) from None
         if kind is int and value <= 0:
             raise ValueError(f"layer preset {name!r}: option {key!r} must be positive, got {value}")

@@ -488,7 +488,9 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
     and k channels (docs/conventions.md §7.3). This permutes the output rows of every such layer's
     ``q_proj`` and ``k_proj`` (weights and biases; :func:`convert_rope_pairing`) and switches the
     encoding, so every attention score, and so the layer's output, stays the same up to float
-    rounding. Values and the output projection are untouched.
+    rounding. Values and the output projection are untouched, except in a K = V layer
+    (``value_from_key``), whose values are the permuted keys: its ``out_proj`` input columns are
+    permuted the same way, so the output stays the same too.
 
     Why: the layer rotates its fresh q/k projections in place, and interleaved pairs rotate as one
     complex multiply (one pass; 145% of the time of copying q and k, measured on 2 CPU threads),
@@ -561,6 +563,16 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
                                 param, heads, layer.head_dim, enc.pairing, pairing, enc.rotary_dim
                             )
                         )
+            if getattr(layer, "value_from_key", False):  # K = V: the values' channels moved with the keys'
+                columns = convert_rope_pairing(
+                    layer.out_proj.weight.T,
+                    layer.num_heads,
+                    layer.head_dim,
+                    enc.pairing,
+                    pairing,
+                    enc.rotary_dim,
+                )
+                layer.out_proj.weight.copy_(columns.T)
             layer.qk_layout += 1
     for enc in encodings.values():
         enc.switch_pairing_(pairing)
