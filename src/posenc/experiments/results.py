@@ -19,7 +19,7 @@ import os
 import tempfile
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
@@ -34,9 +34,11 @@ __all__ = [
     "INTERVAL_METHOD",
     "MEASUREMENT_KEY",
     "RECORD_FIELDS",
+    "DepthCell",
     "Record",
     "SummaryRow",
     "append_records",
+    "as_records",
     "atomic_write",
     "atomic_write_text",
     "check_record",
@@ -197,6 +199,31 @@ def check_record(raw: Any, where: str = "record") -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class DepthCell:
+    """One needle-depth bucket of a retrieval record (``by_depth``, :mod:`posenc.experiments.retrieval`):
+    the exact match ``value`` over the ``examples`` whose needle lay at depths ``low..high``."""
+
+    bucket: int
+    low: float
+    high: float
+    value: float
+    examples: int
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "record") -> DepthCell:
+        """A cell from its JSON form ``{"bucket", "depth": [low, high], "value", "examples"}``;
+        ``ValueError`` naming ``where`` when it is not of that form."""
+        try:
+            low, high = raw["depth"]
+            return cls(int(raw["bucket"]), float(low), float(high), float(raw["value"]), int(raw["examples"]))
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(
+                f'{where}: field \'by_depth\' must be a list of {{"bucket", "depth": [low, high], "value", '
+                f'"examples"}}, got {raw!r} ({err!r}); {_FIX_RECORD}'
+            ) from err
+
+
+@dataclass(frozen=True)
 class Record:
     """One measurement: ``value`` of ``metric`` for ``encoding`` on ``task`` at ``length``."""
 
@@ -209,6 +236,11 @@ class Record:
     train_length: int | None
     #: Examples the value was measured on (None in folders that did not record it).
     examples: int | None = None
+    #: The evaluation variant the row is (``"yarn"``; a study's ``"none"``), None for a trained
+    #: encoding's own row: a record *has* a variant when the file's line holds the field.
+    variant: str | None = None
+    #: A retrieval record's exact match per needle-depth bucket (empty without a breakdown).
+    by_depth: tuple[DepthCell, ...] = ()
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], where: str = "record") -> Record:
@@ -225,7 +257,15 @@ class Record:
             seed=int(raw.get("seed", 0)),
             train_length=None if train is None else int(train),
             examples=None if raw.get("examples") is None else int(raw["examples"]),
+            variant=None if raw.get("variant") is None else str(raw["variant"]),
+            by_depth=tuple(DepthCell.from_dict(cell, where) for cell in raw.get("by_depth") or ()),
         )
+
+
+def as_records(records: Iterable[Record | dict[str, Any]]) -> list[Record]:
+    """``records`` as :class:`Record`: the readers that take records take either form (a line of
+    ``results.jsonl`` as :func:`read_records` returns it, or a :class:`Record`) and read this one."""
+    return [r if isinstance(r, Record) else Record.from_dict(r) for r in records]
 
 
 def _numbered_lines(path: Path) -> Iterator[tuple[int, Any]]:
@@ -454,7 +494,11 @@ def iid_record(
 
 
 def fit_notes(
-    records: list[dict[str, Any]], metric: Metric, train_len: int, encodings: list[str], fit_threshold: float
+    records: Sequence[Record | dict[str, Any]],
+    metric: Metric,
+    train_len: int,
+    encodings: list[str],
+    fit_threshold: float,
 ) -> dict[str, str]:
     """``{encoding: "did not fit: iid 4.0%"}`` for each encoding some seed of which does not reach
     ``fit_threshold`` in-distribution (empty for a metric without fit: perplexity)."""
@@ -477,7 +521,7 @@ def _per_seed(records: list[Record]) -> dict[str, dict[int, dict[int, float]]]:
 
 
 def summarize(
-    records: list[dict[str, Any]],
+    records: Sequence[Record | dict[str, Any]],
     metric: str,
     train_len: int,
     encodings: list[str],
@@ -490,7 +534,7 @@ def summarize(
     metrics without one (perplexity). ``bounds``: the range of the metric, which the intervals are
     cut to (``(0, 1)`` for exact match).
     """
-    rows_of_metric = [Record.from_dict(record) for record in records if record["metric"] == metric]
+    rows_of_metric = [r for r in as_records(records) if r.metric == metric]
     curves = {encoding: cells for (_, _, encoding), cells in group_records(rows_of_metric).items()}
     seeds = _per_seed(rows_of_metric)
     rows = []

@@ -36,6 +36,8 @@ from .folders import (
 from .results import (
     MEASUREMENT_KEY,
     RUNS_FILE,
+    Record,
+    as_records,
     atomic_write,
     atomic_write_text,
     experiment_settings,
@@ -52,18 +54,17 @@ __all__ = ["MergeSummary", "Shard", "merge_folders", "missing_runs", "missing_ru
 
 
 def missing_runs(
-    task: str, encodings: Iterable[str], seeds: Iterable[int], records: Iterable[dict[str, Any]]
+    task: str, encodings: Iterable[str], seeds: Iterable[int], records: Iterable[Record | dict[str, Any]]
 ) -> list[RunSpec]:
-    """The runs of the (encoding x seed) grid of ``task`` that have no record in ``records``."""
-    present = {
-        (record.get("encoding"), record.get("seed")) for record in records if record.get("task", task) == task
-    }
+    """The runs of the (encoding x seed) grid of ``task`` that have no record in ``records`` (a
+    record without a task counts as one of ``task``)."""
+    present = {(r.encoding, r.seed) for r in as_records(records) if r.task in ("", task)}
     grid = [RunSpec(encoding, seed) for seed in seeds for encoding in encodings]
     return [run for run in grid if (run.encoding, run.seed) not in present]
 
 
 def missing_runs_note(
-    task: str, encodings: Iterable[str], seeds: Iterable[int], records: list[dict[str, Any]]
+    task: str, encodings: Iterable[str], seeds: Iterable[int], records: Iterable[Record | dict[str, Any]]
 ) -> str | None:
     """One line saying which runs of the grid this folder lacks (None when it holds them all)."""
     encodings, seeds = list(encodings), list(seeds)

@@ -7,10 +7,11 @@ Rich, ``str(table)`` gives it as plain text, and the HTML report shows the same 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .results import IID, INTERVAL_METHOD, SummaryRow, summarize
+from .results import IID, INTERVAL_METHOD, Record, SummaryRow, as_records, summarize
 from .shards import missing_runs_note
 from .tasks import Metric
 from .train import ExperimentConfig
@@ -38,7 +39,7 @@ class SummaryTable:
 
 def summary_table(
     config: ExperimentConfig,
-    records: list[dict[str, Any]],
+    records: Sequence[Record | dict[str, Any]],
     metric: Metric,
     runs: list[dict[str, Any]] | None = None,
 ) -> SummaryTable:
@@ -52,6 +53,7 @@ def summary_table(
     per-run records (``runs.jsonl``); with ``until_fit`` a note gives the steps each run took.
     Variants (``eval_variants``) are rows of their own; the title says how many seeds it rests on.
     """
+    records = as_records(records)
     threshold = config.fit_threshold if metric.fits else None
     bounds = (0.0, 1.0) if metric.fits else None  # a fraction of examples: its mean stays in [0, 1]
     rows = summarize(records, metric.name, config.train_len, row_labels(config), threshold, bounds=bounds)

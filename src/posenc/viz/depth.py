@@ -18,33 +18,34 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from ..experiments.results import Record, as_records, experiment_settings, load_config, read_records
 from ._style import SEQUENTIAL
 from .registry import new_figure, set_title
 
 __all__ = ["depth_grid", "depth_heatmap_figure", "has_depths", "run_depth_figure"]
 
 
-def has_depths(records: Iterable[dict[str, Any]]) -> bool:
+def has_depths(records: Iterable[Record | dict[str, Any]]) -> bool:
     """Whether any record carries a ``by_depth`` breakdown."""
-    return any(record.get("by_depth") for record in records)
+    return any(record.by_depth for record in as_records(records))
 
 
 def depth_grid(
-    records: Iterable[dict[str, Any]], encoding: str
+    records: Iterable[Record | dict[str, Any]], encoding: str
 ) -> tuple[list[int], list[tuple[float, float]], np.ndarray]:
     """``(lengths, depth bucket bounds, exact match [buckets, lengths])`` of ``encoding`` (NaN where a
     length has no example in a bucket), pooled over seeds by example counts."""
     hits: dict[tuple[int, int], float] = defaultdict(float)
     counts: dict[tuple[int, int], float] = defaultdict(float)
     bounds: dict[int, tuple[float, float]] = {}
-    for record in records:
-        if record.get("encoding") != encoding or not record.get("by_depth"):
+    for record in as_records(records):
+        if record.encoding != encoding:
             continue
-        for cell in record["by_depth"]:
-            key = (int(cell["bucket"]), int(record["length"]))
-            hits[key] += float(cell["value"]) * int(cell["examples"])
-            counts[key] += int(cell["examples"])
-            bounds[int(cell["bucket"])] = (float(cell["depth"][0]), float(cell["depth"][1]))
+        for cell in record.by_depth:
+            key = (cell.bucket, record.length)
+            hits[key] += cell.value * cell.examples
+            counts[key] += cell.examples
+            bounds[cell.bucket] = (cell.low, cell.high)
     lengths = sorted({length for _, length in counts})
     buckets = sorted(bounds)
     grid = np.full((len(buckets), len(lengths)), np.nan)
@@ -54,7 +55,7 @@ def depth_grid(
 
 
 def depth_heatmap_figure(
-    records: list[dict[str, Any]],
+    records: Iterable[Record | dict[str, Any]],
     encodings: list[str],
     *,
     title: str | None = None,
@@ -62,6 +63,7 @@ def depth_heatmap_figure(
 ) -> Figure:
     """Exact match by needle depth (rows) and length (columns, labelled ``length_label``), one panel
     per encoding. A depth bucket is labelled by its range, or by its one depth (``25%``)."""
+    records = as_records(records)
     shown = [e for e in encodings if depth_grid(records, e)[0]]
     if not shown:
         raise ValueError("no record carries a depth breakdown (by_depth): run a passkey experiment")
@@ -84,21 +86,19 @@ def depth_heatmap_figure(
         step = max(1, len(lengths) // 8)
         ax.set_xticks(range(0, len(lengths), step), [str(n) for n in lengths[::step]], fontsize=7)
         ax.set_xlabel(length_label)
-        trained = {r.get("train_len") for r in records if r.get("encoding") == encoding} - {None}
+        trained = {r.train_length for r in records if r.encoding == encoding} - {None}
         for length in trained:
             if length in lengths:
                 ax.axvline(lengths.index(length) + 0.5, color="white", linestyle="--", linewidth=1.0)
     axes[0].set_ylabel("needle depth")
     fig.colorbar(image, ax=list(axes), shrink=0.9, label="exact match")
-    task = next((str(r.get("task")) for r in records if r.get("by_depth")), "")
+    task = next((r.task for r in records if r.by_depth), "")
     set_title(fig, title if title is not None else f"{task}: exact match by depth and length")
     return fig
 
 
 def run_depth_figure(directory: str | Path) -> Figure:
     """The depth x length heat map of the experiment in ``directory`` (``posenc plot --run DIR --figure depth``)."""
-    from ..experiments.results import experiment_settings, load_config, read_records
-
     directory = Path(directory)
     path = directory / "results.jsonl"
     if not path.is_file():

@@ -16,7 +16,9 @@ HEADING = "Retrieval by depth and length"
 
 def render(view: FolderView) -> str | None:
     """The depth x length heat map (a study's prompts measured in tokens), or None without depths."""
-    if not has_depths(view.lines):
+    if not has_depths(view.records):
         return None
     kw = {"length_label": PROMPT_LENGTH} if view.study else {}
-    return image(depth_heatmap_figure(view.lines, view.rows, **kw), "exact match by needle depth and length")
+    return image(
+        depth_heatmap_figure(view.records, view.rows, **kw), "exact match by needle depth and length"
+    )

@@ -1,9 +1,9 @@
 """What the report shows, read once from the experiment folder: :func:`read_folder` builds the
 :class:`FolderView` that every section of the page renders.
 
-The folder is read here and nowhere else in :mod:`posenc.viz.report`: ``results.jsonl`` once (as
-:class:`~posenc.experiments.results.Record`, and in the file's own dict form for the experiment
-functions that take it), ``config.json``, ``runs.jsonl``, and the ranking
+The folder is read here and nowhere else in :mod:`posenc.viz.report`: ``results.jsonl`` once, as
+:class:`~posenc.experiments.results.Record` (the one form every section and every experiment
+function the report calls reads), ``config.json``, ``runs.jsonl``, and the ranking
 (:func:`posenc.experiments.compare.rank_rows`). The sections draw figures from the view; only the
 diagnostics open the checkpoints, and the published comparison the preset's sibling folders.
 """
@@ -18,6 +18,7 @@ from typing import Any
 from ...experiments.compare import Ranking, rank_rows
 from ...experiments.results import (
     Record,
+    as_records,
     experiment_settings,
     fit_notes,
     load_config,
@@ -54,11 +55,9 @@ class FolderView:
     #: ``config.json`` (empty when the folder has none) and its experiment settings.
     config: dict[str, Any]
     settings: dict[str, Any]
-    #: ``results.jsonl``, one :class:`Record` per line.
+    #: ``results.jsonl``, one :class:`Record` per line (the summary, the missing-runs note and the
+    #: depth map read these too).
     records: list[Record]
-    #: The same lines as the file holds them: the form the summary, the missing-runs note and the
-    #: depth map read (a record's ``variant`` and ``by_depth`` are not fields of :class:`Record`).
-    lines: list[dict[str, Any]]
     #: The encodings in the config's order, then any others the records hold.
     encodings: list[str]
     #: The rows in the ranking's order, then the rest (the order of everything below the verdict).
@@ -105,26 +104,24 @@ def read_folder(directory: str | Path) -> FolderView:
     """The :class:`FolderView` of experiment ``directory``; ``FileNotFoundError`` or ``ValueError``
     (:func:`~posenc.experiments.results.read_results`) when it holds no readable results."""
     directory = Path(directory)
-    lines = read_results(directory)
-    records = [Record.from_dict(line) for line in lines]
+    records = as_records(read_results(directory))
     config = load_config(directory)
     settings = experiment_settings(config)
     encodings = _encodings_in_order(records, settings)
-    summary = _summary(directory, settings, lines)
+    summary = _summary(directory, settings, records)
     ranking, why = _ranking(directory) if summary is not None else (None, "")
     return FolderView(
         directory=directory,
         config=config,
         settings=settings,
         records=records,
-        lines=lines,
         encodings=encodings,
         rows=_ranked_first(encodings, ranking),
-        variants=frozenset(str(line["encoding"]) for line in lines if "variant" in line),
+        variants=frozenset(r.encoding for r in records if r.variant is not None),
         summary=summary,
         ranking=ranking,
         why_unranked=why,
-        missing=_missing(settings, lines),
+        missing=_missing(settings, records),
     )
 
 
@@ -146,17 +143,17 @@ def _ranked_first(encodings: list[str], ranking: Ranking | None) -> list[str]:
     return [r for r in ranking.rows if r in encodings] + [r for r in encodings if r not in ranking.rows]
 
 
-def _summary(directory: Path, settings: dict[str, Any], lines: list[dict[str, Any]]) -> Summary | None:
+def _summary(directory: Path, settings: dict[str, Any], records: list[Record]) -> Summary | None:
     """The fit table, when the settings name a known task and ``train_len`` and the records score it."""
     task = settings.get("task")
     if task not in TASKS or "train_len" not in settings:
         return None
     metric = TASKS[task].metric
-    scored = [line for line in lines if line.get("metric") == metric.name]
+    scored = [r for r in records if r.metric == metric.name]
     if not scored:
         return None
     experiment = experiment_config(settings)
-    seen = list(dict.fromkeys(line["encoding"] for line in scored))
+    seen = list(dict.fromkeys(r.encoding for r in scored))
     listed = row_labels(experiment)  # the encodings, each followed by its variants
     rows = [e for e in listed if e in seen] + [e for e in seen if e not in listed]
     experiment = dataclasses.replace(
@@ -175,8 +172,8 @@ def _ranking(directory: Path) -> tuple[Ranking | None, str]:
         return None, str(err)
 
 
-def _missing(settings: dict[str, Any], lines: list[dict[str, Any]]) -> str | None:
+def _missing(settings: dict[str, Any], records: list[Record]) -> str | None:
     """Which runs of the (encoding x seed) grid have no results (a shard), or None."""
     if not {"task", "encodings", "seeds"} <= settings.keys():
         return None
-    return missing_runs_note(settings["task"], settings["encodings"], settings["seeds"], lines)
+    return missing_runs_note(settings["task"], settings["encodings"], settings["seeds"], records)
