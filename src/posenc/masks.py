@@ -36,23 +36,20 @@ from ._mask_keywords import MaskKeywordError, checked_attn_mask
 from ._mask_segments import KeySegment, split_segments
 from .mask_components import (
     BidirectionalWindowMask,
-    BlockwiseCausalMask,
     CausalMask,
     ChunkMask,
-    DocumentMask,
     KeyPaddingMask,
     MaskComponent,
     MaskFn,
-    PrefixLMMask,
     SlidingWindowMask,
     UserBoolMask,
     WrittenSlotsMask,
     and_masks,
-    has_groups,
     left_padding_counts,
     or_masks,
     to_device,
 )
+from .mask_groups import BlockwiseCausalMask, DocumentMask, PrefixLMMask, has_groups
 from .window_conventions import WINDOW_CONVENTIONS, convert_window
 
 __all__ = [
