@@ -35,7 +35,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "masks": (
         "bench_masks",
         [],
-        "sliding window, packed documents and sinks vs full causal attention (RoPE layer)",
+        "sliding window, packed documents and sinks vs full causal attention; bidirectional window vs dense-mask SDPA",
     ),
     "split": (
         "bench_split",
