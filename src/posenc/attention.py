@@ -241,7 +241,7 @@ class MultiheadAttention(nn.Module):
             inputs = self._cross_inputs(x, context, positions, context_positions, key_padding_mask, cache)
         mask = self._mask(inputs, attn_mask, prefix_len, group_ids, self_attention=context is None)
         out, weights = self._attend(inputs, mask, cache, need_weights, cross=context is not None)
-        out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, -1))
+        out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.head_dim))
         return (out, weights) if need_weights else out
 
     def default_positions(

@@ -198,7 +198,7 @@ class StaticDecodeStep(nn.Module):
         check_in_place_write("StaticDecodeStep", "the layer with KVCache()", "keys", None, k, v)
         self.entry.write_at(position, k, v, pos.expand(batch, 1))
         out = self._attend(q, position, pos)
-        return layer.out_proj(out.transpose(1, 2).reshape(batch, 1, -1))
+        return layer.out_proj(out.transpose(1, 2).reshape(batch, 1, layer.num_heads * layer.head_dim))
 
     def _check_call(self, x: Tensor, position: Tensor) -> None:
         """Refuse what the step would get wrong, from flags and shapes only (dynamo guards on them:
