@@ -2,8 +2,8 @@
 
 References: a float64 twin of the model written here (LayerNorm, projections, RoPE from its
 formula, an explicit sliding-window mask, softmax), in which the shared layers take the keys and
-values of hand-picked donors; HF ``Gemma4TextConfig.kv_sharing_modes`` for which layer is the
-donor; the full forward for cached decoding. (HF's Gemma 4 itself, whose block differs from
+values of hand-picked donors; HF's ``Gemma4TextAttention`` (``is_kv_shared_layer``,
+``store_full_length_kv``) for which layer is the donor; the full forward for cached decoding. (HF's Gemma 4 itself, whose block differs from
 posenc's, is compared through ``posenc.hf`` in tests/test_hf.py.)
 """
 
@@ -131,8 +131,21 @@ def test_a_k_eq_v_donor_hands_its_values_to_the_shared_layer():
         _model(pattern=mixed)
 
 
+def _hf_sharing_modes(transformers, config) -> list[str | None]:
+    """Each layer's KV sharing as HF's own attention layers state it (``"reuse"``, ``"store"`` or
+    None): their ``is_kv_shared_layer`` and ``store_full_length_kv``, which both ends of the
+    supported transformers range set (5.24 from ``config.kv_sharing_modes``, 5.21 from the layer
+    types before the first shared layer)."""
+    attention = transformers.models.gemma4.modeling_gemma4.Gemma4TextAttention
+    layers = [attention(config, index) for index in range(config.num_hidden_layers)]
+    return [
+        "reuse" if layer.is_kv_shared_layer else "store" if layer.store_full_length_kv else None
+        for layer in layers
+    ]
+
+
 def test_donor_is_hfs_last_unshared_layer_of_the_type():
-    """HF ``kv_sharing_modes``: the donor of each shared layer is the ``store`` layer of its type."""
+    """HF's Gemma 4 sharing: the donor of each shared layer is the ``store`` layer of its type."""
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("transformers.models.gemma4")
     for num_layers, shared, every in [(8, 3, 3), (12, 4, 6), (9, 2, 3), (6, 1, 3)]:
@@ -144,7 +157,7 @@ def test_donor_is_hfs_last_unshared_layer_of_the_type():
                 for i in range(num_layers)
             ],
         )  # fmt: skip
-        modes = config.kv_sharing_modes
+        modes = _hf_sharing_modes(transformers, config)
         store = {config.layer_types[i]: i for i, mode in enumerate(modes) if mode == "store"}
         model = posenc.TransformerLM(
             V, 32, num_layers, 4, pattern=f"gemma4:window=4,global_every={every},kv_shared_layers={shared}"
