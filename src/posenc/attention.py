@@ -391,7 +391,7 @@ class MultiheadAttention(nn.Module):
         known, mark = (
             (0, None) if cache is None else cache.checked_keys(self.layer_idx, inputs.entry, cross=cross)
         )
-        self.last_backend, out, weights = attend(
+        name, out, weights = attend(
             q,
             inputs.k,
             inputs.v,
@@ -410,6 +410,7 @@ class MultiheadAttention(nn.Module):
             finite_mark=mark,
             softcap=self.softcap,
         )
+        self.__dict__["last_backend"] = name  # a plain attribute: nn.Module's __setattr__ costs a step 1%
         return out, weights
 
     def _check_context(

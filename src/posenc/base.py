@@ -37,6 +37,7 @@ from .offers import (
     SeparableBias,
     TokenStates,
 )
+from .position_ranges import known_start
 from .spec import format_spec
 
 __all__ = [
@@ -127,7 +128,13 @@ def check_positions(
         raise ValueError(f"{name} must have shape [T] or [B, T], got {tuple(positions.shape)}")
     if real and positions.numel() > 0 and checks_values() and not bool(torch.isfinite(positions).all()):
         raise ValueError(f"{name} must be finite, got a nan or inf position")
-    if not allow_negative and positions.numel() > 0 and checks_values() and bool((positions < 0).any()):
+    if (
+        not allow_negative
+        and positions.numel() > 0
+        and checks_values()
+        and known_start(positions) is None  # posenc's own arange: non-negative by construction
+        and bool((positions < 0).any())
+    ):
         low = positions.min()
         raise ValueError(f"{name} must be non-negative, got minimum {float(low) if real else int(low)}")
     if real:
@@ -267,8 +274,12 @@ class PositionalEncoding(nn.Module):
             integer_reason=self.integer_positions_reason or f"{self.name} is defined on whole positions",
         )
         if self.max_positions is not None and positions.numel() > 0 and checks_values():
-            top = positions.max()
-            top = math.ceil(float(top)) if top.is_floating_point() else int(top)
+            start = known_start(positions)
+            if start is not None:
+                top = start + positions.shape[-1] - 1
+            else:
+                top = positions.max()
+                top = math.ceil(float(top)) if top.is_floating_point() else int(top)
             if top >= self.max_positions:
                 raise ValueError(
                     f"{self.name}: position {top} is outside the table (max_positions={self.max_positions}); "

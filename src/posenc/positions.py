@@ -29,6 +29,7 @@ from torch import Tensor
 
 from .base import PositionalEncoding, checks_values
 from .patterns import TemperatureForm
+from .position_ranges import arange_positions
 
 if TYPE_CHECKING:
     from .cache_entry import KVCacheEntry
@@ -62,7 +63,7 @@ def default_positions(
     unless ``real_before [B]`` says how many of them were real (the cache evicted padded keys).
     """
     if padding is None:
-        return torch.arange(past, past + q_len, device=device)[None]
+        return arange_positions(past, q_len, device)
     before = past + q_len - padding.shape[1]
     if before < 0:
         raise ValueError(
@@ -159,7 +160,7 @@ def step_positions(
     the padding does not enter the positions, and is not read."""
     if streaming and document_ids is None:
         past = 0 if entry is None else entry.k.shape[2]
-        return torch.arange(past, past + q_len, device=device)[None]
+        return arange_positions(past, q_len, device)
     padding = None if document_ids is not None else key_padding_mask
     return read_step(entry, batch, q_len, padding, document_ids, device).positions
 

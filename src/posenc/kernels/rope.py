@@ -25,6 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
+from ..position_ranges import known_start
 from . import half_pairs, rope_native
 
 __all__ = [
@@ -125,10 +126,16 @@ class RotaryTables(nn.Module):
         rows = self.cos.shape[0]
         if self.cos.device != positions.device or self.cos.dtype != torch.float32:
             self._build(rows, positions.device)
-        top = int(positions.max()) + 1 if positions.numel() else 1
+        start = known_start(positions)  # posenc's own arange: rows start.. of the table, no gather
+        if start is not None:
+            top = start + positions.shape[1]
+        else:
+            top = int(positions.max()) + 1 if positions.numel() else 1
         if rows < top <= self.max_rows:
             self._build(min(self.max_rows, max(top, 2 * rows)), positions.device)
         if top <= self.cos.shape[0]:
+            if start is not None:
+                return self.cos[None, start:top], self.sin[None, start:top]
             return self.cos[positions], self.sin[positions]
         return rotary_cos_sin(positions, self.inv_freq, self.attention_scale)
 

@@ -1,0 +1,42 @@
+"""Position tensors that carry their range: the ``past + arange(T)`` positions posenc makes itself.
+
+A decode step's positions are ``[[past]]``: one number that the layer already holds as a Python int.
+Checking them (non-negative, inside an encoding's table) and looking up a rotary table by them
+reads the tensor: a reduction and a device sync per check, an index gather per table, most of the
+position work of a step. :func:`arange_positions` makes such positions and marks them with their
+first value; :func:`known_start` reads the mark back, so the checks test ``start`` and the tables
+slice rows ``start : start + T`` instead (the same numbers, bit for bit).
+
+The mark is trusted only while the tensor is unchanged: it records the tensor's version counter,
+which every in-place write bumps (``positions += 1`` drops the mark). A tensor made any other way
+(a slice, ``.clone()``, the caller's own ``arange``) has no mark and takes the general path.
+Under ``torch.compile`` nothing is marked: a traced graph does not carry Python attributes.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["arange_positions", "known_start"]
+
+_MARK = "_posenc_arange_start"
+
+
+def arange_positions(start: int, length: int, device: torch.device | str | None = None) -> Tensor:
+    """Positions ``[1, length]`` int64: ``start, start + 1, ...``, marked with ``start``."""
+    positions = torch.arange(start, start + length, device=device)[None]
+    if not torch.compiler.is_compiling():
+        setattr(positions, _MARK, (start, positions._version))
+    return positions
+
+
+def known_start(positions: Tensor) -> int | None:
+    """The first position of an unchanged :func:`arange_positions` tensor (``[1, T]``, consecutive
+    from it), else None."""
+    if torch.compiler.is_compiling():
+        return None
+    mark = getattr(positions, _MARK, None)
+    if mark is None or mark[1] != positions._version:
+        return None
+    return mark[0]
