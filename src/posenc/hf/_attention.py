@@ -54,7 +54,7 @@ class _CheckedKeys:
     mark: FiniteMark
     length: int
     batch: int
-    tail: Tensor  # float64 sum of the last key (all rows and heads): links the next call's keys to these
+    tail: float  # float64 sum of the last key (all rows and heads): links the next call's keys to these
 
 
 #: Per HF attention module, the keys its last call checked (weakly held: a dropped model frees them).
@@ -76,18 +76,21 @@ def _known_finite_keys(module: nn.Module, key: Tensor, q_len: int) -> tuple[int,
         return 0, None
     past = key.shape[2] - q_len
     previous = _CHECKED.get(module)
-    known = 0
-    if (
+    linked = (
         previous is not None
         and previous.mark.finite
         and past == previous.length
         and past > 0
         and key.shape[0] == previous.batch
-        and bool(key[:, :, past - 1].sum(dtype=torch.float64) == previous.tail)
-    ):
-        known = past
+    )
+    if linked and q_len == 1:  # a decode step: the two last keys' sums in one reduction and one read
+        before, tail = key.narrow(2, past - 1, 2).sum(dim=(0, 1, 3), dtype=torch.float64).tolist()
+    else:
+        before = float(key[:, :, past - 1].sum(dtype=torch.float64)) if linked else None
+        tail = float(key[:, :, -1].sum(dtype=torch.float64))
+    known = past if linked and before == previous.tail else 0
     mark = FiniteMark()
-    _CHECKED[module] = _CheckedKeys(mark, key.shape[2], key.shape[0], key[:, :, -1].sum(dtype=torch.float64))
+    _CHECKED[module] = _CheckedKeys(mark, key.shape[2], key.shape[0], tail)
     return known, mark
 
 
