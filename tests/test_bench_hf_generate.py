@@ -1,0 +1,60 @@
+"""The plumbing of ``posenc bench hf --tables smollm2`` on a tiny random Llama (nothing timed here)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from posenc.benchmarks import _hf_generate  # noqa: E402
+
+
+def _tiny_llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+        bos_token_id=None, eos_token_id=None, pad_token_id=None,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_time_generate_runs_both_and_checks_the_tokens():
+    ids = torch.randint(0, 64, (1, 5))
+    seconds = _hf_generate.time_generate(_tiny_llama(), ids, new=3, repeats=2)
+    assert set(seconds) == {"sdpa", "posenc"} and all(len(v) == 2 for v in seconds.values())
+    rows = _hf_generate.generate_rows(seconds, new=3)
+    assert [row[0] for row in rows] == ["sdpa", "posenc"] and rows[0][-1] == "1.000×"
+
+
+def test_different_tokens_are_an_error(monkeypatch):
+    model = _tiny_llama()
+    real = model.generate
+    calls = iter(range(100))
+
+    def generate(ids, **options):  # posenc's calls (every second one) return other tokens
+        out = real(ids, **options)
+        return out + 1 if next(calls) % 2 else out
+
+    monkeypatch.setattr(model, "generate", generate)
+    with pytest.raises(AssertionError, match="differ from HF sdpa"):
+        _hf_generate.time_generate(model, torch.randint(0, 64, (1, 5)), new=2, repeats=1)
+
+
+def test_rows_divide_sdpa_by_posenc():
+    rows = _hf_generate.generate_rows({"sdpa": [1.0, 1.2, 1.1], "posenc": [2.2, 2.0, 2.4]}, new=10)
+    assert rows[1][1].startswith("220.0 ms") and rows[1][2] == "4.5" and rows[1][3] == "0.500×"
+
+
+def test_a_missing_model_is_one_line_naming_the_fetch(monkeypatch):
+    import posenc.pretrained as pretrained
+
+    def absent(name):
+        raise FileNotFoundError(f"{name} is not in /nowhere")
+
+    monkeypatch.setattr(pretrained, "model_path", absent)
+    line = _hf_generate.smollm2_table(argparse.Namespace(prompt=8, new=2, repeats=1))
+    assert "skipped" in line and "posenc models fetch" in line
