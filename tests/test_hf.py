@@ -759,3 +759,16 @@ def test_inkling_equals_hf_eager():
     assert len(got_grads) == len(want_grads) > 0
     for g, w in zip(got_grads, want_grads, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_the_bridges_kept_positions_survive_a_write_into_them():
+    """The positions of an encoding-free call are views of a kept ``arange``; a write into one (by
+    anyone) must not reach the next call's positions."""
+    from posenc.hf._attention import _counting
+
+    cpu = torch.device("cpu")
+    first = _counting(5, cpu)
+    assert torch.equal(first, torch.arange(5)[None])
+    first += 7
+    assert torch.equal(_counting(5, cpu), torch.arange(5)[None])
+    assert torch.equal(_counting(9000, cpu), torch.arange(9000)[None])  # grows past the kept length

@@ -54,7 +54,7 @@ class _CheckedKeys:
     mark: FiniteMark
     length: int
     batch: int
-    tail: float  # float64 sum of the last key (all rows and heads): links the next call's keys to these
+    tail: Tensor  # a copy of the last key ``[B, Hkv, 1, D]``: links the next call's keys to these
 
 
 #: Per HF attention module, the keys its last call checked (weakly held: a dropped model frees them).
@@ -68,7 +68,7 @@ def _known_finite_keys(module: nn.Module, key: Tensor, q_len: int) -> tuple[int,
     HF's caches append: a decode step's keys are the last call's keys (possibly reordered by beam
     search, which keeps them finite) followed by the ``q_len`` new ones. The link is accepted only
     when the counts match (``past == the last call's keys``, same batch) and the key at ``past - 1``
-    sums to the last call's final key, bit for bit; anything else (a cropped, sliding, static or
+    equals the last call's final key (a copy kept of it); anything else (a cropped, sliding, static or
     other cache) checks every key, as before. Like posenc's own cache, it trusts a cache's tensors
     as written by attention: a value written into an HF cache in place elsewhere is not seen.
     """
@@ -82,16 +82,30 @@ def _known_finite_keys(module: nn.Module, key: Tensor, q_len: int) -> tuple[int,
         and past == previous.length
         and past > 0
         and key.shape[0] == previous.batch
+        and key.dtype == previous.tail.dtype
+        and key.device == previous.tail.device
     )
-    if linked and q_len == 1:  # a decode step: the two last keys' sums in one reduction and one read
-        before, tail = key.narrow(2, past - 1, 2).sum(dim=(0, 1, 3), dtype=torch.float64).tolist()
-    else:
-        before = float(key[:, :, past - 1].sum(dtype=torch.float64)) if linked else None
-        tail = float(key[:, :, -1].sum(dtype=torch.float64))
-    known = past if linked and before == previous.tail else 0
+    known = past if linked and torch.equal(key.narrow(2, past - 1, 1), previous.tail) else 0
     mark = FiniteMark()
-    _CHECKED[module] = _CheckedKeys(mark, key.shape[2], key.shape[0], tail)
+    _CHECKED[module] = _CheckedKeys(
+        mark, key.shape[2], key.shape[0], key.narrow(2, key.shape[2] - 1, 1).clone()
+    )
     return known, mark
+
+
+#: Per device, ``arange(N)`` and its version: the positions of a call whose encoding reads none (HF
+#: rotated q and k already) are views of it, not two fresh ``arange`` per call (a tenth of a decode
+#: step's attention call). A write into it bumps the version, and the next call makes a new one.
+_COUNTING: dict[torch.device, tuple[Tensor, int]] = {}
+
+
+def _counting(length: int, device: torch.device) -> Tensor:
+    """``arange(length)[None]`` on ``device``, as a view of a kept table."""
+    table, version = _COUNTING.get(device, (None, -1))
+    if table is None or table.shape[0] < length or table._version != version:
+        table = torch.arange(max(length, 2 * (0 if table is None else table.shape[0]), 4096), device=device)
+        _COUNTING[device] = (table, table._version)
+    return table[None, :length]
 
 
 def _check_supported(kwargs: dict[str, Any]) -> None:
@@ -144,8 +158,7 @@ def attention_forward(
     encoding = getattr(module, "posenc_encoding", None)
     if encoding is None:  # HF's own positions are already in q and k
         encoding = NOPE
-        q_pos = torch.arange(q_len, device=query.device)[None]
-        k_pos = torch.arange(key.shape[2], device=query.device)[None]
+        q_pos, k_pos = _counting(q_len, query.device), _counting(key.shape[2], query.device)
     else:
         q_pos, k_pos = swapped_positions(
             module, kwargs.get("position_ids"), q_len, key.shape[2], query.device
