@@ -53,7 +53,7 @@ def test_a_missing_model_is_one_line_naming_the_fetch(monkeypatch):
     import posenc.pretrained as pretrained
 
     def absent(name):
-        raise FileNotFoundError(f"{name} is not in /nowhere")
+        raise FileNotFoundError(f"{name} is not fetched: fetch it with `posenc models fetch {name}`")
 
     monkeypatch.setattr(pretrained, "model_path", absent)
     line = _hf_generate.smollm2_table(argparse.Namespace(prompt=8, new=2, repeats=1))

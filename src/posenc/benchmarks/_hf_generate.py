@@ -26,12 +26,12 @@ class ModelMissing(RuntimeError):
 
 def load_model():
     """SmolLM2-135M and its tokenizer, float32 and eval; :class:`ModelMissing` if not fetched."""
-    from posenc.pretrained import fetch_command, load, model_path
+    from posenc.pretrained import load, model_path
 
     try:
         model_path(MODEL)
-    except FileNotFoundError as error:
-        raise ModelMissing(f"{error}; run `{fetch_command([MODEL])}`") from None
+    except FileNotFoundError as error:  # its message names the fetch command
+        raise ModelMissing(str(error)) from None
     return load(MODEL)
 
 
