@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor, nn
 
 from ..base import Kind, LayerContext
@@ -97,16 +96,20 @@ def switch_rope_pairing_(model: nn.Module, pairing: str = "interleaved") -> int:
     """Switch the posenc RoPE of a swapped HF model to ``pairing``, in place, exactly.
 
     The HF counterpart of :func:`posenc.switch_rope_pairing_`: each layer whose ``swap_encoding`` gave
-    it a RoPE of another pairing gets its ``q_proj`` and ``k_proj`` output rows (weights and biases)
-    permuted by :func:`~posenc.encodings.rope.convert_rope_pairing` and its encoding switched, so the
-    logits stay the same up to float rounding while the rotation takes the faster interleaved path.
+    it a RoPE of another pairing gets its ``q_proj`` and ``k_proj`` output rows (weights and biases),
+    and the per-channel weights of its ``q_norm``/``k_norm`` permuted by
+    :func:`~posenc.encodings.rope.convert_rope_pairing` (``posenc.hf._pairing``; a module whose values
+    are its keys, or that holds any other parameter, is refused, naming it), and its encoding
+    switched, so the logits stay the same up to float rounding while the rotation takes the faster
+    interleaved path.
     Keys an HF cache holds from before the switch are in the old layout: a later call that hands
     them over is refused (start a fresh cache).
 
     Returns:
         How many layers were switched (layers already in ``pairing``, or not RoPE, are left alone).
     """
-    from ..encodings.rope import RoPE, check_pairing, convert_rope_pairing
+    from ..encodings.rope import RoPE, check_pairing
+    from ._pairing import check_permutable, permute_attention_channels
 
     check_pairing(pairing)
     attentions = [layer.self_attn for layer in _decoder(model).layers]
@@ -117,19 +120,11 @@ def switch_rope_pairing_(model: nn.Module, pairing: str = "interleaved") -> int:
     switched = [
         a for a in attentions if isinstance(a.posenc_encoding, RoPE) and a.posenc_encoding.pairing != pairing
     ]
-    with torch.no_grad():
-        for attention in switched:
-            enc = attention.posenc_encoding
-            for proj in (attention.q_proj, attention.k_proj):
-                heads = proj.out_features // enc.head_dim
-                for param in (proj.weight, proj.bias):
-                    if param is not None:
-                        param.copy_(
-                            convert_rope_pairing(
-                                param, heads, enc.head_dim, enc.pairing, pairing, enc.rotary_dim
-                            )
-                        )
-            attention.posenc_qk_layout = int(getattr(attention, "posenc_qk_layout", 0)) + 1
+    for attention in switched:  # every module checked before any is changed
+        check_permutable(attention, attention.posenc_encoding)
+    for attention in switched:
+        permute_attention_channels(attention, attention.posenc_encoding, pairing)
+        attention.posenc_qk_layout = int(getattr(attention, "posenc_qk_layout", 0)) + 1
     for enc in {id(a.posenc_encoding): a.posenc_encoding for a in switched}.values():
         enc.switch_pairing_(pairing)
     return len(switched)
