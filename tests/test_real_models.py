@@ -374,6 +374,26 @@ def test_gemma3_cached_decoding_past_the_window_equals_the_full_pass():
     assert _max_diff(decoded, full[:, :-1]) <= _bound(GEMMA)
 
 
+def test_gemma3_swapped_and_switched_to_interleaved_rope_equals_hf():
+    """Gemma-3's q_norm/k_norm weights index the q/k channels: ``switch_rope_pairing_`` permutes them
+    with the q/k rows, so the 18 layers (two RoPE bases) in the interleaved pairing give HF's logits
+    (600 tokens, past the 512 window; the last 100 positions)."""
+    import posenc.hf
+
+    model, _ = _load(GEMMA)
+    ids, keep = _ids(GEMMA)[:, :600], 100
+    sdpa, eager = (_logits(model, ids, name, keep) for name in ("sdpa", "eager"))
+    bound = 4 * _max_diff(eager, sdpa) + 1e-5
+    thetas = {
+        kind: model.config.rope_parameters[kind]["rope_theta"] for kind in set(model.config.layer_types)
+    }
+    posenc.hf.swap_encoding(model, [f"rope:base={thetas[kind]}" for kind in model.config.layer_types])
+    with torch.no_grad():
+        assert _max_diff(model(ids, logits_to_keep=keep).logits, sdpa) <= bound
+        assert posenc.hf.switch_rope_pairing_(model, "interleaved") == 18
+        assert _max_diff(model(ids, logits_to_keep=keep).logits, sdpa) <= bound
+
+
 def test_the_gemma3_pattern_matches_the_real_config():
     """``TransformerLM(pattern="gemma3")``: local/global layers in the real model's order, with its
     window and both thetas."""
