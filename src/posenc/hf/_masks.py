@@ -70,11 +70,11 @@ def _is_window_rule(rule: Any, window: int, n: int) -> bool:
     """Whether HF's index-based mask function ``rule`` keeps exactly ``i - window < j <= i`` on the
     first ``n`` queries and keys (called on broadcast indices, as ``sdpa_mask`` calls it)."""
     index = torch.arange(n)
+    i, j = index[:, None], index[None, :]
+    want = (j <= i) & (j > i - window)
+    zero = torch.zeros(1, 1, 1, 1, dtype=torch.long)
     try:
-        kept = rule(torch.zeros(1, 1, 1, 1, dtype=torch.long), torch.zeros(1, 1, 1, 1, dtype=torch.long),
-                    index[None, None, :, None], index[None, None, None, :])  # fmt: skip
-    except (TypeError, RuntimeError, IndexError):  # a rule that needs other arguments is not ours
+        kept = rule(zero, zero, index[None, None, :, None], index[None, None, None, :])
+        return isinstance(kept, Tensor) and bool((kept.expand(1, 1, n, n) == want).all())
+    except (TypeError, RuntimeError, IndexError):  # a rule that needs other arguments or devices: not ours
         return False
-    offset = index[:, None] - index[None, :]
-    want = (offset >= 0) & (offset < window)
-    return isinstance(kept, Tensor) and bool((kept.expand(1, 1, n, n) == want).all())
