@@ -55,7 +55,8 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
     "hf": (
         "bench_hf",
         [],
-        "HF eager / sdpa vs attn_implementation='posenc' on HF's masks; BLOOM and T5 via use_posenc_attention",
+        "HF eager / sdpa vs attn_implementation='posenc' on HF's masks; BLOOM and T5 via use_posenc_attention"
+        " (Gemma-3-270M prefill: --args '--tables gemma3')",
     ),
     "decode": (
         "bench_decode",

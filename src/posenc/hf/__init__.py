@@ -12,7 +12,10 @@ already rotated by the model's own rotary embedding (so posenc adds no position 
 encoding is NoPE), and the mask HF's ``sdpa_mask`` builds from the model's own mask functions (causal,
 sliding window, chunks, packed sequences, padding), a bool ``[B, 1, Tq, Tk]`` (True = attend) or None for
 a plain causal mask. The rules for None follow HF's sdpa implementation: causal when ``Tq > 1`` (keys
-past the first ``Tq`` are empty static-cache slots), no mask for a single query. T5's relative bias
+past the first ``Tq`` are empty static-cache slots), no mask for a single query. posenc's mask builder
+(``hf/_masks.py``) also leaves a plain sliding window unbuilt (a fresh, unpadded, unpacked prefill):
+the layer gets None, and its ``sliding_window`` keyword (HF's, as HF's flash attention reads it) makes
+the call causal with that window, which posenc's window backends serve without a dense mask. T5's relative bias
 arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask; for
 T5's structured path (no dense bias) use :func:`use_posenc_attention`.
 

@@ -15,6 +15,7 @@ from ..backends.run import attend
 from ..base import FiniteMark, Kind, checks_values
 from ..masks import AttentionMask
 from ._common import BACKEND, NOPE, note_backend, transformers_module
+from ._masks import posenc_mask
 from ._positions import swapped_positions
 
 #: The name posenc's attention is registered under in HF's ``AttentionInterface``.
@@ -34,11 +35,11 @@ def register(backend: str = "auto") -> str:
     if backend != "auto":
         get_backend(backend)  # an unknown name fails here, naming the available ones
     transformers = transformers_module()
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+    from transformers.masking_utils import AttentionMaskInterface
 
     BACKEND["name"] = backend
     transformers.AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
-    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, sdpa_mask)
+    AttentionMaskInterface.register(ATTN_IMPLEMENTATION, posenc_mask)
     return ATTN_IMPLEMENTATION
 
 
@@ -152,8 +153,9 @@ def attention_forward(
         else:  # empty static-cache slots after the prompt (HF's sdpa rule)
             key, value = key[:, :, :q_len], value[:, :, :q_len]
     scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    window = kwargs.get("sliding_window")
     if position_bias is not None:
-        attention_mask = _with_position_bias(attention_mask, position_bias, causal, key.shape[2])
+        attention_mask = _with_position_bias(attention_mask, position_bias, causal, key.shape[2], window)
         causal = False
     encoding = getattr(module, "posenc_encoding", None)
     if encoding is None:  # HF's own positions are already in q and k
@@ -167,7 +169,11 @@ def attention_forward(
             query, key = encoding.rotate(query, key, q_pos, k_pos)
             encoding = NOPE
     known, mark = _known_finite_keys(module, key, q_len) if key.shape[2] else (0, None)
-    window_mask = _window_mask(attention_mask, kwargs.get("sliding_window"), query, key, layer_causal)
+    window_mask = (
+        _causal_window(window, query, key, offset)
+        if causal
+        else _window_mask(attention_mask, window, query, key, layer_causal)
+    )
     name, out, weights = attend(
         query,
         key,
@@ -199,6 +205,30 @@ def _softcap(softcap: object) -> float | None:
         return check_softcap(softcap)
     except ValueError as error:
         raise ValueError(f"attn_logit_softcapping (HF's softcap): {error}") from None
+
+
+def _causal_window(window: int | None, query: Tensor, key: Tensor, offset: int) -> AttentionMask | None:
+    """A causal call with no mask in a layer that names its window (``sliding_window``): posenc's
+    structured causal window at ``offset``, as HF's flash attention reads the same arguments; None
+    when the window hides no key (no query sees more than ``window`` keys: plain causal, as before).
+
+    HF hands such a layer None in two cases: its ``sdpa_mask`` skipped a window that hides nothing,
+    or posenc's mask interface (:func:`posenc.hf._masks.posenc_mask`) passed a plain sliding window
+    on without building it.
+    """
+    q_len, k_len = query.shape[2], key.shape[2]
+    if window is None or offset + q_len <= int(window):
+        return None
+    return AttentionMask.build(
+        q_len=q_len,
+        k_len=k_len,
+        batch=query.shape[0],
+        heads=query.shape[1],
+        device=query.device,
+        causal=True,
+        causal_offset=offset,
+        window=int(window),
+    )
 
 
 def _window_mask(
@@ -249,13 +279,21 @@ def _equals_dense(mask: AttentionMask, allowed: Tensor) -> bool:
     return bool((allowed == dense).all())
 
 
-def _with_position_bias(mask: Tensor | None, bias: Tensor, causal: bool, k_len: int) -> Tensor:
+def _with_position_bias(
+    mask: Tensor | None, bias: Tensor, causal: bool, k_len: int, window: int | None = None
+) -> Tensor:
     """One float mask: ``bias`` where ``mask`` (bool, True = attend; or float, added) lets a key through,
-    ``-inf`` elsewhere (posenc's mask module turns those into hidden keys, as a bool mask would)."""
+    ``-inf`` elsewhere (posenc's mask module turns those into hidden keys, as a bool mask would).
+    ``causal`` (HF passed no mask): causal, with the last ``window`` keys when the layer names one
+    (a plain sliding window that posenc's mask interface left unbuilt: Inkling's local layers)."""
     bias = bias[..., :k_len]
     if causal:
         q_len = bias.shape[-2]
-        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=bias.device).tril()[None, None]
+        ones = torch.ones(q_len, k_len, dtype=torch.bool, device=bias.device)
+        mask = ones.tril()
+        if window is not None:
+            mask &= ~ones.tril(-int(window))
+        mask = mask[None, None]
     if mask is None:
         return bias
     if mask.dtype == torch.bool:
