@@ -56,7 +56,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         "bench_hf",
         [],
         "HF eager / sdpa vs attn_implementation='posenc' on HF's masks; BLOOM and T5 via use_posenc_attention"
-        " (Gemma-3-270M prefill: --args '--tables gemma3')",
+        " (Gemma-3-270M prefill: --args '--tables gemma3'; SmolLM2-135M generate: --args '--tables smollm2')",
     ),
     "decode": (
         "bench_decode",

@@ -22,8 +22,13 @@ the last token's logits of the two must agree (max abs difference reported). The
 converted folder of ``gemma3-270m`` (``posenc models fetch gemma3-270m``, then one
 ``posenc.pretrained.load``) or ``--gemma-model DIR``; absent, the table says so and is skipped.
 
+``--tables smollm2`` (not run by default) times greedy ``generate`` of the trained SmolLM2-135M, HF
+sdpa against posenc, same tokens checked (:mod:`posenc.benchmarks._hf_generate`; ``--prompt`` and
+``--new`` tokens, ``--repeats`` interleaved).
+
     python -m posenc.benchmarks.bench_hf [--sizes 2048,4096] [--window 512] [--documents 8] [--repeats 3]
-        [--tables mistral,bloom,t5,gemma3] [--threads N] [--gemma-sizes 4096,16384] [--gemma-repeats 1]
+        [--tables mistral,bloom,t5,gemma3,smollm2] [--threads N] [--gemma-sizes 4096,16384] [--gemma-repeats 1]
+        [--prompt 64] [--new 32]
 """
 
 from __future__ import annotations
@@ -48,10 +53,11 @@ from posenc.benchmarks._harness import (
     markdown_table,
     memory_cell,
 )
+from posenc.benchmarks._hf_generate import smollm2_table
 
 HIDDEN, HEADS = 512, 8
 IMPLEMENTATIONS = ("eager", "sdpa", "posenc")
-TABLES = ("mistral", "bloom", "t5", "gemma3")
+TABLES = ("mistral", "bloom", "t5", "gemma3", "smollm2")
 DEFAULT_TABLES = ("mistral", "bloom", "t5")
 GEMMA = "gemma3-270m"
 
@@ -104,6 +110,8 @@ def main() -> None:
     parser.add_argument("--gemma-model", default=None, help=f"an HF folder (default: the converted {GEMMA})")
     parser.add_argument("--gemma-timeout", type=int, default=3600, help="seconds per subprocess")
     parser.add_argument("--gemma-case", default=None, help=argparse.SUPPRESS)  # the subprocess's side
+    parser.add_argument("--prompt", type=int, default=64, help="smollm2: prompt tokens (real English)")
+    parser.add_argument("--new", type=int, default=32, help="smollm2: greedy tokens generated")
     args = parser.parse_args()
     if args.gemma_case:
         print("GEMMA_CASE " + json.dumps(gemma3_case(**json.loads(args.gemma_case))))
@@ -130,6 +138,8 @@ def main() -> None:
         print(markdown_table(header, _t5_rows(args)))
     if "gemma3" in tables:
         _print_gemma3(args)
+    if "smollm2" in tables:
+        print("\n" + smollm2_table(args))
 
 
 def _print_mistral(args) -> None:
