@@ -56,8 +56,11 @@ class Plan:
         return int(self.index(torch.tensor(self.skip if flip else -self.skip)))
 
 
-def _near_layout(plan: Plan, length: int, device) -> tuple[Tensor, Tensor]:
-    """``index [b, W]`` (table row of near key ``u`` for row ``t``) and ``valid [n, b, W]`` (bool)."""
+def _near_layout(plan: Plan, length: int, device) -> tuple[Tensor, Tensor, list[tuple[int, Tensor]]]:
+    """``index [b, W]`` (table row of near key ``u`` for row ``t``), ``off_band [b, W]`` (bool: the
+    pairs every block leaves out) and the edge blocks' own ``(n, invalid [b, W])``: keys before
+    position 0 (the first block) or past the end, queries past the end (the last blocks). Only
+    those blocks differ from ``off_band``; a mask of every block would cost two full-size ``&``."""
     b = plan.block
     blocks = -(-length // b)
     t = torch.arange(b, device=device)[:, None]
@@ -65,11 +68,13 @@ def _near_layout(plan: Plan, length: int, device) -> tuple[Tensor, Tensor]:
     distance = u - b - t  # key minus query
     index = plan.index(distance).to(device)
     near = (distance >= -b) & ((distance <= 0) if plan.causal else (distance <= b))
-    n = torch.arange(blocks, device=device)[:, None, None]
-    key = n * b - b + u
-    query = n * b + t
-    valid = near & (key >= 0) & (key < length) & (query < length)
-    return index, valid
+    # Block n reads keys n·b − b .. n·b − b + W − 1 and queries n·b .. n·b + b − 1.
+    last_inner = min((length + b - plan.width) // b, length // b - 1)
+    edges = []
+    for n in [0, *range(max(1, last_inner + 1), blocks)]:
+        key, query = n * b - b + u, n * b + t
+        edges.append((n, ~(near & (key >= 0) & (key < length) & (query < length))))
+    return index, ~near, edges
 
 
 def _per_group(rows: Tensor | None, batch: int) -> Tensor | None:
@@ -116,7 +121,12 @@ class NearBand:
 
         self.q = _padded_rows(q.reshape(self.groups, length, dim), 0, self.blocks * b - length)
         self.k, self.v = keys(k), keys(v)
-        self.index, self.valid = _near_layout(plan, length, q.device)
+        self.index, self.off_band, self.edges = _near_layout(plan, length, q.device)
+        # 0 on the band, finfo.min off it: added to logits below 1e31 in size it gives finfo.min,
+        # as masked_fill would, at half the cost.
+        self.floor = torch.zeros(self.off_band.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            self.off_band, torch.finfo(q.dtype).min
+        )
         zero_row = int(plan.index(torch.tensor(0)))
         # Row-type tables (key rows, value rows) read column c_row + d, key-type ones c_key − d.
         self.flip_row = plan.slope == -1
@@ -157,12 +167,14 @@ class NearBand:
         ``plan.piece_bytes`` (one block of one head at least)."""
         plan = self.plan
         per_block = plan.block * max(plan.width, self.rows) * itemsize
-        if per_block * self.groups <= plan.piece_bytes:
-            group_ranges = [(0, self.groups)]
-            block_ranges = piece_ranges(self.blocks, per_block * self.groups, plan.piece_bytes)
+        # Whole heads first: a piece projects the key rows of its blocks and of the chunks − 1
+        # blocks before them, so runs of blocks project fewer of them twice.
+        if per_block * self.blocks <= plan.piece_bytes:
+            group_ranges = piece_ranges(self.groups, per_block * self.blocks, plan.piece_bytes)
+            block_ranges = [(0, self.blocks)]
         else:
-            group_ranges = piece_ranges(self.groups, per_block, plan.piece_bytes)
-            block_ranges = piece_ranges(self.blocks, per_block * self.groups, 0)  # one block each
+            group_ranges = piece_ranges(self.groups, per_block * self.blocks, 0)  # one head each
+            block_ranges = piece_ranges(self.blocks, per_block, plan.piece_bytes)
         return [(slice(g0, g0 + g), slice(n0, n0 + n)) for g0, g in group_ranges for n0, n in block_ranges]
 
     # ------------------------------------------------------------------ operands of a piece
@@ -260,10 +272,9 @@ class NearBand:
         return out
 
     # ------------------------------------------------------------------ logits
-    def bias(self, groups: slice, blocks: slice, logits: Tensor | None = None) -> Tensor:
+    def bias(self, groups: slice, blocks: slice, logits: Tensor | None = None, masked: bool = True) -> Tensor:
         """The piece's position terms added to ``logits [g, P, b, W]`` (zeros when None), ``finfo.min``
-        off the band."""
-        count = blocks.stop - blocks.start
+        off the band (unless not ``masked``: there the entries are finite but meaningless)."""
         terms = []
         if self.key_rows is not None:
             terms.append(
@@ -286,21 +297,33 @@ class NearBand:
             terms = []
         for term in terms:
             logits.add_(term)
-        valid = self.valid[blocks.start : blocks.start + count]
-        return logits.masked_fill_(~valid, torch.finfo(logits.dtype).min)
+        if not masked:
+            return logits
+        return self.mask_edges(logits.add_(self.floor), blocks, torch.finfo(logits.dtype).min)
+
+    def mask_edges(self, x: Tensor, blocks: slice, fill: float) -> Tensor:
+        """``x [g, P, b, W]`` set to ``fill`` where the piece's edge blocks have no pair (keys before
+        the first or past the last position, queries past the end)."""
+        for n, invalid in self.edges:
+            if blocks.start <= n < blocks.stop:
+                x[:, n - blocks.start].masked_fill_(invalid, fill)
+        return x
 
     @staticmethod
     def _table(rows: Tensor, groups: slice) -> Tensor:
         """Oriented rows ``[g|1, D, R]`` for a piece."""
         return (rows if rows.shape[0] == 1 else rows[groups]).transpose(-1, -2)
 
-    def logits(self, groups: slice, blocks: slice, k_band: Tensor | None = None) -> Tensor:
-        """The piece's masked logits ``[g, P, b, W]`` (``k_band``: :meth:`band` of the keys, when at hand)."""
+    def logits(
+        self, groups: slice, blocks: slice, k_band: Tensor | None = None, masked: bool = True
+    ) -> Tensor:
+        """The piece's logits ``[g, P, b, W]``, masked as in :meth:`bias` (``k_band``: :meth:`band` of
+        the keys, when at hand)."""
         b = self.plan.block
         q_blocks = self.query_rows_of(self.q, groups, blocks).unflatten(1, (-1, b))
         k_band = self.band(self.k, groups, blocks) if k_band is None else k_band
         content = (q_blocks @ k_band.transpose(-1, -2)).mul_(self.plan.scale)
-        return self.bias(groups, blocks, content)
+        return self.bias(groups, blocks, content, masked)
 
     # ------------------------------------------------------------------ forward and backward
     def forward(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -320,22 +343,18 @@ class NearBand:
         ``[g, P, b, D]`` and ``[g, P, b]``."""
         b = self.plan.block
         bias = self.bias(groups, blocks)
-        count = bias.shape[0] * bias.shape[1]
-
-        def stacked(x: Tensor) -> Tensor:  # [g, P, r, *] -> [g·P, 1, r, *]
-            return x.reshape(count, 1, *x.shape[2:])
-
+        # The kernel reads its operands through their strides: the blocks of a piece are its "heads",
+        # the overlapping key bands views (merging groups and blocks into one dimension would copy them).
         q_blocks = self.query_rows_of(self.q, groups, blocks).unflatten(1, (-1, b))
-        out, lse = flash_forward(
-            stacked(q_blocks),
-            stacked(self.band(self.k, groups, blocks)),
-            stacked(self.band(self.v, groups, blocks)),
+        return flash_forward(
+            q_blocks,
+            self.band(self.k, groups, blocks),
+            self.band(self.v, groups, blocks),
             0.0,
             False,
-            attn_mask=stacked(bias).to(self.q.dtype),
+            attn_mask=bias.to(self.q.dtype),
             scale=self.plan.scale,
         )
-        return out.view(bias.shape[:3] + out.shape[-1:]), lse.view(bias.shape[:3])
 
     def _explicit(self, groups: slice, blocks: slice) -> tuple[Tensor, Tensor]:
         """With a value term, explicitly: ``[g, P, b, D]`` and ``[g, P, b]``."""
@@ -382,8 +401,11 @@ class NearBand:
             g_rows = self.query_rows_of(grad, groups, blocks)
             g_blocks = g_rows.unflatten(1, (-1, b))
             k_band = self.band(self.k, groups, blocks).contiguous()  # read twice
-            logits = self.logits(groups, blocks, k_band)
+            # Unmasked, then zeroed off the band: exp of finfo.min takes PyTorch's slow path (about
+            # 20x the time of exp on in-range values, measured on [8, 254, 508]).
+            logits = self.logits(groups, blocks, k_band, masked=False)
             probs = logits.sub_(self.query_rows_of(lse, groups, blocks).unflatten(1, (-1, b))).exp_()
+            self.mask_edges(probs.masked_fill_(self.off_band, 0), blocks, 0.0)
             d_probs = g_blocks @ self.band(self.v, groups, blocks).transpose(-1, -2)
             if self.value_rows is not None:
                 d_probs += self.read_rows(g_rows @ self._table(self.value_rows, groups))
