@@ -23,7 +23,9 @@ __all__ = ["NearBand", "Plan"]
 
 @dataclass(frozen=True)
 class Plan:
-    """One call's split: logit scale, near block ``b``, causal or not, the declared index and its table rows."""
+    """One call's split: logit scale, near block ``b``, causal or not, the declared index and its table
+    rows, and ``back``: the key blocks before each query block (and after it without the causal mask),
+    so the near band reaches ``back · b`` positions."""
 
     scale: float
     block: int
@@ -36,11 +38,19 @@ class Plan:
     #: Bytes of the near band's largest temporaries in one piece
     #: (:data:`~posenc.backends.clipped.NEAR_PIECE_BYTES`, read per call).
     piece_bytes: int
+    #: Key blocks before each query block: a block of ``b`` rows reads ``back · b + b`` keys for the
+    #: ``back · b + 1`` its rows need (causal), so more, smaller blocks waste fewer.
+    back: int = 1
 
     @property
     def chunks(self) -> int:
-        """Key blocks around each query block: the one before, its own (and the one after)."""
-        return 2 if self.causal else 3
+        """Key blocks around each query block: the ``back`` before, its own (and ``back`` after)."""
+        return self.back + 1 if self.causal else 2 * self.back + 1
+
+    @property
+    def reach(self) -> int:
+        """The near band's largest distance, ``back · b``."""
+        return self.back * self.block
 
     @property
     def width(self) -> int:
@@ -49,7 +59,7 @@ class Plan:
 
     @property
     def skip(self) -> int:
-        return self.block + 1
+        return self.reach + 1
 
     def far_row(self, flip: bool) -> int:
         """The constant row of the far part before the diagonal (after it when ``flip``)."""
@@ -61,18 +71,18 @@ def _near_layout(plan: Plan, length: int, device) -> tuple[Tensor, Tensor, list[
     pairs every block leaves out) and the edge blocks' own ``(n, invalid [b, W])``: keys before
     position 0 (the first block) or past the end, queries past the end (the last blocks). Only
     those blocks differ from ``off_band``; a mask of every block would cost two full-size ``&``."""
-    b = plan.block
+    b, reach = plan.block, plan.reach
     blocks = -(-length // b)
     t = torch.arange(b, device=device)[:, None]
     u = torch.arange(plan.width, device=device)[None]
-    distance = u - b - t  # key minus query
+    distance = u - reach - t  # key minus query
     index = plan.index(distance).to(device)
-    near = (distance >= -b) & ((distance <= 0) if plan.causal else (distance <= b))
-    # Block n reads keys n·b − b .. n·b − b + W − 1 and queries n·b .. n·b + b − 1.
-    last_inner = min((length + b - plan.width) // b, length // b - 1)
+    near = (distance >= -reach) & ((distance <= 0) if plan.causal else (distance <= reach))
+    # Block n reads keys n·b − reach .. n·b − reach + W − 1 and queries n·b .. n·b + b − 1.
+    last_inner = min((length + reach - plan.width) // b, length // b - 1)
     edges = []
-    for n in [0, *range(max(1, last_inner + 1), blocks)]:
-        key, query = n * b - b + u, n * b + t
+    for n in sorted({*range(min(plan.back, blocks)), *range(max(0, last_inner + 1), blocks)}):
+        key, query = n * b - reach + u, n * b + t
         edges.append((n, ~(near & (key >= 0) & (key < length) & (query < length))))
     return index, ~near, edges
 
@@ -95,8 +105,8 @@ class NearBand:
     """The near band of one call, computed in pieces of a few query blocks over a few heads (every
     temporary at most about ``plan.piece_bytes``: larger ones come back from the allocator on
     fresh pages each call). Operands are flattened to ``G = B·H`` rows and zero padded to whole
-    blocks: queries ``[G, n·b, D]``, keys and values ``[G, (n + chunks − 1)·b, D]`` with one block
-    of zeros in front, so block ``n``'s keys are rows ``n·b ..`` of the padded keys.
+    blocks: queries ``[G, n·b, D]``, keys and values ``[G, (n + chunks − 1)·b, D]`` with ``back``
+    blocks of zeros in front, so block ``n``'s keys are rows ``n·b ..`` of the padded keys.
 
     The position terms of a piece are per-row tables: row terms ``scale · q_i · key_rows[r]`` for
     its queries ``[g, P·b, R]`` and key terms ``k_j · query_rows[r]`` for its keys ``[g, (P +
@@ -105,7 +115,8 @@ class NearBand:
     ``c_row + d`` and the key term at ``c_key − d``: both are then strided views of the table
     (a relative shift; off the band the views read other finite entries, which the mask
     replaces), and their adjoints add into the same views one key block at a time (within a key
-    block the views do not overlap: ``b < R``). Otherwise they gather by the index.
+    block the views do not overlap: ``b < R``). Otherwise they gather by the index. The pair ``(t,
+    u)`` of a block is at distance ``d = u − reach − t`` (``reach = back · b``).
     """
 
     def __init__(self, plan: Plan, q: Tensor, k: Tensor, v: Tensor, key_rows, query_rows, value_rows):
@@ -117,7 +128,8 @@ class NearBand:
         self.key_len = (self.blocks + plan.chunks - 1) * b
 
         def keys(x: Tensor) -> Tensor:
-            return _padded_rows(x.reshape(self.groups, length, dim), b, self.key_len - b - length)
+            front = plan.reach
+            return _padded_rows(x.reshape(self.groups, length, dim), front, self.key_len - front - length)
 
         self.q = _padded_rows(q.reshape(self.groups, length, dim), 0, self.blocks * b - length)
         self.k, self.v = keys(k), keys(v)
@@ -133,15 +145,16 @@ class NearBand:
         self.flip_key = plan.slope == 1
         self.c_row = plan.rows - 1 - zero_row if self.flip_row else zero_row
         self.c_key = plan.rows - 1 - zero_row if self.flip_key else zero_row
-        # The strided path keeps only the oriented rows its band reads (d = −b .. 0 under the causal
-        # mask: half of DeBERTa's table, whose product with every query is a quarter of the work).
+        # The strided path keeps only the oriented rows its band reads (d = −reach .. 0 under the
+        # causal mask: half of DeBERTa's table, whose product with every query is a quarter of the work).
         self.rows = plan.rows
         self.row_window = self.key_window = slice(0, plan.rows)
         if plan.slope is not None:
-            after = 0 if plan.causal else b
-            self.row_window = slice(self.c_row - b, self.c_row + after + 1)
-            self.key_window = slice(self.c_key - after, self.c_key + b + 1)
-            self.c_row, self.c_key, self.rows = b, after, b + after + 1
+            reach = plan.reach
+            after = 0 if plan.causal else reach
+            self.row_window = slice(self.c_row - reach, self.c_row + after + 1)
+            self.key_window = slice(self.c_key - after, self.c_key + reach + 1)
+            self.c_row, self.c_key, self.rows = reach, after, reach + after + 1
         self.declared = (key_rows, query_rows, value_rows)
         # Tables as read: oriented, windowed, the logit scale folded into the key and query rows.
         self.key_rows = self._oriented(key_rows, self.flip_row, self.row_window, plan.scale)
@@ -211,7 +224,7 @@ class NearBand:
         ``[g, P, b, W]`` (one key block ``[g, P, b, b]`` when ``chunk`` is given)."""
         b, rows = self.plan.block, self.rows
         groups, length, _ = table.shape
-        offset = self.c_row - b + (0 if chunk is None else chunk * b)
+        offset = self.c_row - self.plan.reach + (0 if chunk is None else chunk * b)
         size = (groups, length // b, b, self.plan.width if chunk is None else b)
         return table.as_strided(size, (length * rows, b * rows, rows - 1, 1), table.storage_offset() + offset)
 
@@ -220,7 +233,7 @@ class NearBand:
         ``c_key − d``: ``[g, P, b, W]`` (or one key block)."""
         b, rows, chunks = self.plan.block, self.rows, self.plan.chunks
         groups, length, _ = table.shape
-        offset = self.c_key + b + (0 if chunk is None else chunk * b * (rows - 1))
+        offset = self.c_key + self.plan.reach + (0 if chunk is None else chunk * b * (rows - 1))
         size = (groups, length // b - chunks + 1, b, self.plan.width if chunk is None else b)
         return table.as_strided(size, (length * rows, b * rows, 1, rows - 1), table.storage_offset() + offset)
 
@@ -433,7 +446,8 @@ class NearBand:
             self.query_rows_of(d_q, groups, blocks).add_(d_q_rows)
         shape = (self.batch, self.heads, self.length, dim)
         dq, dk, dv = (
-            x[:, start : start + self.length].view(shape) for x, start in ((d_q, 0), (d_k, b), (d_v, b))
+            x[:, start : start + self.length].view(shape)
+            for x, start in ((d_q, 0), (d_k, plan.reach), (d_v, plan.reach))
         )
         # The key and query rows were read scaled: their gradients take the scale once here.
         layout = (

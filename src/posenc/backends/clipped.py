@@ -6,13 +6,14 @@ logit and ``value_rows[r]`` to the value. Beyond its far distances ``r`` is cons
 there the key term (Shaw's ``a^K``, DeBERTa's c2p) is a **row constant** ``scale · q_i · key_rows[r]``,
 the query term (DeBERTa's p2c) a **key constant** ``scale · k_j · query_rows[r]``, and the value term
 a constant vector. So, for square self-attention at consecutive positions (plain causal mask or
-none), with near blocks of ``b`` query rows (``b + 1`` at least the far distance):
+none), with a near band of reach ``n`` (``n + 1`` at least the far distance) cut into blocks of
+``b`` query rows with ``back`` key blocks before each (``n = back · b``, :func:`_blocks_for`):
 
-* **far before** (``j <= i − b − 1``) and, without a causal mask, **far after** (reversed copies):
+* **far before** (``j <= i − n − 1``) and, without a causal mask, **far after** (reversed copies):
   :func:`~posenc.backends._exact.far_forward`; the row constant shifts the part's log-sum-exp, a key
   constant ``k_j · query_rows[r]`` joins the queries (``(q_i + query_rows[r]) · k_j``);
-* **near** (``|j − i| <= b``): explicit logits on blocks of ``b`` queries against the ``2b`` (causal)
-  or ``3b`` keys around them (never ``L × L``), in pieces of a few blocks and heads whose
+* **near** (``|j − i| <= n``): explicit logits on blocks of ``b`` queries against the ``n + b``
+  (causal) or ``2n + b`` keys around them (never ``L × L``), in pieces of a few blocks and heads whose
   temporaries stay under :data:`NEAR_PIECE_BYTES`, with the position terms projected per piece
   (``q @ key_rowsᵀ`` for its queries, ``k @ query_rowsᵀ`` for its keys). Where the declared
   index is ``index(0) ± d`` on the whole band (Shaw when the block is ``k``, DeBERTa without
@@ -62,6 +63,11 @@ __all__ = ["CLIPPED_BLOCK", "CLIPPED_MIN_BLOCKS", "CLIPPED_MIN_LEN", "ClippedBac
 #: Query rows per near block (raised to the clipping distance when that is larger): the near work
 #: per row is ``2b`` or ``3b`` keys, so small blocks keep it small.
 CLIPPED_BLOCK = 16
+#: At most this many key blocks before each near block (:func:`_blocks_for`): the band of ``back``
+#: blocks of ``b = reach / back`` rows reads ``(back + 1) · b`` keys per row for the ``reach + 1`` it
+#: needs under the causal mask (DeBERTa span 256: 340 keys in blocks of 85 rows, 508 in one block of
+#: 254), with blocks of ``CLIPPED_BLOCK`` rows at least.
+CLIPPED_BACK = 3
 #: Below this many queries the relative backend's query blocks are about as fast.
 CLIPPED_MIN_LEN = 512
 #: ``auto`` takes the split from this many near blocks on (``L >= CLIPPED_MIN_BLOCKS · b``): a near
@@ -77,8 +83,9 @@ NEAR_PIECE_BYTES = 4 << 20
 
 
 def _block_for(terms: ClippedRelative, causal: bool) -> int:
-    """Near rows per block: the far parts start at distance ``b + 1``, which must reach the far
-    distance of each side they cover."""
+    """The near band's reach ``n``: the far parts start at distance ``n + 1``, which must reach the far
+    distance of each side they cover. The reasons and declines count in near blocks of ``n`` rows
+    (one key block before each); the split itself may cut the band finer (:func:`_blocks_for`)."""
     return max(CLIPPED_BLOCK, max(terms.far_before, 1 if causal else terms.far_after) - 1)
 
 
@@ -159,6 +166,31 @@ def _slope_over_band(index: Callable[[Tensor], Tensor], block: int, causal: bool
         if torch.equal(rows, rows[block] + slope * distance):
             return slope
     return None
+
+
+def _blocks_for(
+    index: Callable[[Tensor], Tensor], reach: int, slope: int | None, causal: bool
+) -> tuple[int, int]:
+    """The near block ``b`` and the key blocks ``back`` before it (``back · b >= reach``, the distance
+    the near band must cover): the most blocks up to :data:`CLIPPED_BACK` of at least
+    :data:`CLIPPED_BLOCK` rows. A band reaching past ``reach`` reads rows that are already constant
+    there, which the gathers take as they come; the strided views need the index to stay on its
+    line (DeBERTa without buckets: row ``span − d`` holds to the far distance itself)."""
+    for back in range(CLIPPED_BACK, 1, -1):
+        block = -(-reach // back)
+        if block >= CLIPPED_BLOCK and (slope is None or _on_line(index, slope, reach, back * block, causal)):
+            return block, back
+    return reach, 1
+
+
+def _on_line(index: Callable[[Tensor], Tensor], slope: int, reach: int, beyond: int, causal: bool) -> bool:
+    """Whether ``index(d) = index(0) + slope · d`` still holds for ``reach < |d| <= beyond`` (``d < 0``
+    only under the causal mask)."""
+    distance = -torch.arange(reach + 1, beyond + 1)
+    if not causal:
+        distance = torch.cat((distance, -distance))
+    zero = int(index(torch.tensor(0)))
+    return torch.equal(index(distance).cpu().long(), zero + slope * distance)
 
 
 def _flip(x: Tensor | None) -> Tensor | None:
@@ -303,9 +335,10 @@ def clipped_attention(req: AttentionRequest) -> Tensor:
     terms = _terms(req)
     causal = req.mask.is_plain_causal
     tables = [t for t in (terms.key_rows, terms.query_rows, terms.value_rows) if t is not None]
-    block = _block_for(terms, causal)
-    slope = _slope_over_band(terms.index, block, causal)
-    plan = Plan(req.scale, block, causal, terms.index, tables[0].shape[-2], slope, NEAR_PIECE_BYTES)
+    reach = _block_for(terms, causal)
+    slope = _slope_over_band(terms.index, reach, causal)
+    block, back = _blocks_for(terms.index, reach, slope, causal)
+    plan = Plan(req.scale, block, causal, terms.index, tables[0].shape[-2], slope, NEAR_PIECE_BYTES, back)
     # One copy of an operand whose last stride is not 1 (the far parts' kernel would misread it).
     q, k, v = (kernel_layout(t) for t in (req.q, *req.kv_per_query_head()))
     key_rows, query_rows, value_rows = (
