@@ -338,3 +338,77 @@ def _assert_layer_equals_eager(layer, x: torch.Tensor, out: torch.Tensor, inputs
         assert (g is None) == (w is None)
         if g is not None:
             torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11)
+
+
+def _spy_blocks(monkeypatch) -> list:
+    """Record each call's near block and key blocks before it."""
+    layouts = []
+    original = clipped._blocks_for
+
+    def spy(*args):
+        layouts.append(original(*args))
+        return layouts[-1]
+
+    monkeypatch.setattr(clipped, "_blocks_for", spy)
+    return layouts
+
+
+@pytest.mark.parametrize("pieces", ["whole", "tiny"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize(
+    "spec, layout",
+    [
+        # rows 22 − d, constant from d = −21 and from d = 22: the band must reach 20 (causal) or 21;
+        # three blocks of 7 reach 21, where row 43 is still on the line
+        ("deberta:position_buckets=-1,max_relative_positions=22", {True: (7, 3), False: (7, 3)}),
+        # log buckets gather: rows past the far distance are constant, which the gathers read as they are
+        ("deberta:position_buckets=8,max_relative_positions=22", None),
+        # Shaw k=8: clip(d, -8, 8) + 8 leaves its line at 9, so two blocks of 4 (three of 3 would reach 9)
+        ("shaw:k=8,value_term=True", {True: (4, 2), False: (4, 2)}),
+    ],
+    ids=["deberta-linear", "deberta-buckets", "shaw-values"],
+)
+def test_near_bands_of_several_key_blocks_equal_eager(spec, layout, causal, pieces, monkeypatch):
+    """Blocks smaller than the near distance, with ``back`` key blocks before (and after) each: the
+    skewed views' offsets, the zero keys in front, the edge blocks' masks and the far part starting
+    at ``back · b + 1``, forward and every gradient, in one piece and in pieces of one block."""
+    monkeypatch.setattr(clipped, "CLIPPED_BLOCK", 2 if spec.startswith("shaw") else 4)
+    monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
+    monkeypatch.setattr(clipped, "CLIPPED_MIN_BLOCKS", 0)
+    if pieces == "tiny":
+        monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", 1)
+    layouts = _spy_blocks(monkeypatch)
+    torch.manual_seed(11)
+    if spec.startswith("shaw"):
+        enc = posenc.build(spec, head_dim=DIM, num_heads=HEADS).double()
+        req = _request(enc, 53, causal)
+        out = clipped_attention(req)
+        assert layouts == [layout[causal]]
+        _assert_equals_eager(out, req, enc, *F64)
+        return
+    layer = posenc.MultiheadAttention(24, 3, spec, causal=causal).double()
+    x = torch.randn(2, 87, 24, dtype=torch.float64, requires_grad=True)
+    inputs = [x, *(p for p in layer.parameters() if p.requires_grad)]
+    with posenc.use_backend("clipped"):
+        out = layer(x)
+    assert len(layouts) == 1 and layouts[0][1] > 1
+    if layout is not None:
+        assert layouts == [layout[causal]]
+    _assert_layer_equals_eager(layer, x, out, inputs)
+
+
+@pytest.mark.parametrize(
+    "index, reach, slope, expected",
+    [
+        # DeBERTa span 256 without buckets: 511 − ... − d holds to d = −255 (the far distance): 3 x 85
+        (lambda d: (256 - d).clamp(0, 511), 254, -1, (85, 3)),
+        # a line that ends at the reach: 3 x 85 would read d = −255 off it; 2 x 127 reach 254 exactly
+        (lambda d: d.clamp(-254, 0) + 254, 254, 1, (127, 2)),
+        (lambda d: d.clamp(-254, 0) + 254, 254, None, (85, 3)),  # gathers take any reach
+        (lambda d: d.clamp(-16, 16) + 16, 16, 1, (16, 1)),  # blocks below CLIPPED_BLOCK: one block
+        (lambda d: d.clamp(-100, 100) + 100, 99, 1, (33, 3)),  # 3 x 33 = 99
+    ],
+)
+def test_blocks_for_takes_the_most_blocks_the_index_allows(index, reach, slope, expected):
+    assert clipped.CLIPPED_BLOCK == 16 and clipped.CLIPPED_BACK == 3
+    assert clipped._blocks_for(index, reach, slope, True) == expected

@@ -23,7 +23,9 @@ __all__ = ["NearBand", "Plan"]
 
 @dataclass(frozen=True)
 class Plan:
-    """One call's split: logit scale, near block ``b``, causal or not, the declared index and its table rows."""
+    """One call's split: logit scale, near block ``b``, causal or not, the declared index and its table
+    rows, and ``back``: the key blocks before each query block (and after it without the causal mask),
+    so the near band reaches ``back · b`` positions."""
 
     scale: float
     block: int
@@ -36,11 +38,19 @@ class Plan:
     #: Bytes of the near band's largest temporaries in one piece
     #: (:data:`~posenc.backends.clipped.NEAR_PIECE_BYTES`, read per call).
     piece_bytes: int
+    #: Key blocks before each query block: a block of ``b`` rows reads ``back · b + b`` keys for the
+    #: ``back · b + 1`` its rows need (causal), so more, smaller blocks waste fewer.
+    back: int = 1
 
     @property
     def chunks(self) -> int:
-        """Key blocks around each query block: the one before, its own (and the one after)."""
-        return 2 if self.causal else 3
+        """Key blocks around each query block: the ``back`` before, its own (and ``back`` after)."""
+        return self.back + 1 if self.causal else 2 * self.back + 1
+
+    @property
+    def reach(self) -> int:
+        """The near band's largest distance, ``back · b``."""
+        return self.back * self.block
 
     @property
     def width(self) -> int:
@@ -49,27 +59,32 @@ class Plan:
 
     @property
     def skip(self) -> int:
-        return self.block + 1
+        return self.reach + 1
 
     def far_row(self, flip: bool) -> int:
         """The constant row of the far part before the diagonal (after it when ``flip``)."""
         return int(self.index(torch.tensor(self.skip if flip else -self.skip)))
 
 
-def _near_layout(plan: Plan, length: int, device) -> tuple[Tensor, Tensor]:
-    """``index [b, W]`` (table row of near key ``u`` for row ``t``) and ``valid [n, b, W]`` (bool)."""
-    b = plan.block
+def _near_layout(plan: Plan, length: int, device) -> tuple[Tensor, Tensor, list[tuple[int, Tensor]]]:
+    """``index [b, W]`` (table row of near key ``u`` for row ``t``), ``off_band [b, W]`` (bool: the
+    pairs every block leaves out) and the edge blocks' own ``(n, invalid [b, W])``: keys before
+    position 0 (the first block) or past the end, queries past the end (the last blocks). Only
+    those blocks differ from ``off_band``; a mask of every block would cost two full-size ``&``."""
+    b, reach = plan.block, plan.reach
     blocks = -(-length // b)
     t = torch.arange(b, device=device)[:, None]
     u = torch.arange(plan.width, device=device)[None]
-    distance = u - b - t  # key minus query
+    distance = u - reach - t  # key minus query
     index = plan.index(distance).to(device)
-    near = (distance >= -b) & ((distance <= 0) if plan.causal else (distance <= b))
-    n = torch.arange(blocks, device=device)[:, None, None]
-    key = n * b - b + u
-    query = n * b + t
-    valid = near & (key >= 0) & (key < length) & (query < length)
-    return index, valid
+    near = (distance >= -reach) & ((distance <= 0) if plan.causal else (distance <= reach))
+    # Block n reads keys n·b − reach .. n·b − reach + W − 1 and queries n·b .. n·b + b − 1.
+    last_inner = min((length + reach - plan.width) // b, length // b - 1)
+    edges = []
+    for n in sorted({*range(min(plan.back, blocks)), *range(max(0, last_inner + 1), blocks)}):
+        key, query = n * b - reach + u, n * b + t
+        edges.append((n, ~(near & (key >= 0) & (key < length) & (query < length))))
+    return index, ~near, edges
 
 
 def _per_group(rows: Tensor | None, batch: int) -> Tensor | None:
@@ -90,8 +105,8 @@ class NearBand:
     """The near band of one call, computed in pieces of a few query blocks over a few heads (every
     temporary at most about ``plan.piece_bytes``: larger ones come back from the allocator on
     fresh pages each call). Operands are flattened to ``G = B·H`` rows and zero padded to whole
-    blocks: queries ``[G, n·b, D]``, keys and values ``[G, (n + chunks − 1)·b, D]`` with one block
-    of zeros in front, so block ``n``'s keys are rows ``n·b ..`` of the padded keys.
+    blocks: queries ``[G, n·b, D]``, keys and values ``[G, (n + chunks − 1)·b, D]`` with ``back``
+    blocks of zeros in front, so block ``n``'s keys are rows ``n·b ..`` of the padded keys.
 
     The position terms of a piece are per-row tables: row terms ``scale · q_i · key_rows[r]`` for
     its queries ``[g, P·b, R]`` and key terms ``k_j · query_rows[r]`` for its keys ``[g, (P +
@@ -100,7 +115,8 @@ class NearBand:
     ``c_row + d`` and the key term at ``c_key − d``: both are then strided views of the table
     (a relative shift; off the band the views read other finite entries, which the mask
     replaces), and their adjoints add into the same views one key block at a time (within a key
-    block the views do not overlap: ``b < R``). Otherwise they gather by the index.
+    block the views do not overlap: ``b < R``). Otherwise they gather by the index. The pair ``(t,
+    u)`` of a block is at distance ``d = u − reach − t`` (``reach = back · b``).
     """
 
     def __init__(self, plan: Plan, q: Tensor, k: Tensor, v: Tensor, key_rows, query_rows, value_rows):
@@ -112,26 +128,33 @@ class NearBand:
         self.key_len = (self.blocks + plan.chunks - 1) * b
 
         def keys(x: Tensor) -> Tensor:
-            return _padded_rows(x.reshape(self.groups, length, dim), b, self.key_len - b - length)
+            front = plan.reach
+            return _padded_rows(x.reshape(self.groups, length, dim), front, self.key_len - front - length)
 
         self.q = _padded_rows(q.reshape(self.groups, length, dim), 0, self.blocks * b - length)
         self.k, self.v = keys(k), keys(v)
-        self.index, self.valid = _near_layout(plan, length, q.device)
+        self.index, self.off_band, self.edges = _near_layout(plan, length, q.device)
+        # 0 on the band, finfo.min off it: added to logits below 1e31 in size it gives finfo.min,
+        # as masked_fill would, at half the cost.
+        self.floor = torch.zeros(self.off_band.shape, dtype=q.dtype, device=q.device).masked_fill_(
+            self.off_band, torch.finfo(q.dtype).min
+        )
         zero_row = int(plan.index(torch.tensor(0)))
         # Row-type tables (key rows, value rows) read column c_row + d, key-type ones c_key − d.
         self.flip_row = plan.slope == -1
         self.flip_key = plan.slope == 1
         self.c_row = plan.rows - 1 - zero_row if self.flip_row else zero_row
         self.c_key = plan.rows - 1 - zero_row if self.flip_key else zero_row
-        # The strided path keeps only the oriented rows its band reads (d = −b .. 0 under the causal
-        # mask: half of DeBERTa's table, whose product with every query is a quarter of the work).
+        # The strided path keeps only the oriented rows its band reads (d = −reach .. 0 under the
+        # causal mask: half of DeBERTa's table, whose product with every query is a quarter of the work).
         self.rows = plan.rows
         self.row_window = self.key_window = slice(0, plan.rows)
         if plan.slope is not None:
-            after = 0 if plan.causal else b
-            self.row_window = slice(self.c_row - b, self.c_row + after + 1)
-            self.key_window = slice(self.c_key - after, self.c_key + b + 1)
-            self.c_row, self.c_key, self.rows = b, after, b + after + 1
+            reach = plan.reach
+            after = 0 if plan.causal else reach
+            self.row_window = slice(self.c_row - reach, self.c_row + after + 1)
+            self.key_window = slice(self.c_key - after, self.c_key + reach + 1)
+            self.c_row, self.c_key, self.rows = reach, after, reach + after + 1
         self.declared = (key_rows, query_rows, value_rows)
         # Tables as read: oriented, windowed, the logit scale folded into the key and query rows.
         self.key_rows = self._oriented(key_rows, self.flip_row, self.row_window, plan.scale)
@@ -157,12 +180,14 @@ class NearBand:
         ``plan.piece_bytes`` (one block of one head at least)."""
         plan = self.plan
         per_block = plan.block * max(plan.width, self.rows) * itemsize
-        if per_block * self.groups <= plan.piece_bytes:
-            group_ranges = [(0, self.groups)]
-            block_ranges = piece_ranges(self.blocks, per_block * self.groups, plan.piece_bytes)
+        # Whole heads first: a piece projects the key rows of its blocks and of the chunks − 1
+        # blocks before them, so runs of blocks project fewer of them twice.
+        if per_block * self.blocks <= plan.piece_bytes:
+            group_ranges = piece_ranges(self.groups, per_block * self.blocks, plan.piece_bytes)
+            block_ranges = [(0, self.blocks)]
         else:
-            group_ranges = piece_ranges(self.groups, per_block, plan.piece_bytes)
-            block_ranges = piece_ranges(self.blocks, per_block * self.groups, 0)  # one block each
+            group_ranges = piece_ranges(self.groups, per_block * self.blocks, 0)  # one head each
+            block_ranges = piece_ranges(self.blocks, per_block, plan.piece_bytes)
         return [(slice(g0, g0 + g), slice(n0, n0 + n)) for g0, g in group_ranges for n0, n in block_ranges]
 
     # ------------------------------------------------------------------ operands of a piece
@@ -199,7 +224,7 @@ class NearBand:
         ``[g, P, b, W]`` (one key block ``[g, P, b, b]`` when ``chunk`` is given)."""
         b, rows = self.plan.block, self.rows
         groups, length, _ = table.shape
-        offset = self.c_row - b + (0 if chunk is None else chunk * b)
+        offset = self.c_row - self.plan.reach + (0 if chunk is None else chunk * b)
         size = (groups, length // b, b, self.plan.width if chunk is None else b)
         return table.as_strided(size, (length * rows, b * rows, rows - 1, 1), table.storage_offset() + offset)
 
@@ -208,7 +233,7 @@ class NearBand:
         ``c_key − d``: ``[g, P, b, W]`` (or one key block)."""
         b, rows, chunks = self.plan.block, self.rows, self.plan.chunks
         groups, length, _ = table.shape
-        offset = self.c_key + b + (0 if chunk is None else chunk * b * (rows - 1))
+        offset = self.c_key + self.plan.reach + (0 if chunk is None else chunk * b * (rows - 1))
         size = (groups, length // b - chunks + 1, b, self.plan.width if chunk is None else b)
         return table.as_strided(size, (length * rows, b * rows, 1, rows - 1), table.storage_offset() + offset)
 
@@ -260,10 +285,9 @@ class NearBand:
         return out
 
     # ------------------------------------------------------------------ logits
-    def bias(self, groups: slice, blocks: slice, logits: Tensor | None = None) -> Tensor:
+    def bias(self, groups: slice, blocks: slice, logits: Tensor | None = None, masked: bool = True) -> Tensor:
         """The piece's position terms added to ``logits [g, P, b, W]`` (zeros when None), ``finfo.min``
-        off the band."""
-        count = blocks.stop - blocks.start
+        off the band (unless not ``masked``: there the entries are finite but meaningless)."""
         terms = []
         if self.key_rows is not None:
             terms.append(
@@ -286,21 +310,33 @@ class NearBand:
             terms = []
         for term in terms:
             logits.add_(term)
-        valid = self.valid[blocks.start : blocks.start + count]
-        return logits.masked_fill_(~valid, torch.finfo(logits.dtype).min)
+        if not masked:
+            return logits
+        return self.mask_edges(logits.add_(self.floor), blocks, torch.finfo(logits.dtype).min)
+
+    def mask_edges(self, x: Tensor, blocks: slice, fill: float) -> Tensor:
+        """``x [g, P, b, W]`` set to ``fill`` where the piece's edge blocks have no pair (keys before
+        the first or past the last position, queries past the end)."""
+        for n, invalid in self.edges:
+            if blocks.start <= n < blocks.stop:
+                x[:, n - blocks.start].masked_fill_(invalid, fill)
+        return x
 
     @staticmethod
     def _table(rows: Tensor, groups: slice) -> Tensor:
         """Oriented rows ``[g|1, D, R]`` for a piece."""
         return (rows if rows.shape[0] == 1 else rows[groups]).transpose(-1, -2)
 
-    def logits(self, groups: slice, blocks: slice, k_band: Tensor | None = None) -> Tensor:
-        """The piece's masked logits ``[g, P, b, W]`` (``k_band``: :meth:`band` of the keys, when at hand)."""
+    def logits(
+        self, groups: slice, blocks: slice, k_band: Tensor | None = None, masked: bool = True
+    ) -> Tensor:
+        """The piece's logits ``[g, P, b, W]``, masked as in :meth:`bias` (``k_band``: :meth:`band` of
+        the keys, when at hand)."""
         b = self.plan.block
         q_blocks = self.query_rows_of(self.q, groups, blocks).unflatten(1, (-1, b))
         k_band = self.band(self.k, groups, blocks) if k_band is None else k_band
         content = (q_blocks @ k_band.transpose(-1, -2)).mul_(self.plan.scale)
-        return self.bias(groups, blocks, content)
+        return self.bias(groups, blocks, content, masked)
 
     # ------------------------------------------------------------------ forward and backward
     def forward(self, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
@@ -320,22 +356,18 @@ class NearBand:
         ``[g, P, b, D]`` and ``[g, P, b]``."""
         b = self.plan.block
         bias = self.bias(groups, blocks)
-        count = bias.shape[0] * bias.shape[1]
-
-        def stacked(x: Tensor) -> Tensor:  # [g, P, r, *] -> [g·P, 1, r, *]
-            return x.reshape(count, 1, *x.shape[2:])
-
+        # The kernel reads its operands through their strides: the blocks of a piece are its "heads",
+        # the overlapping key bands views (merging groups and blocks into one dimension would copy them).
         q_blocks = self.query_rows_of(self.q, groups, blocks).unflatten(1, (-1, b))
-        out, lse = flash_forward(
-            stacked(q_blocks),
-            stacked(self.band(self.k, groups, blocks)),
-            stacked(self.band(self.v, groups, blocks)),
+        return flash_forward(
+            q_blocks,
+            self.band(self.k, groups, blocks),
+            self.band(self.v, groups, blocks),
             0.0,
             False,
-            attn_mask=stacked(bias).to(self.q.dtype),
+            attn_mask=bias.to(self.q.dtype),
             scale=self.plan.scale,
         )
-        return out.view(bias.shape[:3] + out.shape[-1:]), lse.view(bias.shape[:3])
 
     def _explicit(self, groups: slice, blocks: slice) -> tuple[Tensor, Tensor]:
         """With a value term, explicitly: ``[g, P, b, D]`` and ``[g, P, b]``."""
@@ -382,8 +414,11 @@ class NearBand:
             g_rows = self.query_rows_of(grad, groups, blocks)
             g_blocks = g_rows.unflatten(1, (-1, b))
             k_band = self.band(self.k, groups, blocks).contiguous()  # read twice
-            logits = self.logits(groups, blocks, k_band)
+            # Unmasked, then zeroed off the band: exp of finfo.min takes PyTorch's slow path (about
+            # 20x the time of exp on in-range values, measured on [8, 254, 508]).
+            logits = self.logits(groups, blocks, k_band, masked=False)
             probs = logits.sub_(self.query_rows_of(lse, groups, blocks).unflatten(1, (-1, b))).exp_()
+            self.mask_edges(probs.masked_fill_(self.off_band, 0), blocks, 0.0)
             d_probs = g_blocks @ self.band(self.v, groups, blocks).transpose(-1, -2)
             if self.value_rows is not None:
                 d_probs += self.read_rows(g_rows @ self._table(self.value_rows, groups))
@@ -411,7 +446,8 @@ class NearBand:
             self.query_rows_of(d_q, groups, blocks).add_(d_q_rows)
         shape = (self.batch, self.heads, self.length, dim)
         dq, dk, dv = (
-            x[:, start : start + self.length].view(shape) for x, start in ((d_q, 0), (d_k, b), (d_v, b))
+            x[:, start : start + self.length].view(shape)
+            for x, start in ((d_q, 0), (d_k, plan.reach), (d_v, plan.reach))
         )
         # The key and query rows were read scaled: their gradients take the scale once here.
         layout = (

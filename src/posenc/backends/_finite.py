@@ -30,8 +30,11 @@ def all_finite_together(tensors: tuple[Tensor, ...]) -> bool:
 
     A decode step's q, k and v are a few hundred numbers, so the cost is in the calls, not the
     reductions. On CPU each sum is read into a Python float and the floats are added: nan and inf
-    propagate there too, and a float64 total cannot overflow. A small tensor sums in its own dtype
-    (an overflow only sends it to the exact test below); a large one in float64.
+    propagate there too, and a float64 total cannot overflow. A small tensor sums in its own dtype,
+    a large one in float32 at least (half types would overflow on ordinary values); an overflow only
+    sends it to the exact test below. A float32 tensor summed in float64 is converted first: three
+    of DeBERTa's ``[1, 8, 4096, 64]`` operands took 30-70 ms that way on one CPU thread (a tenth
+    to a fifth of a plain causal SDPA call), against under 2 ms in float32.
     """
     floating = [t for t in tensors if t.is_floating_point()]
     if not floating:
@@ -45,14 +48,17 @@ def sums_finite(floating: list[Tensor]) -> bool:
         total = 0.0
         for t in floating:
             t = t.detach() if t.requires_grad else t  # a value read, not a graph (and no warning)
-            total += float(t.sum(dtype=torch.float64) if t.numel() > SMALL_SUM else t.sum())
+            total += float(
+                t.sum(dtype=torch.promote_types(t.dtype, torch.float32)) if t.numel() > SMALL_SUM else t.sum()
+            )
         return math.isfinite(total)
     if len({(t.device, t.dtype) for t in floating}) == 1 and floating[0].device.type == "cuda":
         return bool(torch.isfinite(torch.stack([t.sum(dtype=torch.float64) for t in floating]).sum()))
     return False
 
 
-#: Up to this many elements a sum in the tensor's own dtype is cheaper than in float64.
+#: Up to this many elements a sum in the tensor's own dtype is cheaper than in float32 or float64
+#: (half types are converted first).
 SMALL_SUM = 1 << 14
 
 

@@ -6,13 +6,14 @@ logit and ``value_rows[r]`` to the value. Beyond its far distances ``r`` is cons
 there the key term (Shaw's ``a^K``, DeBERTa's c2p) is a **row constant** ``scale · q_i · key_rows[r]``,
 the query term (DeBERTa's p2c) a **key constant** ``scale · k_j · query_rows[r]``, and the value term
 a constant vector. So, for square self-attention at consecutive positions (plain causal mask or
-none), with near blocks of ``b`` query rows (``b + 1`` at least the far distance):
+none), with a near band of reach ``n`` (``n + 1`` at least the far distance) cut into blocks of
+``b`` query rows with ``back`` key blocks before each (``n = back · b``, :func:`_blocks_for`):
 
-* **far before** (``j <= i − b − 1``) and, without a causal mask, **far after** (reversed copies):
+* **far before** (``j <= i − n − 1``) and, without a causal mask, **far after** (reversed copies):
   :func:`~posenc.backends._exact.far_forward`; the row constant shifts the part's log-sum-exp, a key
-  constant rides in one extra head dimension;
-* **near** (``|j − i| <= b``): explicit logits on blocks of ``b`` queries against the ``2b`` (causal)
-  or ``3b`` keys around them (never ``L × L``), in pieces of a few blocks and heads whose
+  constant ``k_j · query_rows[r]`` joins the queries (``(q_i + query_rows[r]) · k_j``);
+* **near** (``|j − i| <= n``): explicit logits on blocks of ``b`` queries against the ``n + b``
+  (causal) or ``2n + b`` keys around them (never ``L × L``), in pieces of a few blocks and heads whose
   temporaries stay under :data:`NEAR_PIECE_BYTES`, with the position terms projected per piece
   (``q @ key_rowsᵀ`` for its queries, ``k @ query_rowsᵀ`` for its keys). Where the declared
   index is ``index(0) ± d`` on the whole band (Shaw when the block is ``k``, DeBERTa without
@@ -26,8 +27,8 @@ term is its softmax mass times the constant row. **Backward** (no ``L × L`` ten
 backward kernel gets the merged log-sum-exp minus the part's row constant, and the merged output
 minus the constant value row (the kernel uses the output only through ``D_i = dO_i · O_i``, and the
 constant value row must leave it: ``dS_ij = p_ij (dO_i · (v_j + a) − D_i)``). A row constant's
-gradient is ``w_i (dO_i · Ô_i − D_i + dO_i · a)``; a key constant's is the extra column of the
-kernel's ``dk``; the near blocks differentiate explicitly.
+gradient is ``w_i (dO_i · Ô_i − D_i + dO_i · a)``; a key constant's table row gets the sum of the
+kernel's ``dq`` over the part's rows; the near blocks differentiate explicitly.
 
 ``auto`` takes it from :data:`CLIPPED_MIN_LEN` queries and :data:`CLIPPED_MIN_BLOCKS` near blocks on
 (the ``relative`` backend's query blocks are as fast below); forcing it serves any length the near
@@ -62,6 +63,11 @@ __all__ = ["CLIPPED_BLOCK", "CLIPPED_MIN_BLOCKS", "CLIPPED_MIN_LEN", "ClippedBac
 #: Query rows per near block (raised to the clipping distance when that is larger): the near work
 #: per row is ``2b`` or ``3b`` keys, so small blocks keep it small.
 CLIPPED_BLOCK = 16
+#: At most this many key blocks before each near block (:func:`_blocks_for`): the band of ``back``
+#: blocks of ``b = reach / back`` rows reads ``(back + 1) · b`` keys per row for the ``reach + 1`` it
+#: needs under the causal mask (DeBERTa span 256: 340 keys in blocks of 85 rows, 508 in one block of
+#: 254), with blocks of ``CLIPPED_BLOCK`` rows at least.
+CLIPPED_BACK = 3
 #: Below this many queries the relative backend's query blocks are about as fast.
 CLIPPED_MIN_LEN = 512
 #: ``auto`` takes the split from this many near blocks on (``L >= CLIPPED_MIN_BLOCKS · b``): a near
@@ -77,8 +83,9 @@ NEAR_PIECE_BYTES = 4 << 20
 
 
 def _block_for(terms: ClippedRelative, causal: bool) -> int:
-    """Near rows per block: the far parts start at distance ``b + 1``, which must reach the far
-    distance of each side they cover."""
+    """The near band's reach ``n``: the far parts start at distance ``n + 1``, which must reach the far
+    distance of each side they cover. The reasons and declines count in near blocks of ``n`` rows
+    (one key block before each); the split itself may cut the band finer (:func:`_blocks_for`)."""
     return max(CLIPPED_BLOCK, max(terms.far_before, 1 if causal else terms.far_after) - 1)
 
 
@@ -161,19 +168,45 @@ def _slope_over_band(index: Callable[[Tensor], Tensor], block: int, causal: bool
     return None
 
 
+def _blocks_for(
+    index: Callable[[Tensor], Tensor], reach: int, slope: int | None, causal: bool
+) -> tuple[int, int]:
+    """The near block ``b`` and the key blocks ``back`` before it (``back · b >= reach``, the distance
+    the near band must cover): the most blocks up to :data:`CLIPPED_BACK` of at least
+    :data:`CLIPPED_BLOCK` rows. A band reaching past ``reach`` reads rows that are already constant
+    there, which the gathers take as they come; the strided views need the index to stay on its
+    line (DeBERTa without buckets: row ``span − d`` holds to the far distance itself)."""
+    for back in range(CLIPPED_BACK, 1, -1):
+        block = -(-reach // back)
+        if block >= CLIPPED_BLOCK and (slope is None or _on_line(index, slope, reach, back * block, causal)):
+            return block, back
+    return reach, 1
+
+
+def _on_line(index: Callable[[Tensor], Tensor], slope: int, reach: int, beyond: int, causal: bool) -> bool:
+    """Whether ``index(d) = index(0) + slope · d`` still holds for ``reach < |d| <= beyond`` (``d < 0``
+    only under the causal mask)."""
+    distance = -torch.arange(reach + 1, beyond + 1)
+    if not causal:
+        distance = torch.cat((distance, -distance))
+    zero = int(index(torch.tensor(0)))
+    return torch.equal(index(distance).cpu().long(), zero + slope * distance)
+
+
 def _flip(x: Tensor | None) -> Tensor | None:
     return None if x is None else x.flip(2)
 
 
-def _far_constants(plan: Plan, q: Tensor, k: Tensor, key_rows, query_rows, row: int):
-    """The far part's row constants ``scale · q_i · key_rows[row]`` and key constants
-    ``k_j · query_rows[row]`` (``[B, H, L]``, None when absent)."""
+def _row_constants(plan: Plan, q: Tensor, key_rows: Tensor | None, row: int) -> Tensor | None:
+    """The far part's row constants ``scale · q_i · key_rows[row]`` (``[B, H, L]``, None when absent)."""
+    return None if key_rows is None else (q @ key_rows[:, row, :, None])[..., 0] * plan.scale
 
-    def column(x: Tensor, rows: Tensor | None) -> Tensor | None:
-        return None if rows is None else (x @ rows[:, row, :, None])[..., 0]
 
-    row_const = column(q, key_rows)
-    return (None if row_const is None else row_const * plan.scale), column(k, query_rows)
+def _far_queries(q: Tensor, query_rows: Tensor | None, row: int) -> Tensor:
+    """The far part's queries with its key constants folded in: ``q_i + query_rows[row]``, since
+    ``q_i · k_j + k_j · query_rows[row] = (q_i + query_rows[row]) · k_j`` (an extra head dimension
+    for the key constant would cost the kernel about 1.14x and three concatenations)."""
+    return q if query_rows is None else q + query_rows[:, row][:, None]
 
 
 class _ClippedAttention(torch.autograd.Function):
@@ -186,10 +219,11 @@ class _ClippedAttention(torch.autograd.Function):
         fars = []  # (flip, far row, out, lse with the row constant)
         for flip in (False,) if plan.causal else (False, True):
             row = plan.far_row(flip)
-            row_const, key_const = _far_constants(plan, q, k, key_rows, query_rows, row)
-            key_term = None if key_const is None else far_keys(key_const, skip, flip)
-            operands = far_rows(q, skip, flip), far_keys(k, skip, flip), far_keys(v, skip, flip)
-            out_far, lse_far = far_forward(*operands, plan.scale, key_term)
+            row_const = _row_constants(plan, q, key_rows, row)
+            q_far = _far_queries(far_rows(q, skip, flip), query_rows, row)
+            out_far, lse_far = far_forward(
+                q_far, far_keys(k, skip, flip), far_keys(v, skip, flip), plan.scale
+            )
             lse_far = lse_far.to(acc)
             if row_const is not None:
                 lse_far = lse_far + far_rows(row_const, skip, flip).to(acc)
@@ -233,22 +267,25 @@ class _ClippedAttention(torch.autograd.Function):
         for i, (flip, row) in enumerate(ctx.fars):
             far_out, far_lse = far_tensors[2 * i], far_tensors[2 * i + 1]
             value_row = None if value_rows is None else value_rows[:, row][:, None]
-            row_const, key_const = _far_constants(plan, q_acc, k_acc, key_rows, query_rows, row)
+            row_const = _row_constants(plan, q_acc, key_rows, row)
             g, part_lse = far_rows(grad, skip, flip), far_rows(lse, skip, flip)
             merged_out = far_rows(out, skip, flip)
             if value_row is not None:
                 merged_out = merged_out - value_row
             shift = 0.0 if row_const is None else far_rows(row_const, skip, flip)
-            d_q, d_k, d_v, d_key = far_backward(
+            q_far = _far_queries(far_rows(q, skip, flip), _to(query_rows, q.dtype), row)
+            d_q, d_k, d_v, _ = far_backward(
                 g,
                 merged_out,
                 (part_lse - shift).to(far_lse.dtype),
-                far_rows(q, skip, flip),
+                q_far,
                 far_keys(k, skip, flip),
                 far_keys(v, skip, flip),
                 plan.scale,
-                None if key_const is None else far_keys(key_const, skip, flip),
             )
+            del q_far
+            if query_rows is not None:  # the key constants k_j · query_rows[row], folded into q
+                d_query_rows[:, row] += _head_sum(d_q.to(acc), query_rows.shape[0])
             weight = part_weight(far_lse, part_lse)
             d_row = None
             if row_const is not None:
@@ -258,7 +295,7 @@ class _ClippedAttention(torch.autograd.Function):
             if flip:
                 rows, keys = slice(0, length - skip), slice(skip, None)
                 d_q, d_k, d_v = d_q.flip(2), d_k.flip(2), d_v.flip(2)
-                d_row, d_key = _flip(d_row), _flip(d_key)
+                d_row = _flip(d_row)
             dq[:, :, rows] += d_q
             dk[:, :, keys] += d_k
             dv[:, :, keys] += d_v
@@ -266,10 +303,6 @@ class _ClippedAttention(torch.autograd.Function):
                 d_row = d_row[..., None] * plan.scale
                 dq[:, :, rows] += d_row * key_rows[:, row][:, None]
                 d_key_rows[:, row] += _head_sum(d_row * q_acc[:, :, rows], key_rows.shape[0])
-            if d_key is not None:  # the key constants k_j · query_rows[row]
-                d_key = d_key[..., None]
-                dk[:, :, keys] += d_key * query_rows[:, row][:, None]
-                d_query_rows[:, row] += _head_sum(d_key * k_acc[:, :, keys], query_rows.shape[0])
             if d_val is not None:
                 d_value[:, row] += d_val.sum(0) if value_rows.shape[0] > 1 else d_val.sum((0, 1))[None]
         return (
@@ -302,9 +335,10 @@ def clipped_attention(req: AttentionRequest) -> Tensor:
     terms = _terms(req)
     causal = req.mask.is_plain_causal
     tables = [t for t in (terms.key_rows, terms.query_rows, terms.value_rows) if t is not None]
-    block = _block_for(terms, causal)
-    slope = _slope_over_band(terms.index, block, causal)
-    plan = Plan(req.scale, block, causal, terms.index, tables[0].shape[-2], slope, NEAR_PIECE_BYTES)
+    reach = _block_for(terms, causal)
+    slope = _slope_over_band(terms.index, reach, causal)
+    block, back = _blocks_for(terms.index, reach, slope, causal)
+    plan = Plan(req.scale, block, causal, terms.index, tables[0].shape[-2], slope, NEAR_PIECE_BYTES, back)
     # One copy of an operand whose last stride is not 1 (the far parts' kernel would misread it).
     q, k, v = (kernel_layout(t) for t in (req.q, *req.kv_per_query_head()))
     key_rows, query_rows, value_rows = (
