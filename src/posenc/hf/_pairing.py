@@ -2,13 +2,13 @@
 
 Switching RoPE's pairing renames the q and k channels of every head (docs/conventions.md §7.3). For
 the logits to stay the same, everything that indexes those channels before the rotation must be
-permuted with them, and everything that reads channels derived from them after:
+permuted with them:
 
 * ``q_proj`` and ``k_proj``: their output rows (weights and biases);
 * ``q_norm`` and ``k_norm`` (Qwen3, Gemma 3 and 4, OLMo 2, Cohere): their per-channel weights and
   biases, of ``[D]`` (one head's channels, shared by every head), ``[heads * D]`` (OLMo 2 norms the
   whole projection) or ``[heads, D]`` (Cohere); the statistics they normalise by are sums over
-  channels, which a permutation leaves alone;
+  channels, which a permutation leaves alone.
 
 A module whose values are its keys (Gemma 4's K = V, ``attention_k_eq_v``) is refused: its value
 channels would move with the key rows. So is any parameter the module holds besides these (a
@@ -26,15 +26,15 @@ from torch import Tensor, nn
 from ..encodings.rope import RoPE, convert_rope_pairing
 
 #: Submodules whose parameters this module permutes, or which never see the q/k channels.
-_PROJECTIONS = ("q_proj", "k_proj")
 _NORMS = {"q_proj": "q_norm", "k_proj": "k_norm"}
+_PROJECTIONS = tuple(_NORMS)
 _UNTOUCHED = ("v_proj", "v_norm", "posenc_encoding", "rotary_emb")
 
 
 def permute_attention_channels(attention: nn.Module, encoding: RoPE, pairing: str) -> None:
     """Permute ``attention``'s q/k channels (and what reads them) from ``encoding.pairing`` to
-    ``pairing``, in place; the caller switches the encoding afterwards."""
-    check_permutable(attention, encoding)
+    ``pairing``, in place, once :func:`check_permutable` passed it (the caller checks every module
+    before changing any); the caller switches the encoding afterwards."""
     convert = partial(
         convert_rope_pairing,
         head_dim=encoding.head_dim,
