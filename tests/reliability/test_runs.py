@@ -268,3 +268,87 @@ def test_sigkill_of_the_main_process_or_a_worker_loses_nothing_and_leaves_no_orp
     assert "Traceback" not in output and "BrokenProcessPool" not in output, output
     assert _wait_gone(workers) == []
     _check_rerun_completes_without_loss_or_duplicates(out)
+
+
+_IDLE_WORKER_SCRIPT = """
+import sys
+from pathlib import Path
+
+import torch
+
+from posenc.experiments import workers
+from posenc.experiments.train import ExperimentConfig, RunSpec
+
+# Run by the spawned workers too (as __mp_main__): seed 0's job ends at once, so its worker waits
+# for more work (holding the pool's reader lock) while seed 1's trains.
+real_train = workers.train_and_evaluate
+workers.train_and_evaluate = lambda config, run, *a, **k: [] if run.seed == 0 else real_train(config, run, *a, **k)
+
+if __name__ == "__main__":
+    out = Path(sys.argv[1])
+    (out / "checkpoints").mkdir(parents=True)
+    config = ExperimentConfig(
+        task="copy", encodings=["alibi"], seeds=[0, 1], train_len=2, eval_len=3, steps=10**6,
+        checkpoint_every=5, d_model=16, num_layers=1, num_heads=2, d_ff=16, batch_size=2, eval_examples=2,
+    )
+    runs = [RunSpec("alibi", 0), RunSpec("alibi", 1)]
+    try:
+        workers.run_in_workers(config, runs, out, 2, 1, torch.device("cpu"), lambda *a: None, print, lambda *a: None)
+    except workers.WorkerDied as err:
+        print(err)
+        sys.exit(3)
+"""
+
+
+def _cpu_ticks(pid: int) -> int:
+    from pathlib import Path
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads /proc")
+def test_a_worker_killed_while_waiting_for_work_does_not_hang_the_survivor(tmp_path):
+    # An idle worker blocks on the pool's queue holding its cross-process reader lock; killed
+    # there, the lock stays held for good. The survivor used to stop its run (the pool's SIGTERM),
+    # then block on that lock forever, and the main process waited for it forever.
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out, script = tmp_path / "out", tmp_path / "idle_worker.py"
+    script.write_text(_IDLE_WORKER_SCRIPT)
+    process = subprocess.Popen(
+        [sys.executable, str(script), str(out)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            workers = _worker_pids(process.pid)
+            if len(workers) == 2 and list((out / "checkpoints").glob("*.pt")):
+                break
+            assert process.poll() is None, process.communicate()[0]
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the workers never started training")
+        before = {pid: _cpu_ticks(pid) for pid in workers}
+        time.sleep(1.0)
+        (idle_ticks, idle), (training_ticks, training) = sorted(
+            (_cpu_ticks(p) - before[p], p) for p in workers
+        )
+        assert idle_ticks < training_ticks, "no worker stands out as idle"
+        os.kill(idle, signal.SIGKILL)
+        output = process.communicate(timeout=120)[0]
+    finally:
+        if process.poll() is None:
+            for pid in _worker_pids(process.pid):
+                os.kill(pid, signal.SIGKILL)
+            process.kill()
+            process.wait()
+    assert process.returncode == 3, output
+    assert f"(pid {idle}) died (signal 9)" in output, output
+    assert _wait_gone([training]) == [], "the surviving worker outlived the command"
+    assert len(list((out / "checkpoints").glob("*.pt"))) == 1  # the survivor's run resumes from it

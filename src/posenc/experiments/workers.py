@@ -6,11 +6,19 @@ A worker exits by itself when the main process is gone (a thread polls the paren
 SIGKILL of the command leaves no orphan; a worker that dies is reported as one line naming it
 (:class:`WorkerDied`); Ctrl-C and SIGTERM stop every worker at its next step with a checkpoint.
 Progress and log lines travel back through a queue to the caller's callbacks.
+
+A worker killed while it holds one of the pool's cross-process locks (the one an idle worker holds
+while it waits for its next job, a queue's writer lock) leaves that lock held forever, and every
+other process that takes it blocks for good. So the stop request is a lock-free byte in shared
+memory, and once a worker has died the survivors are told, through another such byte, to exit as
+soon as their current job has saved its checkpoint instead of asking the pool for more work.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue as queue_module
 import signal
@@ -72,32 +80,63 @@ def worker_count(workers: int | None, runs: int, dist: Distributed) -> int:
 
 
 _WORKER_QUEUE: Any = None
-_WORKER_STOP: Any = None
+_WORKER_FLAGS: _Flags | None = None
+_IN_JOB = False  # this worker runs a job now: it must not exit before the job's checkpoint is saved
+
+
+class _Flags:
+    """Requests from the main process to its workers, as lock-free bytes in shared memory (a lock a
+    killed worker held would never be released; see the module docstring).
+
+    ``stop``: every job stops at its next step with a checkpoint (Ctrl-C, SIGTERM, a death).
+    ``abandoned``: a worker died and the pool is broken; a worker exits once it is between jobs.
+    """
+
+    def __init__(self, context: Any) -> None:
+        self._stop = context.RawValue(ctypes.c_bool, False)
+        self._abandoned = context.RawValue(ctypes.c_bool, False)
+
+    def stop(self) -> None:
+        self._stop.value = True
+
+    def should_stop(self) -> bool:
+        return bool(self._stop.value)
+
+    def abandon(self) -> None:
+        self._stop.value = True
+        self._abandoned.value = True
+
+    def abandoned(self) -> bool:
+        return bool(self._abandoned.value)
 
 
 #: How often a worker checks that the main process still runs (seconds).
 PARENT_POLL_SECONDS = 0.5
 
 
-def _init_worker(threads: int, progress_queue: Any, stop_event: Any) -> None:
-    global _WORKER_QUEUE, _WORKER_STOP
+def _init_worker(threads: int, progress_queue: Any, flags: _Flags) -> None:
+    global _WORKER_QUEUE, _WORKER_FLAGS
     torch.set_num_threads(threads)
-    _WORKER_QUEUE, _WORKER_STOP = progress_queue, stop_event
+    _WORKER_QUEUE, _WORKER_FLAGS = progress_queue, flags
     # Idle workers ignore Ctrl-C; a running job turns it into a checkpoint and a clean stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _exit_when_orphaned(os.getppid())
+    _exit_when_orphaned_or_abandoned(os.getppid(), flags)
 
 
-def _exit_when_orphaned(parent: int) -> None:
-    """Exit this worker as soon as its parent is gone (killed with SIGKILL, no chance to clean up).
+def _exit_when_orphaned_or_abandoned(parent: int, flags: _Flags) -> None:
+    """Exit this worker as soon as its parent is gone (killed with SIGKILL, no chance to clean up),
+    or, once the main process has abandoned the pool (a worker died), as soon as no job runs here.
 
-    A worker blocked on the pool's pipe would otherwise live forever; nothing it does after the
-    parent died can reach the results (the parent writes them), and its checkpoints are atomic,
-    so the next command resumes from the last one.
+    A worker blocked on the pool's pipe (or on a lock a dead worker held) would otherwise live
+    forever; nothing it does after the parent died or the pool broke can reach the results (the
+    parent writes them, from the futures a broken pool no longer fills), and its checkpoints are
+    atomic, so the next command resumes from the last one.
     """
 
     def watch() -> None:
         while os.getppid() == parent:
+            if flags.abandoned() and not _IN_JOB:
+                os._exit(0)
             time.sleep(PARENT_POLL_SECONDS)
         os._exit(1)
 
@@ -116,15 +155,21 @@ def _queue_log(message: str) -> None:
 
 
 def _worker_job(config: ExperimentConfig, run: RunSpec, checkpoint: str, device: str) -> list[dict[str, Any]]:
-    return train_and_evaluate(
-        config,
-        run,
-        Path(checkpoint),
-        _queue_report,
-        device=torch.device(device),
-        log=_queue_log,
-        should_stop=_WORKER_STOP.is_set,
-    )
+    global _IN_JOB
+    assert _WORKER_FLAGS is not None, "_init_worker runs first in every worker"
+    _IN_JOB = True
+    try:
+        return train_and_evaluate(
+            config,
+            run,
+            Path(checkpoint),
+            _queue_report,
+            device=torch.device(device),
+            log=_queue_log,
+            should_stop=_WORKER_FLAGS.should_stop,
+        )
+    finally:
+        _IN_JOB = False
 
 
 @contextmanager
@@ -164,9 +209,9 @@ def run_in_workers(
     :class:`WorkerDied` naming it. Finished runs are handed over either way.
     """
     context = multiprocessing.get_context("spawn")
-    progress_queue, stop_event = context.Queue(), context.Event()
+    progress_queue, flags = context.Queue(), _Flags(context)
     executor = ProcessPoolExecutor(
-        workers, mp_context=context, initializer=_init_worker, initargs=(threads, progress_queue, stop_event)
+        workers, mp_context=context, initializer=_init_worker, initargs=(threads, progress_queue, flags)
     )
     futures: dict[Future, RunSpec] = {}
     handled: set[Future] = set()
@@ -186,10 +231,13 @@ def run_in_workers(
                 except Interrupted as err:  # a worker was stopped (a signal sent to it alone): stop all
                     raise KeyboardInterrupt from err
                 except BrokenProcessPool as err:
-                    raise WorkerDied(_death_notice(processes)) from err
+                    notice = _death_notice(processes)  # before the survivors end, so it names the dead
+                    flags.abandon()
+                    _wait_for_survivors(processes, log)
+                    raise WorkerDied(notice) from err
         _drain(progress_queue, report, log)
     except KeyboardInterrupt:
-        stop_event.set()  # running jobs checkpoint and stop; queued ones stop before starting
+        flags.stop()  # running jobs checkpoint and stop; queued ones stop before starting
         _collect_finished({f: r for f, r in futures.items() if f not in handled}, on_done)
         _drain(progress_queue, report, log)
         raise ExperimentInterrupted(
@@ -216,6 +264,33 @@ def _death_notice(processes: list[Any]) -> str:
                 "unfinished ones resume from their checkpoints"
             )
     return "a worker process died; finished runs are saved, unfinished ones resume from their checkpoints"
+
+
+#: After a death, how long the survivors may take to checkpoint before the wait is announced.
+SURVIVOR_NOTICE_SECONDS = 5.0
+
+
+def _wait_for_survivors(processes: list[Any], log: Log) -> None:
+    """Wait until the workers that outlived a dead one have saved their checkpoints and exited.
+
+    Each stops at its next step (the pool's SIGTERM and the stop flag both ask it to), so the wait
+    is at most one training step; a longer one is announced, and Ctrl-C ends it by killing them
+    (their runs then resume from the checkpoint before).
+    """
+    alive = [p for p in processes if p.exitcode is None]
+    announced = False
+    started = time.monotonic()
+    try:
+        while alive:
+            multiprocessing.connection.wait([p.sentinel for p in alive], timeout=0.5)
+            alive = [p for p in alive if p.exitcode is None]
+            if alive and not announced and time.monotonic() - started > SURVIVOR_NOTICE_SECONDS:
+                pids = ", ".join(str(p.pid) for p in alive)
+                log(f"waiting for worker(s) {pids} to save a checkpoint and stop (Ctrl-C stops them now)")
+                announced = True
+    except KeyboardInterrupt:
+        for process in alive:
+            process.kill()
 
 
 def _collect_finished(futures: dict[Future, RunSpec], on_done: OnDone) -> None:
