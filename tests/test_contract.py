@@ -219,6 +219,47 @@ def test_eager_and_sdpa_agree_forward_and_backward(name, num_kv_heads):
         torch.testing.assert_close(got, want, rtol=1e-8, atol=1e-8)
 
 
+@pytest.mark.parametrize("max_length", [None, 16])
+def test_cached_decoding_under_inference_mode_equals_no_grad(name, max_length):
+    # Tensors made under torch.inference_mode count no in-place writes (reading their version
+    # counter raises): positions posenc makes, the HF bridge's counting table and cross-attention's
+    # context key read version counters, so every step there must still run and agree with no_grad.
+    layer = make_layer(name, causal=True)
+    x = _x(2, 9)
+
+    def decode() -> torch.Tensor:
+        cache = posenc.KVCache(max_length=max_length)
+        return torch.cat([layer(x[:, a:b], cache=cache) for a, b in ((0, 5), (5, 6), (6, 9))], dim=1)
+
+    with torch.no_grad():
+        expected = decode()
+    with torch.inference_mode():
+        got = decode()
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_cross_attention_cache_under_inference_mode(name):
+    layer = make_layer(name, causal=False)
+    if layer.encoding.self_attention_only:
+        pytest.skip(f"{name} serves self-attention only")
+    x, context = _x(2, 3), _x(2, 7)
+
+    def two_calls(context: torch.Tensor) -> tuple[torch.Tensor, posenc.KVCache]:
+        cache = posenc.KVCache()
+        first = layer(x[:, :2], context=context, cache=cache)
+        return torch.cat([first, layer(x[:, 2:], context=context, cache=cache)], 1), cache  # 2nd: cached keys
+
+    with torch.no_grad():
+        expected, _ = two_calls(context)
+    with torch.inference_mode():
+        context = context.clone()  # an inference tensor: no version counter
+        got, cache = two_calls(context)
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        context[0, 0, 0] += 1.0  # an in-place write an inference tensor does not count
+        with pytest.raises(ValueError, match="another context"):
+            layer(x[:, 2:], context=context, cache=cache)
+
+
 def test_cross_attention_odd_sizes(name):
     layer = make_layer(name, causal=False)
     x_q, x_kv = _x(2, 113), _x(2, 203)

@@ -837,3 +837,22 @@ def test_the_bridges_kept_positions_survive_a_write_into_them():
     first += 7
     assert torch.equal(_counting(5, cpu), torch.arange(5)[None])
     assert torch.equal(_counting(9000, cpu), torch.arange(9000)[None])  # grows past the kept length
+
+
+def test_generate_under_inference_mode_equals_no_grad(monkeypatch):
+    """Under ``torch.inference_mode`` tensors count no in-place writes: the bridge's kept positions
+    (a version-checked table) and the swapped RoPE's positions are made as normal tensors there."""
+    from posenc.hf import _attention
+
+    monkeypatch.setattr(_attention, "_COUNTING", {})  # the table is first made under inference_mode
+    model = _model("llama")
+    swapped = posenc_hf.swap_encoding(_model("llama"), "rope")
+    ids, mask = _inputs()
+    options = dict(attention_mask=mask, max_new_tokens=5, do_sample=False)
+    for m in (model, swapped):
+        m.set_attn_implementation(posenc_hf.ATTN_IMPLEMENTATION)
+        with torch.inference_mode():
+            got = m.generate(ids, **options)
+        with torch.no_grad():
+            want = m.generate(ids, **options)
+        assert torch.equal(got, want)

@@ -500,13 +500,14 @@ class MultiheadAttention(nn.Module):
         k_pos = checked_positions(
             self.encoding, context_positions, "context_positions", batch, context.shape[1], k_default
         )
+        given = context_key(context) if cache is not None else None  # the caller's tensor, not a sum
         if self.encoding.kind is Kind.ABSOLUTE:
             context = embed_positions(self.encoding, context, k_pos)
         k, v = self.key_values(context)
         if self.encoding.kind is Kind.ROTARY:
             q, k = self.encoding.rotate(q, k, q_pos, k_pos)
         if cache is not None:
-            entry = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, context_key=context_key(context))
+            entry = KVCacheEntry(k=k, v=v, k_pos=k_pos, padding=padding, context_key=given)
             cache.write(self, entry, cross=True)
         return AttentionInputs(q, k, v, q_pos, k_pos, padding=padding)
 

@@ -195,7 +195,7 @@ class KVCache:
             device=device,
             fresh="KVCache",
         )
-        if cross and context is not None and entry.context_key != context_key(context):
+        if cross and context is not None and not _same_context(entry, context):
             raise ValueError(
                 f"cache: the cross-attention entry of layer_idx={layer.layer_idx} holds the keys of another "
                 "context; pass the same context tensor, or reset the cache for a new one"
@@ -466,3 +466,8 @@ def token_states_with_cache(
     q_index = torch.arange(start, start + q_len, device=x.device)
     keys = torch.cat([previous, new], dim=-1)
     return TokenStates(q=new, k=keys, q_index=q_index, k_index=torch.cat([cached, q_index]))
+
+
+def _same_context(entry: KVCacheEntry, context: Tensor) -> bool:
+    """Whether ``entry``'s cross-attention keys were made from ``context`` as it is now."""
+    return entry.context_key is not None and entry.context_key.matches(context)

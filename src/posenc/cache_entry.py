@@ -19,6 +19,7 @@ __all__ = [
     "CacheFullError",
     "CacheStamp",
     "CacheWriter",
+    "ContextKey",
     "KVCacheEntry",
     "TimeAxis",
     "check_in_place_write",
@@ -197,7 +198,7 @@ class KVCacheEntry(CacheStamp):
     k_pos: Tensor  # [B or 1, T] int64
     padding: Tensor | None  # [B, T] bool, True = padding
     document_ids: Tensor | None = None  # [B, T] int64, the keys' documents
-    context_key: tuple | None = None  # cross-attention: which context tensor the keys came from
+    context_key: ContextKey | None = None  # cross-attention: which context tensor the keys came from
     evicted: int = 0  # tokens dropped from the front (a windowed layer keeps what its window sees)
     # [B] int64: the real (unpadded) tokens among the evicted ones, once a padded key was evicted
     # (None: every evicted token was real); positions count the real tokens before each new one
@@ -295,6 +296,34 @@ class KVCacheEntry(CacheStamp):
         self.padding = self.padding[:, drop:]
 
 
-def context_key(x: Tensor) -> tuple:
-    """Identifies a tensor's contents without reading them: storage, shape, strides, in-place version."""
-    return (x.data_ptr(), tuple(x.shape), x.stride(), x._version, x.device.type)
+@dataclass(frozen=True, eq=False)
+class ContextKey:
+    """Which context tensor a cross-attention entry's keys came from, and its contents then.
+
+    A normal tensor is identified without reading it: storage, shape, strides and its in-place
+    version counter. A tensor made under ``torch.inference_mode`` counts no in-place writes, so a
+    copy of it is kept and compared whole (as cheap as one read of the cached keys).
+    """
+
+    identity: tuple  # storage, shape, strides, device type
+    version: int | None  # the in-place version; None for an inference tensor
+    snapshot: Tensor | None  # an inference tensor's contents when the keys were made
+
+    def matches(self, x: Tensor) -> bool:
+        """Whether ``x`` is the same tensor with the same contents."""
+        if self.identity != _identity(x) or x.is_inference() != (self.snapshot is not None):
+            return False
+        if self.snapshot is None:
+            return x._version == self.version
+        return torch.equal(x, self.snapshot)
+
+
+def _identity(x: Tensor) -> tuple:
+    return (x.data_ptr(), tuple(x.shape), x.stride(), x.device.type)
+
+
+def context_key(x: Tensor) -> ContextKey:
+    """The :class:`ContextKey` of ``x`` now."""
+    if x.is_inference():
+        return ContextKey(_identity(x), None, x.clone())
+    return ContextKey(_identity(x), x._version, None)

@@ -10,7 +10,9 @@ slice rows ``start : start + T`` instead (the same numbers, bit for bit).
 The mark is trusted only while the tensor is unchanged: it records the tensor's version counter,
 which every in-place write bumps (``positions += 1`` drops the mark). A tensor made any other way
 (a slice, ``.clone()``, the caller's own ``arange``) has no mark and takes the general path.
-Under ``torch.compile`` nothing is marked: a traced graph does not carry Python attributes.
+Under ``torch.compile`` nothing is marked: a traced graph does not carry Python attributes. Under
+``torch.inference_mode`` the positions are still made as normal tensors (an inference tensor has no
+version counter), so they keep their mark there too.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ _MARK = "_posenc_arange_start"
 
 def arange_positions(start: int, length: int, device: torch.device | str | None = None) -> Tensor:
     """Positions ``[1, length]`` int64: ``start, start + 1, ...``, marked with ``start``."""
-    positions = torch.arange(start, start + length, device=device)[None]
-    if not torch.compiler.is_compiling():
-        setattr(positions, _MARK, (start, positions._version))
+    if torch.compiler.is_compiling():
+        return torch.arange(start, start + length, device=device)[None]
+    with torch.inference_mode(False):  # a normal tensor: it counts its in-place writes
+        positions = torch.arange(start, start + length, device=device)[None]
+    setattr(positions, _MARK, (start, positions._version))
     return positions
 
 

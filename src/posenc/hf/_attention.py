@@ -104,7 +104,10 @@ def _counting(length: int, device: torch.device) -> Tensor:
     """``arange(length)[None]`` on ``device``, as a view of a kept table."""
     table, version = _COUNTING.get(device, (None, -1))
     if table is None or table.shape[0] < length or table._version != version:
-        table = torch.arange(max(length, 2 * (0 if table is None else table.shape[0]), 4096), device=device)
+        with torch.inference_mode(False):  # a normal tensor, also in inference mode: it has a version
+            table = torch.arange(
+                max(length, 2 * (0 if table is None else table.shape[0]), 4096), device=device
+            )
         _COUNTING[device] = (table, table._version)
     return table[None, :length]
 
