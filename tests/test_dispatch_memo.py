@@ -177,3 +177,58 @@ def test_a_repeated_signature_asks_no_backend_again(monkeypatch):
         nan = build(DECODE)
         nan.q[0, 0, 0, 0] = float("nan")
         assert select_backend(nan).name == "eager"  # nan on CPU: the full selection, not the memo
+
+
+GROWING = [
+    "rope|1|causal",
+    "nope|1|causal",
+    "sinusoidal|1|causal",
+    "rope|1",
+    "rope|1|causal|sinks",
+    "rope|1|causal|float64",
+    "rope|37|causal",
+    "rope|300|causal",
+    "nope|300",
+]
+
+
+@pytest.mark.parametrize("case", GROWING)
+def test_the_memo_answers_as_a_full_selection_while_the_keys_grow(case, monkeypatch):
+    """A decode step's keys grow by one each token; small CPU requests are remembered whatever their
+    key count (posenc.backends._memo): across key counts on both sides of the size threshold where the
+    query-block backends stop declining, and with nan on one step, the memo answers as a full selection."""
+    from posenc.backends import _query_blocks
+
+    monkeypatch.setattr(_query_blocks, "MIN_AUTO_LOGITS", 64 * 64)  # the threshold within reach
+    spec, length, *options = case.split("|")
+    _memo.bump()
+    offsets = [*range(0, 40, 3), *range(4096 // int(length) - int(length) - 3, 4096 // int(length) + 5)]
+    with torch.no_grad():
+        for offset in sorted({o for o in offsets if o >= 0}):
+            for nan in (False, True, False) if offset == 9 else (False,):
+                step = "|".join([spec, length, *options, f"offset={offset}"] + (["nan"] if nan else []))
+                make = Maker(step, nan=nan, grad=False)
+                assert remembered_choice(make) == fresh_choice(make), make.label
+
+
+def test_a_growing_decode_asks_no_backend_after_its_first_step(monkeypatch):
+    calls = []
+    from posenc.backends import available_backends
+
+    for name in available_backends("cpu"):
+        backend = get_backend(name)
+        original = backend.reasons
+
+        def counted(request, _original=original, _name=name):
+            calls.append(_name)
+            return _original(request)
+
+        monkeypatch.setattr(backend, "reasons", counted)
+    _memo.bump()
+    with torch.no_grad():
+        first = select_backend(build("rope|1|causal|offset=10"))
+        assert calls
+        calls.clear()
+        for offset in range(11, 30):
+            assert select_backend(build(f"rope|1|causal|offset={offset}")) is first
+        assert calls == []

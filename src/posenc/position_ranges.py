@@ -29,7 +29,10 @@ def arange_positions(start: int, length: int, device: torch.device | str | None 
     """Positions ``[1, length]`` int64: ``start, start + 1, ...``, marked with ``start``."""
     if torch.compiler.is_compiling():
         return torch.arange(start, start + length, device=device)[None]
-    with torch.inference_mode(False):  # a normal tensor: it counts its in-place writes
+    if torch.is_inference_mode_enabled():
+        with torch.inference_mode(False):  # a normal tensor: it counts its in-place writes
+            positions = torch.arange(start, start + length, device=device)[None]
+    else:
         positions = torch.arange(start, start + length, device=device)[None]
     setattr(positions, _MARK, (start, positions._version))
     return positions

@@ -13,7 +13,14 @@ built-in backends read from a request, and only for the requests where that is a
 The key: the requested backend, the device type's order (``dispatch.PRIORITY`` as it stands: a
 direct edit of it changes the answer as :func:`~posenc.backends.dispatch.set_priority` does), the
 device, dtype and shapes of q, k and v, the kind, the causal offset, sinks (present or not), the
-soft-cap, dropout > 0, need_weights, grad mode and whether anything requires grad. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
+soft-cap, dropout > 0, need_weights, grad mode and whether anything requires grad. A small request
+on CPU (``Tq * Tk`` under :data:`~posenc.backends._query_blocks.MIN_AUTO_LOGITS`, where every backend
+built on query blocks declines) leaves the number of keys out of the key (whether there are any stays
+in) and counts the causal offset from the cache length (``offset - (Tk - Tq)``): no CPU backend's
+limits or costs read them there, so a decode step, whose keys grow by one each token, is answered
+from the memo (``tests/test_dispatch_memo.py`` compares the memo with a full selection for key
+counts up to the threshold and past it). Elsewhere the key keeps both: the splits weigh a mask's
+band against its pairs, and flex on an accelerator counts the shapes it compiled. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
 made without finding nan or inf, and the caller tests it again on every hit.
 
 :func:`bump` (``register_backend``, ``use_backend``) empties the memo; ``set_priority`` need not, as
@@ -26,7 +33,7 @@ import torch
 
 from ..base import Kind
 from ..masks import CausalMask
-from . import dispatch
+from . import _query_blocks, dispatch
 
 _MAX_ENTRIES = 512
 
@@ -61,25 +68,27 @@ def signature(request, requested: str, backends: dict) -> tuple | None:
     if mask.additive is not None:
         return None
     components = mask.components
+    q, k, v = request.q, request.k, request.v
+    # small on CPU: no backend's choice reads the number of keys or where the cache ends (docstring)
+    small = q.device.type == "cpu" and q.shape[2] * k.shape[2] < _query_blocks.MIN_AUTO_LOGITS
     if not components:
-        offset = -1
+        causal = None
     elif len(components) == 1 and type(components[0]) is CausalMask:
-        offset = components[0].offset
+        causal = components[0].offset - (k.shape[2] - q.shape[2] if small else 0)
     else:
         return None
     if not _builtin_only(backends):
         return None
-    q, k, v = request.q, request.k, request.v
+    keys = (k.shape[:2], k.shape[3], v.shape[3], k.shape[2] > 0) if small else (k.shape, v.shape)
     return (
         requested,
         dispatch.listed_order(q.device.type),
         q.device,
         q.dtype,
         q.shape,
-        k.shape,
-        v.shape,
+        keys,
         request.kind,
-        offset,
+        causal,
         request.sinks is not None,
         request.softcap,
         request.dropout_p > 0,

@@ -55,6 +55,11 @@ def _check_positions(
         raise _field_error(name, f"is on device {pos.device} but q is on {device}; move it to {device}")
 
 
+#: ``from_keywords`` passes it as the mask: every other field is checked, the default mask is not
+#: built (the keywords' mask replaces it; building both cost a decode step a few microseconds).
+_KEYWORDS_PENDING: object = object()
+
+
 @dataclass
 class AttentionRequest:
     """Everything a backend needs for one attention call.
@@ -102,9 +107,12 @@ class AttentionRequest:
     softcap: float | None = None
 
     def __post_init__(self) -> None:
+        pending = self.mask is _KEYWORDS_PENDING  # from_keywords builds the mask next
+        if pending:
+            self.mask = None  # type: ignore[assignment]
         self._check_fields()
         self._check_token_states()
-        if self.mask is None:
+        if self.mask is None and not pending:
             self.mask = self._built_mask()
 
     @classmethod
@@ -133,7 +141,7 @@ class AttentionRequest:
                 "AttentionRequest.from_keywords: give the mask keywords or mask=, not both "
                 "(AttentionRequest(..., mask=mask) takes a built mask)"
             )
-        request = cls(**fields)  # type: ignore[arg-type]  # every other field checked first
+        request = cls(**fields, mask=_KEYWORDS_PENDING)  # type: ignore[arg-type]  # every other field checked first
         request.mask = request._built_mask(
             causal=causal, causal_offset=causal_offset, key_padding_mask=key_padding_mask, attn_mask=attn_mask
         )
