@@ -417,6 +417,7 @@ def test_bloom_runs_on_posenc_alibi_and_equals_hf():
 def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], object]:
     """Elements the nan check reduces in the last layer's call of one decode step after a prompt."""
     from posenc.backends import request as request_module
+    from posenc.hf import _attention as bridge
 
     torch.manual_seed(0)
     ids = torch.randint(1, VOCAB, (1, prompt_len + 1))
@@ -425,13 +426,13 @@ def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], o
         model(ids[:, :prompt_len], past_key_values=cache, use_cache=True)
         counted: list[int] = []
         real = request_module.all_finite_together
-        monkeypatch.setattr(
-            request_module,
-            "all_finite_together",
-            lambda ts: counted.extend(t.numel() for t in ts) or real(ts),
-        )
+        for checker in (request_module, bridge):  # the request's check and the plain decode step's
+            monkeypatch.setattr(
+                checker, "all_finite_together", lambda ts: counted.extend(t.numel() for t in ts) or real(ts)
+            )
         model(ids[:, prompt_len:], past_key_values=cache, use_cache=True)
-        monkeypatch.setattr(request_module, "all_finite_together", real)
+        for checker in (request_module, bridge):
+            monkeypatch.setattr(checker, "all_finite_together", real)
     return counted, cache
 
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..backends import get_backend
+from ..backends import _memo, get_backend, requested_backend
+from ..backends._finite import all_finite_together
 from ..backends._softcap import check_softcap
+from ..backends.dispatch import listed_order
 from ..backends.run import attend
 from ..base import FiniteMark, Kind, checks_values
 from ..masks import AttentionMask
@@ -87,11 +91,13 @@ def _known_finite_keys(module: nn.Module, key: Tensor, q_len: int) -> tuple[int,
         and key.device == previous.tail.device
     )
     known = past if linked and torch.equal(key.narrow(2, past - 1, 1), previous.tail) else 0
-    mark = FiniteMark()
-    _CHECKED[module] = _CheckedKeys(
-        mark, key.shape[2], key.shape[0], key.narrow(2, key.shape[2] - 1, 1).clone()
-    )
-    return known, mark
+    tail = key.narrow(2, key.shape[2] - 1, 1).clone()
+    if previous is None:  # (a new weak reference per call cost a decode step microseconds)
+        _CHECKED[module] = _CheckedKeys(FiniteMark(), key.shape[2], key.shape[0], tail)
+        return known, _CHECKED[module].mark
+    previous.mark.finite = False  # until this call's check finds every key finite
+    previous.length, previous.batch, previous.tail = key.shape[2], key.shape[0], tail
+    return known, previous.mark
 
 
 #: Per device, ``arange(N)`` and its version: the positions of a call whose encoding reads none (HF
@@ -144,6 +150,13 @@ def attention_forward(
     dispatcher then picks a backend that caps (sdpa does not).
     """
     _check_supported(kwargs)
+    plain = _plain_decode_key(
+        module, query, key, value, attention_mask, dropout, scaling, s_aux, position_bias, kwargs
+    )
+    if plain is not None and _PLAIN_DECODE.get(plain) == "sdpa":
+        out = _plain_decode(module, query, key, value, plain[-1])
+        if out is not None:
+            return out, None
     q_len = query.shape[2]
     layer_causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     causal = layer_causal and attention_mask is None and q_len > 1
@@ -198,7 +211,100 @@ def attention_forward(
         softcap=_softcap(kwargs.get("softcap")),
     )
     note_backend(name)
+    if plain is not None and mark is not None and mark.finite:  # chosen for finite values: remembered
+        if len(_PLAIN_DECODE) >= 256:
+            _PLAIN_DECODE.clear()
+        _PLAIN_DECODE[plain] = name
     return out.transpose(1, 2).contiguous(), weights
+
+
+#: Per signature of a plain decode call (:func:`_plain_decode_key`), the backend the dispatcher chose
+#: for the full request of that signature, with finite values.
+_PLAIN_DECODE: dict[tuple, str] = {}
+
+
+def _plain_decode_key(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float,
+    scaling: float | None,
+    s_aux: Tensor | None,
+    position_bias: Tensor | None,
+    kwargs: dict[str, Any],
+) -> tuple | None:
+    """The signature of a plain decode step, else None: one query on CPU without gradients, HF's
+    positions already in q and k, no mask, bias, sinks, soft-cap, window, dropout or weights.
+
+    Such a call's request differs from the last one of its signature only in its number of keys,
+    which no CPU backend's choice reads at one query (:mod:`posenc.backends._memo`). The key holds
+    everything the full path validated and chose by: shapes but the key count, dtypes, the scale,
+    the forced backend, the dispatcher's generation (``use_backend``, ``register_backend``) and
+    order (``set_priority``). Its last item is the scale.
+    """
+    if (
+        query.shape[2] != 1
+        or attention_mask is not None
+        or position_bias is not None
+        or s_aux is not None
+        or dropout
+        or query.device.type != "cpu"
+        or torch.is_grad_enabled()
+        or getattr(module, "posenc_encoding", None) is not None
+        or kwargs.get("softcap") is not None
+        or kwargs.get("output_attentions")
+        or kwargs.get("sliding_window") is not None
+        or BACKEND["name"] != "auto"
+        or not checks_values()
+        or key.shape[2] == 0
+        or value.shape[2] != key.shape[2]
+    ):
+        return None
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if type(scale) is not float:
+        return None
+    return (
+        query.shape,
+        key.shape[:2],
+        key.shape[3],
+        value.shape[:2],
+        value.shape[3],
+        query.dtype,
+        key.dtype,
+        value.dtype,
+        query.device,
+        key.device,
+        value.device,
+        requested_backend("auto"),
+        _memo.generation(),
+        listed_order("cpu"),
+        scale,
+    )
+
+
+def _plain_decode(
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, scale: float
+) -> Tensor | None:
+    """A plain decode step whose signature the dispatcher answered with sdpa: the nan test of the new
+    tokens (as the request's, with the link to the last call's keys), then sdpa as its backend runs
+    it (no mask: every key). ``out [B, 1, H, D]``; None when a value is not finite (the full path
+    then sends the request to a backend that propagates it)."""
+    known, mark = _known_finite_keys(module, key, 1)
+    new_keys, new_values = (
+        key.narrow(2, known, key.shape[2] - known),
+        value.narrow(2, known, key.shape[2] - known),
+    )
+    if not math.isfinite(scale) or not all_finite_together((query, new_keys, new_values)):
+        return None
+    if mark is not None:
+        mark.finite = True
+    out = F.scaled_dot_product_attention(
+        query, key, value, scale=scale, enable_gqa=query.shape[1] != key.shape[1]
+    )
+    note_backend("sdpa")
+    return out.transpose(1, 2).contiguous()
 
 
 def _softcap(softcap: object) -> float | None:
