@@ -173,7 +173,7 @@ def attention_forward(
     if position_bias is not None:
         attention_mask = _with_position_bias(attention_mask, position_bias, causal, key.shape[2], window)
         causal = False
-    encoding = getattr(module, "posenc_encoding", None)
+    encoding = _swapped_encoding(module)
     if encoding is None:  # HF's own positions are already in q and k
         encoding = NOPE
         q_pos, k_pos = _counting(q_len, query.device), _counting(key.shape[2], query.device)
@@ -218,6 +218,13 @@ def attention_forward(
     return out.transpose(1, 2).contiguous(), weights
 
 
+def _swapped_encoding(module: nn.Module) -> Any:
+    """``module.posenc_encoding`` (a submodule, or a plain attribute: T5's bias) or None, without
+    ``nn.Module.__getattr__``, whose miss raises and catches an AttributeError on every call."""
+    found = module.__dict__.get("posenc_encoding")
+    return found if found is not None else module._modules.get("posenc_encoding")
+
+
 #: Per signature of a plain decode call (:func:`_plain_decode_key`), the backend the dispatcher chose
 #: for the full request of that signature, with finite values.
 _PLAIN_DECODE: dict[tuple, str] = {}
@@ -252,7 +259,7 @@ def _plain_decode_key(
         or dropout
         or query.device.type != "cpu"
         or torch.is_grad_enabled()
-        or getattr(module, "posenc_encoding", None) is not None
+        or _swapped_encoding(module) is not None
         or kwargs.get("softcap") is not None
         or kwargs.get("output_attentions")
         or kwargs.get("sliding_window") is not None
@@ -292,11 +299,11 @@ def _plain_decode(
     it (no mask: every key). ``out [B, 1, H, D]``; None when a value is not finite (the full path
     then sends the request to a backend that propagates it)."""
     known, mark = _known_finite_keys(module, key, 1)
-    new_keys, new_values = (
-        key.narrow(2, known, key.shape[2] - known),
-        value.narrow(2, known, key.shape[2] - known),
-    )
-    if not math.isfinite(scale) or not all_finite_together((query, new_keys, new_values)):
+    new = key.shape[2] - known
+    checked = (query, key.narrow(2, known, new), value.narrow(2, known, new))
+    if new == 1 and value.shape[3] == query.shape[3]:  # one [B, H + 2 Hkv, 1, D] block: one sum, not three
+        checked = (torch.cat(checked, 1),)
+    if not math.isfinite(scale) or not all_finite_together(checked):
         return None
     if mark is not None:
         mark.finite = True
