@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["arange_positions", "known_start"]
+__all__ = ["arange_positions", "known_start", "versioned_arange"]
 
 _MARK = "_posenc_arange_start"
 
@@ -29,13 +29,18 @@ def arange_positions(start: int, length: int, device: torch.device | str | None 
     """Positions ``[1, length]`` int64: ``start, start + 1, ...``, marked with ``start``."""
     if torch.compiler.is_compiling():
         return torch.arange(start, start + length, device=device)[None]
-    if torch.is_inference_mode_enabled():
-        with torch.inference_mode(False):  # a normal tensor: it counts its in-place writes
-            positions = torch.arange(start, start + length, device=device)[None]
-    else:
-        positions = torch.arange(start, start + length, device=device)[None]
+    positions = versioned_arange(start, start + length, device)[None]
     setattr(positions, _MARK, (start, positions._version))
     return positions
+
+
+def versioned_arange(start: int, end: int, device: torch.device | str | None = None) -> Tensor:
+    """``torch.arange(start, end)`` as a normal tensor, also under ``torch.inference_mode``: an
+    inference tensor has no version counter, and a mark trusted by version needs one."""
+    if not torch.is_inference_mode_enabled():
+        return torch.arange(start, end, device=device)
+    with torch.inference_mode(False):
+        return torch.arange(start, end, device=device)
 
 
 def known_start(positions: Tensor) -> int | None:

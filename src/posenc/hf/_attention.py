@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import weakref
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +17,7 @@ from ..backends.dispatch import listed_order
 from ..backends.run import attend
 from ..base import FiniteMark, Kind, checks_values
 from ..masks import AttentionMask
+from ..position_ranges import versioned_arange
 from ._common import BACKEND, NOPE, note_backend, transformers_module
 from ._masks import posenc_mask
 from ._positions import swapped_positions
@@ -110,10 +110,7 @@ def _counting(length: int, device: torch.device) -> Tensor:
     """``arange(length)[None]`` on ``device``, as a view of a kept table."""
     table, version = _COUNTING.get(device, (None, -1))
     if table is None or table.shape[0] < length or table._version != version:
-        with torch.inference_mode(False):  # a normal tensor, also in inference mode: it has a version
-            table = torch.arange(
-                max(length, 2 * (0 if table is None else table.shape[0]), 4096), device=device
-            )
+        table = versioned_arange(0, max(length, 2 * (0 if table is None else table.shape[0]), 4096), device)
         _COUNTING[device] = (table, table._version)
     return table[None, :length]
 
@@ -303,7 +300,7 @@ def _plain_decode(
     checked = (query, key.narrow(2, known, new), value.narrow(2, known, new))
     if new == 1 and value.shape[3] == query.shape[3]:  # one [B, H + 2 Hkv, 1, D] block: one sum, not three
         checked = (torch.cat(checked, 1),)
-    if not math.isfinite(scale) or not all_finite_together(checked):
+    if not all_finite_together(checked):  # (the scale is in the key: the full path validated it)
         return None
     if mark is not None:
         mark.finite = True
