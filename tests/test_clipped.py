@@ -146,6 +146,14 @@ def test_nan_is_never_turned_finite_on_the_relative_backend():
     assert bool(out[0, 7:].isnan().any())
 
 
+def _split_at_every_length(monkeypatch, pieces: str = "whole") -> None:
+    """Let ``auto`` pick the clipped split at any length; with ``pieces="tiny"``, near pieces of one block."""
+    monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
+    monkeypatch.setattr(clipped, "CLIPPED_MIN_BLOCKS", 0)
+    if pieces == "tiny":
+        monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", 1)
+
+
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("share", [True, False], ids=["shared-proj", "own-proj"])
 @pytest.mark.parametrize("terms", ["c2p|p2c", "c2p", "p2c"])
@@ -153,8 +161,7 @@ def test_deberta_split_equals_eager(terms, share, causal, monkeypatch):
     """DeBERTa's c2p (a row constant far away) and p2c (a key constant: one extra head dimension in
     the kernel) on log buckets whose far rows start at different distances on each side (16 before
     the diagonal, 32 after); every parameter's gradient, projections included."""
-    monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
-    monkeypatch.setattr(clipped, "CLIPPED_MIN_BLOCKS", 0)
+    _split_at_every_length(monkeypatch)
     torch.manual_seed(6)
     spec = f"deberta:position_buckets=8,max_relative_positions=32,pos_att_type={terms},share_att_key={share}"
     layer = posenc.MultiheadAttention(24, 3, spec, causal=causal).double()
@@ -293,10 +300,7 @@ def test_deberta_near_band_paths_equal_eager(buckets, terms, causal, pieces, mon
     """DeBERTa without buckets reads row ``span − d`` on the near band (slope −1: the tables are
     flipped for c2p, not for p2c); with log buckets it gathers. Every gradient, projections included,
     with pieces of the whole band and of one block of one head."""
-    monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
-    monkeypatch.setattr(clipped, "CLIPPED_MIN_BLOCKS", 0)
-    if pieces == "tiny":
-        monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", 1)
+    _split_at_every_length(monkeypatch, pieces)
     slopes = _spy_slopes(monkeypatch)
     torch.manual_seed(8)
     spec = f"deberta:position_buckets={buckets},max_relative_positions=20,pos_att_type={terms}"
@@ -373,10 +377,7 @@ def test_near_bands_of_several_key_blocks_equal_eager(spec, layout, causal, piec
     skewed views' offsets, the zero keys in front, the edge blocks' masks and the far part starting
     at ``back · b + 1``, forward and every gradient, in one piece and in pieces of one block."""
     monkeypatch.setattr(clipped, "CLIPPED_BLOCK", 2 if spec.startswith("shaw") else 4)
-    monkeypatch.setattr(clipped, "CLIPPED_MIN_LEN", 0)
-    monkeypatch.setattr(clipped, "CLIPPED_MIN_BLOCKS", 0)
-    if pieces == "tiny":
-        monkeypatch.setattr(clipped, "NEAR_PIECE_BYTES", 1)
+    _split_at_every_length(monkeypatch, pieces)
     layouts = _spy_blocks(monkeypatch)
     torch.manual_seed(11)
     if spec.startswith("shaw"):

@@ -49,6 +49,7 @@ from posenc.backends import NoBackendError, available_backends
 from posenc.benchmarks._gpu_exactness import HEAD_DIM, exactness, exactness_table
 from posenc.benchmarks._gpu_timing import Budget, interleaved_times, peak_mb, timed
 from posenc.benchmarks._harness import machine, markdown_table
+from posenc.benchmarks.bench_decode import generation_llama
 from posenc.examples import build_example
 
 SECTIONS = ("exactness", "flex", "rope", "generate")
@@ -251,20 +252,12 @@ def rope_table(rows: list[dict[str, Any]], shape: tuple[int, ...]) -> str:
 
 def hf_generate(device: torch.device, new: int, repeats: int, budget: Budget) -> dict[str, Any]:
     """Section 4: greedy generate through HF, sdpa against posenc: tokens/s and the same tokens."""
-    import transformers
-
     import posenc.hf
 
     if budget.spent():
         return {"note": "time budget spent"}
     posenc.hf.register()
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=256, intermediate_size=1024, num_hidden_layers=4,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096,
-        bos_token_id=None, eos_token_id=None, pad_token_id=None,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config).eval().to(device)
+    model = generation_llama().to(device)
     prompt = torch.randint(0, 128, (1, 128), device=device)
     options = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": False}
     tokens: dict[str, Tensor] = {}
