@@ -115,6 +115,17 @@ class RotaryTables(nn.Module):
         Integer positions are read from the cache; real-valued ones (fractional positions) are
         computed directly with the same float32 arithmetic (``positions.float() · inv_freq``).
         """
+        start = known_start(positions)  # posenc's own arange: rows start.. of the table, no gather
+        if start is not None:  # (the buffers read once: nn.Module.__getattr__ cost a decode step 5%)
+            buffers = self._buffers
+            cos, sin = buffers["cos"], buffers["sin"]
+            length = positions.shape[1]
+            if (
+                start + length <= cos.shape[0]
+                and cos.dtype == torch.float32
+                and cos.device == positions.device
+            ):
+                return cos.narrow(0, start, length)[None], sin.narrow(0, start, length)[None]
         if self.inv_freq.numel() == 0:
             raise RuntimeError("RotaryTables: no frequencies yet; call reset(inv_freq) first")
         if positions.is_floating_point():
@@ -126,7 +137,6 @@ class RotaryTables(nn.Module):
         rows = self.cos.shape[0]
         if self.cos.device != positions.device or self.cos.dtype != torch.float32:
             self._build(rows, positions.device)
-        start = known_start(positions)  # posenc's own arange: rows start.. of the table, no gather
         if start is not None:
             top = start + positions.shape[1]
         else:
@@ -160,6 +170,8 @@ def _check(x: Tensor, cos: Tensor, sin: Tensor, pairing: str) -> tuple[Tensor, T
     half = cos.shape[-1]
     if 2 * half > x.shape[-1]:
         raise ValueError(f"cos/sin rotate {2 * half} channels but x has only {x.shape[-1]}")
+    if cos.dtype == x.dtype and sin.dtype == x.dtype:  # (a no-op .to still costs a dispatch)
+        return cos, sin, half
     return cos.to(x.dtype), sin.to(x.dtype), half
 
 
