@@ -426,13 +426,18 @@ def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], o
         model(ids[:, :prompt_len], past_key_values=cache, use_cache=True)
         counted: list[int] = []
         real = request_module.all_finite_together
-        for checker in (request_module, bridge):  # the request's check and the plain decode step's
-            monkeypatch.setattr(
-                checker, "all_finite_together", lambda ts: counted.extend(t.numel() for t in ts) or real(ts)
-            )
+        real_block = bridge.block_finite
+        monkeypatch.setattr(  # the request's check
+            request_module,
+            "all_finite_together",
+            lambda ts: counted.extend(t.numel() for t in ts) or real(ts),
+        )
+        monkeypatch.setattr(  # the plain decode step's
+            bridge, "block_finite", lambda block: counted.append(block.numel()) or real_block(block)
+        )
         model(ids[:, prompt_len:], past_key_values=cache, use_cache=True)
-        for checker in (request_module, bridge):
-            monkeypatch.setattr(checker, "all_finite_together", real)
+        monkeypatch.setattr(request_module, "all_finite_together", real)
+        monkeypatch.setattr(bridge, "block_finite", real_block)
     return counted, cache
 
 

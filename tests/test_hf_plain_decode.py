@@ -72,13 +72,13 @@ def test_the_plain_decode_step_gives_the_full_path_s_logits_bit_for_bit(num_kv_h
         assert torch.equal(got, expected)
 
 
-@pytest.mark.parametrize("where", ["query", "new key"])
+@pytest.mark.parametrize("where", ["query", "new key", "new value"])
 def test_a_nan_in_a_plain_decode_step_goes_to_eager_and_stays_nan(where, monkeypatch):
     model = _llama()
     ids = torch.randint(1, VOCAB, (1, 9), generator=torch.Generator().manual_seed(4))
     cache = transformers.DynamicCache(config=model.config)
     layer = model.model.layers[1].self_attn
-    projection = layer.q_proj if where == "query" else layer.k_proj
+    projection = {"query": layer.q_proj, "new key": layer.k_proj, "new value": layer.v_proj}[where]
     with torch.no_grad():
         model(ids[:, :5], past_key_values=cache, use_cache=True)
         served = _served(monkeypatch)
@@ -91,7 +91,7 @@ def test_a_nan_in_a_plain_decode_step_goes_to_eager_and_stays_nan(where, monkeyp
         out = model(ids[:, 7:8], past_key_values=cache, use_cache=True).logits
         handle.remove()
         assert not torch.isfinite(out).any() and posenc_hf.last_backend() == "eager"
-        if where == "new key":  # the nan now sits in layer 1's cache: every later step there is eager
+        if where != "query":  # the nan now sits in layer 1's cache: every later step there is eager
             out = model(ids[:, 8:9], past_key_values=cache, use_cache=True).logits
             assert not torch.isfinite(out).any() and posenc_hf.last_backend() == "eager"
 
@@ -139,3 +139,30 @@ def test_gradients_masks_and_windows_take_the_full_path(monkeypatch):
         for t in (5, 6):
             model(ids[:, t : t + 1], attention_mask=mask[:, : t + 1], past_key_values=cache, use_cache=True)
     assert served == []
+
+
+def test_keys_inserted_before_the_new_one_are_checked(monkeypatch):
+    """The plain step links a call to the last one only when exactly one key was added: keys put
+    into a cache by other means (here one whose key repeats the last checked one, so the keys
+    before the new token still end as the last call's did, and whose value holds a nan) are read
+    by the full path's check, which sends the call to eager."""
+    model = _llama()
+    module = model.model.layers[0].self_attn
+    torch.manual_seed(8)
+    q = torch.randn(1, 4, 1, 16)
+    k, v = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+
+    def call(k: torch.Tensor, v: torch.Tensor) -> str:
+        bridge.attention_forward(module, q, k, v, None, scaling=0.25)
+        return posenc_hf.last_backend()
+
+    served = _served(monkeypatch)
+    with torch.no_grad():
+        for _ in range(3):  # the first remembers the signature, the next are served plainly
+            k, v = torch.cat([k, torch.randn(1, 2, 1, 16)], 2), torch.cat([v, torch.randn(1, 2, 1, 16)], 2)
+            assert call(k, v) == "sdpa"
+        assert len(served) == 2
+        inserted_v = torch.full((1, 2, 1, 16), float("nan"))
+        k = torch.cat([k, k[:, :, -1:], torch.randn(1, 2, 1, 16)], 2)
+        v = torch.cat([v, inserted_v, torch.randn(1, 2, 1, 16)], 2)
+        assert call(k, v) == "eager"

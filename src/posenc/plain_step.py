@@ -33,14 +33,12 @@ size threshold).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from .backends import _memo, requested_backend
-from .backends._finite import all_finite, all_finite_together, all_parameters
+from .backends._finite import all_finite, all_finite_together, all_parameters, block_finite
 from .backends.dispatch import listed_order
 from .base import Kind, checks_values
 from .cache import KVCache
@@ -178,8 +176,7 @@ def _finite(q: Tensor, k: Tensor, v: Tensor, encoding) -> bool:
     finite sum proves every element finite; one that is not may be an overflow, which the exact
     test settles), then the encoding's parameters."""
     if k.shape[-1] == q.shape[-1] == v.shape[-1]:
-        block = torch.cat((q, k, v), 1)
-        if not math.isfinite(float(block.sum())) and not all_finite(block):
+        if not block_finite(torch.cat((q, k, v), 1)):
             return False
     elif not all_finite_together((q, k, v)):
         return False

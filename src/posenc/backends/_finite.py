@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SMALL_SUM", "all_finite", "all_finite_together", "all_parameters", "sums_finite"]
+__all__ = ["SMALL_SUM", "all_finite", "all_finite_together", "all_parameters", "block_finite", "sums_finite"]
 
 
 def all_finite(t: Tensor) -> bool:
@@ -40,6 +40,14 @@ def all_finite_together(tensors: tuple[Tensor, ...]) -> bool:
     if not floating:
         return True
     return sums_finite(floating) or all(all_finite(t) for t in floating)
+
+
+def block_finite(block: Tensor) -> bool:
+    """:func:`all_finite` of one small CPU block that needs no gradient (a decode step's q, new key
+    and value, concatenated by the caller): its sum read as a Python float, the exact test only when
+    that sum is not finite (a nan, an inf or an overflow). The plain decode steps call it instead of
+    :func:`all_finite_together`, whose generic checks cost more than the sum at this size."""
+    return math.isfinite(float(block.sum())) or all_finite(block)
 
 
 def sums_finite(floating: list[Tensor]) -> bool:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..backends import _memo, get_backend, requested_backend
-from ..backends._finite import all_finite_together
+from ..backends._finite import block_finite
 from ..backends._softcap import check_softcap
 from ..backends.dispatch import listed_order
 from ..backends.run import attend
@@ -115,11 +115,15 @@ def _counting(length: int, device: torch.device) -> Tensor:
     return table[None, :length]
 
 
-def _check_supported(kwargs: dict[str, Any]) -> None:
-    paged = type(kwargs.get("cache")).__name__ == "PagedAttentionCache" or any(
+def _paged(kwargs: dict[str, Any]) -> bool:
+    """Whether HF called with its paged cache (continuous batching)."""
+    return type(kwargs.get("cache")).__name__ == "PagedAttentionCache" or any(
         kwargs.get(name) is not None for name in _PAGED_ARGUMENTS
     )
-    if paged:
+
+
+def _check_supported(kwargs: dict[str, Any]) -> None:
+    if _paged(kwargs):
         raise ValueError("posenc attention does not serve HF's paged cache (continuous batching)")
 
 
@@ -146,14 +150,14 @@ def attention_forward(
     ``softcap * tanh(s / softcap)`` before the mask is added, as HF's eager attention does; the
     dispatcher then picks a backend that caps (sdpa does not).
     """
+    plain = None
+    if attention_mask is None and query.shape[2] == 1 and s_aux is None and position_bias is None:
+        plain = _plain_decode_key(module, query, key, value, dropout, scaling, kwargs)
+        if plain is not None and _PLAIN_DECODE.get(plain) == "sdpa":
+            out = _plain_decode(module, query, key, value, plain[-1])
+            if out is not None:
+                return out, None
     _check_supported(kwargs)
-    plain = _plain_decode_key(
-        module, query, key, value, attention_mask, dropout, scaling, s_aux, position_bias, kwargs
-    )
-    if plain is not None and _PLAIN_DECODE.get(plain) == "sdpa":
-        out = _plain_decode(module, query, key, value, plain[-1])
-        if out is not None:
-            return out, None
     q_len = query.shape[2]
     layer_causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     causal = layer_causal and attention_mask is None and q_len > 1
@@ -232,15 +236,13 @@ def _plain_decode_key(
     query: Tensor,
     key: Tensor,
     value: Tensor,
-    attention_mask: Tensor | None,
     dropout: float,
     scaling: float | None,
-    s_aux: Tensor | None,
-    position_bias: Tensor | None,
     kwargs: dict[str, Any],
 ) -> tuple | None:
     """The signature of a plain decode step, else None: one query on CPU without gradients, HF's
-    positions already in q and k, no mask, bias, sinks, soft-cap, window, dropout or weights.
+    positions already in q and k, no mask, bias, sinks, soft-cap, window, dropout, weights or paged
+    cache (the caller has checked the query count, the mask, the sinks and the bias).
 
     Such a call's request differs from the last one of its signature only in its number of keys,
     which no CPU backend's choice reads at one query (:mod:`posenc.backends._memo`). The key holds
@@ -249,38 +251,35 @@ def _plain_decode_key(
     order (``set_priority``). Its last item is the scale.
     """
     if (
-        query.shape[2] != 1
-        or attention_mask is not None
-        or position_bias is not None
-        or s_aux is not None
-        or dropout
-        or query.device.type != "cpu"
+        dropout
         or torch.is_grad_enabled()
-        or _swapped_encoding(module) is not None
+        or not (query.is_cpu and key.is_cpu and value.is_cpu)
+        or BACKEND["name"] != "auto"
+        or torch.compiler.is_compiling()  # (posenc.base.checks_values, without its call)
         or kwargs.get("softcap") is not None
         or kwargs.get("output_attentions")
         or kwargs.get("sliding_window") is not None
-        or BACKEND["name"] != "auto"
-        or not checks_values()
-        or key.shape[2] == 0
-        or value.shape[2] != key.shape[2]
+        or _paged(kwargs)
+        or _swapped_encoding(module) is not None
     ):
+        return None
+    k_shape, v_shape = key.shape, value.shape
+    if k_shape[2] == 0 or v_shape[2] != k_shape[2]:
         return None
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     if type(scale) is not float:
         return None
     return (
         query.shape,
-        key.shape[:2],
-        key.shape[3],
-        value.shape[:2],
-        value.shape[3],
+        k_shape[0],
+        k_shape[1],
+        k_shape[3],
+        v_shape[0],
+        v_shape[1],
+        v_shape[3],
         query.dtype,
         key.dtype,
         value.dtype,
-        query.device,
-        key.device,
-        value.device,
         requested_backend("auto"),
         _memo.generation(),
         listed_order("cpu"),
@@ -291,19 +290,34 @@ def _plain_decode_key(
 def _plain_decode(
     module: nn.Module, query: Tensor, key: Tensor, value: Tensor, scale: float
 ) -> Tensor | None:
-    """A plain decode step whose signature the dispatcher answered with sdpa: the nan test of the new
-    tokens (as the request's, with the link to the last call's keys), then sdpa as its backend runs
-    it (no mask: every key). ``out [B, 1, H, D]``; None when a value is not finite (the full path
-    then sends the request to a backend that propagates it)."""
-    known, mark = _known_finite_keys(module, key, 1)
-    new = key.shape[2] - known
-    checked = (query, key.narrow(2, known, new), value.narrow(2, known, new))
-    if new == 1 and value.shape[3] == query.shape[3]:  # one [B, H + 2 Hkv, 1, D] block: one sum, not three
-        checked = (torch.cat(checked, 1),)
-    if not all_finite_together(checked):  # (the scale is in the key: the full path validated it)
+    """A plain decode step whose signature the dispatcher answered with sdpa: ``out [B, 1, H, D]``.
+
+    It serves only a step linked to the module's last call (:func:`_known_finite_keys`: that call
+    found its keys finite, this one has exactly one more, and the key before it equals the last
+    call's final key), tests q and the new key and value for nan in one block (the request's test),
+    and runs sdpa as its backend does (no mask: every key). Anything else returns None, having
+    changed nothing: the full path then links, checks and dispatches as usual (a nan goes to a
+    backend that propagates it).
+    """
+    past = key.shape[2] - 1
+    previous = _CHECKED.get(module)
+    if (
+        previous is None
+        or not previous.mark.finite
+        or past != previous.length
+        or past == 0
+        or key.shape[0] != previous.batch
+        or key.dtype != previous.tail.dtype
+        or not previous.tail.is_cpu
+        or value.shape[3] != query.shape[3]
+        or not torch.equal(key.narrow(2, past - 1, 1), previous.tail)
+    ):
         return None
-    if mark is not None:
-        mark.finite = True
+    block = torch.cat((query, key.narrow(2, past, 1), value.narrow(2, past, 1)), 1)  # one sum, not three
+    if not block_finite(block):
+        return None
+    # The new last key, from the block (a copy of it that nobody else holds): the next call's link.
+    previous.length, previous.tail = past + 1, block.narrow(1, query.shape[1], key.shape[1])
     out = F.scaled_dot_product_attention(
         query, key, value, scale=scale, enable_gqa=query.shape[1] != key.shape[1]
     )
