@@ -58,3 +58,30 @@ def test_a_missing_model_is_one_line_naming_the_fetch(monkeypatch):
     monkeypatch.setattr(pretrained, "model_path", absent)
     line = _hf_generate.smollm2_table(argparse.Namespace(prompt=8, new=2, repeats=1))
     assert "skipped" in line and "posenc models fetch" in line
+
+
+def test_time_steps_interleaves_both_and_checks_the_tokens():
+    ids = torch.randint(0, 64, (1, 5))
+    seconds = _hf_generate.time_steps(_tiny_llama(), ids, new=3, rounds=2)
+    assert set(seconds) == {"sdpa", "posenc"} and all(len(v) == 2 for v in seconds.values())
+    assert all(s > 0 for v in seconds.values() for s in v)
+
+
+def test_step_decodes_that_choose_other_tokens_are_an_error(monkeypatch):
+    real = _hf_generate._one_round
+
+    def one_round(models, ids, new, cache_class):  # the posenc copy's weights changed: other tokens
+        with torch.no_grad():
+            models["posenc"].lm_head.weight.neg_()
+        return real(models, ids, new, cache_class)
+
+    monkeypatch.setattr(_hf_generate, "_one_round", one_round)
+    with pytest.raises(AssertionError, match="differ from HF sdpa"):
+        _hf_generate.time_steps(_tiny_llama(), torch.randint(0, 64, (1, 5)), new=4, rounds=1)
+
+
+def test_step_rows_give_the_ratio_of_medians_and_the_median_paired_ratio():
+    rows = _hf_generate.step_rows({"sdpa": [1.0, 2.0, 3.0], "posenc": [2.0, 2.0, 6.0]})
+    # medians 2.0 / 2.0; paired ratios 0.5, 1.0, 0.5 -> median 0.5
+    assert rows[0][2] == "1.000×" and rows[1][1].startswith("2000.00 ms")
+    assert rows[1][2] == "1.000× (paired 0.500×)"

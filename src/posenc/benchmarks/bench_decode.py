@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 import posenc
 from posenc.benchmarks._harness import machine, markdown_table
+from posenc.benchmarks._hf_generate import STEP_HEADER, step_rows, time_steps
 from posenc.decode import StaticDecodeStep
 
 EMBED, HEADS = 256, 8
@@ -313,6 +314,7 @@ def generate_table(args) -> str:
     _interleave(cases, 1, args.repeats)
     if not torch.equal(outputs["posenc"], outputs["sdpa"]):
         raise AssertionError("HF Llama: posenc's tokens differ from sdpa's")
+    steps = time_steps(llama, prompt, args.new, args.repeats)
     sdpa_case = cases[0]
     rows = []
     for case in cases:
@@ -324,6 +326,8 @@ def generate_table(args) -> str:
         f"**Generation**: greedy, {args.new} tokens after {args.prompt}, batch 1, float32, {args.repeats} repeats "
         "(the HF rows give the same tokens; checked)\n\n"
         + markdown_table(["model, attention", "per token", "tokens/s", "tokens/s vs HF sdpa"], rows)
+        + f"\n\n**HF Llama, the same greedy decode step by step**, sdpa and posenc steps interleaved, "
+        f"{args.repeats} rounds (same tokens; checked)\n\n" + markdown_table(STEP_HEADER, step_rows(steps))
     )
 
 

@@ -47,11 +47,6 @@ def register(backend: str = "auto") -> str:
     return ATTN_IMPLEMENTATION
 
 
-#: Arguments HF's continuous batching hands the attention function with its paged cache: the cache
-#: itself (transformers 5.19-5.23) or the read/write indices into it (5.24).
-_PAGED_ARGUMENTS = ("read_index", "write_index", "block_table")
-
-
 @dataclass
 class _CheckedKeys:
     """What a module's last call found finite: its keys' count, batch and last key's fingerprint."""
@@ -116,9 +111,14 @@ def _counting(length: int, device: torch.device) -> Tensor:
 
 
 def _paged(kwargs: dict[str, Any]) -> bool:
-    """Whether HF called with its paged cache (continuous batching)."""
-    return type(kwargs.get("cache")).__name__ == "PagedAttentionCache" or any(
-        kwargs.get(name) is not None for name in _PAGED_ARGUMENTS
+    """Whether HF called with its paged cache (continuous batching): it hands the attention function
+    the cache itself (transformers 5.19-5.23) or the read/write indices into it (5.24)."""
+    get = kwargs.get
+    return (
+        get("read_index") is not None
+        or get("write_index") is not None
+        or get("block_table") is not None
+        or type(get("cache")).__name__ == "PagedAttentionCache"
     )
 
 
