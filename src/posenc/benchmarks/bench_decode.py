@@ -8,9 +8,10 @@ Three tables, every case side by side with its baseline in this process, repeats
    ``F.scaled_dot_product_attention``. posenc runs with the growing ``KVCache()``, the preallocated
    ``KVCache(max_length=...)`` and :class:`posenc.decode.StaticDecodeStep` under
    ``torch.compile(fullgraph=True)`` (attending over all ``max_length`` slots, as static caches do).
-2. **Where an eager step goes**: the time inside posenc's checks (request validation, the nan test),
-   dispatch (choosing the backend), the cache (appending in place), the kernel (SDPA) and the rest
-   (projections, rotation, masks, glue), timed by wrapping those functions during the steps.
+2. **Where an eager step goes**: the plain decode step (:mod:`posenc.plain_step`) split into the
+   cache's writer check, the projections, the rotation, the nan test, the in-place cache write, the
+   kernel (SDPA) and the rest (out projection, positions, signature, glue), timed by wrapping those
+   functions during the steps.
 3. **Generation**: HF ``LlamaForCausalLM`` (4 layers, hidden 256, 8 heads / 4 kv heads, MLP 1024,
    vocabulary 128), greedy ``generate`` of ``--new`` tokens after a ``--prompt``-token prompt with
    ``attn_implementation`` eager, sdpa and posenc; and ``posenc.TransformerLM`` of the same sizes
@@ -198,68 +199,63 @@ class _Clock:
 
 
 def split_table(args) -> str:
-    import posenc.backends as backends
-    import posenc.backends.run as run
-    import posenc.backends.sdpa as sdpa
+    import posenc.plain_step as plain
 
     layer = _layer()
     cache_len = args.caches[0]
     prompt = torch.randn(1, cache_len, EMBED)
     xs = torch.randn(args.steps, 1, 1, EMBED)
-    request_cls = backends.AttentionRequest
+    rope = type(layer.encoding)
     originals = {
-        "post_init": request_cls.__post_init__,
-        "nonfinite": request_cls.__dict__["has_nonfinite"],
-        "select": run.select_backend,
+        "read": posenc.KVCache.read,
         "append": posenc.KVCache.append,
-        "sdpa": sdpa.F.scaled_dot_product_attention,
+        "finite": plain._finite,
+        "project": posenc.MultiheadAttention.project,
+        "rotate": rope.rotate_fresh,
+        "sdpa": plain.F.scaled_dot_product_attention,
     }
     clock = _Clock()
-    nonfinite = originals["nonfinite"].func
     try:
-        request_cls.__post_init__ = clock.wrap("checks", originals["post_init"])
-        wrapped_nonfinite = clock.wrap("checks", nonfinite)
-
-        def has_nonfinite(self) -> bool:  # computed once per request, as the cached_property it stands for
-            if "_timed_nonfinite" not in self.__dict__:
-                self.__dict__["_timed_nonfinite"] = wrapped_nonfinite(self)
-            return self.__dict__["_timed_nonfinite"]
-
-        request_cls.has_nonfinite = property(has_nonfinite)
-        run.select_backend = clock.wrap("dispatch", originals["select"])
-        posenc.KVCache.append = clock.wrap("cache", originals["append"])
-        sdpa.F = _FunctionalWith(kernel=clock.wrap("kernel", originals["sdpa"]))
+        posenc.KVCache.read = clock.wrap("cache check (writer, batch, device)", originals["read"])
+        posenc.KVCache.append = clock.wrap("cache write (in place)", originals["append"])
+        plain._finite = clock.wrap("nan test (q, new key and value)", originals["finite"])
+        posenc.MultiheadAttention.project = clock.wrap("projections q, k, v", originals["project"])
+        rope.rotate_fresh = clock.wrap("rotation (RoPE)", originals["rotate"])
+        plain.F = _FunctionalWith(kernel=clock.wrap("kernel (sdpa)", originals["sdpa"]))
         total = clock.wrap("total", lambda cache, x: layer(x, cache=cache))
         with torch.no_grad():
             for _ in range(args.repeats):
                 cache = posenc.KVCache(max_length=cache_len + args.steps)
                 layer(prompt, cache=cache)
-                for i in range(args.steps):
+                layer(xs[0], cache=cache)  # the full path: remembers the step's signature
+                for i in range(1, args.steps):
                     total(cache, xs[i])
     finally:
-        request_cls.__post_init__ = originals["post_init"]
-        request_cls.has_nonfinite = originals["nonfinite"]
-        run.select_backend = originals["select"]
+        posenc.KVCache.read = originals["read"]
         posenc.KVCache.append = originals["append"]
-        sdpa.F = F
-    calls = args.repeats * args.steps
+        plain._finite = originals["finite"]
+        posenc.MultiheadAttention.project = originals["project"]
+        rope.rotate_fresh = originals["rotate"]
+        plain.F = F
+    calls = args.repeats * (args.steps - 1)
     per_call = {label: seconds / calls * 1e6 for label, seconds in clock.totals.items()}
     whole = sum(per_call.values())
     rows = [
-        [label, f"{per_call.get(label, 0.0):.1f} µs", f"{per_call.get(label, 0.0) / whole:.0%}"]
-        for label in ("checks", "dispatch", "cache", "kernel")
+        [label, f"{spent:.1f} µs", f"{spent / whole:.0%}"]
+        for label, spent in per_call.items()
+        if label != "total"
     ]
     rows.append(
         [
-            "rest (projections, rotation, masks, glue)",
+            "rest (out projection, positions, signature, glue)",
             f"{per_call['total']:.1f} µs",
             f"{per_call['total'] / whole:.0%}",
         ]
     )
     rows.append(["one step, all of it", f"{whole:.1f} µs", "100%"])
     return (
-        f"**Where an eager step goes** (KVCache(max_length), cache {cache_len}; exclusive time of the wrapped "
-        f"functions, {calls} steps; the wrappers add about 1 µs each)\n\n"
+        f"**Where an eager step goes** (the plain decode step, KVCache(max_length), cache {cache_len}; exclusive "
+        f"time of the wrapped functions, {calls} steps; the wrappers add about 1 µs each)\n\n"
         + markdown_table(["part", "per step", "share"], rows)
     )
 
