@@ -166,3 +166,32 @@ def test_keys_inserted_before_the_new_one_are_checked(monkeypatch):
         k = torch.cat([k, k[:, :, -1:], torch.randn(1, 2, 1, 16)], 2)
         v = torch.cat([v, inserted_v, torch.randn(1, 2, 1, 16)], 2)
         assert call(k, v) == "eager"
+
+
+def test_values_of_another_width_are_served_bit_for_bit(monkeypatch):
+    """MLA's values are narrower than its queries and keys: the plain step tests the three apart and
+    gives the full path's output."""
+    model = _llama()
+    module = model.model.layers[0].self_attn
+    torch.manual_seed(9)
+    q = torch.randn(1, 4, 1, 16)
+    k, v = torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 8)
+    steps = [(torch.randn(1, 2, 1, 16), torch.randn(1, 2, 1, 8)) for _ in range(4)]
+
+    def decode() -> list[torch.Tensor]:
+        keys, values, outs = k, v, []
+        with torch.no_grad():
+            for new_k, new_v in steps:
+                keys, values = torch.cat([keys, new_k], 2), torch.cat([values, new_v], 2)
+                outs.append(bridge.attention_forward(module, q, keys, values, None, scaling=0.25)[0])
+        return outs
+
+    served = _served(monkeypatch)
+    got = decode()
+    assert len(served) == 3 and posenc_hf.last_backend() == "sdpa"
+    bridge._CHECKED.pop(module, None)
+    with monkeypatch.context() as full:
+        full.setattr(bridge, "_plain_decode_key", lambda *a: None)
+        want = decode()
+    for out, expected in zip(got, want, strict=True):
+        assert out.shape == (1, 1, 4, 8) and torch.equal(out, expected)

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..backends import _memo, get_backend, requested_backend
-from ..backends._finite import block_finite
+from ..backends._finite import all_finite_together, block_finite
 from ..backends._softcap import check_softcap
 from ..backends.dispatch import listed_order
 from ..backends.run import attend
@@ -309,15 +309,21 @@ def _plain_decode(
         or key.shape[0] != previous.batch
         or key.dtype != previous.tail.dtype
         or not previous.tail.is_cpu
-        or value.shape[3] != query.shape[3]
         or not torch.equal(key.narrow(2, past - 1, 1), previous.tail)
     ):
         return None
-    block = torch.cat((query, key.narrow(2, past, 1), value.narrow(2, past, 1)), 1)  # one sum, not three
-    if not block_finite(block):
-        return None
-    # The new last key, from the block (a copy of it that nobody else holds): the next call's link.
-    previous.length, previous.tail = past + 1, block.narrow(1, query.shape[1], key.shape[1])
+    new_key, new_value = key.narrow(2, past, 1), value.narrow(2, past, 1)
+    if value.shape[3] == query.shape[3]:  # one [B, H + 2 Hkv, 1, D] block: one sum, not three
+        block = torch.cat((query, new_key, new_value), 1)
+        if not block_finite(block):
+            return None
+        # The new last key, from the block (a copy of it that nobody else holds): the next call's link.
+        tail = block.narrow(1, query.shape[1], key.shape[1])
+    else:  # values of another width (MLA)
+        if not all_finite_together((query, new_key, new_value)):
+            return None
+        tail = new_key.clone()
+    previous.length, previous.tail = past + 1, tail
     out = F.scaled_dot_product_attention(
         query, key, value, scale=scale, enable_gqa=query.shape[1] != key.shape[1]
     )
