@@ -25,6 +25,7 @@ from posenc.base import Kind
 from posenc.decode import StaticDecodeStep
 from posenc.encodings.rope import switch_rope_pairing_
 from test_contract import EMBED, HEADS, NAMES, _x, make_layer
+from test_decode_checks import _nan_hook
 
 PLAIN_KINDS = (Kind.ABSOLUTE, Kind.ROTARY)
 
@@ -130,13 +131,7 @@ def test_a_nan_goes_to_eager_writes_nothing_first_and_stays_while_cached(which, 
     eager.backend = "eager"
     at = 3  # steps 1 and 2 are clean: step 2 is served plainly
     step = [0]
-
-    def nan_at(module, inputs, out):
-        if step[0] != at:
-            return None
-        out = out.clone()
-        out[:, -1, 1] = float("nan")
-        return out
+    nan_at = _nan_hook(step, at)
 
     def decode(model) -> tuple[list[torch.Tensor], list[int], list[str]]:
         handle = getattr(model, f"{which}_proj").register_forward_hook(nan_at)
