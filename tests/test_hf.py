@@ -416,8 +416,8 @@ def test_bloom_runs_on_posenc_alibi_and_equals_hf():
 
 def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], object]:
     """Elements the nan check reduces in the last layer's call of one decode step after a prompt."""
+    from posenc.backends import _finite as finite_module
     from posenc.backends import request as request_module
-    from posenc.hf import _attention as bridge
 
     torch.manual_seed(0)
     ids = torch.randint(1, VOCAB, (1, prompt_len + 1))
@@ -426,18 +426,18 @@ def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], o
         model(ids[:, :prompt_len], past_key_values=cache, use_cache=True)
         counted: list[int] = []
         real = request_module.all_finite_together
-        real_block = bridge.block_finite
+        real_block = finite_module.block_finite
         monkeypatch.setattr(  # the request's check
             request_module,
             "all_finite_together",
             lambda ts: counted.extend(t.numel() for t in ts) or real(ts),
         )
         monkeypatch.setattr(  # the plain decode step's
-            bridge, "block_finite", lambda block: counted.append(block.numel()) or real_block(block)
+            finite_module, "block_finite", lambda block: counted.append(block.numel()) or real_block(block)
         )
         model(ids[:, prompt_len:], past_key_values=cache, use_cache=True)
         monkeypatch.setattr(request_module, "all_finite_together", real)
-        monkeypatch.setattr(bridge, "block_finite", real_block)
+        monkeypatch.setattr(finite_module, "block_finite", real_block)
     return counted, cache
 
 

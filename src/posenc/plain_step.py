@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .backends import _memo, requested_backend
-from .backends._finite import all_finite, all_finite_together, all_parameters, block_finite
+from .backends._finite import all_finite, all_parameters, new_tokens_finite
 from .backends.dispatch import listed_order
 from .base import Kind, checks_values
 from .cache import KVCache
@@ -175,9 +175,6 @@ def _finite(q: Tensor, k: Tensor, v: Tensor, encoding) -> bool:
     """The request's nan test of a plain step: q, the new key and value (one block, one sum: a
     finite sum proves every element finite; one that is not may be an overflow, which the exact
     test settles), then the encoding's parameters."""
-    if k.shape[-1] == q.shape[-1] == v.shape[-1]:
-        if not block_finite(torch.cat((q, k, v), 1)):
-            return False
-    elif not all_finite_together((q, k, v)):
+    if not new_tokens_finite(q, k, v)[0]:
         return False
     return all(not p.is_floating_point() or all_finite(p) for p in all_parameters(encoding))

@@ -9,7 +9,15 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["SMALL_SUM", "all_finite", "all_finite_together", "all_parameters", "block_finite", "sums_finite"]
+__all__ = [
+    "SMALL_SUM",
+    "all_finite",
+    "all_finite_together",
+    "all_parameters",
+    "block_finite",
+    "new_tokens_finite",
+    "sums_finite",
+]
 
 
 def all_finite(t: Tensor) -> bool:
@@ -48,6 +56,18 @@ def block_finite(block: Tensor) -> bool:
     that sum is not finite (a nan, an inf or an overflow). The plain decode steps call it instead of
     :func:`all_finite_together`, whose generic checks cost more than the sum at this size."""
     return math.isfinite(float(block.sum())) or all_finite(block)
+
+
+def new_tokens_finite(q: Tensor, k: Tensor, v: Tensor) -> tuple[bool, Tensor | None]:
+    """The nan test of a plain decode step's q ``[B, H, 1, D]`` and new key and value ``[B, Hkv, 1,
+    D]``, on CPU without gradient: ``(finite, block)``. Where the three share their width they are
+    tested as one ``[B, H + 2 Hkv, 1, D]`` block, one sum (:func:`block_finite`), and ``block`` is
+    that copy, which the caller may keep; values of another width (MLA) are tested apart
+    (:func:`all_finite_together`) and ``block`` is None."""
+    if k.shape[-1] == q.shape[-1] == v.shape[-1]:
+        block = torch.cat((q, k, v), 1)
+        return block_finite(block), block
+    return all_finite_together((q, k, v)), None
 
 
 def sums_finite(floating: list[Tensor]) -> bool:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..backends import _memo, get_backend, requested_backend
-from ..backends._finite import all_finite_together, block_finite
+from ..backends._finite import new_tokens_finite
 from ..backends._softcap import check_softcap
 from ..backends.dispatch import listed_order
 from ..backends.run import attend
@@ -76,16 +76,7 @@ def _known_finite_keys(module: nn.Module, key: Tensor, q_len: int) -> tuple[int,
         return 0, None
     past = key.shape[2] - q_len
     previous = _CHECKED.get(module)
-    linked = (
-        previous is not None
-        and previous.mark.finite
-        and past == previous.length
-        and past > 0
-        and key.shape[0] == previous.batch
-        and key.dtype == previous.tail.dtype
-        and key.device == previous.tail.device
-    )
-    known = past if linked and torch.equal(key.narrow(2, past - 1, 1), previous.tail) else 0
+    known = past if _linked(previous, key, past) else 0
     tail = key.narrow(2, key.shape[2] - 1, 1).clone()
     if previous is None:  # (a new weak reference per call cost a decode step microseconds)
         _CHECKED[module] = _CheckedKeys(FiniteMark(), key.shape[2], key.shape[0], tail)
@@ -93,6 +84,22 @@ def _known_finite_keys(module: nn.Module, key: Tensor, q_len: int) -> tuple[int,
     previous.mark.finite = False  # until this call's check finds every key finite
     previous.length, previous.batch, previous.tail = key.shape[2], key.shape[0], tail
     return known, previous.mark
+
+
+def _linked(previous: _CheckedKeys | None, key: Tensor, past: int) -> bool:
+    """Whether the first ``past`` keys of ``key`` are those the module's last call found finite
+    (``previous``): as many, for the same batch, dtype and device, and the last of them equal to the
+    copy kept of that call's final key."""
+    return (
+        previous is not None
+        and previous.mark.finite
+        and past == previous.length
+        and past > 0
+        and key.shape[0] == previous.batch
+        and key.dtype == previous.tail.dtype
+        and key.device == previous.tail.device
+        and torch.equal(key.narrow(2, past - 1, 1), previous.tail)
+    )
 
 
 #: Per device, ``arange(N)`` and its version: the positions of a call whose encoding reads none (HF
@@ -255,7 +262,7 @@ def _plain_decode_key(
         or torch.is_grad_enabled()
         or not (query.is_cpu and key.is_cpu and value.is_cpu)
         or BACKEND["name"] != "auto"
-        or torch.compiler.is_compiling()  # (posenc.base.checks_values, without its call)
+        or not checks_values()
         or kwargs.get("softcap") is not None
         or kwargs.get("output_attentions")
         or kwargs.get("sliding_window") is not None
@@ -292,37 +299,23 @@ def _plain_decode(
 ) -> Tensor | None:
     """A plain decode step whose signature the dispatcher answered with sdpa: ``out [B, 1, H, D]``.
 
-    It serves only a step linked to the module's last call (:func:`_known_finite_keys`: that call
-    found its keys finite, this one has exactly one more, and the key before it equals the last
-    call's final key), tests q and the new key and value for nan in one block (the request's test),
+    It serves only a step linked to the module's last call (:func:`_linked`: that call found its
+    keys finite, this one has exactly one more, and the key before it equals the last call's final
+    key), tests q and the new key and value for nan (:func:`~posenc.backends._finite.new_tokens_finite`),
     and runs sdpa as its backend does (no mask: every key). Anything else returns None, having
     changed nothing: the full path then links, checks and dispatches as usual (a nan goes to a
     backend that propagates it).
     """
     past = key.shape[2] - 1
     previous = _CHECKED.get(module)
-    if (
-        previous is None
-        or not previous.mark.finite
-        or past != previous.length
-        or past == 0
-        or key.shape[0] != previous.batch
-        or key.dtype != previous.tail.dtype
-        or not previous.tail.is_cpu
-        or not torch.equal(key.narrow(2, past - 1, 1), previous.tail)
-    ):
+    if not _linked(previous, key, past):
         return None
-    new_key, new_value = key.narrow(2, past, 1), value.narrow(2, past, 1)
-    if value.shape[3] == query.shape[3]:  # one [B, H + 2 Hkv, 1, D] block: one sum, not three
-        block = torch.cat((query, new_key, new_value), 1)
-        if not block_finite(block):
-            return None
-        # The new last key, from the block (a copy of it that nobody else holds): the next call's link.
-        tail = block.narrow(1, query.shape[1], key.shape[1])
-    else:  # values of another width (MLA)
-        if not all_finite_together((query, new_key, new_value)):
-            return None
-        tail = new_key.clone()
+    new_key = key.narrow(2, past, 1)
+    finite, block = new_tokens_finite(query, new_key, value.narrow(2, past, 1))
+    if not finite:
+        return None
+    # The new last key, from the block (a copy of it that nobody else holds): the next call's link.
+    tail = new_key.clone() if block is None else block.narrow(1, query.shape[1], key.shape[1])
     previous.length, previous.tail = past + 1, tail
     out = F.scaled_dot_product_attention(
         query, key, value, scale=scale, enable_gqa=query.shape[1] != key.shape[1]
