@@ -9,10 +9,20 @@ weights) carries an HTML comment on the line right before its fence saying why::
 
 and is skipped, as every later block of its file that reads a name only it defines would fail;
 such a block is marked the same way, with its own reason.
+
+Examples in the prose count too: an inline code span outside the fences that calls posenc's API
+with nothing but literals (`` `posenc.build("rope:base=500000")` ``) is evaluated on its own, in a
+namespace holding only ``posenc`` and ``torch``. A span that names anything else (``model``,
+``request``, ``N``) is a signature with placeholders, not an example, and is not run. A
+self-contained span that cannot run here carries the marker right after it::
+
+    `posenc.something(1)`<!-- no-run: why it cannot run in a test -->
 """
 
 from __future__ import annotations
 
+import ast
+import importlib
 import re
 import textwrap
 import traceback
@@ -22,10 +32,20 @@ from pathlib import Path
 import pytest
 import torch
 
+import posenc
+
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)(?P<lang>[\w+-]*)[^\n`]*$")
 NO_RUN = re.compile(r"^\s*<!--\s*no-run:\s*(?P<reason>.*?)\s*-->\s*$")
+# An inline code span (CommonMark: a run of backticks closed by a run of the same length).
+# It may wrap onto the next line but never crosses a blank line (the end of a paragraph).
+INLINE = re.compile(
+    r"(?<!`)(?P<ticks>`+)(?!`)(?P<code>(?:(?!\n[ \t]*\n).)+?)(?<!`)(?P=ticks)(?!`)", re.DOTALL
+)
+NO_RUN_INLINE = re.compile(r"<!--\s*no-run:\s*(?P<reason>.*?)\s*-->")
+# The only names a prose example may use: what `import torch, posenc` binds.
+PROSE_NAMES = {"posenc", "torch"}
 
 
 @dataclass
@@ -64,6 +84,90 @@ def code_blocks(markdown: str) -> list[Block]:
     return blocks
 
 
+@dataclass
+class ProseCall:
+    line: int  # 1-based line where the span starts
+    code: str
+    no_run: str | None  # the reason given in a no-run marker right after the span
+
+
+def prose(markdown: str) -> str:
+    """``markdown`` with every fenced block (fences included) blanked, line numbers kept."""
+    out, fence = [], None
+    for line in markdown.splitlines():
+        match = FENCE.match(line)
+        if fence is None and match:
+            fence = match.group("fence")
+            out.append("")
+        elif fence is not None:
+            if re.match(rf"^[ \t]*{re.escape(fence)}\s*$", line):
+                fence = None
+            out.append("")
+        else:
+            out.append(line)
+    return "\n".join(out)
+
+
+def is_posenc_example(code: str) -> bool:
+    """A call rooted at ``posenc`` (``posenc.a.b(...)``) whose every name is ``posenc`` or ``torch``."""
+    try:
+        tree = ast.parse(code, mode="eval")
+    except SyntaxError:
+        return False
+    if not isinstance(tree.body, ast.Call):
+        return False
+    root = tree.body.func
+    while isinstance(root, (ast.Attribute, ast.Call)):
+        root = root.value if isinstance(root, ast.Attribute) else root.func
+    names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    return isinstance(root, ast.Name) and root.id == "posenc" and names <= PROSE_NAMES
+
+
+def prose_calls(markdown: str) -> list[ProseCall]:
+    """The inline code spans outside fenced blocks that are self-contained calls of posenc's API."""
+    text = prose(markdown)
+    calls = []
+    for match in INLINE.finditer(text):
+        code = " ".join(match.group("code").split())  # a span that wraps reads as one line
+        if not is_posenc_example(code):
+            continue
+        marker = NO_RUN_INLINE.match(text, match.end())
+        calls.append(
+            ProseCall(
+                line=text.count("\n", 0, match.start()) + 1,
+                code=code,
+                no_run=marker.group("reason") if marker else None,
+            )
+        )
+    return calls
+
+
+def import_submodules(code: str) -> None:
+    """Import what a reader imports before ``code``: ``posenc.hf.register()`` needs ``import posenc.hf``."""
+    path = re.match(r"[\w.]+", code).group(0).split(".")
+    for end in range(2, len(path)):
+        try:
+            importlib.import_module(".".join(path[:end]))
+        except ModuleNotFoundError:
+            return  # posenc.build is a function, not a module: nothing deeper to import
+
+
+def failing_prose_calls(page: str) -> list[str]:
+    """Each unmarked prose example of ``page`` that raises, as ``page:line: `code` raises ...``."""
+    failures = []
+    for call in prose_calls((ROOT / page).read_text(encoding="utf-8")):
+        if call.no_run is not None:
+            continue
+        namespace = {"posenc": posenc, "torch": torch}
+        try:
+            import_submodules(call.code)
+            with posenc.use_backend("auto"):  # a span that forces a backend forces it only here
+                eval(compile(call.code, f"{page}:{call.line}", "eval"), namespace)
+        except Exception as error:
+            failures.append(f"{page}:{call.line}: `{call.code}` raises {type(error).__name__}: {error}")
+    return failures
+
+
 def python_blocks(page: str) -> list[Block]:
     return [b for b in code_blocks((ROOT / page).read_text(encoding="utf-8")) if b.lang in ("python", "py")]
 
@@ -94,6 +198,62 @@ def test_every_python_block_of_the_page_runs_top_to_bottom(page, tmp_path, monke
             run_page(page)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_posenc_call_in_the_prose_of_the_page_runs(page, tmp_path, monkeypatch):
+    """`posenc.MultiheadAttention(512, 8, encoding="alibi")` in the README's prose raised (ALiBi's
+    default is causal only); a prose example is run as a block is, or marked no-run with a reason."""
+    monkeypatch.chdir(tmp_path)
+    threads = torch.get_num_threads()
+    try:
+        with torch.random.fork_rng():
+            failures = failing_prose_calls(page)
+    finally:
+        torch.set_num_threads(threads)
+    assert failures == [], (
+        "an inline example fails as written (fix it, or mark it <!-- no-run: why --> right after "
+        "the span):\n" + "\n".join(failures)
+    )
+
+
+def test_the_prose_holds_posenc_calls_and_every_no_run_marker_says_why():
+    calls = {page: prose_calls((ROOT / page).read_text(encoding="utf-8")) for page in PAGES}
+    assert len(calls["README.md"]) >= 4, calls["README.md"]
+    for page, page_calls in calls.items():
+        for call in page_calls:
+            if call.no_run is not None:
+                assert len(call.no_run.split()) >= 3, (
+                    f"{page}:{call.line}: a no-run marker must say why `{call.code}` cannot run here"
+                )
+
+
+def test_the_prose_extractor_reads_spans_outside_fences_only():
+    page = textwrap.dedent(
+        """\
+        Build it with `posenc.build("rope")`, a layer with
+        `posenc.MultiheadAttention(512, 8,
+        encoding="alibi")`; `posenc.build(spec)` is a signature, `posenc.available` no call,
+        ``posenc.build("t5")`` two ticks, `posenc.hf.register()`<!-- no-run: changes HF globally -->.
+        ```python
+        posenc.build("nope")  # a block, not prose
+        ```
+        `torch.zeros(1)` and `F.t5_bucket(1)` are not posenc's; `posenc.build("a"` does not parse.
+        """
+    )
+    assert [(c.line, c.code, c.no_run) for c in prose_calls(page)] == [
+        (1, 'posenc.build("rope")', None),
+        (2, 'posenc.MultiheadAttention(512, 8, encoding="alibi")', None),
+        (4, 'posenc.build("t5")', None),
+        (4, "posenc.hf.register()", "changes HF globally"),
+    ]
+
+
+def test_a_failing_prose_call_is_reported_with_its_page_and_line(tmp_path, monkeypatch):
+    (tmp_path / "page.md").write_text('Fine: `posenc.build("nope")`.\n\nNot: `posenc.build("no-such")`.\n')
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    [failure] = failing_prose_calls("page.md")
+    assert failure.startswith('page.md:3: `posenc.build("no-such")` raises ')
 
 
 def test_the_pages_hold_python_blocks_and_every_no_run_marker_says_why():
