@@ -1,7 +1,8 @@
 """posenc's mask interface in HF: a plain sliding window reaches posenc as its window, never built dense.
 
 HF builds each layer type's mask through the mask interface of ``attn_implementation``; posenc's
-(:func:`posenc.hf._masks.posenc_mask`) returns None for a fresh, unpadded sliding-window prefill,
+(:func:`posenc.hf._masks.posenc_mask`) returns None for a fresh, unpadded sliding-window prefill of
+a model whose attention calls were seen to carry ``sliding_window`` (its first forward shows it),
 and the attention function applies ``sliding_window`` itself. The references are HF's own: its
 mask functions and ``sdpa_mask`` (what the skipped mask would have been), and the same tiny random
 Gemma 3 run with HF's ``sdpa`` in float64. Padded and packed batches keep HF's dense mask.
@@ -132,6 +133,11 @@ def test_an_unpadded_gemma3_prefill_builds_no_dense_mask_for_its_sliding_layers(
     ids = torch.randint(0, VOCAB, (2, LEN), generator=torch.Generator().manual_seed(1))
     kwargs = {"attention_mask": torch.ones(2, LEN, dtype=torch.long)} if with_ones_mask else {}
     want = _logits(model, "sdpa", ids, **kwargs)
+    # The model's first posenc forward shows that its attention is handed sliding_window (until then
+    # the window is built dense: a model like PhiMoE's would not get it, tests/test_hf_mask_reach.py).
+    first = _Spies(monkeypatch)
+    torch.testing.assert_close(_logits(model, "posenc", ids, **kwargs), want, **EXACT)
+    assert first.windows_built == [WINDOW]
     spies = _Spies(monkeypatch)
     got = _logits(model, "posenc", ids, **kwargs)
     torch.testing.assert_close(got, want, **EXACT)
@@ -166,6 +172,7 @@ def test_decoding_after_an_unbuilt_window_prefill_equals_hf():
         model.set_attn_implementation(impl)
         cache = transformers.DynamicCache(config=model.config)
         with torch.no_grad():
+            model(ids[:, :12], use_cache=False)  # shows the window reaches the attention: the next is unbuilt
             out = [model(ids[:, :12], past_key_values=cache, use_cache=True).logits]
             for t in range(12, LEN):
                 out.append(model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits)

@@ -13,9 +13,14 @@ encoding is NoPE), and the mask HF's ``sdpa_mask`` builds from the model's own m
 sliding window, chunks, packed sequences, padding), a bool ``[B, 1, Tq, Tk]`` (True = attend) or None for
 a plain causal mask. The rules for None follow HF's sdpa implementation: causal when ``Tq > 1`` (keys
 past the first ``Tq`` are empty static-cache slots), no mask for a single query. posenc's mask builder
-(``hf/_masks.py``) also leaves a plain sliding window unbuilt (a fresh, unpadded, unpacked prefill):
-the layer gets None, and its ``sliding_window`` keyword (HF's, as HF's flash attention reads it) makes
-the call causal with that window, which posenc's window backends serve without a dense mask. T5's relative bias
+(``hf/_masks.py``) also leaves a plain sliding window unbuilt (a fresh, unpadded, unpacked prefill of
+a model whose attention calls were seen to carry ``sliding_window``: from its second forward on; PhiMoE's
+carry none and always get the window built): the layer gets None, and its ``sliding_window`` keyword
+(HF's, as HF's flash attention reads it) makes the call causal with that window, which posenc's window
+backends serve without a dense mask. A model whose own attention adds the mask to its scores (MPNet:
+not routed through ``AttentionInterface``) gets HF's eager mask and a warning: it runs as with
+``attn_implementation="eager"``. Cached generation over a right-padded ``attention_mask`` is warned of
+(pad on the left); a swapped layer refuses 3-D ``position_ids`` (M-RoPE's axes are never guessed). T5's relative bias
 arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask; for
 T5's structured path (no dense bias) use :func:`use_posenc_attention`.
 

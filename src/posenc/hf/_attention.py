@@ -19,7 +19,7 @@ from ..base import FiniteMark, Kind, checks_values
 from ..masks import AttentionMask
 from ..position_ranges import versioned_arange
 from ._common import BACKEND, NOPE, note_backend, transformers_module
-from ._masks import posenc_mask
+from ._masks import note_window_keyword, posenc_mask
 from ._positions import swapped_positions
 
 #: The name posenc's attention is registered under in HF's ``AttentionInterface``.
@@ -157,6 +157,7 @@ def attention_forward(
     ``softcap * tanh(s / softcap)`` before the mask is added, as HF's eager attention does; the
     dispatcher then picks a backend that caps (sdpa does not).
     """
+    note_window_keyword(module, kwargs)  # posenc's mask interface skips a window only if it arrives
     plain = None
     if attention_mask is None and query.shape[2] == 1 and s_aux is None and position_bias is None:
         plain = _plain_decode_key(module, query, key, value, dropout, scaling, kwargs)
@@ -340,7 +341,8 @@ def _causal_window(window: int | None, query: Tensor, key: Tensor, offset: int) 
 
     HF hands such a layer None in two cases: its ``sdpa_mask`` skipped a window that hides nothing,
     or posenc's mask interface (:func:`posenc.hf._masks.posenc_mask`) passed a plain sliding window
-    on without building it.
+    on without building it (only for a model whose calls were seen to carry ``sliding_window``:
+    :func:`posenc.hf._masks.note_window_keyword`).
     """
     q_len, k_len = query.shape[2], key.shape[2]
     if window is None or offset + q_len <= int(window):

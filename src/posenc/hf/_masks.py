@@ -11,23 +11,152 @@ reads None with a ``sliding_window`` as causal with that window, the rule HF's f
 path applies to the same arguments. Anything else (padding, packed documents, block overlays, a
 model's own ``or``/``and`` mask functions, a cache offset, a traced graph) is ``sdpa_mask``'s,
 unchanged.
+
+The window is left unbuilt only for a model whose attention calls are known to name their window:
+PhiMoE's attention passes no ``sliding_window``, so a None would have reached it as plain causal
+(logits 0.12 off HF's sdpa at window 4). :func:`note_window_keyword` records, per HF config object,
+whether every attention call of its model so far carried the keyword; until a call has shown it
+(a model's first forward), the window is built dense, as ``sdpa_mask`` builds it.
+
+A model whose attention does not go through HF's ``AttentionInterface`` (MPNet: it adds the mask
+to its scores itself) gets HF's eager mask (0 where allowed, the dtype's minimum elsewhere): the
+form its own arithmetic reads, so it runs exactly as with ``attn_implementation="eager"``, and a
+warning says that posenc serves none of its attention (posenc's bool mask added as numbers put its
+padded batches 0.13-0.16 off eager).
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def posenc_mask(*args: Any, **kwargs: Any) -> Tensor | None:
-    """HF's ``sdpa_mask(**kwargs)``, or None for a plain sliding window (:func:`plain_window`)."""
-    from transformers.masking_utils import sdpa_mask
+    """HF's ``sdpa_mask(**kwargs)`` (bool ``[B, 1, Tq, Tk]``, True = attend, or None), None for a plain
+    sliding window the attention function will be told of (:func:`plain_window`,
+    :func:`window_reaches_attention`), or HF's ``eager_mask`` (float ``[B, 1, Tq, Tk]``) for a model
+    that adds the mask to its scores itself (:func:`own_attention_model`)."""
+    from transformers.masking_utils import eager_mask, sdpa_mask
 
-    if not args and plain_window(kwargs) is not None:
+    warn_right_padded_decoding(kwargs.get("attention_mask"), kwargs.get("q_offset"))
+    config = kwargs.get("config")
+    own = own_attention_model(type(config)) if config is not None else None
+    if own is not None:
+        _warn_own_attention(own)
+        return eager_mask(*args, **kwargs)
+    if not args and plain_window(kwargs) is not None and window_reaches_attention(config):
         return None
     return sdpa_mask(*args, **kwargs)
+
+
+def warn_right_padded_decoding(padding: Any, q_offset: Any) -> None:
+    """Warn when a cached call (``q_offset > 0``) has a 2-D ``attention_mask [B, Tk]`` whose row holds
+    padding after a real token and a real token after it: a right-padded prompt being continued.
+
+    HF's masks keep such a batch's attention right (the pads stay hidden), but each generated token
+    follows its row's pads, the first one predicted from a pad's logits: HF PR 48161 refuses or
+    warns on it too. Left padding (pads first, then only real tokens) passes, as does right padding
+    without a cache (an encoder, a training batch)."""
+    if not isinstance(padding, Tensor) or padding.dim() != 2 or padding.shape[-1] < 3:
+        return
+    if not isinstance(q_offset, int) or q_offset <= 0 or torch.compiler.is_compiling():
+        return
+    real = padding.bool()
+    started = real.cummax(dim=1).values  # True from a row's first real token on
+    hole = (started & ~real).any(dim=1) & real[:, -1]  # padding after real tokens, and a new token after it
+    if bool(hole.any()):
+        rows = hole.nonzero().flatten().tolist()
+        warnings.warn(
+            f"posenc.hf: cached generation over a right-padded attention_mask (rows {rows} have padding "
+            "between their prompt and the new tokens): each new token is predicted after the pads; pad "
+            "decoder-only prompts on the left (tokenizer.padding_side = 'left')",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+#: Per HF config object (by id; the weak reference tells a reused id from it): whether every posenc
+#: attention call of its model so far was handed the ``sliding_window`` keyword.
+_WINDOW_NAMED: dict[int, tuple[weakref.ref, bool]] = {}
+
+
+def note_window_keyword(module: nn.Module, kwargs: dict[str, Any]) -> None:
+    """Record whether this attention call of ``module`` (an HF attention layer; its ``config`` is the
+    one HF's mask functions get) was handed ``sliding_window`` (None included: a full layer of Gemma 3
+    names no window, and says so). One call without it marks the model for good."""
+    config = module.__dict__.get("config")
+    if config is None:
+        return
+    named = "sliding_window" in kwargs
+    key = id(config)
+    entry = _WINDOW_NAMED.get(key)
+    if entry is not None and entry[0]() is config:
+        if entry[1] and not named:
+            _WINDOW_NAMED[key] = (entry[0], False)
+        return
+    _WINDOW_NAMED[key] = (weakref.ref(config, _forget(key)), named)
+
+
+def _forget(key: int) -> Callable[[weakref.ref], None]:
+    """The callback dropping a dead config's entry (only its own: the id may be taken again)."""
+
+    def forget(ref: weakref.ref) -> None:
+        if _WINDOW_NAMED.get(key, (None,))[0] is ref:
+            del _WINDOW_NAMED[key]
+
+    return forget
+
+
+def window_reaches_attention(config: Any) -> bool:
+    """Whether the model of ``config`` hands its attention function the ``sliding_window`` keyword:
+    seen on every posenc attention call it made so far, and on at least one (else unknown: False)."""
+    if config is None:
+        return False
+    entry = _WINDOW_NAMED.get(id(config))
+    return entry is not None and entry[0]() is config and entry[1]
+
+
+@functools.cache
+def own_attention_model(config_class: type) -> str | None:
+    """The name of the HF model class of ``config_class`` when its attention does not go through HF's
+    ``AttentionInterface`` (it computes scores and adds the mask itself: MPNet), else None.
+
+    HF's own test decides (``_can_set_attn_implementation``: the model's module calls
+    ``ALL_ATTENTION_FUNCTIONS.get_interface``, the check behind its refusal to switch such a model's
+    implementation), together with the class's ``_supports_attention_backend`` flag: a model either
+    one vouches for is served by posenc. A config class HF's ``AutoModel`` does not map is unknown:
+    None, served as before."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_MAPPING
+
+        found = MODEL_MAPPING[config_class]
+    except (KeyError, ValueError, AttributeError, ImportError):
+        return None
+    for model_class in found if isinstance(found, (tuple, list)) else (found,):
+        can_set = getattr(model_class, "_can_set_attn_implementation", None)
+        if getattr(model_class, "_supports_attention_backend", True) or can_set is None or can_set():
+            continue
+        return model_class.__name__
+    return None
+
+
+@functools.cache
+def _warn_own_attention(model_name: str) -> None:
+    """Say once per model class that posenc serves none of its attention."""
+    warnings.warn(
+        f"posenc.hf: {model_name} does not route its attention through HF's AttentionInterface (it adds "
+        "the mask to its scores itself), so attn_implementation='posenc' serves none of its attention: it "
+        "runs its own eager attention with HF's eager mask, exactly as attn_implementation='eager'; load it "
+        "with attn_implementation='eager' to say so",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def plain_window(kwargs: dict[str, Any]) -> int | None:

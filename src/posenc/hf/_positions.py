@@ -121,6 +121,12 @@ def swapped_positions(
     followed by the queries'."""
     if position_ids is None:
         raise ValueError("swap_encoding: the model did not pass position_ids to its attention")
+    if position_ids.dim() > 2:  # never guessed as M-RoPE's axes (a packed batch's restarts stay 2-D)
+        raise ValueError(
+            f"swap_encoding: position_ids has shape {tuple(position_ids.shape)}; a swapped layer reads one "
+            "position per token, [B, T] or [T]; M-RoPE's axis ids [3, B, T] go to its encoding's "
+            "position_ids(ids) context manager, not to the model"
+        )
     q_pos = position_ids.to(device).long()
     if q_pos.dim() == 1:
         q_pos = q_pos[None]
