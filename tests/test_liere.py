@@ -151,3 +151,19 @@ def test_layer_dispatches_to_sdpa():
     layer(torch.randn(1, 6, 64)).sum().backward()
     assert layer.last_backend == "sdpa"
     assert layer.encoding.generator_raw.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("init_scale", [1e30, float("inf"), float("nan"), 1001.0])
+def test_init_scale_past_the_float32_rotation_range_is_refused(init_scale):
+    """Issue 49 item 6: ``liere:init_scale=1e30`` was accepted and gave nan outputs."""
+    with pytest.raises(ValueError, match="init_scale"):
+        posenc.build(f"liere:init_scale={init_scale}", num_heads=1, head_dim=8)
+    with pytest.raises(ValueError, match="init_scale"):
+        posenc.build("liere", num_heads=1, head_dim=8, init_scale=init_scale)
+
+
+def test_init_scale_at_the_bound_gives_finite_rotations():
+    """At the largest scale allowed, a layer's output is still finite (1e30 gave nan)."""
+    torch.manual_seed(0)
+    attn = posenc.MultiheadAttention(16, 2, encoding="liere:init_scale=1000")
+    assert torch.isfinite(attn(torch.randn(1, 6, 16))).all()

@@ -266,3 +266,12 @@ def test_errors_name_the_option():
         F.mrope_position_ids(types_, [[1, 4, 4]], spatial_merge_size=2)  # 3 tokens, grid has 4
     with pytest.raises(ValueError, match="image_grid_thw"):
         F.mrope_position_ids(types_, None)
+
+
+def test_repr_shows_the_base_and_bands_from_rope_parameters():
+    """Issue 49 item 14, as for RoPE: built from rope_parameters, M-RoPE printed base=10000.0 and
+    mrope_section=None while it computed with 1e6 and [2, 3, 3]."""
+    params = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}
+    text = repr(posenc.build("mrope", head_dim=16, rope_parameters=params))
+    assert "base=1000000.0" in text and "mrope_section=[2, 3, 3]" in text, text
+    assert "None" not in text, text

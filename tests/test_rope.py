@@ -378,3 +378,20 @@ def test_switching_refuses_a_cache_written_before_and_encodings_serving_other_mo
     assert other.encoding.pairing == "half" and torch.equal(other.q_proj.weight, weight)  # nothing changed
     with pytest.raises(ValueError, match="pairing"):
         posenc.switch_rope_pairing_(other, "paired")
+
+
+def test_repr_shows_the_base_and_scaling_from_rope_parameters():
+    """Issue 49 item 14: a RoPE built from rope_parameters printed ``base=10000.0, scaling=None``
+    while it computed with 500000 and llama3."""
+    llama31 = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
+    text = repr(posenc.build("rope", head_dim=64, rope_parameters=llama31))
+    for shown in ("base=500000.0", "scaling='llama3'", "factor=8.0", "original_max_position_embeddings=8192"):
+        assert shown in text, text
+    assert "10000.0" not in text and "None" not in text.split("(tables)")[0].replace("head_dim=None", "")

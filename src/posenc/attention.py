@@ -27,6 +27,7 @@ from .inputs import (
     check_input,
     check_padding,
     check_pattern,
+    check_projections,
     check_scale,
     check_sizes,
 )
@@ -239,6 +240,7 @@ class MultiheadAttention(nn.Module):
                 if out is not None:
                     return out
         check_input(x, "x", self.embed_dim, self.q_proj.weight)
+        check_projections(self.q_proj.weight, k_proj=self.k_proj, v_proj=self.v_proj, out_proj=self.out_proj)
         given = {"context": context, "positions": positions, "context_positions": context_positions}
         given |= {"key_padding_mask": key_padding_mask, "attn_mask": attn_mask, "document_ids": document_ids}
         check_devices(x, **given, prefix_len=prefix_len, group_ids=group_ids)

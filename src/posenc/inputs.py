@@ -25,6 +25,7 @@ __all__ = [
     "check_input",
     "check_padding",
     "check_pattern",
+    "check_projections",
     "check_scale",
     "check_sizes",
     "check_span",
@@ -150,6 +151,25 @@ def check_input(x: Tensor, name: str, embed_dim: int, weight: Tensor) -> None:
             f"{name} is on device {x.device} but the layer's parameters are on {weight.device}; "
             "move one of them (layer.to(device) or x.to(device))"
         )
+
+
+def check_projections(weight: Tensor, **projections: Any) -> None:
+    """Every projection (an ``nn.Linear``, or None where the layer has none) has the dtype and device
+    of ``weight`` (the layer's ``q_proj.weight``, which ``x`` was checked against); a ValueError names
+    the first that does not, instead of a dtype error from inside ``F.linear``."""
+    for name, projection in projections.items():
+        if projection is None:
+            continue
+        for param_name in ("weight", "bias"):
+            param = getattr(projection, param_name, None)
+            if param is None or not param.is_floating_point():  # integer (quantized) weights: their own rules
+                continue
+            if param.dtype != weight.dtype or param.device != weight.device:
+                raise ValueError(
+                    f"{name}.{param_name} is {param.dtype} on {param.device} but q_proj.weight is "
+                    f"{weight.dtype} on {weight.device}; cast or move the whole layer (layer.to(...)), "
+                    "not one projection"
+                )
 
 
 def check_devices(x: Tensor, **arguments: Any) -> None:

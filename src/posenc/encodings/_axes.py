@@ -74,15 +74,25 @@ class AxisPositions:
             self._ids = previous
 
     def axis_coords(
-        self, positions: Tensor, length: int, what: str, dtype: torch.dtype = torch.float32
+        self,
+        positions: Tensor,
+        length: int,
+        what: str,
+        dtype: torch.dtype = torch.float32,
+        batch: int | None = None,
     ) -> Tensor:
-        """The coordinates ``[B, T, A]`` of the ``length`` tokens whose layer positions are ``positions [B, T]``."""
+        """The coordinates ``[B, T, A]`` of the ``length`` tokens whose layer positions are ``positions [B, T]``.
+
+        ``batch``: the batch of the ``what`` (queries or keys) ``[B, H, T, D]``, which ids
+        ``[A, B, T]`` must match (or broadcast from, ``B = 1``).
+        """
         if self._ids is not None:
             if self._ids.shape[-1] != length:
                 raise ValueError(
                     f"{self.name}: {self.num_axes}-axis position ids cover {self._ids.shape[-1]} tokens but the "
                     f"{what} have {length} (set ids for the new tokens of this call)"
                 )
+            check_ids_batch(self.name, self._ids, batch, what)
             return self._ids.to(device=positions.device, dtype=dtype).permute(1, 2, 0)
         if self.grid_width is not None:
             if positions.is_floating_point():
@@ -93,6 +103,20 @@ class AxisPositions:
             rows, cols = grid_row_col(positions, self.grid_width)
             return torch.stack([rows, cols], dim=-1).to(dtype)
         return positions.to(dtype)[..., None].expand(*positions.shape, self.num_axes)
+
+
+def check_ids_batch(name: str, ids: Tensor, batch: int | None, what: str) -> None:
+    """Position ids ``[A, B_ids, T]`` serve a call of batch ``batch``: ``B_ids`` is 1 (every row) or ``batch``.
+
+    Checked here, where the ids meet the call, so the error names the ids rather than the kernel
+    (an einsum or a cos/sin shape) that would fail on them; ``batch`` None: not checked.
+    """
+    rows = ids.shape[1]
+    if batch is not None and rows not in (1, batch):
+        raise ValueError(
+            f"{name}: position ids have batch {rows} but the {what} have batch {batch}; give ids "
+            f"[{ids.shape[0]}, {batch}, T] for this call (or [{ids.shape[0]}, T] for the same ids on every row)"
+        )
 
 
 def head_groups(per_head: Tensor, heads: int, name: str) -> Tensor:

@@ -281,11 +281,11 @@ def rotate_grouped(enc: Any, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor)
         )  # exact sums  # [Hkv|1, m, b, b]
         q_gen = summed.repeat_interleave(group, dim=0) if group > 1 and summed.shape[0] > 1 else summed
         return apply_power_rotation(q, q_gen, q_pos, dtype), apply_power_rotation(k, summed, k_pos, dtype)
-    k_rot = enc.rotations(enc.axis_coords(k_pos, k.shape[2], "keys", dtype), kv_heads)
+    k_rot = enc.rotations(enc.axis_coords(k_pos, k.shape[2], "keys", dtype, k.shape[0]), kv_heads)
     if q_pos is k_pos and q.shape[2] == k.shape[2]:
         q_rot = k_rot
     else:
-        q_rot = enc.rotations(enc.axis_coords(q_pos, q.shape[2], "queries", dtype), kv_heads)
+        q_rot = enc.rotations(enc.axis_coords(q_pos, q.shape[2], "queries", dtype, q.shape[0]), kv_heads)
     if group > 1 and q_rot.shape[1] > 1:
         q_rot = q_rot.repeat_interleave(group, dim=1)
     return apply_block_rotation(q, q_rot), apply_block_rotation(k, k_rot)

@@ -60,6 +60,28 @@ def grape_additive_lift(q: Tensor, k: Tensor, q_phase: Tensor, k_phase: Tensor) 
     return q_lift, k_lift
 
 
+#: The largest ``omega_init``: it multiplies ALiBi's slopes (below 1 logit per token of distance),
+#: so past 100 the bias drops by up to ~70 logits a token, a mask on all but the nearest keys rather
+#: than a slope to learn from (and ``softplus⁻¹`` by ``log(expm1(ω))`` overflowed at 710).
+MAX_OMEGA_INIT = 100.0
+
+
+def _checked_omega_init(omega_init: float) -> float:
+    """``omega_init`` as a float in ``(0, MAX_OMEGA_INIT]``; ValueError naming it otherwise."""
+    value = float(omega_init)
+    if not 0 < value <= MAX_OMEGA_INIT:
+        raise ValueError(
+            f"grape_a: omega_init must be in (0, {MAX_OMEGA_INIT:g}], got omega_init={omega_init!r}: it scales "
+            "ALiBi's slopes (logits per token of distance), and a larger one masks all but the nearest keys"
+        )
+    return value
+
+
+def _inverse_softplus(omega: float) -> float:
+    """``softplus⁻¹(ω) = log(e^ω − 1) = ω + log(1 − e^−ω)``: the second form never overflows."""
+    return omega + math.log(-math.expm1(-omega))
+
+
 @register("grape_a")
 class GRAPEAdditive(BiasEncoding):
     """Additive GRAPE (Zhang et al. 2026): −ω_h·max(i − j, 0), ω_h = softplus(ρ_h)·m_h learned; ALiBi at init."""
@@ -74,7 +96,7 @@ class GRAPEAdditive(BiasEncoding):
         authors' 1: ALiBi's slopes); ``learnable`` (train ``ρ``)."""
         super().__init__()
         self.num_heads = num_heads
-        raw = math.log(math.expm1(float(omega_init)))  # softplus⁻¹
+        raw = _inverse_softplus(_checked_omega_init(omega_init))
         self.omega_raw = nn.Parameter(torch.full((num_heads,), raw), requires_grad=learnable)
         self.slopes: Tensor
         self.reset_buffers()

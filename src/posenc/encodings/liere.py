@@ -51,6 +51,11 @@ from .comrope import block_rotations, rotate_grouped
 
 __functional__ = ["liere_generators"]
 
+#: The largest ``init_scale``: the raw entries are angles per unit coordinate, and float32
+#: ``matrix_exp`` of ``x·G`` stops being a rotation as ``|x·G|`` grows (``RᵀR − I`` reaches 5e-4 at
+#: coordinate 1 with init_scale 1e3, 0.07 at 1e5, inf at 1e8, nan past it); the authors use 2π.
+MAX_INIT_SCALE = 1000.0
+
 
 def liere_generators(raw: Tensor) -> Tensor:
     """The skew-symmetric generators ``U − Uᵀ``, ``U = triu(raw, 1)``, of raw parameters ``[..., g, g]``.
@@ -64,6 +69,20 @@ def liere_generators(raw: Tensor) -> Tensor:
         )
     upper = torch.triu(raw, diagonal=1)
     return upper - upper.transpose(-1, -2)
+
+
+def _check_init_scale(init_scale: float) -> None:
+    """``init_scale`` a number in ``[0, MAX_INIT_SCALE]``: larger angles give no rotation in float32."""
+    if (
+        isinstance(init_scale, bool)
+        or not isinstance(init_scale, (int, float))
+        or not (0 <= init_scale <= MAX_INIT_SCALE)
+    ):
+        raise ValueError(
+            f"liere: init_scale must be in [0, {MAX_INIT_SCALE:g}], got init_scale={init_scale!r}: the raw "
+            "generator entries are angles per unit coordinate (the authors' 2π), and float32 matrix_exp of "
+            "larger ones is no rotation (its error grows with the angle: inf/nan past 1e8)"
+        )
 
 
 @register("liere")
@@ -101,6 +120,7 @@ class LieRE(AxisPositions, RotaryEncoding):
         authors' ``2π``)."""
         super().__init__()
         check_axes("liere", num_axes, grid_width)
+        _check_init_scale(init_scale)
         if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 2:
             raise ValueError(f"liere: head_dim must be an int >= 2, got head_dim={head_dim!r}")
         size = head_dim if generator_dim is None else generator_dim

@@ -79,6 +79,7 @@ from ..base import RotaryEncoding, checks_values
 from ..kernels.rope import RotaryTables
 from ..registry import at_least, greater_than, register
 from ..spec import format_spec
+from ._axes import check_ids_batch
 from ._scaling_option import resolve_scaling, scaling_group
 from .mrope_ids import IMAGE, TEXT, VIDEO, mrope_grid_ids, mrope_position_ids  # noqa: F401  (their old home)
 from .rope import Pairing, apply_cos_sin, check_pairing
@@ -434,6 +435,23 @@ class MRoPE(RotaryEncoding):
             config.update(self.scaling.options())
         return format_spec(self.name, config)
 
+    def extra_repr(self) -> str:
+        """What the rotation computes with, also when given as ``rope_parameters``: the resolved base,
+        bands, width and scaling (not the ``None`` of unused keywords)."""
+        parts = [
+            f"head_dim={self.head_dim}",
+            f"base={self.base!r}",
+            f"mrope_section={self.mrope_section!r}" if self.mrope_section is not None else "axis_map=given",
+            f"layout={self.layout!r}",
+            f"rotary_dim={self.rotary_dim}",
+            f"num_axes={self.num_axes}",
+        ]
+        if self.scaling.type != "default":
+            parts.append(f"scaling={self.scaling.type!r}")
+            parts += [f"{k}={v!r}" for k, v in self.scaling.options().items()]
+            parts.append(f"attention_scale={self.attention_scale:.6g}")
+        return ", ".join(parts)
+
     def reset_buffers(self) -> None:
         """The (scaled) frequencies ``[d_r/2]`` and their ``cos``/``sin`` tables, in float32."""
         inv_freq, self.attention_scale = rope_scaled_inv_freq(self.scaling_config)
@@ -489,14 +507,17 @@ class MRoPE(RotaryEncoding):
         finally:
             self._ids = previous
 
-    def _axes(self, positions: Tensor, length: int, name: str) -> Tensor:
+    def _axes(self, positions: Tensor, tokens: Tensor, name: str) -> Tensor:
+        """The ids ``[A, B|1, T]`` of the ``name`` (queries or keys) ``tokens [B, H, T, D]`` at ``positions [B|1, T]``."""
         if self._ids is None:
             return positions[None].expand(self.num_axes, *positions.shape)  # text tokens: every axis equal
+        length = tokens.shape[2]
         if self._ids.shape[-1] != length:
             raise ValueError(
                 f"mrope: {self.num_axes}-axis position ids cover {self._ids.shape[-1]} tokens but the {name} have "
                 f"{length} (set ids for the new tokens of this call; cross-attention needs plain positions)"
             )
+        check_ids_batch("mrope", self._ids, tokens.shape[0], name)
         return self._ids.to(positions.device)
 
     def rotate(self, q: Tensor, k: Tensor, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, Tensor]:
@@ -504,8 +525,8 @@ class MRoPE(RotaryEncoding):
             raise ValueError(
                 f"mrope: built for head_dim={self.head_dim}, got q {tuple(q.shape)} and k {tuple(k.shape)}"
             )
-        q_tables = self._cos_sin(self._axes(q_pos, q.shape[2], "queries"))
-        k_tables = self._cos_sin(self._axes(k_pos, k.shape[2], "keys"))
+        q_tables = self._cos_sin(self._axes(q_pos, q, "queries"))
+        k_tables = self._cos_sin(self._axes(k_pos, k, "keys"))
         return self._transform(q, q_tables), self._transform(k, k_tables)
 
     def preview(self) -> str:

@@ -380,6 +380,20 @@ class RoPE(RotaryEncoding):
             config.update(self.scaling.options())
         return format_spec(self.name, config)
 
+    def extra_repr(self) -> str:
+        """What the rotation computes with, however it was given: the base and scaling resolved from
+        ``rope_parameters`` too (their options, not the ``None`` of unused keywords)."""
+        parts = [f"head_dim={self.head_dim}", f"base={self._base!r}", f"pairing={self.pairing!r}"]
+        if self.is_bound:
+            parts.append(f"rotary_dim={self.rotary_dim}")
+        if self.rope_type != "default":
+            parts.append(f"scaling={self.rope_type!r}")
+            parts += [f"{k}={v!r}" for k, v in self.scaling.options().items()]
+            parts.append(f"attention_scale={self.attention_scale:.6g}")
+        if self.drop_rotation != "never":
+            parts.append(f"drop_rotation={self.drop_rotation!r}")
+        return ", ".join(parts)
+
     # ------------------------------------------------------------------ tables
     def reset_buffers(self) -> None:
         """Recompute the frequencies and the ``cos``/``sin`` tables in float32 (empty while unbound)."""

@@ -12,10 +12,13 @@ key                                 meaning
 ``partial_rotary_factor``           rotary width ``d_r = int(d * factor)`` (default 1.0)
 ``rotary_dim``                      posenc only: ``d_r`` given exactly (wins over the factor)
 ``factor``                          context-extension factor ``s``
-``original_max_position_embeddings``  pretraining length ``L_orig`` (yarn, llama3, longrope)
+``original_max_position_embeddings``  pretraining length ``L_orig`` (yarn, llama3, longrope: required)
 ``max_position_embeddings``         the model's maximum length (dynamic's ``L``; yarn/longrope
                                     derive ``factor = max / L_orig`` when ``factor`` is None)
 ==================================  ===========================================================
+
+A key the type does not read is a ValueError (:func:`check_scaling_keys`), except the model-level
+keys above and :data:`HF_CARRIED_KEYS`.
 
 It returns ``inv_freq`` ``[d_r // 2]`` float32 (angles are ``position * inv_freq``) and
 ``attention_scale``, a float that multiplies both ``cos`` and ``sin`` (so the logits scale by its
@@ -31,7 +34,8 @@ Types (docs/conventions.md §7.5):
   HunYuan's name, ``alpha`` (NTK-alpha: HF HunYuan's ``{"rope_type": "dynamic", "alpha": a}``, which
   its rotary embedding relabels ``ntk_alpha``, reads as this type).
 * ``dynamic``: dynamic NTK, ``b' = b · (s·L'/L - (s - 1))^(d_r/(d_r - 2))`` with
-  ``L' = max(seq_len, L)``; unchanged while ``seq_len <= L``.
+  ``L' = max(seq_len, L)`` and ``L`` the larger of the two lengths given; unchanged while
+  ``seq_len <= L``.
 * ``yarn``: NTK-by-parts ramp between ``θ`` and ``θ/s`` plus ``attention_scale = 0.1 ln s + 1``
   (or the DeepSeek ``mscale`` ratio).
 * ``llama3``: Llama 3.1 wavelength bands (keep / smooth / divide by ``s``).
@@ -93,6 +97,47 @@ SCALING_OPTIONS: dict[str, tuple[str, ...]] = {
     "proportional": ("factor",),
 }
 
+#: Keys every type takes beside its own options: its name (HF's ``rope_type``, legacy ``type``),
+#: the base, the rotary width, and what HF keeps on the model config (``head_dim``, the model's
+#: ``max_position_embeddings``, which the bridge always passes and only some types read).
+MODEL_KEYS: tuple[str, ...] = (
+    "rope_type",
+    "type",
+    "rope_theta",
+    "partial_rotary_factor",
+    "rotary_dim",
+    "head_dim",
+    "max_position_embeddings",
+)
+#: Keys real HF configs carry in ``rope_parameters`` for other parts of the model, which HF's own
+#: validation is told to ignore (``ignore_keys_at_rope_validation`` of Qwen2/3-VL, Qwen3-Omni,
+#: GLM-4V, Ministral 3, ...): M-RoPE's bands (read by :class:`~posenc.encodings.mrope.MRoPE`) and
+#: Ministral 3's query temperature. They do not change the frequencies, so they pass unread; any
+#: other key is refused (HF only warns), since a key no one reads (Phi-3.5-MoE's ``short_mscale``,
+#: ``short_factor`` on yarn) means the frequencies differ from what the config asks for.
+HF_CARRIED_KEYS = frozenset({"mrope_section", "mrope_interleaved", "interleaved", "llama_4_scaling_beta"})
+
+
+def check_scaling_keys(rope_type: str, config: dict[str, Any]) -> None:
+    """ValueError naming the keys of ``config`` (values not None) that ``rope_type`` does not read.
+
+    A type not in :data:`SCALING_OPTIONS` is left to :func:`rope_scaled_inv_freq`, which refuses
+    unknown names with the list of types.
+    """
+    if rope_type not in SCALING_OPTIONS:
+        return
+    own = SCALING_OPTIONS[rope_type]
+    accepted = set(own) | set(MODEL_KEYS) | HF_CARRIED_KEYS
+    unknown = sorted(k for k, v in config.items() if v is not None and k not in accepted)
+    if unknown:
+        elsewhere = [k for k in unknown if k in _ALL_OPTIONS]
+        hint = f" ({', '.join(elsewhere)}: an option of another type; check rope_type)" if elsewhere else ""
+        raise ValueError(
+            f"RoPE scaling {rope_type!r} does not take {', '.join(map(repr, unknown))}{hint}; it takes "
+            f"{', '.join(own) or 'no options'}, besides {', '.join(MODEL_KEYS)}"
+        )
+
+
 ScalingFunction = Callable[[dict[str, Any], "int | None"], tuple[Tensor, float]]
 #: ``example(original, pairs, factor) -> (options, seq_len)``: a configuration of the type for a
 #: model pretrained at ``original`` positions with ``pairs`` rotary pairs, extended by ``factor``,
@@ -110,6 +155,7 @@ def _union(types: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(option for t in types for option in SCALING_OPTIONS[t]))
 
 
+_ALL_OPTIONS = frozenset(_union(SCALING_TYPES))
 #: The options of the types whose frequencies do not depend on the length (M-RoPE takes only these).
 FIXED_LENGTH_OPTIONS = _union(t for t in SCALING_TYPES if t not in LENGTH_DEPENDENT)
 
@@ -168,6 +214,9 @@ class RopeScaling:
     #: The option names (every field but ``type``): those of :data:`SCALING_OPTIONS`.
     OPTIONS: ClassVar[tuple[str, ...]] = _union(SCALING_TYPES)
 
+    def __post_init__(self) -> None:
+        check_scaling_keys(self.type, self.options())
+
     @classmethod
     def from_options(cls, scaling: str | None, **options: Any) -> RopeScaling:
         """From RoPE's typed options; options left at None are not given.
@@ -184,15 +233,18 @@ class RopeScaling:
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> RopeScaling:
-        """From an HF-style dict (``rope_type`` or the legacy ``type``; other keys are ignored).
+        """From an HF-style dict (``rope_type`` or the legacy ``type``).
 
+        Keys the type does not read are a ValueError naming them (:func:`check_scaling_keys`),
+        except :data:`MODEL_KEYS` (read elsewhere: base, rotary width) and :data:`HF_CARRIED_KEYS`.
         HunYuan's NTK-alpha (``rope_type`` ``"dynamic"`` or ``"ntk_alpha"`` with an ``alpha``) is the
         ``ntk`` type with that ``alpha``, as HF's ``HunYuanDenseV1RotaryEmbedding`` reads it: its
-        checkpoints' other options (``factor`` 1.0, ``beta_fast``, ...) are not read.
+        checkpoints' other options (``factor`` 1.0, ``beta_fast``, ...) are not read, as in HF.
         """
         rope_type = config.get("rope_type", config.get("type", "default")) or "default"
         if rope_type in _NTK_ALPHA_TYPES and config.get("alpha") is not None:
             return cls(type="ntk", alpha=config["alpha"])
+        check_scaling_keys(rope_type, config)
         return cls(type=rope_type, **{k: config[k] for k in cls.OPTIONS if config.get(k) is not None})
 
     def options(self) -> dict[str, Any]:
@@ -239,6 +291,7 @@ def rope_scaled_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> 
         raise ValueError(
             f"unknown RoPE scaling (rope_type) {rope_type!r}; available: {', '.join(rope_scaling_types())}"
         )
+    check_scaling_keys(rope_type, config)
     return _SCALINGS[rope_type](config, seq_len)
 
 
@@ -292,11 +345,21 @@ def _factor(config: dict[str, Any], rope_type: str, *, minimum: float = 0.0) -> 
 
 
 def _original_length(config: dict[str, Any], rope_type: str) -> int:
-    """``original_max_position_embeddings``, falling back to ``max_position_embeddings`` as HF does."""
-    length = config.get("original_max_position_embeddings") or config.get("max_position_embeddings")
+    """``original_max_position_embeddings``, required: no fallback to ``max_position_embeddings``.
+
+    HF's compute functions index it (a KeyError without it); only HF's config standardisation
+    copies the model's length in, which puts the extended length where the pretraining length
+    belongs (yarn's ramp and derived factor ``max / max = 1``, llama3's bands): the pretraining
+    length is stated, not guessed.
+    """
+    length = config.get("original_max_position_embeddings")
     if length is None:
+        # Without the pretraining length no factor can be derived either: name every missing key.
+        missing = ("factor", "original_max_position_embeddings") if config.get("factor") is None else ()
+        needed = " and ".join(map(repr, missing or ("original_max_position_embeddings",)))
         raise ValueError(
-            f"RoPE scaling {rope_type!r} needs 'original_max_position_embeddings' (the pretraining length)"
+            f"RoPE scaling {rope_type!r} needs {needed} (the pretraining length); "
+            "max_position_embeddings (the extended length) is not used in its place"
         )
     if int(length) <= 0:
         raise ValueError(
@@ -393,17 +456,21 @@ def _ntk_factor(config: dict[str, Any]) -> float:
 def dynamic_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tuple[Tensor, float]:
     """Dynamic NTK: ``b' = b · (s·L'/L - (s-1))^(d_r/(d_r-2))``, ``L' = max(seq_len, L)``.
 
-    ``L`` is ``max_position_embeddings`` (HF reads the model's max length), or
-    ``original_max_position_embeddings`` when only that is given.
+    ``L`` is the length the model runs unscaled up to: ``max_position_embeddings`` (HF reads the
+    model's max length) or ``original_max_position_embeddings``, the larger when both are given. So
+    a served length below the trained one (vLLM issue 52665: ``max_position_embeddings`` 512, trained
+    2048) never scales, and ``L' >= L`` keeps the bracket at least 1 (vLLM's ``s·512/2048 - (s-1)``
+    went negative: a fractional power of a negative base, then nan).
     """
     factor = _factor(config, "dynamic")
     width = rotary_width(config)
-    trained = config.get("max_position_embeddings") or config.get("original_max_position_embeddings")
-    if trained is None:
+    lengths = [int(config[k]) for k in _LENGTHS if config.get(k) is not None]
+    if not lengths:
         raise ValueError(
             "RoPE scaling 'dynamic' needs 'original_max_position_embeddings' (the pretraining length)"
         )
-    length = max(int(seq_len), int(trained)) if seq_len is not None else int(trained)
+    trained = max(lengths)
+    length = max(int(seq_len), trained) if seq_len is not None else trained
     base = _base(config) * ((factor * length / trained) - (factor - 1)) ** (width / (width - 2))
     return _inv_freq(base, width), 1.0
 

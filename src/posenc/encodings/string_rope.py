@@ -155,11 +155,11 @@ class STRING(AxisPositions, RotaryEncoding):
         dtype = torch.promote_types(self.freqs.dtype, torch.float32)
         P = head_groups(self.orthogonal(), kv_heads, "string")
         q_P = P.repeat_interleave(group, dim=0) if group > 1 and P.shape[0] > 1 else P
-        k_cos, k_sin = self._cos_sin(self.axis_coords(k_pos, k.shape[2], "keys", dtype))
+        k_cos, k_sin = self._cos_sin(self.axis_coords(k_pos, k.shape[2], "keys", dtype, k.shape[0]))
         if q_pos is k_pos and q.shape[2] == k.shape[2]:
             q_cos, q_sin = k_cos, k_sin
         else:
-            q_cos, q_sin = self._cos_sin(self.axis_coords(q_pos, q.shape[2], "queries", dtype))
+            q_cos, q_sin = self._cos_sin(self.axis_coords(q_pos, q.shape[2], "queries", dtype, q.shape[0]))
         return (
             apply_string(q, q_P, q_cos, q_sin, self.pairing, self.left_factor),
             apply_string(k, P, k_cos, k_sin, self.pairing, self.left_factor),
