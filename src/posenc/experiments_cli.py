@@ -26,9 +26,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-from rich.text import Text
 
 from .cli import app, console, print_error, print_line
+from .experiments.hf_scaling import HF_TASKS
 from .experiments.tasks import TASKS
 from .experiments.train import ExperimentConfig
 
@@ -83,22 +83,14 @@ def print_table(table: Table) -> None:
     console.print(table, width=width, crop=width is None)
 
 
-def rich_table(summary: SummaryTable) -> Table:
-    """A :class:`~posenc.experiments.summary.SummaryTable` as a Rich table (numbers right-aligned).
+def rich_table(summary: SummaryTable) -> SummaryTable:
+    """What :func:`print_table` draws for a summary: the :class:`~posenc.experiments.summary.SummaryTable`
+    itself, a Rich renderable that splits its columns into tables as wide as the terminal, so a
+    number is never cut to ``4…`` (:meth:`~posenc.experiments.summary.SummaryTable.rich_tables`).
 
     Every piece is plain text, never Rich markup: the note ``[low, high]: 95% ...`` and a cell
     ``63.3% [4.5%, 100%]`` print as written."""
-    caption = Text("\n".join(summary.notes)) if summary.notes else None
-    table = Table(title=Text(summary.title), caption=caption, caption_justify="left")
-    names = max((len(row[0]) for row in summary.rows), default=0)
-    for index, column in enumerate(summary.columns):
-        if index == 0:  # encoding names stay whole; the number columns wrap their headers instead
-            table.add_column(column, justify="left", min_width=min(names, 40))
-        else:
-            table.add_column(column, justify="right")
-    for row in summary.rows:
-        table.add_row(*(Text(cell) for cell in row))
-    return table
+    return summary
 
 
 # ---------------------------------------------------------------------------- options from the config
@@ -185,8 +177,37 @@ def config_options() -> list[ConfigOption]:
 
 CONFIG_OPTIONS = config_options()
 
+
+def task_help() -> str:
+    """``--task``'s help: the registered tasks, those ``--hf-model`` scores and the study's (from
+    the registries, so a task added there is listed here)."""
+    from .experiments.study_plan import STUDY_TASKS
+
+    return (
+        f"task: {', '.join(TASKS)}; with --hf-model: {', '.join(HF_TASKS)}, or the context-extension "
+        f"study {', '.join(STUDY_TASKS)}"
+    )
+
+
+def hf_model_forms() -> str:
+    """What ``--hf-model`` takes, for its help (the fetchable models by name, from the catalog)."""
+    from .pretrained_fetch import MODELS
+
+    return (
+        f"an HF folder (save_pretrained), a fetched model's name ({', '.join(MODELS)}; posenc models "
+        "fetch) or a .gguf file"
+    )
+
+
+def study_tasks_text() -> str:
+    """``text, text-lm or text-passkey``: the study's tasks (:data:`.study_plan.STUDY_TASKS`), for help texts."""
+    from .experiments.study_plan import STUDY_TASKS
+
+    return f"{', '.join(STUDY_TASKS[:-1])} or {STUDY_TASKS[-1]}"
+
+
 #: Help texts read at run time: the registered tasks.
-_HELP = {"task": lambda: f"task: {', '.join(TASKS)}"}
+_HELP = {"task": task_help}
 
 #: Where the command's own options go among the generated ones: after the named option (the
 #: options that follow one in the command's signature go with it).
@@ -252,8 +273,9 @@ def extrapolate(
     progress: bool = typer.Option(True, help="show progress bars"),
     hf_model: Path | None = typer.Option(
         None,
-        help="evaluate a local HF causal LM folder (save_pretrained) without training, on --task lm or "
-        "passkey at lengths 1..--eval-len beyond its max_position_embeddings",
+        help=f"evaluate a pretrained causal LM without training: {hf_model_forms()}; --task "
+        f"{' or '.join(HF_TASKS)} scores it at lengths 1..--eval-len beyond its max_position_embeddings, "
+        f"--task {study_tasks_text()} runs the context-extension study",
     ),
     lengths: str | None = typer.Option(
         None,
@@ -429,7 +451,7 @@ def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, opti
             )
         print_table(rich_table(summary(settings, records)))
         print_line(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         print_error(str(err))
         raise typer.Exit(2) from err
 

@@ -39,9 +39,11 @@ from .pretrained_fetch import (
 __all__ = [
     "MODELS",
     "MODELS_ENV",
+    "WEIGHT_FILES",
     "Piece",
     "PretrainedModel",
     "causal_lm_class_name",
+    "check_causal_decoder",
     "convert",
     "converted_dir",
     "fetch",
@@ -65,7 +67,8 @@ def load(model: str | Path, *, dtype: Any = None, log: Any = None) -> tuple[Any,
     A fetched model's first load converts the GGUF file (dequantizing every tensor and building the
     tokenizer from its vocabulary: minutes on 2 cores) and keeps the result as an HF folder beside
     it (``<name>.hf/``, tagged with the GGUF file's sha256); later loads read that folder in seconds.
-    A GGUF of an architecture the installed transformers cannot load is refused, naming it.
+    A GGUF of an architecture the installed transformers cannot load is refused, naming it; so is an
+    HF folder that holds no causal decoder or no weights (:func:`load_config`), before any weight loads.
     """
     import torch
 
@@ -80,6 +83,8 @@ def load(model: str | Path, *, dtype: Any = None, log: Any = None) -> tuple[Any,
         )
     if path.is_file() and path.suffix != ".gguf":
         raise ValueError(f"model {path}: a file must be a .gguf file (or give an HF folder)")
+    if path.is_dir():
+        load_config(path)  # a folder that is no causal decoder, or has no weights, fails before loading
     return _load_hf(path, dtype)
 
 
@@ -87,7 +92,9 @@ def load_config(model: str | Path) -> Any:
     """The HF config of ``model`` (as :func:`load` takes it) without loading its weights: what a
     plan needs (the context, the RoPE parameters) on a machine that will not run the model, such as
     a Slurm login node. A fetched model's config is read from its converted folder when there is
-    one, else from its GGUF file's metadata."""
+    one, else from its GGUF file's metadata. An HF folder must hold a causal decoder's config
+    (:func:`check_causal_decoder`) and its weights (one of :data:`WEIGHT_FILES`): ``ValueError``
+    naming the folder otherwise."""
     try:
         from transformers import AutoConfig
     except ImportError as err:  # pragma: no cover - the real extra is missing
@@ -113,7 +120,66 @@ def load_config(model: str | Path) -> Any:
             if "not supported" in str(err):
                 raise ValueError(_unsupported_gguf(path)) from err
             raise
-    return AutoConfig.from_pretrained(str(path))
+    return _folder_config(path)
+
+
+#: The weight files ``from_pretrained`` reads from an HF folder (one of them, or a sharded index).
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _folder_config(folder: Path) -> Any:
+    """The config of the HF folder ``folder``, checked to be a causal decoder's with its weights
+    present: what would otherwise fail (or, for an encoder, silently mis-score) only once the weights
+    load, refused from the config alone with the folder and the files named."""
+    from transformers import AutoConfig
+
+    if not (folder / "config.json").is_file():
+        raise ValueError(
+            f"model {folder}: no config.json in the folder (give a folder written by save_pretrained)"
+        )
+    config = AutoConfig.from_pretrained(str(folder))
+    check_causal_decoder(config, folder)
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise ValueError(
+            f"model {folder}: a config.json but no weights: none of {', '.join(WEIGHT_FILES)} is in the "
+            "folder (save the model with save_pretrained, or copy its weight files there)"
+        )
+    return config
+
+
+def check_causal_decoder(config: Any, where: str | Path) -> None:
+    """Refuse a config that is not a causal (left-to-right) decoder's, naming ``where`` it came from.
+
+    ``AutoModelForCausalLM`` also builds a causal-LM head on an encoder (``BertLMHeadModel``), which
+    then attends both ways and scores the text it was meant to predict. A config is a decoder's when
+    HF has a causal LM for its ``model_type`` and either it says ``is_decoder`` or its family is
+    decoder-only: no masked-LM class (the encoders BERT, RoBERTa, ...) and no encoder-decoder.
+    """
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    model_type = getattr(config, "model_type", None)
+    bidirectional = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or bool(
+        getattr(config, "is_encoder_decoder", False)
+    )
+    if model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and (
+        getattr(config, "is_decoder", False) or not bidirectional
+    ):
+        return
+    architectures = ", ".join(getattr(config, "architectures", None) or []) or "none named"
+    why = "a bidirectional encoder" if bidirectional else "no causal LM in transformers"
+    raise ValueError(
+        f"model {where}: its config (model_type {model_type!r}, architectures {architectures}) is {why}, "
+        "not a causal decoder; posenc scores left-to-right language models (give a decoder such as "
+        "GPT-2 or Llama, or a config with is_decoder true)"
+    )
 
 
 def causal_lm_class_name(config: Any) -> str:

@@ -13,8 +13,10 @@ from .cli import app, print_error, print_line
 from .experiments_cli import (
     CONFIG_OPTIONS,
     config_from_options,
+    hf_model_forms,
     preset_configs,
     study_options,
+    study_tasks_text,
     with_config_options,
 )
 
@@ -73,9 +75,9 @@ def submit_command(
     ),
     hf_model: str | None = typer.Option(
         None,
-        help="submit the context-extension study of a pretrained model (a fetched model's name, a .gguf file "
-        "or an HF folder; with --task text, text-lm or text-passkey): array task i runs the (variant, "
-        "length) units i, i+n, ...; the model must be readable at the same path on the compute nodes",
+        help=f"submit the context-extension study of a pretrained model ({hf_model_forms()}; with --task "
+        f"{study_tasks_text()}): array task i runs the (variant, length) units i, i+n, ...; the model must "
+        "be readable at the same path on the compute nodes",
     ),
     lengths: str | None = typer.Option(None, help="--hf-model: the passkey's prompt lengths (extrapolate's)"),
     depths: str | None = typer.Option(None, help="--hf-model: the passkey's needle depths (extrapolate's)"),

@@ -40,9 +40,9 @@ from torch import Tensor, nn
 
 from .distributed import Distributed, resolve_device
 from .folders import FigureWriter, folder_lock, write_outputs
+from .hf_scaling import HF_TASKS, model_label, parse_variants, rope_parameters_for
 from .hf_scaling import apply_scaling as _apply_scaling
 from .hf_scaling import check_hf_folder as _check_folder
-from .hf_scaling import model_label, parse_variants, rope_parameters_for
 from .results import RUNS_FILE, atomic_write_text, iid_record
 from .retrieval import Passkey
 from .summary import summary_table
@@ -59,8 +59,6 @@ __all__ = [
     "summary",
 ]
 
-#: Tasks an HF model can be evaluated on.
-HF_TASKS = ("lm", "passkey")
 #: The fit threshold of the per-run ``iid`` records (the harness's default; only exact-match metrics fit).
 _FIT_THRESHOLD = 0.95
 
@@ -90,20 +88,26 @@ class TokenizedLM(ByteLM):
         self.corpus += " (tokenized)"
 
 
-def _load(model_dir: Path) -> tuple[nn.Module, Any]:
-    """``(model in eval mode, tokenizer or None)`` from ``model_dir``."""
+def _read_config(model_dir: Path) -> Any:
+    """The model's HF config, read without its weights (:func:`posenc.pretrained.load_config`): a
+    folder that is no causal decoder or has no weights is refused here, before anything loads."""
     try:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        import transformers  # noqa: F401
     except ImportError as err:
         raise ValueError("--hf-model needs transformers: pip install 'posenc[hf]'") from err
+    from ..pretrained import load_config
+
+    return load_config(model_dir)
+
+
+def _load(model_dir: Path) -> tuple[nn.Module, Any]:
+    """``(model in eval mode, tokenizer or None)`` from ``model_dir`` (its config checked already)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     from ..pretrained import MODELS, load
 
     if str(model_dir) in MODELS or model_dir.suffix == ".gguf":  # a fetched model's name, a GGUF file
         return load(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise ValueError(
-            f"--hf-model {model_dir}: no config.json there (a folder written by save_pretrained)"
-        )
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     model.eval()
     tokenizer = None
@@ -151,29 +155,20 @@ def evaluate_hf_model(
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Evaluate the HF causal LM in ``model_dir`` on ``task`` at every length ``1..eval_len``
     (default ``4 L``) and write the results folder ``out``; returns ``(records, settings)``.
-    ``figures`` draws the folder's figures (:func:`posenc.viz.folder.write_figures`)."""
+    ``figures`` draws the folder's figures (:func:`posenc.viz.folder.write_figures`). Every option is
+    checked against the model's config before its weights load."""
     model_dir, out = Path(model_dir), Path(out)
-    model, tokenizer = _load(model_dir)
-    train_len = int(getattr(model.config, "max_position_embeddings", 0) or 0)
-    if train_len < 1:
-        raise ValueError(
-            f"--hf-model {model_dir}: its config has no max_position_embeddings (training context)"
-        )
-    eval_len = 4 * train_len if eval_len is None else eval_len
-    if eval_len <= train_len:
-        raise ValueError(
-            f"--eval-len {eval_len} must exceed the model's training context {train_len} "
-            f"(config.max_position_embeddings), e.g. --eval-len {4 * train_len}"
-        )
+    if task not in HF_TASKS:
+        raise ValueError(f"--hf-model evaluates the tasks {', '.join(HF_TASKS)}, not {task!r}")
+    train_len, eval_len, scalings = _plan(_read_config(model_dir), model_dir, eval_len, variants)
     seeds = [0] if seeds is None else list(seeds)
     if eval_examples < 1 or eval_batch < 1 or not seeds or len(set(seeds)) != len(seeds):
         raise ValueError("--eval-examples and the evaluation batch must be positive, --seeds distinct")
-    variants = parse_variants(",".join(variants) if variants else None)
-    scalings = {variant: rope_parameters_for(variant, train_len, eval_len) for variant in variants}
+    model, tokenizer = _load(model_dir)
     the_task = hf_task(task, model, tokenizer, num_symbols=num_symbols, corpus=corpus)
     the_task.check_length(eval_len)
     base_name = model_label(model_dir)
-    labels = {v: base_name if v == "none" else f"{base_name} + {v}" for v in variants}
+    labels = {v: base_name if v == "none" else f"{base_name} + {v}" for v in scalings}
     settings = {
         "task": task,
         "hf_model": str(model_dir),
@@ -186,17 +181,13 @@ def evaluate_hf_model(
         "corpus": corpus,
         "tokenizer": tokenizer is not None,
         "encodings": list(labels.values()),
-        "variants": {labels[v]: scalings[v] for v in variants},
+        "variants": {labels[v]: scalings[v] for v in scalings},
         "seeds": seeds,
         "steps": 0,
     }
     torch_device = resolve_device(device, Distributed())
     model.to(torch_device)
-    original = dict(getattr(model.config, "rope_parameters", None) or {})
-    if not original and any(scalings.values()):
-        raise ValueError(f"--eval-variants: {type(model).__name__} has no rope_parameters to scale")
     _probe(model, the_task.sequence_length(eval_len), torch_device)
-    records: list[dict[str, Any]] = []
     progress = report or (lambda *args: None)
     with folder_lock(out):
         _check_folder(out, settings)
@@ -205,19 +196,61 @@ def evaluate_hf_model(
             out / "config.json",
             json.dumps({"experiment": settings, "runtime": {"device": str(torch_device)}}, indent=2) + "\n",
         )
-        runs: list[dict[str, Any]] = []
-        for variant in variants:
-            _apply_scaling(model, scalings[variant], original)
-            for seed in seeds:
-                scored = _evaluate_once(
-                    HFCausalLM(model), the_task, settings, labels[variant], variant, seed, progress
-                )
-                records += scored
-                runs.append(iid_record(scored, the_task.metric, train_len, _FIT_THRESHOLD, steps_trained=0))
-        atomic_write_text(out / RUNS_FILE, "".join(json.dumps(r) + "\n" for r in runs))
-        atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+        records = _evaluate_variants(model, the_task, settings, scalings, labels, out, progress)
         write_outputs(out, records, figures)
     return records, settings
+
+
+def _plan(
+    config: Any, model_dir: Path, eval_len: int | None, variants: list[str] | None
+) -> tuple[int, int, dict[str, dict[str, Any] | None]]:
+    """``(train_len, eval_len, rope_parameters by variant)`` from the model's config alone;
+    ``ValueError`` naming the option at fault."""
+    from ..pretrained import causal_lm_class_name
+
+    train_len = int(getattr(config, "max_position_embeddings", 0) or 0)
+    if train_len < 1:
+        raise ValueError(
+            f"--hf-model {model_dir}: its config has no max_position_embeddings (training context)"
+        )
+    eval_len = 4 * train_len if eval_len is None else eval_len
+    if eval_len <= train_len:
+        raise ValueError(
+            f"--eval-len {eval_len} must exceed the model's training context {train_len} "
+            f"(config.max_position_embeddings), e.g. --eval-len {4 * train_len}"
+        )
+    names = parse_variants(",".join(variants) if variants else None)
+    scalings = {variant: rope_parameters_for(variant, train_len, eval_len) for variant in names}
+    if not getattr(config, "rope_parameters", None) and any(scalings.values()):
+        raise ValueError(f"--eval-variants: {causal_lm_class_name(config)} has no rope_parameters to scale")
+    return train_len, eval_len, scalings
+
+
+def _evaluate_variants(
+    model: nn.Module,
+    task: Task,
+    settings: dict[str, Any],
+    scalings: dict[str, dict[str, Any] | None],
+    labels: dict[str, str],
+    out: Path,
+    progress: Callable[[str, str, int, int, str], None],
+) -> list[dict[str, Any]]:
+    """Score every (variant, seed) and write ``results.jsonl`` and ``runs.jsonl``; returns the records."""
+    original = dict(getattr(model.config, "rope_parameters", None) or {})
+    records: list[dict[str, Any]] = []
+    runs: list[dict[str, Any]] = []
+    train_len = settings["train_len"]
+    for variant, scaling in scalings.items():
+        _apply_scaling(model, scaling, original)
+        for seed in settings["seeds"]:
+            scored = _evaluate_once(
+                HFCausalLM(model), task, settings, labels[variant], variant, seed, progress
+            )
+            records += scored
+            runs.append(iid_record(scored, task.metric, train_len, _FIT_THRESHOLD, steps_trained=0))
+    atomic_write_text(out / RUNS_FILE, "".join(json.dumps(r) + "\n" for r in runs))
+    atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    return records
 
 
 def _probe(model: nn.Module, tokens: int, device: torch.device) -> None:

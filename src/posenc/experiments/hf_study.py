@@ -5,7 +5,10 @@ tokenizer, loaded by :func:`posenc.pretrained.load` (a GGUF of an architecture H
 refused by name). Nothing is trained; the model is scored on real text in its own tokens, under
 each RoPE variant of ``--eval-variants`` (``none``, ``linear``, ``ntk``, ``dynamic``, ``yarn``;
 ``NAME:FACTOR`` sets the factor, default ``eval_len / context``; ``NAME:F1/F2/F3`` is a factor sweep,
-one row per factor). Let ``c`` be the model's training context (``max_position_embeddings``).
+one row per factor). Let ``c`` be the model's training context (``max_position_embeddings``). A
+factor must be finite and ``>= 1``, and a variant without one needs ``eval_len > c`` (its default
+would stretch nothing): both are checked when the command starts. A model whose learned position
+table ends before ``eval_len`` (GPT-2's ``n_positions``) is refused once loaded, before any unit runs.
 
 Tasks:
 
@@ -59,7 +62,7 @@ from torch import Tensor, nn
 
 from .distributed import Distributed, resolve_device
 from .folders import FigureWriter, folder_lock, write_outputs
-from .hf_scaling import apply_scaling, check_hf_folder, model_label
+from .hf_scaling import apply_scaling, check_hf_folder, check_positions, model_label
 from .results import RUNS_FILE, atomic_write_text, read_records
 from .study_plan import (
     CORPORA,
@@ -153,19 +156,9 @@ def run_study(
     ).plan
     model, tokenizer, _ = load_model(model_ref)
     settings, scalings, labels = plan.settings, plan.scalings, plan.labels
-    eval_len, length_list = settings["eval_len"], settings["lengths"]
+    check_positions(model, settings["eval_len"], model_ref)  # on the CPU it loaded on, before .to(device)
     original = dict(getattr(model.config, "rope_parameters", None) or {})
-    text_ids: Tensor | None = None
-    if task != "text-passkey":
-        text, corpus_label = study_text(corpus)
-        text_ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-        if len(text_ids) < eval_len:
-            raise ValueError(
-                f"--corpus {corpus_label} has {len(text_ids)} tokens, fewer than the requested "
-                f"--eval-len {eval_len}"
-            )
-    if task != "text-lm":
-        passkey_prompt(tokenizer, min(length_list), 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
+    text_ids = _study_inputs(tokenizer, settings, corpus)
     units = plan.units
     mine = units if shard is None else shard_units(units, shard.index, shard.count)
     torch_device = resolve_device(device, Distributed())
@@ -195,25 +188,48 @@ def run_study(
                 lambda k, n, label=label, note=note: progress(label, "eval", k, n, note),
             )  # fmt: skip
             records += scored
-            runs.append(
-                {
-                    "run": unit_id(variant, length),
-                    "encoding": labels[variant],
-                    "task": task,
-                    "seed": settings["seeds"][0],
-                    "metric": "unit",
-                    "length": length,
-                    "variant": variant,
-                    "value": forwards,
-                    "seconds": round(time.perf_counter() - start, 1),
-                }
-            )
+            runs.append(_unit_run(settings, variant, labels[variant], length, forwards, start))
             atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
             atomic_write_text(out / RUNS_FILE, "".join(json.dumps(r) + "\n" for r in runs))
         if not (out / "results.jsonl").exists():
             atomic_write_text(out / "results.jsonl", "")
         write_outputs(out, records, figures)
     return records, settings
+
+
+def _unit_run(
+    settings: dict[str, Any], variant: str, label: str, length: int, forwards: int, start: float
+) -> dict[str, Any]:
+    """The ``runs.jsonl`` record of a finished unit (``metric: unit``; ``value``: its forwards)."""
+    return {
+        "run": unit_id(variant, length),
+        "encoding": label,
+        "task": settings["task"],
+        "seed": settings["seeds"][0],
+        "metric": "unit",
+        "length": length,
+        "variant": variant,
+        "value": forwards,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def _study_inputs(tokenizer: Any, settings: dict[str, Any], corpus: str | None) -> Tensor | None:
+    """The evaluation text's token ids ``[N]`` (None for ``text-passkey``), checked to hold an
+    ``eval_len`` window; and a check that the shortest passkey prompt fits its length."""
+    task, eval_len = settings["task"], settings["eval_len"]
+    text_ids: Tensor | None = None
+    if task != "text-passkey":
+        text, corpus_label = study_text(corpus)
+        text_ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        if len(text_ids) < eval_len:
+            raise ValueError(
+                f"--corpus {corpus_label} has {len(text_ids)} tokens, fewer than the requested "
+                f"--eval-len {eval_len}"
+            )
+    if task != "text-lm":
+        passkey_prompt(tokenizer, min(settings["lengths"]), 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
+    return text_ids
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -245,57 +261,19 @@ def _run_unit(
         "train_len": settings["train_len"],
         "steps": 0,
     }
-    records: list[dict[str, Any]] = []
-    count = 0
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        progress(done[0], total)
+
     progress(0, total)
+    records: list[dict[str, Any]] = []
     if do_lm:
         assert text_ids is not None
-        nll_sum: Tensor | None = None
-        for start in window_starts(len(text_ids), length, examples):
-            window = text_ids[start : start + length][None].to(device)
-            nll = position_nll(model, window)[0].double().cpu()
-            nll_sum = nll if nll_sum is None else nll_sum + nll
-            count += 1
-            progress(count, total)
-        assert nll_sum is not None
-        mean = nll_sum / examples  # entry i: the token at 1-based position i + 2
-        for lo, hi in position_buckets(settings["train_len"], length):
-            part = mean[max(lo, 1) - 1 : hi - 1]
-            value = float(part.mean()) if len(part) else float("nan")
-            records.append(
-                {
-                    **base,
-                    "task": "text-lm",
-                    "metric": "perplexity",
-                    "length": hi,
-                    "value": math.exp(value),
-                    "nll": value,
-                    "bucket": [lo, hi],
-                    "tokens": len(part) * examples,
-                    "window": length,
-                    "examples": examples,
-                }
-            )
+        records += _lm_records(model, text_ids, settings, length, base, device, tick)
     if do_passkey:
-        cells = []
-        for index, depth in enumerate(depths):
-            hits = 0
-            for trial in range(examples):
-                rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
-                key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
-                ids, _ = passkey_prompt(tokenizer, length, depth, key)
-                answer = greedy_answer(
-                    model,
-                    torch.tensor([ids], device=device),
-                    KEY_DIGITS + 2,
-                    stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
-                )
-                hits += answer_is_right(tokenizer.decode(answer), key)
-                count += 1
-                progress(count, total)
-            cells.append(
-                {"bucket": index, "depth": [depth, depth], "value": hits / examples, "examples": examples}
-            )
+        cells = _passkey_cells(model, tokenizer, settings, length, device, tick)
         records.append(
             {
                 **base,
@@ -307,7 +285,79 @@ def _run_unit(
                 "by_depth": cells,
             }
         )
-    return records, count
+    return records, done[0]
+
+
+def _lm_records(
+    model: nn.Module,
+    text_ids: Tensor,
+    settings: dict[str, Any],
+    length: int,
+    base: dict[str, Any],
+    device: torch.device,
+    tick: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """One ``perplexity`` record per position bucket, from the mean NLL over the unit's windows of
+    ``length`` tokens of ``text_ids [N]``; ``tick()`` after each window."""
+    examples = settings["eval_examples"]
+    nll_sum: Tensor | None = None
+    for start in window_starts(len(text_ids), length, examples):
+        window = text_ids[start : start + length][None].to(device)
+        nll = position_nll(model, window)[0].double().cpu()
+        nll_sum = nll if nll_sum is None else nll_sum + nll
+        tick()
+    assert nll_sum is not None
+    mean = nll_sum / examples  # entry i: the token at 1-based position i + 2
+    records = []
+    for lo, hi in position_buckets(settings["train_len"], length):
+        part = mean[max(lo, 1) - 1 : hi - 1]
+        value = float(part.mean()) if len(part) else float("nan")
+        records.append(
+            {
+                **base,
+                "task": "text-lm",
+                "metric": "perplexity",
+                "length": hi,
+                "value": math.exp(value),
+                "nll": value,
+                "bucket": [lo, hi],
+                "tokens": len(part) * examples,
+                "window": length,
+                "examples": examples,
+            }
+        )
+    return records
+
+
+def _passkey_cells(
+    model: nn.Module,
+    tokenizer: Any,
+    settings: dict[str, Any],
+    length: int,
+    device: torch.device,
+    tick: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """The passkey's exact match at ``length`` per depth (the heat map's cells); ``tick()`` after each trial."""
+    examples, seed = settings["eval_examples"], settings["seeds"][0]
+    cells = []
+    for index, depth in enumerate(settings["depths"] or []):
+        hits = 0
+        for trial in range(examples):
+            rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
+            key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
+            ids, _ = passkey_prompt(tokenizer, length, depth, key)
+            answer = greedy_answer(
+                model,
+                torch.tensor([ids], device=device),
+                KEY_DIGITS + 2,
+                stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
+            )
+            hits += answer_is_right(tokenizer.decode(answer), key)
+            tick()
+        cells.append(
+            {"bucket": index, "depth": [depth, depth], "value": hits / examples, "examples": examples}
+        )
+    return cells
 
 
 # ---------------------------------------------------------------------------- table
