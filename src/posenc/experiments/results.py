@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from .tasks import Metric
 
 __all__ = [
+    "CIRCUMSTANCE_FIELDS",
     "INTERVAL_METHOD",
     "MEASUREMENT_KEY",
     "RECORD_FIELDS",
@@ -42,6 +43,7 @@ __all__ = [
     "atomic_write",
     "atomic_write_text",
     "check_record",
+    "differing_fields",
     "experiment_settings",
     "fit_notes",
     "group_records",
@@ -139,6 +141,20 @@ MEASUREMENT_KEY = ("run", "encoding", "task", "seed", "metric", "length", "varia
 def measurement(record: dict[str, Any]) -> tuple[Any, ...]:
     """The values of :data:`MEASUREMENT_KEY` of ``record`` (None where a field is absent)."""
     return tuple(record.get(name) for name in MEASUREMENT_KEY)
+
+
+#: Fields that say how and where a record was measured, not what: how long a unit took
+#: (``seconds``), the device or host it ran on. Two runs of one measurement differ in them and
+#: still agree (:func:`differing_fields`); a merge keeps the first folder's.
+CIRCUMSTANCE_FIELDS = frozenset({"seconds", "device", "host", "hostname"})
+
+
+def differing_fields(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """The fields, in sorted order, in which records ``a`` and ``b`` of one measurement give
+    different results (a field one lacks counts as different); :data:`CIRCUMSTANCE_FIELDS` are
+    not compared. Empty: the two are the same result."""
+    names = (a.keys() | b.keys()) - CIRCUMSTANCE_FIELDS
+    return sorted(name for name in names if name not in a or name not in b or a[name] != b[name])
 
 
 def _is_int(value: Any) -> bool:
@@ -293,12 +309,18 @@ def _describe(record: dict[str, Any]) -> str:
     return ", ".join(parts) + f", {record.get('metric')} at length {record.get('length')}"
 
 
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """``value 0.5 vs 0.25, steps 2 vs 3``: the fields in which ``a`` and ``b`` differ, with both values."""
+    return ", ".join(f"{name} {a.get(name)!r} vs {b.get(name)!r}" for name in differing_fields(a, b))
+
+
 def read_records(path: Path) -> list[dict[str, Any]]:
     """The records of ``path`` (an empty list when it does not exist), each checked
     (:func:`check_record`: a ``ValueError`` names the file, the line and the field).
 
     The rule ``posenc merge`` applies between folders holds inside one file too: exact duplicates
-    are dropped with a warning naming the file (two writers once appended the same runs twice);
+    are dropped with a warning naming the file (two writers once appended the same runs twice),
+    and so are records that differ only in :data:`CIRCUMSTANCE_FIELDS` (the first is kept);
     two different records of one measurement (:data:`MEASUREMENT_KEY`) are a ``ValueError`` naming
     the file and both lines, never one silently winning."""
     if not path.exists():
@@ -311,10 +333,10 @@ def read_records(path: Path) -> list[dict[str, Any]]:
         key = measurement(record)
         if key in seen:
             kept, line = seen[key]
-            if kept != record:
+            if differing_fields(kept, record):
                 raise ValueError(
                     f"{path}, lines {line} and {number}: two different results of one measurement "
-                    f"({_describe(record)}: value {kept.get('value')!r} vs {record.get('value')!r}); keep "
+                    f"({_describe(record)}: {_differences(kept, record)}); keep "
                     "the right one and delete the other line (or delete every record of that run, so "
                     "posenc extrapolate redoes it)"
                 )

@@ -9,7 +9,8 @@ submit`` writes and submits the array and the merge job: :mod:`.slurm`). A varia
 run's checkpoint (an inference-time setting, no retraining) goes with its run.
 
 :func:`merge_folders` combines the folders the shards wrote into one: it refuses folders whose
-settings differ (naming the field), keeps one copy of records that are exact duplicates, refuses
+settings differ (naming the field), keeps one copy of records that are duplicates (equal but for
+how long they took and where they ran: :data:`~.results.CIRCUMSTANCE_FIELDS`), refuses
 two different records of the same measurement (in ``results.jsonl`` and in the per-run
 ``runs.jsonl`` alike), and writes the result atomically. A folder that
 holds part of the grid (one shard, or a merge of some shards) lists its missing runs in the
@@ -40,6 +41,7 @@ from .results import (
     as_records,
     atomic_write,
     atomic_write_text,
+    differing_fields,
     experiment_settings,
     load_config,
     measurement,
@@ -50,7 +52,15 @@ from .sharding import Shard, parse_shard
 from .study_plan import missing_units
 from .train import ExperimentConfig, RunSpec
 
-__all__ = ["MergeSummary", "Shard", "merge_folders", "missing_runs", "missing_runs_note", "parse_shard"]
+__all__ = [
+    "MergeSummary",
+    "Shard",
+    "merge_folders",
+    "missing_runs",
+    "missing_runs_note",
+    "missing_units_note",
+    "parse_shard",
+]
 
 
 def missing_runs(
@@ -76,6 +86,24 @@ def missing_runs_note(
     return (
         f"incomplete: {len(missing)} of {total} runs have no results here ({shown}); a shard holds part "
         "of the grid: combine the shards' folders with posenc merge"
+    )
+
+
+def missing_units_note(settings: dict[str, Any], runs: Iterable[dict[str, Any]]) -> str | None:
+    """One line saying which (variant, length) units of a context-extension study folder
+    (``settings`` its ``config.json`` ``experiment``) have no ``unit`` record in ``runs`` (its
+    ``runs.jsonl``); None when it holds them all. A study's grid is its units, not (encoding x
+    seed) runs: its records' tasks (``text-lm``, ``text-passkey``) are not the folder's ``text``."""
+    if not {"variant_names", "lengths"} <= settings.keys():
+        return None
+    missing = missing_units(settings, list(runs))
+    if not missing:
+        return None
+    total = len(settings["variant_names"]) * len(settings["lengths"])
+    shown = ", ".join(unit.label for unit in missing[:8]) + (", ..." if len(missing) > 8 else "")
+    return (
+        f"incomplete: {len(missing)} of {total} units have no results here ({shown}); a shard holds part "
+        "of the study: combine the shards' folders with posenc merge"
     )
 
 
@@ -171,7 +199,8 @@ def _check_same_settings(sources: list[_Source]) -> None:
 
 def _merge_records(sources: list[_Source], file: str = "results.jsonl") -> tuple[list[dict[str, Any]], int]:
     """All records of ``file`` (``results.jsonl`` or ``runs.jsonl``) once each, in folder order, and
-    how many exact duplicates were dropped; ``ValueError`` when two folders measured the same thing
+    how many duplicates were dropped (the same result, timings and host aside: the first folder's
+    copy is kept); ``ValueError`` naming the fields when two folders measured the same thing
     differently."""
     merged: dict[tuple[Any, ...], tuple[dict[str, Any], Path]] = {}
     duplicates = 0
@@ -180,11 +209,13 @@ def _merge_records(sources: list[_Source], file: str = "results.jsonl") -> tuple
             key = measurement(record)
             if key in merged:
                 kept, where = merged[key]
-                if kept != record:
+                different = differing_fields(record, kept)
+                if different:
+                    details = ", ".join(f"{k} {record.get(k)!r} vs {kept.get(k)!r}" for k in different)
                     raise ValueError(
                         f"posenc merge: {source.folder / file} and {where / file} both hold run "
                         f"{record.get('run')!r}, {record.get('metric')} at length {record.get('length')}, "
-                        f"with different results ({record.get('value')!r} vs {kept.get('value')!r}); they "
+                        f"with different results ({details}); they "
                         "are not shards of one experiment (or one was rerun on other hardware): merge one "
                         "of them only"
                     )
@@ -201,7 +232,7 @@ def _union(lists: Iterable[Iterable[Any]]) -> list[Any]:
 
 @dataclass(frozen=True)
 class MergeSummary:
-    """What :func:`merge_folders` wrote: record count, exact duplicates dropped, runs missing."""
+    """What :func:`merge_folders` wrote: record count, duplicates dropped, runs missing."""
 
     out: Path
     records: int
@@ -218,8 +249,8 @@ def merge_folders(
 
     Checks everything before writing: each folder has a ``config.json``; all have the same settings
     (``ValueError`` naming the field) and data; no two records of the same measurement differ, in
-    ``results.jsonl`` and in the per-run ``runs.jsonl`` alike. Exact duplicate records are kept
-    once. ``out`` may be one of ``folders``; otherwise it must not hold results yet. Writes
+    ``results.jsonl`` and in the per-run ``runs.jsonl`` alike (timing and host fields aside:
+    :data:`~.results.CIRCUMSTANCE_FIELDS`). Duplicate records are kept once. ``out`` may be one of ``folders``; otherwise it must not hold results yet. Writes
     ``results.jsonl``, ``runs.jsonl`` (when the folders have per-run records), ``results.csv`` and
     ``config.json`` atomically (the encodings and seeds are the union of the folders'), copies the
     runs' checkpoints, and draws the figures with ``figures`` (:func:`posenc.viz.folder.write_figures`).

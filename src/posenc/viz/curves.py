@@ -54,18 +54,35 @@ def _draw(
     lengths = sorted(cells)
     means = [float(np.mean([r.value for r in cells[n]])) for n in lengths]
     style = dict(linestyle="--", alpha=0.5) if faded else {}
-    ax.plot(lengths, means, marker="o", markersize=3, color=color, label=label, **style)
     bands = [_band(cells[n], binomial) for n in lengths]
+    if len(lengths) == 1:  # no line to draw and no width to band: a marker with its interval as bars
+        low, high = bands[0] or (means[0], means[0])
+        errors = [[means[0] - low], [high - means[0]]]
+        ax.errorbar(lengths, means, yerr=errors, fmt="o", markersize=7, capsize=6, color=color,
+                    label=label, alpha=0.5 if faded else 1.0)  # fmt: skip
+        return
+    ax.plot(lengths, means, marker="o", markersize=3, color=color, label=label, **style)
     if any(band is not None for band in bands):
         low = [band[0] if band else np.nan for band in bands]
         high = [band[1] if band else np.nan for band in bands]
         ax.fill_between(lengths, low, high, color=color, alpha=0.07 if faded else 0.18, linewidth=0)
 
 
+def _one_length_axis(ax: Axes, length: int) -> None:
+    """One evaluated length: its one tick, labelled with the length, in the middle of an axis from
+    half of it to one and a half times it (matplotlib's own would span ``length +- 0.5`` in ticks
+    like 99.6 or an offset ``+1e2``, and hide a training length L below it)."""
+    ax.set_xlim(length / 2, length * 1.5)
+    ax.set_xticks([length], labels=[str(length)])
+    ax.minorticks_off()
+
+
 def _frame(ax: Axes, lengths: list[int], trained: list[int], log_lengths: bool, label_l: bool) -> None:
     """The length axis: linear (or base-2 log) over the evaluated lengths, L marked, beyond L shaded."""
     low, high = min(lengths), max(lengths)
-    if log_lengths and high / max(low, 1) >= 8:
+    if low == high:
+        _one_length_axis(ax, low)
+    elif log_lengths and high / max(low, 1) >= 8:
         ax.set_xscale("log", base=2)
         ax.set_xlim(low, high)
     else:
@@ -114,7 +131,7 @@ def curve_figure(
     lengths, drawn dashed and faded, the note in the legend ("did not fit: iid 4.0%").
 
     The length axis is linear over the evaluated lengths (``log_lengths``: base 2 when they span a
-    factor of 8 or more); a dashed line marks each training length L the records name ("L=16") and
+    factor of 8 or more; one length: its one tick, the point with its interval as error bars); a dashed line marks each training length L the records name ("L=16") and
     the lengths beyond it are shaded. ``log_scale``: a logarithmic y axis (perplexity) when every
     value is positive. ``small_multiples`` (default: more than :data:`SMALL_MULTIPLES_ABOVE`
     encodings): one panel per encoding, the others drawn faint grey behind it, titled by encoding.
@@ -167,5 +184,8 @@ def curve_figure(
     if log_scale and drawn and min(drawn) > 0:
         for ax in axes:
             ax.set_yscale("log")
+    elif drawn and len(set(drawn)) == 1 and 0 <= drawn[0] <= 1:
+        for ax in axes:  # one fraction (one length, one seed): matplotlib would span it +- 0.05
+            ax.set_ylim(-0.05, 1.05)
     set_title(fig, title if title is not None else f"{task + ': ' if task else ''}{metric} against length")
     return fig

@@ -9,6 +9,7 @@ import html
 
 from ...experiments.compare import Ranking
 from ...experiments.results import INTERVAL_METHOD
+from ...experiments.summary import SummaryTable
 from .length_curves import lead_figure
 from .view import FolderView, Summary
 
@@ -19,8 +20,30 @@ HEADING = "Which encodings extrapolate beyond L, and how sure"
 
 
 def render(view: FolderView) -> str:
-    table = _fit_table(view.summary, view.ranking, view.why_unranked) if view.summary is not None else ""
+    if view.study_table is not None:
+        table = _study_table(view.study_table)
+    elif view.summary is not None:
+        table = _fit_table(view.summary, view.ranking, view.why_unranked)
+    else:
+        table = ""
     return _lede(view) + table + lead_figure(view)
+
+
+def _study_table(table: SummaryTable) -> str:
+    """A context-extension study's table as the command line prints it: one row per variant, no
+    ranking (a pretrained model has no seeds to pair and no fit to check)."""
+    head = "<th>variant</th>" + "".join(f'<th class="num">{html.escape(c)}</th>' for c in table.columns[1:])
+    body = "".join(
+        f"<tr><td><code>{html.escape(row[0])}</code></td>"
+        + "".join(f'<td class="num">{html.escape(cell)}</td>' for cell in row[1:])
+        + "</tr>"
+        for row in table.rows
+    )
+    notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in table.notes)
+    return (
+        f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
+        f'<tbody>{body}</tbody></table></div><div class="notes">{notes}</div>'
+    )
 
 
 def _lede(view: FolderView) -> str:

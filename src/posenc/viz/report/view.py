@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ...experiments.compare import Ranking, rank_rows
+from ...experiments.hf_study import study_summary
 from ...experiments.results import (
     Record,
     as_records,
@@ -25,7 +26,7 @@ from ...experiments.results import (
     read_results,
     read_run_records,
 )
-from ...experiments.shards import missing_runs_note
+from ...experiments.shards import missing_runs_note, missing_units_note
 from ...experiments.summary import SummaryTable, summary_table
 from ...experiments.tasks import TASKS, Metric
 from ...experiments.train import ExperimentConfig
@@ -68,8 +69,11 @@ class FolderView:
     ranking: Ranking | None
     #: Why there is no ranking ("" when there is one or no summary to rank).
     why_unranked: str
-    #: Which runs of the grid the folder lacks (a shard), or None.
+    #: Which runs of the grid (a study's units) the folder lacks (a shard), or None.
     missing: str | None
+    #: A context-extension study's table (perplexity by position, passkey by length: the table
+    #: ``posenc extrapolate --hf-model M --task text`` prints), or None for other folders.
+    study_table: SummaryTable | None = None
 
     @property
     def headline(self) -> Metric | None:
@@ -104,11 +108,14 @@ def read_folder(directory: str | Path) -> FolderView:
     """The :class:`FolderView` of experiment ``directory``; ``FileNotFoundError`` or ``ValueError``
     (:func:`~posenc.experiments.results.read_results`) when it holds no readable results."""
     directory = Path(directory)
-    records = as_records(read_results(directory))
+    raw = read_results(directory)
+    records = as_records(raw)
     config = load_config(directory)
     settings = experiment_settings(config)
+    runs = read_run_records(directory)
     encodings = _encodings_in_order(records, settings)
-    summary = _summary(directory, settings, records)
+    study = bool(settings.get("study"))
+    summary = None if study else _summary(settings, records, runs)
     ranking, why = _ranking(directory) if summary is not None else (None, "")
     return FolderView(
         directory=directory,
@@ -121,7 +128,8 @@ def read_folder(directory: str | Path) -> FolderView:
         summary=summary,
         ranking=ranking,
         why_unranked=why,
-        missing=_missing(settings, records),
+        missing=missing_units_note(settings, runs) if study else _missing(settings, records),
+        study_table=_study_table(settings, raw) if study else None,
     )
 
 
@@ -143,7 +151,13 @@ def _ranked_first(encodings: list[str], ranking: Ranking | None) -> list[str]:
     return [r for r in ranking.rows if r in encodings] + [r for r in encodings if r not in ranking.rows]
 
 
-def _summary(directory: Path, settings: dict[str, Any], records: list[Record]) -> Summary | None:
+def _study_table(settings: dict[str, Any], records: list[dict[str, Any]]) -> SummaryTable:
+    """The study's table, as ``posenc extrapolate`` prints it (a study's ``task`` is ``text``,
+    ``text-lm`` or ``text-passkey``: no synthetic task's fit table applies)."""
+    return study_summary(settings, records)
+
+
+def _summary(settings: dict[str, Any], records: list[Record], runs: list[dict[str, Any]]) -> Summary | None:
     """The fit table, when the settings name a known task and ``train_len`` and the records score it."""
     task = settings.get("task")
     if task not in TASKS or "train_len" not in settings:
@@ -159,7 +173,7 @@ def _summary(directory: Path, settings: dict[str, Any], records: list[Record]) -
     experiment = dataclasses.replace(
         experiment, encodings=rows, eval_variants=[], eval_len=max(experiment.eval_len, experiment.train_len)
     )
-    table = summary_table(experiment, scored, metric, read_run_records(directory))
+    table = summary_table(experiment, scored, metric, runs)
     unfit = fit_notes(scored, metric, experiment.train_len, rows, experiment.fit_threshold)
     return Summary(table, metric, unfit, experiment)
 
