@@ -209,7 +209,25 @@ def test_long_sequences_take_the_near_far_split_and_equal_hf():
         torch.testing.assert_close(got_grads[name].double(), want_grads[name], rtol=1e-3, atol=1e-4)
 
 
-def test_what_is_not_served_is_refused():
+def _block_masks_built_uncompiled(monkeypatch) -> list:
+    """Make HF's flex_attention mask builder call ``create_block_mask`` uncompiled; the masks it
+    builds are listed. HF compiles it (``_compile=True``), which costs seconds (much more when it is
+    the process's first inductor compile), and what the caller tests is posenc's refusal of the
+    BlockMask, which is the same BlockMask either way."""
+    from torch.nn.attention.flex_attention import create_block_mask
+    from transformers import masking_utils
+
+    built = []
+
+    def uncompiled(*args, **kwargs):
+        built.append(create_block_mask(*args, **{**kwargs, "_compile": False}))
+        return built[-1]
+
+    monkeypatch.setattr(masking_utils, "create_block_mask", uncompiled)  # raises if HF renamed it
+    return built
+
+
+def test_what_is_not_served_is_refused(monkeypatch):
     llama = transformers.LlamaForCausalLM(
         transformers.LlamaConfig(
             vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
@@ -238,9 +256,11 @@ def test_what_is_not_served_is_refused():
         posenc_hf.use_posenc_attention(old_style)
     _, patched = _pair(transformers.T5EncoderModel)
     patched.set_attn_implementation("flex_attention")  # HF then builds a BlockMask
+    block_masks = _block_masks_built_uncompiled(monkeypatch)
     batch = _batch()
     with pytest.raises(ValueError, match="passed its attention a BlockMask mask"):
         patched(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    assert len(block_masks) == 1  # HF's own flex mask path built the mask posenc refused
     attention = patched.encoder.block[0].layer[0].SelfAttention
     with pytest.raises(ValueError, match="position_bias must be None"):
         attention(torch.zeros(1, 3, 32, dtype=torch.float64), position_bias=torch.zeros(1, 4, 3, 3))
