@@ -54,6 +54,7 @@ draw, so a new type appears in them without any other change.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Literal, get_args
@@ -338,10 +339,32 @@ def _factor(config: dict[str, Any], rope_type: str, *, minimum: float = 0.0) -> 
     factor = config.get("factor")
     if factor is None:
         raise ValueError(f"RoPE scaling {rope_type!r} needs 'factor'")
+    if isinstance(factor, bool) or not isinstance(factor, numbers.Real):
+        raise ValueError(f"RoPE scaling {rope_type!r}: factor must be a number, got factor={factor!r}")
     factor = float(factor)
-    if not factor > minimum:
-        raise ValueError(f"RoPE scaling {rope_type!r}: factor must be > {minimum:g}, got {factor}")
+    # inf passed '> 0' and gave zero (linear), nan (dynamic) or infinite-scale (yarn) frequencies
+    if not (math.isfinite(factor) and factor > minimum):
+        raise ValueError(f"RoPE scaling {rope_type!r}: factor must be finite and > {minimum:g}, got {factor}")
     return factor
+
+
+def _length(config: dict[str, Any], key: str, rope_type: str) -> int:
+    """``config[key]`` (a length: ``original_max_position_embeddings`` or ``max_position_embeddings``)
+    as an int ``>= 1``; ValueError naming the key for anything else.
+
+    A whole float (``4096.0``, as some saved configs hold) is that int; a fraction, nan, inf, a bool
+    or a string is refused instead of truncated (1.5 read as 1), failing in ``int()`` without the
+    key's name, or reaching the formulas (a negative length made dynamic NTK's base complex).
+    """
+    value = config[key]
+    whole = isinstance(value, numbers.Integral) or (
+        isinstance(value, numbers.Real) and math.isfinite(value) and float(value).is_integer()
+    )
+    if isinstance(value, bool) or not whole or value < 1:
+        raise ValueError(
+            f"RoPE scaling {rope_type!r}: {key} must be a positive int (a length), got {value!r}"
+        )
+    return int(value)
 
 
 def _original_length(config: dict[str, Any], rope_type: str) -> int:
@@ -361,11 +384,7 @@ def _original_length(config: dict[str, Any], rope_type: str) -> int:
             f"RoPE scaling {rope_type!r} needs {needed} (the pretraining length); "
             "max_position_embeddings (the extended length) is not used in its place"
         )
-    if int(length) <= 0:
-        raise ValueError(
-            f"RoPE scaling {rope_type!r}: original_max_position_embeddings must be positive, got {length}"
-        )
-    return int(length)
+    return _length(config, "original_max_position_embeddings", rope_type)
 
 
 def _factor_or_ratio(config: dict[str, Any], rope_type: str, original: int) -> float:
@@ -377,7 +396,7 @@ def _factor_or_ratio(config: dict[str, Any], rope_type: str, original: int) -> f
         raise ValueError(
             f"RoPE scaling {rope_type!r} needs 'factor' (or 'max_position_embeddings' to derive it)"
         )
-    return float(longest) / original
+    return _length(config, "max_position_embeddings", rope_type) / original
 
 
 # ---------------------------------------------------------------------------- the types
@@ -464,7 +483,7 @@ def dynamic_inv_freq(config: dict[str, Any], seq_len: int | None = None) -> tupl
     """
     factor = _factor(config, "dynamic")
     width = rotary_width(config)
-    lengths = [int(config[k]) for k in _LENGTHS if config.get(k) is not None]
+    lengths = [_length(config, k, "dynamic") for k in _LENGTHS if config.get(k) is not None]
     if not lengths:
         raise ValueError(
             "RoPE scaling 'dynamic' needs 'original_max_position_embeddings' (the pretraining length)"

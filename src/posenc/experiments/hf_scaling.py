@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..encodings.rope_scaling import ntk_base
+from ..encodings.rope_scaling import HF_CARRIED_KEYS, MODEL_KEYS, ntk_base
 from ..pretrained import MODELS
 from .results import experiment_settings, load_config
 
@@ -23,6 +23,7 @@ __all__ = [
     "apply_scaling",
     "check_hf_folder",
     "check_positions",
+    "kept_model_keys",
     "model_label",
     "ntk_parameters",
     "parse_variants",
@@ -56,6 +57,11 @@ def rope_parameters_for(variant: str, train_len: int, eval_len: int) -> dict[str
     _check_name(variant, name)
     if name == "none":
         return None
+    if isinstance(train_len, bool) or not isinstance(train_len, int) or train_len < 1:
+        raise ValueError(
+            f"--eval-variants {variant!r}: the model's context (max_position_embeddings) must be a positive "
+            f"int to scale from, got {train_len!r}"
+        )
     if factor_text:
         factor = _given_factor(variant, factor_text)
     elif eval_len > train_len:
@@ -114,7 +120,13 @@ def check_hf_folder(out: Path, settings: dict[str, Any]) -> None:
 
 
 def apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original: dict[str, Any]) -> None:
-    """Set the variant's RoPE scaling (the model's own parameters back for ``none``)."""
+    """Set the variant's RoPE scaling (the model's own parameters back for ``none``).
+
+    A variant replaces the model's own scaling: of ``original`` it keeps only what is no scaling
+    option (:func:`kept_model_keys`: the base, the rotary width, M-RoPE's bands), so a ``linear``
+    variant of Llama 3.1 scales its raw frequencies, not with llama3's band options attached (which
+    ``linear`` does not read and RoPE scaling refuses).
+    """
     from ..hf import set_rope_scaling
 
     if parameters is None:
@@ -123,7 +135,15 @@ def apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original:
         return
     if parameters.get("rope_type") == "ntk":
         parameters = ntk_parameters(model.config, original, parameters["factor"])
-    set_rope_scaling(model, {**{k: v for k, v in original.items() if k != "rope_type"}, **parameters})
+    set_rope_scaling(model, {**kept_model_keys(original), **parameters})
+
+
+def kept_model_keys(original: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a model's ``rope_parameters`` that are not its scaling: ``rope_theta``,
+    ``partial_rotary_factor``, ``head_dim``, ... (``MODEL_KEYS`` but the type's name) and the keys HF
+    carries for other parts of the model (``HF_CARRIED_KEYS``: ``mrope_section``, ...)."""
+    kept = (set(MODEL_KEYS) - {"rope_type", "type"}) | HF_CARRIED_KEYS
+    return {k: v for k, v in original.items() if k in kept}
 
 
 def ntk_parameters(config: Any, original: dict[str, Any], factor: float) -> dict[str, Any]:

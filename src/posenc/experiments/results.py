@@ -154,7 +154,19 @@ def differing_fields(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     different results (a field one lacks counts as different); :data:`CIRCUMSTANCE_FIELDS` are
     not compared. Empty: the two are the same result."""
     names = (a.keys() | b.keys()) - CIRCUMSTANCE_FIELDS
-    return sorted(name for name in names if name not in a or name not in b or a[name] != b[name])
+    return sorted(name for name in names if name not in a or name not in b or not _same(a[name], b[name]))
+
+
+def _same(x: Any, y: Any) -> bool:
+    """``x == y``, with nan equal to nan (a diverged run's ``value``, read twice from JSON, is one
+    result: ``nan != nan`` made its exact duplicate "two different results")."""
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_same(u, v) for u, v in zip(x, y))
+    if isinstance(x, dict) and isinstance(y, dict):
+        return x.keys() == y.keys() and all(_same(x[k], y[k]) for k in x)
+    return x == y
 
 
 def _is_int(value: Any) -> bool:

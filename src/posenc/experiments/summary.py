@@ -69,7 +69,7 @@ class SummaryTable:
             caption = Text("\n".join(self.notes)) if self.notes and last else None
             title = Text(self.title) if number == 0 else None
             table = Table(title=title, caption=caption, caption_justify="left")
-            table.add_column(self.columns[0], justify="left", min_width=self._natural_widths()[0] - 2,
+            table.add_column(self.columns[0], justify="left", min_width=self._first_min_width(group, width),
                              overflow="fold")  # fmt: skip
             for index in group:
                 table.add_column(self.columns[index], justify="right", overflow="fold")
@@ -77,6 +77,14 @@ class SummaryTable:
                 table.add_row(*(Text(row[i]) for i in [0, *group]))
             tables.append(table)
         return tables
+
+    def _first_min_width(self, group: list[int], width: int) -> int:
+        """The first column's least content width in the table of ``group``: its natural one, less
+        what the group's columns need to fit in ``width``. Held at its natural width, a long
+        encoding name on a narrow terminal left no room and Rich dropped every number column."""
+        widths = self._natural_widths()
+        others = sum(widths[i] + _RULE for i in group)
+        return max(1, min(widths[0] - 2, width - 2 * _RULE - others - 2))
 
     def __rich_console__(self, console: Any, options: Any) -> Any:
         yield from self.rich_tables(options.max_width)
