@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from posenc.base import BiasEncoding
+from posenc.encodings.base import BiasEncoding
 
 
 class ClippedTableBias(BiasEncoding):

@@ -1,5 +1,5 @@
 """A GGUF file of an architecture HF transformers cannot load, written with ``gguf`` (the ``real``
-extra), shared by the tests of ``posenc.pretrained.load`` and of ``posenc extrapolate --hf-model``."""
+extra), shared by the tests of ``posenc.pretrained.loading.load`` and of ``posenc extrapolate --hf-model``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Independent readers of the retrieval tasks' examples, written from the format in the docs only.
 
-Alphabets (as documented in posenc.experiments.retrieval): symbol ids start at 4; the first symbol
+Alphabets (as documented in posenc.experiments.tasks.retrieval): symbol ids start at 4; the first symbol
 is the marker; passkey and niah then have ``ceil((num_symbols - 1) / 2)`` answer symbols and the
 rest is filler; mqar has keys in the first half of the symbols and values in the second.
 """

@@ -25,8 +25,8 @@ def _seed():
 def _fresh_dispatch_memo():
     """Each test starts with an empty dispatch memo: a test that monkeypatches what a backend consults
     (``cpu_flash_available``, ``flex_available``) must not meet a choice another test memoised."""
-    from posenc.backends import _memo, use_backend
+    from posenc.backends import memo, use_backend
 
-    _memo.bump()
+    memo.bump()
     yield
     use_backend("auto")  # a bare posenc.use_backend(...) in a test (or a doc snippet) ends with it

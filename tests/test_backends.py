@@ -23,9 +23,9 @@ import posenc
 from posenc.backends import AttentionRequest, available_backends, backend_limits, get_backend, segments
 from posenc.backends.flex import flex_bias_attention
 from posenc.backends.segments import segment_attention
-from posenc.base import Kind, TokenStates
+from posenc.encodings.base import Kind, TokenStates
 from posenc.examples import build_example
-from posenc.masks import AttentionMask
+from posenc.masks.attention_mask import AttentionMask
 
 HEADS, HEAD_DIM = 2, 8
 

@@ -26,7 +26,7 @@ from posenc.backends import (
     register_backend,
 )
 from posenc.backends._flash import cpu_flash_limit
-from posenc.base import TokenStates
+from posenc.encodings.base import TokenStates
 
 HEADS, DIM, T = 2, 8, 8
 

@@ -182,7 +182,7 @@ class _Parsed(Exception):
     """Raised in place of running a benchmark once its arguments are parsed."""
 
 
-@pytest.mark.parametrize("name", sorted(__import__("posenc.bench_cli", fromlist=["BENCHMARKS"]).BENCHMARKS))
+@pytest.mark.parametrize("name", sorted(__import__("posenc.cli.bench", fromlist=["BENCHMARKS"]).BENCHMARKS))
 def test_every_bench_takes_threads_and_sets_them(name, monkeypatch):
     """``posenc bench NAME --threads N`` passes ``--threads N`` to the script: each must accept it and
     set torch's threads before timing anything."""
@@ -190,7 +190,7 @@ def test_every_bench_takes_threads_and_sets_them(name, monkeypatch):
 
     import torch
 
-    from posenc.bench_cli import BENCHMARKS
+    from posenc.cli.bench import BENCHMARKS
 
     module = importlib.import_module(f"posenc.benchmarks.{BENCHMARKS[name][0]}")
     parse = argparse.ArgumentParser.parse_args

@@ -7,8 +7,8 @@ import subprocess
 
 from typer.testing import CliRunner
 
-from posenc import bench_cli
-from posenc.cli import _load_command_modules, app
+from posenc.cli import bench as bench_cli
+from posenc.cli.app import _load_command_modules, app
 
 _load_command_modules()
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from posenc.bench_cli import BENCHMARKS, QUICK_ARGS
 from posenc.benchmarks import bench_families
+from posenc.cli.bench import BENCHMARKS, QUICK_ARGS
 
 
 def _rows(table: str, length: int) -> list[list[str]]:

@@ -50,7 +50,7 @@ def test_rows_divide_sdpa_by_posenc():
 
 
 def test_a_missing_model_is_one_line_naming_the_fetch(monkeypatch):
-    import posenc.pretrained as pretrained
+    import posenc.pretrained.loading as pretrained
 
     def absent(name):
         raise FileNotFoundError(f"{name} is not fetched: fetch it with `posenc models fetch {name}`")

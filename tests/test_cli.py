@@ -8,7 +8,7 @@ import sys
 from typer.testing import CliRunner
 
 import posenc
-from posenc.cli import _load_command_modules, app
+from posenc.cli.app import _load_command_modules, app
 
 runner = CliRunner()
 _load_command_modules()

@@ -14,9 +14,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 import posenc
-from posenc import experiments_cli
-from posenc.cli import _load_command_modules, app
-from posenc.experiments.summary import INTERVAL_NOTE, SummaryTable
+from posenc.cli import experiments as experiments_cli
+from posenc.cli.app import _load_command_modules, app
+from posenc.experiments.results.summary import INTERVAL_NOTE, SummaryTable
 
 _load_command_modules()
 runner = CliRunner()
@@ -78,15 +78,15 @@ def test_list_names_the_exact_splits_that_serve_long_calls():
 
 def test_list_follows_the_dispatchers_order(monkeypatch):
     """The column is asked of the dispatcher: reorder auto's list and the column follows."""
-    from posenc.backends import _memo, dispatch
+    from posenc.backends import dispatch, memo
 
     monkeypatch.setitem(dispatch.PRIORITY, "cpu", tuple(reversed(dispatch.DEFAULT_PRIORITY)))
-    _memo.bump()
+    memo.bump()
     try:
         result = runner.invoke(app, ["list"], terminal_width=250)
     finally:
         monkeypatch.undo()
-        _memo.bump()
+        memo.bump()
     assert result.exit_code == 0, result.output
     rows = _listed(result.output)
     assert rows["t5"] == "eager, sdpa, blocked, near_far (long)"

@@ -13,7 +13,7 @@ from torch.func import functional_call
 
 import posenc
 from posenc.backends import AttentionRequest, get_backend
-from posenc.base import Kind, TokenStates
+from posenc.encodings.base import Kind, TokenStates
 from posenc.examples import build_example
 
 NAMES = posenc.available()
@@ -28,7 +28,7 @@ def make_encoding(name: str, *, causal: bool = True):
         enc = build_example(name, num_heads=HEADS, head_dim=HEAD_DIM)
         if not causal and enc.causal_only and cls.noncausal_options:
             options = {**enc.config(), **cls.noncausal_options}
-            enc = posenc.registry.build_for_layer(
+            enc = posenc.encodings.registry.build_for_layer(
                 name,
                 num_heads=HEADS,
                 head_dim=HEAD_DIM,

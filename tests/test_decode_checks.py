@@ -167,7 +167,7 @@ def test_known_finite_keys_is_checked() -> None:
     k_nan = k.clone()
     k_nan[0, 0, 4, 0] = float("nan")  # past the known prefix: still found
     assert AttentionRequest(**{**fields, "k": k_nan}, known_finite_keys=4).has_nonfinite
-    mark = posenc.base.FiniteMark()
+    mark = posenc.encodings.base.FiniteMark()
     assert not AttentionRequest(**fields, known_finite_keys=4, finite_mark=mark).has_nonfinite
     assert mark.finite
 

@@ -1,4 +1,4 @@
-"""``posenc.decode.StaticDecodeStep``: fixed-shape decode steps equal the layer's own decoding.
+"""``posenc.layers.decode.StaticDecodeStep``: fixed-shape decode steps equal the layer's own decoding.
 
 Expected values come from the layer itself through a growing ``KVCache()`` (the eager reference
 path, which the contract tests hold equal to a full forward). Every registered encoding is either
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.decode import StaticDecodeStep
+from posenc.layers.decode import StaticDecodeStep
 from test_contract import EMBED, HEADS, _randomize, make_encoding
 
 NAMES = posenc.available()
@@ -332,12 +332,12 @@ def test_the_layer_projects_q_k_v_into_heads_before_the_encoding_acts():
 
 
 def test_the_layer_states_its_pattern_and_a_layer_built_from_it_has_the_same():
-    temperature = posenc.patterns.QueryTemperature()
+    temperature = posenc.layers.patterns.QueryTemperature()
     layer = posenc.MultiheadAttention(
         EMBED, HEADS, "rope", causal=True, window=4, sinks=True, query_temperature=temperature, softcap=30.0
     )
     pattern = layer.pattern
-    assert pattern == posenc.patterns.LayerSpec(
+    assert pattern == posenc.layers.patterns.LayerSpec(
         layer.encoding.spec(), window=4, sinks=True, temperature=temperature, softcap=30.0
     )
     twin = posenc.MultiheadAttention(EMBED, HEADS, pattern.encoding, causal=True, pattern=pattern)
@@ -352,11 +352,13 @@ def _refused_patterns():
         "window": 4,
         "chunk": 4,
         "sinks": True,
-        "temperature": posenc.patterns.QueryTemperature(),
+        "temperature": posenc.layers.patterns.QueryTemperature(),
         "kv_shared": True,
     }
     names = [
-        f.name for f in fields(posenc.patterns.LayerSpec) if f.name not in StaticDecodeStep.serves_pattern
+        f.name
+        for f in fields(posenc.layers.patterns.LayerSpec)
+        if f.name not in StaticDecodeStep.serves_pattern
     ]
     assert sorted(names) == sorted(values), "a new pattern field: say here how the step refuses it"
     return list(values.items())
@@ -364,9 +366,9 @@ def _refused_patterns():
 
 @pytest.mark.parametrize(("name", "value"), _refused_patterns())
 def test_every_pattern_field_the_step_does_not_serve_is_refused_by_name(name, value):
-    spec = posenc.patterns.LayerSpec("rope", **{name: value})
+    spec = posenc.layers.patterns.LayerSpec("rope", **{name: value})
     if name == "kv_shared":  # a lone layer refuses the field: one linked to its donor carries it
-        from posenc.kv_sharing import KVDonorAttention, KVSharedAttention, link_kv_sharing
+        from posenc.layers.kv_sharing import KVDonorAttention, KVSharedAttention, link_kv_sharing
 
         donor = KVDonorAttention(EMBED, HEADS, "rope", causal=True).eval()
         layer = KVSharedAttention(EMBED, HEADS, "rope", causal=True, pattern=spec, layer_idx=1).eval()

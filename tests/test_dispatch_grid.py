@@ -51,7 +51,7 @@ def build(case: str) -> AttentionRequest:
         else:
             docs = (torch.arange(length) * int(opts["documents"]) // length)[None]
             mask_options = {"q_document_ids": docs, "k_document_ids": docs}
-        extra["mask"] = posenc.masks.AttentionMask.build(
+        extra["mask"] = posenc.masks.attention_mask.AttentionMask.build(
             q_len=length, k_len=length, batch=1, heads=HEADS, causal=causal, **mask_options
         )
     make = AttentionRequest  # with the mask built above

@@ -13,9 +13,9 @@ import dataclasses
 import pytest
 import torch
 
-from posenc.backends import _memo, get_backend, register_backend, select_backend, use_backend
+from posenc.backends import get_backend, memo, register_backend, select_backend, use_backend
 from posenc.backends.dispatch import PRIORITY, set_priority
-from posenc.masks import AttentionMask
+from posenc.masks.attention_mask import AttentionMask
 from test_dispatch_grid import EXPECTED, build
 
 DECODE = "rope|1|causal|offset=255"
@@ -90,7 +90,7 @@ class Maker:
 @pytest.mark.parametrize("first_nan", [False, True])
 def test_remembered_choice_equals_a_full_selection(case, first_nan):
 
-    _memo.bump()
+    memo.bump()
     order = [first_nan, not first_nan, first_nan]
     for grad in (False, True):
         for nan in order:
@@ -166,7 +166,7 @@ def test_a_repeated_signature_asks_no_backend_again(monkeypatch):
                 return _original(request)
 
             monkeypatch.setattr(backend, method, counted)
-    _memo.bump()  # forget what earlier tests asked
+    memo.bump()  # forget what earlier tests asked
     with torch.no_grad():
         first = select_backend(build(DECODE))
         assert calls, "the first request of a signature asks the backends"
@@ -195,13 +195,13 @@ GROWING = [
 @pytest.mark.parametrize("case", GROWING)
 def test_the_memo_answers_as_a_full_selection_while_the_keys_grow(case, monkeypatch):
     """A decode step's keys grow by one each token; small CPU requests are remembered whatever their
-    key count (posenc.backends._memo): across key counts on both sides of the size threshold where the
+    key count (posenc.backends.memo): across key counts on both sides of the size threshold where the
     query-block backends stop declining, and with nan on one step, the memo answers as a full selection."""
     from posenc.backends import _query_blocks
 
     monkeypatch.setattr(_query_blocks, "MIN_AUTO_LOGITS", 64 * 64)  # the threshold within reach
     spec, length, *options = case.split("|")
-    _memo.bump()
+    memo.bump()
     offsets = [*range(0, 40, 3), *range(4096 // int(length) - int(length) - 3, 4096 // int(length) + 5)]
     with torch.no_grad():
         for offset in sorted({o for o in offsets if o >= 0}):
@@ -224,7 +224,7 @@ def test_a_growing_decode_asks_no_backend_after_its_first_step(monkeypatch):
             return _original(request)
 
         monkeypatch.setattr(backend, "reasons", counted)
-    _memo.bump()
+    memo.bump()
     with torch.no_grad():
         first = select_backend(build("rope|1|causal|offset=10"))
         assert calls

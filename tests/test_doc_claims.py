@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 import posenc
-from posenc.positions import default_positions
+from posenc.layers.positions import default_positions
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,9 @@ def test_contributing_names_every_stage_of_ci_and_every_benchmark():
 
 
 def test_architecture_quotes_default_positions_with_all_its_parameters():
-    quoted = re.search(r"`posenc\.positions\.default_positions\(([^)]*)\)`", _read("docs/architecture.md"))
+    quoted = re.search(
+        r"`posenc\.layers\.positions\.default_positions\(([^)]*)\)`", _read("docs/architecture.md")
+    )
     assert quoted is not None
     names = [p.split("=")[0].strip() for p in quoted.group(1).replace("\n", " ").split(",")]
     assert names == list(inspect.signature(default_positions).parameters)
@@ -111,7 +113,7 @@ def _section(markdown: str, heading: str) -> str:
 def test_the_quick_start_shows_list_show_and_plot_and_they_run(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     quick = _section(_read("README.md"), "## Quick start")
     commands = [

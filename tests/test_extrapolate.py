@@ -11,11 +11,11 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
+from posenc.encodings.spec import split_specs
 from posenc.experiments import ExperimentConfig, run_experiment, summary_table
-from posenc.experiments.folders import reproduce_command
-from posenc.experiments.tasks import IGNORE, TASKS, make_task
+from posenc.experiments.results.folders import reproduce_command
+from posenc.experiments.tasks.catalog import IGNORE, TASKS, make_task
 from posenc.experiments.train import RunSpec, evaluate
-from posenc.spec import split_specs
 from posenc.viz.folder import write_figures
 
 TINY = dict(
@@ -134,7 +134,7 @@ def test_two_workers_give_the_same_records_as_one(tmp_path):
 
 
 def test_cli_prints_the_summary_table(tmp_path):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     args = [
@@ -249,7 +249,7 @@ def test_the_2025_recipes_train_from_the_command_line(tmp_path):
     (both layer types present) and writes its records."""
     from typer.testing import CliRunner
 
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     out = tmp_path / "run"
@@ -318,7 +318,7 @@ def test_a_second_writer_on_one_folder_is_refused_and_a_dead_owner_is_taken_over
     import os
     import socket
 
-    from posenc.experiments.folders import LOCK_NAME, folder_lock
+    from posenc.experiments.results.folders import LOCK_NAME, folder_lock
 
     config = ExperimentConfig(task="copy", encodings=["nope"], train_len=2, eval_len=3, **TINY)
     tmp_path.mkdir(exist_ok=True)
@@ -424,7 +424,7 @@ def test_summary_ranks_only_encodings_that_fit_and_gives_seed_intervals():
     (0.5 and 1.0). Beyond L=2 rope's per-seed means are 0.4 and 0.8: mean 0.6, standard deviation
     0.2·√2, so the Student's t interval is 0.6 ± t(0.975, 1)·0.2 with the tabulated t(0.975, 1) =
     12.706205; the table keeps it inside [0%, 100%] (two seeds say almost nothing)."""
-    from posenc.experiments.results import summarize
+    from posenc.experiments.results.records import summarize
 
     records = (
         _records("rope", 0, {1: 1.0, 2: 1.0, 3: 0.4, 4: 0.4})
@@ -505,7 +505,7 @@ def test_until_fit_refuses_a_target_above_an_exact_match_of_one():
     ],
 )
 def test_cli_refuses_an_infinite_lr_and_an_unreachable_fit_target_before_writing(tmp_path, words, named):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     out = tmp_path / "x"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.base import Kind
+from posenc.encodings.base import Kind
 
 FLOAT_FAMILIES = ["rope", "hope:train_length=64", "fope:train_length=64", "mrope", "xpos"]
 

@@ -17,7 +17,7 @@ import torch
 import posenc
 from posenc.backends import AttentionRequest, NoBackendError, backend_limits, get_backend
 from posenc.backends.flex import flex_bias_attention
-from posenc.base import InputBias, TokenStates
+from posenc.encodings.base import InputBias, TokenStates
 from posenc.encodings.fox import FoX
 
 H, D = 3, 8

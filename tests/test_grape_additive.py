@@ -16,7 +16,7 @@ import torch
 
 import posenc
 from posenc import functional as F
-from posenc.base import TokenStates
+from posenc.encodings.base import TokenStates
 
 
 def _authors_slopes(n_heads):

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.decode import StaticDecodeStep
-from posenc.patterns import LayerSpec
+from posenc.layers.decode import StaticDecodeStep
+from posenc.layers.patterns import LayerSpec
 
 E, H, HKV, D = 24, 4, 2, 10  # D * H = 40 != E
 

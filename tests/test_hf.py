@@ -416,7 +416,7 @@ def test_bloom_runs_on_posenc_alibi_and_equals_hf():
 
 def _hf_decode_counts(model, prompt_len: int, monkeypatch) -> tuple[list[int], object]:
     """Elements the nan check reduces in the last layer's call of one decode step after a prompt."""
-    from posenc.backends import _finite as finite_module
+    from posenc.backends import finite as finite_module
     from posenc.backends import request as request_module
 
     torch.manual_seed(0)
@@ -609,7 +609,7 @@ def test_a_sliding_layer_gets_posenc_s_window_mask_when_hf_s_mask_is_exactly_tha
     batch keeps the dense mask (the window alone would be wrong). Logits equal HF either way, and a
     window one wider than HF's would differ (the test can fail)."""
     import posenc.hf._attention as bridge
-    from posenc.masks import SlidingWindowMask, UserBoolMask
+    from posenc.masks.attention_mask import SlidingWindowMask, UserBoolMask
 
     seen = []
     original_attend = bridge.attend

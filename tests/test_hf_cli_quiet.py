@@ -9,7 +9,7 @@ transformers = pytest.importorskip("transformers")
 from transformers.utils import logging as hf_logging  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402
 
-from posenc.cli import _load_command_modules, app  # noqa: E402
+from posenc.cli.app import _load_command_modules, app  # noqa: E402
 
 _load_command_modules()
 pytestmark = pytest.mark.hf  # the --hf-model path: CI runs these at both ends of the transformers range

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.hf  # the posenc.hf seam: CI runs these at both ends of
 
 transformers = pytest.importorskip("transformers")
 
-from posenc.experiments.hf_eval import HFCausalLM, evaluate_hf_model  # noqa: E402
-from posenc.experiments.results import read_run_records  # noqa: E402
-from posenc.experiments.tasks import ByteLM, mix_seed  # noqa: E402
+from posenc.experiments.results.records import read_run_records  # noqa: E402
+from posenc.experiments.study.hf_eval import HFCausalLM, evaluate_hf_model  # noqa: E402
+from posenc.experiments.tasks.catalog import ByteLM, mix_seed  # noqa: E402
 from posenc.viz.folder import write_figures  # noqa: E402
 
 CONTEXT = 16
@@ -104,7 +104,7 @@ def test_passkey_through_the_model_matches_a_direct_greedy_check(model_dir, tmp_
     assert all(sum(c["examples"] for c in r["by_depth"]) == 5 for r in exact.values())
     assert (tmp_path / "depth.png").is_file()
     # Direct: the model's argmax at the key positions equals the key, for the harness's examples.
-    from posenc.experiments.retrieval import Passkey
+    from posenc.experiments.tasks.retrieval import Passkey
 
     task = Passkey(num_symbols=16)
     model = HFCausalLM(transformers.AutoModelForCausalLM.from_pretrained(model_dir).eval())
@@ -134,7 +134,7 @@ def test_a_tokenizer_in_the_folder_tokenizes_the_corpus(model_dir, tmp_path):
     fast.save_pretrained(folder)
     records, settings = evaluate_hf_model(folder, tmp_path / "out", task="lm", eval_len=24, eval_examples=2)
     assert settings["tokenizer"] and len(records) == 24
-    from posenc.experiments.hf_eval import TokenizedLM
+    from posenc.experiments.study.hf_eval import TokenizedLM
 
     task = TokenizedLM(fast)
     assert task.vocab_size == len(fast) <= 300
@@ -162,7 +162,7 @@ def test_bad_input_is_refused_before_anything_is_written(model_dir, tmp_path):
 
 
 def test_cli_hf_model_prints_the_table_and_refuses_variants_without_it(model_dir, tmp_path):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     out = tmp_path / "run"

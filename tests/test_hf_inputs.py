@@ -15,7 +15,7 @@ pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from posenc.cli import _load_command_modules, app  # noqa: E402
+from posenc.cli.app import _load_command_modules, app  # noqa: E402
 
 TEXT = (
     "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -107,7 +107,7 @@ def test_a_bert_folder_is_refused_before_its_weights_load(folders, tmp_path, no_
 def test_which_configs_are_causal_decoders():
     """Hand-decided: the decoder-only families and an encoder configured as a decoder are; BERT,
     RoBERTa (bidirectional encoders) and T5 (an encoder-decoder with no causal LM) are not."""
-    from posenc.pretrained import check_causal_decoder
+    from posenc.pretrained.loading import check_causal_decoder
 
     decoders = [
         transformers.GPT2Config(),
@@ -148,7 +148,7 @@ def test_submit_refuses_a_folder_without_weights_before_writing_scripts(folders,
 
 
 def test_a_study_past_a_learned_position_table_is_refused_before_any_unit(folders, tmp_path, monkeypatch):
-    from posenc.experiments import hf_study
+    from posenc.experiments.study import hf_study
 
     def no_unit(*args, **kwargs):
         raise AssertionError("a unit ran")
@@ -212,7 +212,7 @@ def test_a_default_factor_that_stretches_nothing_names_eval_len_and_the_context(
 
 def test_a_given_factor_at_or_below_the_context_is_kept():
     """With the factor written, --eval-len below the context is fine: yarn:2 stays 2."""
-    from posenc.experiments.hf_scaling import rope_parameters_for
+    from posenc.experiments.study.hf_scaling import rope_parameters_for
 
     assert rope_parameters_for("yarn:2", LLAMA_CONTEXT, LLAMA_CONTEXT // 2)["factor"] == 2.0
     assert rope_parameters_for("linear", LLAMA_CONTEXT, 3 * LLAMA_CONTEXT)["factor"] == 3.0
@@ -234,10 +234,10 @@ def _option_help(command: str, option: str, monkeypatch) -> str:
 
 @pytest.mark.parametrize("command", ["extrapolate", "submit"])
 def test_the_help_lists_every_registered_task_and_the_forms_of_hf_model(command, monkeypatch):
-    from posenc.experiments.hf_scaling import HF_TASKS
-    from posenc.experiments.study_plan import STUDY_TASKS
-    from posenc.experiments.tasks import TASKS
-    from posenc.pretrained import MODELS
+    from posenc.experiments.study.hf_scaling import HF_TASKS
+    from posenc.experiments.study.plan import STUDY_TASKS
+    from posenc.experiments.tasks.catalog import TASKS
+    from posenc.pretrained.loading import MODELS
 
     task = _option_help(command, "--task", monkeypatch)
     listed = {word.strip(",;:") for word in task.split()}

@@ -16,8 +16,10 @@ pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from posenc.experiments import hf_study  # noqa: E402
-from posenc.experiments.hf_study import (  # noqa: E402
+from posenc.experiments.cluster.shards import Shard, merge_folders  # noqa: E402
+from posenc.experiments.results.records import read_records  # noqa: E402
+from posenc.experiments.study import hf_study  # noqa: E402
+from posenc.experiments.study.hf_study import (  # noqa: E402
     NEEDLE,
     passkey_prompt,
     position_buckets,
@@ -25,8 +27,6 @@ from posenc.experiments.hf_study import (  # noqa: E402
     run_study,
     study_summary,
 )
-from posenc.experiments.results import read_records  # noqa: E402
-from posenc.experiments.shards import Shard, merge_folders  # noqa: E402
 from posenc.viz.folder import write_figures  # noqa: E402
 
 CONTEXT = 64
@@ -72,7 +72,7 @@ def corpus(tmp_path):
 
 
 def _load(model_dir):
-    from posenc.pretrained import load
+    from posenc.pretrained.loading import load
 
     return load(model_dir)
 
@@ -248,7 +248,7 @@ def test_bad_input_is_refused_with_the_numbers(model_dir, corpus, tmp_path):
 @pytest.mark.real  # needs gguf (the real extra): runs in CI's real-model stage, not the default suite
 def test_a_gguf_hf_cannot_load_is_refused_by_the_command(tmp_path):
     from _gguf_fixtures import unloadable_gguf
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     path = unloadable_gguf(tmp_path)
     _load_command_modules()
@@ -259,8 +259,8 @@ def test_a_gguf_hf_cannot_load_is_refused_by_the_command(tmp_path):
 
 
 def test_ntk_inverse_frequencies_equal_the_formula(model_dir):
-    from posenc.experiments.hf_scaling import apply_scaling as _apply_scaling
-    from posenc.experiments.hf_scaling import rope_parameters_for
+    from posenc.experiments.study.hf_scaling import apply_scaling as _apply_scaling
+    from posenc.experiments.study.hf_scaling import rope_parameters_for
 
     model, _ = _load(model_dir)
     original = dict(model.config.rope_parameters)
@@ -285,7 +285,7 @@ def test_ntk_inverse_frequencies_equal_the_formula(model_dir):
 
 
 def test_the_table_has_the_columns_asked_for(model_dir, corpus, tmp_path, monkeypatch):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     out = tmp_path / "study"
@@ -352,7 +352,7 @@ STUDY = dict(task="text", lengths=[100, 128], depths="0.5", eval_examples=1, var
 def test_the_plan_from_the_config_alone_is_the_plan_the_run_records(model_dir, corpus, tmp_path):
     """``posenc submit`` plans on a login node from the config (no weights); the array tasks must
     find that same plan, or a rerun would count the wrong units as missing."""
-    from posenc.experiments.study_plan import study_grid
+    from posenc.experiments.study.plan import study_grid
 
     grid = study_grid(model_dir, corpus=corpus, **STUDY)
     _, settings = run_study(model_dir, tmp_path / "run", shard=Shard(0, 6), corpus=corpus, **STUDY)
@@ -369,8 +369,8 @@ def test_submit_splits_a_study_into_array_tasks_that_run_and_merge(model_dir, co
     import subprocess
     import sys
 
-    from posenc.experiments.slurm import SlurmOptions, submit
-    from posenc.experiments.study_plan import study_grid
+    from posenc.experiments.cluster.slurm import SlurmOptions, submit
+    from posenc.experiments.study.plan import study_grid
 
     out = tmp_path / "study"
     args = ["--hf-model", str(model_dir), "--task", "text", "--lengths", "100,128", "--depths", "0.5"]
@@ -407,7 +407,7 @@ def test_submit_splits_a_study_into_array_tasks_that_run_and_merge(model_dir, co
 
 
 def test_submit_refuses_what_a_study_cannot_take(model_dir, corpus, tmp_path):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     base = [
@@ -436,7 +436,7 @@ def test_submit_refuses_what_a_study_cannot_take(model_dir, corpus, tmp_path):
 
 def test_threads_set_the_study_process_threads(model_dir, corpus, tmp_path, monkeypatch):
     """--threads was read only by trained runs: an --hf-model study ran on torch's default instead."""
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     calls: list[int] = []
@@ -455,7 +455,7 @@ def test_the_report_of_a_study_folder_reproduces_it(model_dir, corpus, tmp_path)
     import re
     import shlex
 
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     out = tmp_path / "study"

@@ -110,7 +110,7 @@ class _Spies:
         monkeypatch.setattr(bridge, "attend", attend)
 
     def window_sizes(self):
-        from posenc.masks import SlidingWindowMask
+        from posenc.masks.attention_mask import SlidingWindowMask
 
         return [
             c.window

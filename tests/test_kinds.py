@@ -16,12 +16,12 @@ import pytest
 import torch
 
 import posenc
-from posenc.base import BiasEncoding, LayerContext, PositionalEncoding, RotaryEncoding
 from posenc.encodings import rope_scaling
+from posenc.encodings.base import BiasEncoding, LayerContext, PositionalEncoding, RotaryEncoding
+from posenc.encodings.registry import build_for_layer, format_spec, register, resolve
 from posenc.encodings.rope_scaling import RopeScaling, rope_scaling_example
+from posenc.encodings.spec import Spec
 from posenc.kernels.rope import MAX_CACHED_ROWS, RotaryTables
-from posenc.registry import build_for_layer, format_spec, register, resolve
-from posenc.spec import Spec
 from test_contract import EMBED, HEAD_DIM, HEADS, make_encoding
 
 NAMES = posenc.available()
@@ -37,7 +37,7 @@ def derived(enc: PositionalEncoding) -> dict[str, torch.Tensor]:
 
 
 def _unregister(name: str) -> None:
-    from posenc import registry
+    from posenc.encodings import registry
 
     registry._REGISTRY.pop(name, None)
 
@@ -166,7 +166,9 @@ UNBOUND = [
     name
     for name in NAMES
     if all(
-        p.default is not p.empty for key, p in posenc.registry.options(name).items() if key not in ("self",)
+        p.default is not p.empty
+        for key, p in posenc.encodings.registry.options(name).items()
+        if key not in ("self",)
     )
     and posenc.get_class(name).layer_sizes
 ]
@@ -329,7 +331,7 @@ def test_resolve_parses_once_into_a_spec():
 
 
 def test_a_model_parses_each_spec_string_once(monkeypatch):
-    from posenc import registry
+    from posenc.encodings import registry
 
     calls = []
     original = registry.parse_spec

@@ -1,4 +1,4 @@
-"""KV-shared layers in posenc's own model (Gemma 4's ``num_kv_shared_layers``, posenc.kv_sharing).
+"""KV-shared layers in posenc's own model (Gemma 4's ``num_kv_shared_layers``, posenc.layers.kv_sharing).
 
 References: a float64 twin of the model written here (LayerNorm, projections, RoPE from its
 formula, an explicit sliding-window mask, softmax), in which the shared layers take the keys and
@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import posenc
-from posenc.decode import StaticDecodeStep
-from posenc.kv_sharing import KVDonorAttention, KVSharedAttention, link_kv_sharing
-from posenc.patterns import LayerSpec, layer_pattern
+from posenc.layers.decode import StaticDecodeStep
+from posenc.layers.kv_sharing import KVDonorAttention, KVSharedAttention, link_kv_sharing
+from posenc.layers.patterns import LayerSpec, layer_pattern
 
 V, E, H, HKV, W = 17, 32, 4, 2, 3
 D = E // H

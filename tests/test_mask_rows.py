@@ -1,12 +1,12 @@
 """Issue 36's masks against HF's ``masking_utils`` (called directly, tiny shapes, no downloads).
 
 * a bidirectional sliding window (ModernBERT, T5Gemma, EmbeddingGemma):
-  :class:`~posenc.masks.BidirectionalWindowMask`, ``window=`` on a non-causal layer;
-* blockwise bidirectional groups (Gemma 3 / 4 image tokens): :class:`~posenc.masks.BlockwiseCausalMask`,
+  :class:`~posenc.masks.attention_mask.BidirectionalWindowMask`, ``window=`` on a non-causal layer;
+* blockwise bidirectional groups (Gemma 3 / 4 image tokens): :class:`~posenc.masks.attention_mask.BlockwiseCausalMask`,
   ``group_ids=``;
 * chunks counted from each row's first real token (Llama 4, a left-padded batch): ``ChunkMask``'s
   ``left_padding``;
-* the window conventions and :func:`~posenc.masks.convert_window`.
+* the window conventions and :func:`~posenc.masks.attention_mask.convert_window`.
 
 Each mask is checked whole (``dense``), as FlexAttention's ``mask_mod`` and block by block
 (``rows`` over ``key_range``, which must never cut off a visible key), padded, packed and at a cache
@@ -27,7 +27,7 @@ from transformers.models.gemma3 import modeling_gemma3 as gemma3
 import posenc
 from posenc.backends import AttentionRequest, get_backend
 from posenc.backends.flex import flex_bias_attention
-from posenc.masks import (
+from posenc.masks.attention_mask import (
     WINDOW_CONVENTIONS,
     AttentionMask,
     BidirectionalWindowMask,

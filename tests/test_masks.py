@@ -22,7 +22,7 @@ from posenc.backends import (
     get_backend,
     select_backend,
 )
-from posenc.masks import AttentionMask, WrittenSlotsMask, and_masks, or_masks
+from posenc.masks.attention_mask import AttentionMask, WrittenSlotsMask, and_masks, or_masks
 
 
 def _loop_mask(batch, heads, q_len, k_len, *, causal, offset, padding, allowed):

@@ -14,7 +14,7 @@ import torch
 
 import posenc
 from posenc.backends import NoBackendError, available_backends
-from posenc.mla import LatentCache, MultiLatentAttention
+from posenc.layers.mla import LatentCache, MultiLatentAttention
 
 transformers = pytest.importorskip("transformers")
 from transformers import DeepseekV2Config, DeepseekV3Config, DynamicCache  # noqa: E402

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.base import Kind
-from posenc.registry import format_spec
+from posenc.encodings.base import Kind
+from posenc.encodings.registry import format_spec
 
 D_MODEL, HEADS = 32, 2  # head size 16: the size the encodings' example_options are made for
 

@@ -11,12 +11,12 @@ import pytest
 import torch
 
 import posenc
-from posenc.patterns import LayerSpec, QueryTemperature, layer_pattern
+from posenc.layers.patterns import LayerSpec, QueryTemperature, layer_pattern
 
 
 def _rope_base(layer: LayerSpec) -> float | None:
     return (
-        float(posenc.registry.resolve(layer.encoding).options.get("base", 10000.0))
+        float(posenc.encodings.registry.resolve(layer.encoding).options.get("base", 10000.0))
         if "rope" in layer.encoding
         else None
     )
@@ -121,7 +121,7 @@ def test_gemma4_layout_equals_hf(num_layers):
         assert block.attn.window == (config.sliding_window if kind == "sliding_attention" else None)
         want = getattr(rotary, f"{kind}_inv_freq").double()
         torch.testing.assert_close(_inv_freq(block), want, rtol=1e-7, atol=0)
-        options = posenc.registry.resolve(block.attn.encoding.spec()).options
+        options = posenc.encodings.registry.resolve(block.attn.encoding.spec()).options
         assert float(options["base"]) == config.rope_parameters[kind]["rope_theta"]
     full = config.rope_parameters["full_attention"]
     assert full["rope_type"] == "proportional" and int((rotary.full_attention_inv_freq > 0).sum()) == int(
@@ -391,7 +391,7 @@ def test_bad_patterns_are_named():
         posenc.TransformerLM(10, 16, 2, 2, pattern=[LayerSpec("rope", value_from_key=1)] * 2)
     with pytest.raises(ValueError, match="either encoding or pattern"):
         posenc.TransformerLM(10, 16, 2, 2, "rope", pattern="gemma3")
-    with pytest.raises(ValueError, match=r"one posenc\.patterns\.LayerSpec per layer"):
+    with pytest.raises(ValueError, match=r"one posenc\.layers\.patterns\.LayerSpec per layer"):
         posenc.TransformerLM(10, 16, 2, 2, pattern=[LayerSpec("rope")])
     with pytest.raises(ValueError, match="floor_scale must be finite"):
         QueryTemperature(float("nan"), 0.1)
@@ -400,7 +400,7 @@ def test_bad_patterns_are_named():
 def test_query_temperature_equals_hf_llama_4_scaling_beta():
     """Ministral 3 / Mistral 4 scale queries by ``1 + beta * log(1 + floor(pos / original_max))``."""
     ministral = pytest.importorskip("transformers.models.ministral3.modeling_ministral3")
-    from posenc.positions import temperature_factors
+    from posenc.layers.positions import temperature_factors
 
     positions = torch.arange(0, 5000, 7)[None]
     want = ministral.get_llama_4_attn_scale(positions, 0.1, 1024)

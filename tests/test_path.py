@@ -12,7 +12,7 @@ import torch
 
 import posenc
 from posenc.backends import AttentionRequest, get_backend
-from posenc.base import TokenStates
+from posenc.encodings.base import TokenStates
 from posenc.encodings.path import (
     PaTH,
     path_attention_blocked,

@@ -12,7 +12,7 @@ import torch
 
 import posenc
 from posenc.examples import build_example
-from posenc.masks import AttentionMask
+from posenc.masks.attention_mask import AttentionMask
 
 HEADS, HEAD_DIM = 2, 8
 EMBED = HEADS * HEAD_DIM
@@ -194,7 +194,7 @@ def test_blocked_skips_keys_outside_the_window_and_documents(backend):
 
 def test_document_positions_restart():
     ids = torch.tensor([[0, 0, 0, 1, 1, 4, 4, 4, 4]])
-    assert posenc.positions.document_positions(ids).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
+    assert posenc.layers.positions.document_positions(ids).tolist() == [[0, 1, 2, 0, 1, 0, 1, 2, 3]]
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""The eager layer's plain decode step (``posenc.plain_step``): one token through
+"""The eager layer's plain decode step (``posenc.layers.plain_step``): one token through
 ``MultiheadAttention`` with a ``KVCache`` under ``torch.no_grad``, no mask, whose signature the full
 path served on sdpa, runs without building a request.
 
@@ -17,13 +17,13 @@ import pytest
 import torch
 
 import posenc
-import posenc.attention as attention_module
-from posenc import plain_step
+import posenc.layers.attention as attention_module
 from posenc.backends import _query_blocks
 from posenc.backends.dispatch import PRIORITY, set_priority
-from posenc.base import Kind
-from posenc.decode import StaticDecodeStep
+from posenc.encodings.base import Kind
 from posenc.encodings.rope import switch_rope_pairing_
+from posenc.layers import plain_step
+from posenc.layers.decode import StaticDecodeStep
 from test_contract import EMBED, HEADS, NAMES, _x, make_layer
 from test_decode_checks import _nan_hook
 

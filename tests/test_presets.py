@@ -27,7 +27,7 @@ SCALE += ["--batch-size", "4", "--eval-examples", "1", "--workers", "1", "--no-p
 
 
 def _cli(args):
-    from posenc.cli import _load_command_modules, app, console
+    from posenc.cli.app import _load_command_modules, app, console
 
     _load_command_modules()
     # Wide enough for the preset tables' headers on one line, whatever terminal a test worker has
@@ -244,7 +244,7 @@ def test_nope_paper_table_ranks_only_encodings_that_fit():
 
 
 def test_kendall_tau_matches_known_values_ties_included():
-    from posenc.experiments.agreement import kendall_tau
+    from posenc.experiments.results.agreement import kendall_tau
 
     # scipy.stats.kendalltau's docstring example (tau-b): tau = -0.47140452079103173.
     assert kendall_tau([12, 2, 1, 12, 2], [1, 4, 7, 1, 0]) == pytest.approx(-0.47140452079103173)
@@ -256,7 +256,7 @@ def test_kendall_tau_matches_known_values_ties_included():
 
 
 def test_seed_resamples_enumerate_the_bootstrap_exactly():
-    from posenc.experiments.agreement import seed_bootstrap, seed_resamples
+    from posenc.experiments.results.agreement import seed_bootstrap, seed_resamples
 
     resamples = seed_resamples([0, 1, 2])
     assert len(resamples) == 10 and sum(p for p, _ in resamples) == pytest.approx(1.0)

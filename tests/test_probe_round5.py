@@ -24,9 +24,9 @@ import pytest
 import torch
 
 import posenc.functional as F
-from posenc.experiments.hf_scaling import rope_parameters_for
-from posenc.experiments.results import differing_fields, read_records
-from posenc.experiments.summary import SummaryTable
+from posenc.experiments.results.records import differing_fields, read_records
+from posenc.experiments.results.summary import SummaryTable
+from posenc.experiments.study.hf_scaling import rope_parameters_for
 
 HEAD_DIM, BASE = 16, 10000.0
 
@@ -58,7 +58,7 @@ LLAMA_31 = {
 def test_a_variant_replaces_the_models_own_scaling(variant):
     """The variant's frequencies are HF's for the variant's parameters on the model's base: the
     llama3 band options are not carried into it (they were, and were refused)."""
-    from posenc.experiments.hf_scaling import apply_scaling
+    from posenc.experiments.study.hf_scaling import apply_scaling
 
     model = _tiny_llama(dict(LLAMA_31))
     original = dict(model.config.rope_parameters)

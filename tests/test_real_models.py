@@ -1,4 +1,4 @@
-"""posenc on trained weights: SmolLM2-135M and Gemma-3-270M (marker ``real``; ``posenc.pretrained``).
+"""posenc on trained weights: SmolLM2-135M and Gemma-3-270M (marker ``real``; ``posenc.pretrained.loading``).
 
 Every other equality in the suite is shown on tiny random configs; here the same claims meet trained
 checkpoints and real English (the Python language reference that ships with CPython):
@@ -42,7 +42,7 @@ LENGTH = 2048
 
 
 def _need(name: str) -> None:
-    from posenc.pretrained import fetch_command, model_path
+    from posenc.pretrained.loading import fetch_command, model_path
 
     try:
         model_path(name)
@@ -55,7 +55,7 @@ def _need(name: str) -> None:
 
 def _load(name: str, **overrides):
     """A fresh copy of the fetched model (float32, eval) and its tokenizer."""
-    from posenc.pretrained import convert, load
+    from posenc.pretrained.loading import convert, load
 
     _need(name)
     if overrides:
@@ -70,7 +70,7 @@ def _load(name: str, **overrides):
 def _ids(name: str, length: int = LENGTH) -> torch.Tensor:
     from transformers import AutoTokenizer
 
-    from posenc.pretrained import convert, reference_text
+    from posenc.pretrained.loading import convert, reference_text
 
     _need(name)
     tokenizer = AutoTokenizer.from_pretrained(convert(name))
@@ -277,7 +277,7 @@ def _raw_gguf_weights(name: str) -> dict[str, torch.Tensor]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
-    from posenc.pretrained import model_path
+    from posenc.pretrained.loading import model_path
 
     reader = GGUFReader(str(model_path(name)))
     raw = {}
@@ -397,12 +397,12 @@ def test_gemma3_swapped_and_switched_to_interleaved_rope_equals_hf():
 def test_the_gemma3_pattern_matches_the_real_config():
     """``TransformerLM(pattern="gemma3")``: local/global layers in the real model's order, with its
     window and both thetas."""
-    from posenc.model import TransformerLM
+    from posenc.layers.model import TransformerLM
 
     _need(GEMMA)
     from transformers import AutoConfig
 
-    from posenc.pretrained import convert
+    from posenc.pretrained.loading import convert
 
     config = AutoConfig.from_pretrained(convert(GEMMA))
     layers = config.num_hidden_layers

@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import posenc
-from posenc.base import BiasEncoding, Kind, PositionalEncoding
-from posenc.registry import format_spec, parse_spec, register
+from posenc.encodings.base import BiasEncoding, Kind, PositionalEncoding
+from posenc.encodings.registry import format_spec, parse_spec, register
 
 
 def test_spec_string_and_keywords_build_the_same_encoding():
@@ -72,7 +72,7 @@ def test_a_new_family_is_one_class_and_one_decorator():
         with pytest.raises(ValueError, match="must be one of 'a', 'b'"):
             posenc.build("test-zero-bias:mode=c", num_heads=3)
     finally:
-        from posenc import registry
+        from posenc.encodings import registry
 
         registry._REGISTRY.pop("test-zero-bias")
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.base import TokenStates
-from posenc.patterns import LogQueryTemperature
+from posenc.encodings.base import TokenStates
+from posenc.layers.patterns import LogQueryTemperature
 
 E, H = 32, 2
 

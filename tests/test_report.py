@@ -31,11 +31,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from posenc.cli import _load_command_modules, app
-from posenc.experiments.compare import rank_rows
-from posenc.experiments.folders import reproduce_command, write_config
-from posenc.experiments.results import load_results
-from posenc.experiments.tasks import mix_seed
+from posenc.cli.app import _load_command_modules, app
+from posenc.experiments.results.compare import rank_rows
+from posenc.experiments.results.folders import reproduce_command, write_config
+from posenc.experiments.results.records import load_results
+from posenc.experiments.tasks.catalog import mix_seed
 from posenc.experiments.train import ExperimentConfig, RunSpec, build_model, run_id_for
 from posenc.viz.report import render_report
 
@@ -315,7 +315,7 @@ def test_configuration_gives_the_command_that_reproduces_the_folder(report_page:
 def test_recorded_command_parses_back_to_the_settings() -> None:
     import typer.main
 
-    from posenc.experiments_cli import config_from_options
+    from posenc.cli.experiments import config_from_options
 
     config = ExperimentConfig(
         encodings=["rope:base=500000,pairing=half", "alibi", "t5/sinusoidal"],
@@ -424,7 +424,7 @@ def test_the_report_reads_one_folder_view_and_imports_experiments_at_the_top(tmp
     import ast
 
     import posenc.viz.report as report
-    from posenc.experiments.results import Record
+    from posenc.experiments.results.records import Record
     from posenc.viz.report.view import read_folder
 
     for path in sorted(Path(report.__file__).parent.glob("*.py")):
@@ -452,7 +452,7 @@ def test_the_report_reads_one_folder_view_and_imports_experiments_at_the_top(tmp
 def test_the_view_reads_variants_depths_and_missing_runs_from_records(tmp_path: Path) -> None:
     """The summary, the missing-runs note and the depth map read :class:`Record` (a record's
     ``variant`` and ``by_depth`` are fields of it), not the file's dict lines (issue 34)."""
-    from posenc.experiments.results import DepthCell, Record
+    from posenc.experiments.results.records import DepthCell, Record
     from posenc.viz.depth import depth_grid
     from posenc.viz.report.view import read_folder
 

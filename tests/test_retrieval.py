@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from _retrieval_reference import MARK, expected_answer, passkey_parts
 from posenc.experiments import ExperimentConfig, run_experiment
-from posenc.experiments.retrieval import DEPTH_BUCKETS
-from posenc.experiments.tasks import BOS, EOS, SEP, make_task
+from posenc.experiments.tasks.catalog import BOS, EOS, SEP, make_task
+from posenc.experiments.tasks.retrieval import DEPTH_BUCKETS
 from posenc.viz.folder import write_figures
 
 RETRIEVAL = ["passkey", "mqar", "niah"]
@@ -197,7 +197,7 @@ def test_passkey_run_writes_depths_heat_map_and_report_section(tmp_path):
         assert 0.0 <= record["query_accuracy"] <= 1.0
     assert (tmp_path / "depth.png").read_bytes()[:4] == b"\x89PNG"
 
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
     from posenc.viz.depth import depth_grid
     from posenc.viz.report import render_report
 
@@ -218,7 +218,7 @@ def test_copy_runs_write_no_depth_figure(tmp_path):
     )
     run_experiment(config, tmp_path, workers=1, figures=write_figures)
     assert not (tmp_path / "depth.png").exists()
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
     from posenc.viz.report import render_report
 
     assert 'id="depth"' not in render_report(tmp_path)

@@ -582,10 +582,10 @@ def test_scaling_names_come_from_one_list(name):
     from posenc.encodings import rope_scaling
 
     options = rope_scaling.RopeScaling.OPTIONS if name == "rope" else rope_scaling.FIXED_LENGTH_OPTIONS
-    params = posenc.registry.options(name)
+    params = posenc.encodings.registry.options(name)
     assert set(options) <= set(params)
     assert not (set(rope_scaling.RopeScaling.OPTIONS) - set(options)) & set(params)
-    ranges = posenc.registry.get_class(name).option_ranges
+    ranges = posenc.encodings.registry.get_class(name).option_ranges
     assert all(ranges[k] == rope_scaling.SCALING_OPTION_RANGES[k] for k in options if k != "truncate")
     assert set(rope_scaling.SCALING_TYPES) == set(rope_scaling.rope_scaling_types())
     with pytest.raises(ValueError, match="unknown RoPE scaling") as error:
@@ -599,7 +599,7 @@ def test_scaling_is_one_value_and_its_flat_options_are_the_spec_form(name):
     options of spec strings and keywords are gathered into it: one encoding, config and spec."""
     from posenc.encodings.rope_scaling import RopeScaling
 
-    cls = posenc.registry.get_class(name)
+    cls = posenc.encodings.registry.get_class(name)
     options = {"factor": 4.0, "original_max_position_embeddings": 64, "beta_fast": 16.0}
     flat = posenc.build(
         f"{name}:scaling=yarn,factor=4,original_max_position_embeddings=64,beta_fast=16", head_dim=16
@@ -638,7 +638,7 @@ def test_mrope_scaling_takes_only_fixed_length_options():
     with pytest.raises(ValueError, match=r"unknown option.*short_factor"):
         posenc.build("mrope", head_dim=16, scaling=RopeScaling("longrope", short_factor=[1.0] * 8))
     with pytest.raises(TypeError, match="short_factor"):
-        posenc.registry.get_class("mrope")(head_dim=16, scaling="longrope", short_factor=[1.0] * 8)
+        posenc.encodings.registry.get_class("mrope")(head_dim=16, scaling="longrope", short_factor=[1.0] * 8)
 
 
 def test_the_scaling_options_are_spelled_in_rope_scaling_only():

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.experiments import ExperimentConfig, run_experiment, summary_table
-from posenc.experiments.shards import Shard, merge_folders, missing_runs, parse_shard
+from posenc.experiments.cluster.shards import Shard, merge_folders, missing_runs, parse_shard
 from posenc.experiments.train import RunSpec
 from posenc.viz.folder import write_figures
 
@@ -166,7 +166,7 @@ def test_merge_refuses_folders_that_are_not_experiments_and_an_out_holding_resul
 
 
 def test_cli_shard_and_merge(tmp_path):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     base = ["extrapolate", "--encodings", "nope,alibi", "--train-len", "2", "--eval-len", "3", "--steps", "1"]
@@ -197,7 +197,7 @@ def test_merge_refuses_a_folder_that_a_running_process_still_writes(tmp_path):
     import os
     import socket
 
-    from posenc.experiments.folders import LOCK_NAME
+    from posenc.experiments.results.folders import LOCK_NAME
 
     run_experiment(ExperimentConfig(**TINY), tmp_path / "a", workers=1, shard=Shard(0, 2))
     (tmp_path / "a" / LOCK_NAME).write_text(f"{os.getpid()} {socket.gethostname()}\n")  # this process: alive

@@ -24,8 +24,8 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.experiments import ExperimentConfig, run_experiment
-from posenc.experiments.shards import Shard, parse_shard
-from posenc.experiments.slurm import (
+from posenc.experiments.cluster.shards import Shard, parse_shard
+from posenc.experiments.cluster.slurm import (
     Rendezvous,
     SlurmOptions,
     array_ranges,
@@ -96,7 +96,7 @@ def test_shard_slurm_outside_an_array_names_the_variable(env, named):
 
 
 def test_cli_shard_slurm_in_an_array_task_runs_its_shard(tmp_path, monkeypatch):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     # sbatch --array=1-2, its second task: shard 1/2 of nope0 alibi0 nope1 alibi1 (seed-major).
@@ -114,7 +114,7 @@ def test_cli_shard_slurm_in_an_array_task_runs_its_shard(tmp_path, monkeypatch):
 
 
 def test_cli_shard_slurm_outside_an_array_is_a_usage_error_naming_the_variables(tmp_path, monkeypatch):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     for name in [k for k in os.environ if k.startswith("SLURM_")]:
@@ -501,7 +501,7 @@ def _fake_slurm_on_path(tmp_path: Path, monkeypatch) -> Path:
 
 
 def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     log = _fake_slurm_on_path(tmp_path, monkeypatch)
@@ -527,7 +527,7 @@ def test_cli_submit_with_a_fake_sbatch_on_path(tmp_path, monkeypatch):
 def test_cli_submit_says_the_array_is_queued_when_the_merge_fails_and_the_rerun_submits_the_merge(
     tmp_path, monkeypatch
 ):
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     log = _fake_slurm_on_path(tmp_path, monkeypatch)
@@ -573,7 +573,7 @@ def _squeue_says(tmp_path: Path, monkeypatch, *, prints: str = "", status: int =
 def test_a_lock_inside_a_slurm_job_names_the_job_and_its_restart(monkeypatch):
     import socket
 
-    from posenc.experiments.folders import lock_text
+    from posenc.experiments.results.folders import lock_text
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     assert lock_text() == f"{os.getpid()} {socket.gethostname()}"
@@ -597,7 +597,7 @@ def test_a_lock_inside_a_slurm_job_names_the_job_and_its_restart(monkeypatch):
 def test_a_lock_from_another_node_is_taken_over_once_slurm_says_its_job_ended(
     tmp_path, monkeypatch, squeue, taken_over
 ):
-    from posenc.experiments.folders import LOCK_NAME, folder_lock
+    from posenc.experiments.results.folders import LOCK_NAME, folder_lock
 
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     log = _squeue_says(tmp_path, monkeypatch, **squeue)
@@ -616,7 +616,7 @@ def test_a_lock_from_another_node_is_taken_over_once_slurm_says_its_job_ended(
 
 
 def test_a_lock_from_another_node_stays_alive_without_squeue_or_a_slurm_job(tmp_path, monkeypatch):
-    from posenc.experiments.folders import LOCK_NAME, folder_lock
+    from posenc.experiments.results.folders import LOCK_NAME, folder_lock
 
     monkeypatch.setenv("PATH", str(tmp_path / "nothing"))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
@@ -629,7 +629,7 @@ def test_a_lock_from_another_node_stays_alive_without_squeue_or_a_slurm_job(tmp_
 def test_a_requeued_job_takes_over_its_earlier_runs_lock(tmp_path, monkeypatch):
     """Requeued after its node failed, a job keeps its id: squeue shows it RUNNING (this very run),
     yet the lock of its earlier run (restart 0) on the dead node is stale."""
-    from posenc.experiments.folders import LOCK_NAME, folder_lock
+    from posenc.experiments.results.folders import LOCK_NAME, folder_lock
 
     _squeue_says(tmp_path, monkeypatch, prints="RUNNING\\n")
     monkeypatch.setenv("SLURM_JOB_ID", "77")
@@ -656,7 +656,7 @@ def test_submit_preset_runs_every_task_and_merges_each_into_its_folder(tmp_path,
     """posenc submit --preset nope-paper: array task i runs shard i/n of all three tasks; the merge
     job writes OUT/<task>; each equals ``extrapolate --preset`` without Slurm, record for record,
     preset recorded; a rerun submits nothing."""
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     log = _fake_slurm_on_path(tmp_path, monkeypatch)
@@ -991,7 +991,7 @@ def test_slurm_preset_submission_gives_the_preset_folders(tmp_path):
 def test_the_lock_asks_the_real_squeue_about_a_writer_on_another_node(tmp_path):
     """The seam with squeue's own output: a lock naming a running job holds, one naming a job that
     ended is taken over."""
-    from posenc.experiments.folders import lock_owner_alive
+    from posenc.experiments.results.folders import lock_owner_alive
 
     def job(command: str) -> str:
         done = subprocess.run(

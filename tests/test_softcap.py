@@ -17,9 +17,9 @@ import posenc
 from posenc.backends import SOFTCAP_REASON, AttentionRequest, backend_limits, get_backend, use_backend
 from posenc.backends.flex import flex_bias_attention
 from posenc.backends.run import attend, traced_backend
-from posenc.decode import StaticDecodeStep
 from posenc.examples import build_example
-from posenc.masks import AttentionMask
+from posenc.layers.decode import StaticDecodeStep
+from posenc.masks.attention_mask import AttentionMask
 
 HEADS, KV_HEADS, HEAD_DIM, CAP = 4, 2, 8, 0.7
 
@@ -256,7 +256,7 @@ def test_a_cap_that_is_not_finite_and_positive_is_refused_naming_softcap(bad):
 
 def test_a_model_pattern_carries_the_cap_and_trains():
     """Gemma 2's recipe: local and global layers, every one capped; a training step gets gradients."""
-    from posenc.patterns import LayerSpec
+    from posenc.layers.patterns import LayerSpec
 
     pattern = [LayerSpec("rope", window=4, softcap=CAP), LayerSpec("rope", softcap=CAP)]
     model = posenc.TransformerLM(20, 16, 2, 2, pattern=pattern)

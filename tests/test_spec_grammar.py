@@ -1,6 +1,6 @@
 """One grammar for spec strings: the same string parses the same way at every entry point.
 
-The grammar lives in :mod:`posenc.spec` (``name:key=value,...``, hybrids joined by ``/``, lists of
+The grammar lives in :mod:`posenc.encodings.spec` (``name:key=value,...``, hybrids joined by ``/``, lists of
 specs separated by ``,``); the command line, the experiment config, the model, the inference-time
 variants and the layer presets all read spec strings through it.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc.encodings.spec import LAYER_SEPARATOR, parse_spec, split_layers, split_specs
 from posenc.experiments import ExperimentConfig
 from posenc.experiments.train import build_model
 from posenc.experiments.variants import parse_eval_variants, variant_context, variant_encoding
-from posenc.patterns import gemma3, is_layer_preset, layer_pattern
-from posenc.spec import LAYER_SEPARATOR, parse_spec, split_layers, split_specs
+from posenc.layers.patterns import gemma3, is_layer_preset, layer_pattern
 
 # Written by hand: what each piece of the grammar gives for these strings.
 LIST = " nope , rope:base=500000, pairing=half ,t5 / alibi,, gemma3:window=8,global_every=2"
@@ -34,7 +34,7 @@ def test_the_grammar_itself():
 
 def test_the_command_line_reads_encodings_with_the_grammar():
     pytest.importorskip("typer")
-    from posenc.experiments_cli import CONFIG_OPTIONS
+    from posenc.cli.experiments import CONFIG_OPTIONS
 
     (option,) = [option for option in CONFIG_OPTIONS if option.name == "encodings"]
     assert option.value(LIST) == SPECS

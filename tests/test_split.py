@@ -16,9 +16,9 @@ import posenc
 from posenc.backends import AttentionRequest, get_backend, near_far
 from posenc.backends.near_far import near_far_attention, near_far_plan
 from posenc.backends.segments import segment_attention
-from posenc.base import BiasEncoding, Kind, NearFar, SeparableBias
+from posenc.encodings.base import BiasEncoding, Kind, NearFar, SeparableBias
 from posenc.examples import build_example
-from posenc.masks import AttentionMask
+from posenc.masks.attention_mask import AttentionMask
 
 HEADS, DIM = 2, 8
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.cache import CacheFullError, TimeAxis
-from posenc.mla import LatentCache, MultiLatentAttention
+from posenc.cache.kv_cache import CacheFullError, TimeAxis
+from posenc.layers.mla import LatentCache, MultiLatentAttention
 from test_contract import EMBED, HEADS, _randomize, _x, make_encoding
 
 NAMES = posenc.available()

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from posenc.experiments import ExperimentConfig, run_experiment, summary_table
 from posenc.experiments import train as train_module
-from posenc.experiments.compare import compare_rows
-from posenc.experiments.results import (
+from posenc.experiments.results.compare import compare_rows
+from posenc.experiments.results.records import (
     read_records,
     read_run_records,
     wilson_interval,
@@ -44,7 +44,7 @@ TINY = dict(
 
 
 def _app():
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     return app
@@ -255,7 +255,7 @@ def _band_of(ax, index):
 
 
 def test_plot_bands_are_wilson_with_one_seed_and_seed_t_interval_with_several():
-    from posenc.experiments.results import Record
+    from posenc.experiments.results.records import Record
     from posenc.viz.curves import curve_figure
 
     one = [Record.from_dict(_record("rope", 0, n, v)) for n, v in ((1, 0.5), (2, 1.0))]
@@ -281,7 +281,7 @@ def test_plot_bands_are_wilson_with_one_seed_and_seed_t_interval_with_several():
 
 
 def test_plot_marks_encodings_that_did_not_fit():
-    from posenc.experiments.results import Record
+    from posenc.experiments.results.records import Record
     from posenc.viz.curves import curve_figure
 
     records = [

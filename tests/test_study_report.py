@@ -25,11 +25,11 @@ pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
-from posenc import experiments_cli  # noqa: E402
-from posenc.cli import _load_command_modules, app  # noqa: E402
-from posenc.experiments.hf_study import study_summary  # noqa: E402
-from posenc.experiments.results import as_records, read_records  # noqa: E402
-from posenc.experiments.shards import merge_folders  # noqa: E402
+from posenc.cli import experiments as experiments_cli  # noqa: E402
+from posenc.cli.app import _load_command_modules, app  # noqa: E402
+from posenc.experiments.cluster.shards import merge_folders  # noqa: E402
+from posenc.experiments.results.records import as_records, read_records  # noqa: E402
+from posenc.experiments.study.hf_study import study_summary  # noqa: E402
 
 _load_command_modules()
 

@@ -7,7 +7,7 @@ import inspect
 import pytest
 import torch
 
-from posenc.experiments.tasks import (
+from posenc.experiments.tasks.catalog import (
     BOS,
     EOS,
     FIRST_SYMBOL,
@@ -132,7 +132,7 @@ def test_byte_lm_reads_a_text_file(tmp_path):
 
 
 def test_packed_rows_hold_whole_examples_with_their_document_ids():
-    from posenc.experiments.tasks import BOS, EOS, make_task
+    from posenc.experiments.tasks.catalog import BOS, EOS, make_task
 
     task = make_task("copy", num_symbols=8)
     gen = torch.Generator().manual_seed(3)
@@ -157,7 +157,7 @@ def test_packed_rows_hold_whole_examples_with_their_document_ids():
 
 
 def test_packing_is_refused_for_the_byte_lm():
-    from posenc.experiments.tasks import make_task
+    from posenc.experiments.tasks.catalog import make_task
 
     with pytest.raises(ValueError, match="packing several examples per row applies to the synthetic tasks"):
         make_task("lm").packed_train_batch(4, 8, 2, torch.Generator())

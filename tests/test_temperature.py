@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import posenc
-from posenc.patterns import LayerSpec, LogQueryTemperature, QueryTemperature
-from posenc.positions import temperature_factors
+from posenc.layers.patterns import LayerSpec, LogQueryTemperature, QueryTemperature
+from posenc.layers.positions import temperature_factors
 
 ALPHA, N_FLOOR = 0.3, 5
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import posenc
-from posenc.decode import StaticDecodeStep
+from posenc.layers.decode import StaticDecodeStep
 
 E, H, HKV = 32, 4, 2
 
@@ -85,7 +85,7 @@ def test_value_from_key_must_be_a_bool():
 def test_pattern_carries_value_from_key_both_ways():
     """``LayerSpec.value_from_key``: a layer built from the pattern has K = V (no ``v_proj``), reports
     it in its ``pattern``, and a layer built from that pattern is the same layer."""
-    spec = posenc.patterns.LayerSpec("rope", window=5, value_from_key=True)
+    spec = posenc.layers.patterns.LayerSpec("rope", window=5, value_from_key=True)
     layer = posenc.MultiheadAttention(E, H, "rope", causal=True, num_kv_heads=HKV, pattern=spec).double()
     assert layer.v_proj is None and layer.value_from_key
     assert layer.pattern.value_from_key and layer.pattern.window == 5
@@ -106,11 +106,11 @@ def test_pattern_carries_value_from_key_both_ways():
     ("options", "match"),
     [
         (
-            {"pattern": posenc.patterns.LayerSpec("rope", value_from_key="yes")},
+            {"pattern": posenc.layers.patterns.LayerSpec("rope", value_from_key="yes")},
             "value_from_key must be True or False",
         ),
         (
-            {"pattern": posenc.patterns.LayerSpec("rope"), "value_from_key": True},
+            {"pattern": posenc.layers.patterns.LayerSpec("rope"), "value_from_key": True},
             "give either pattern or .*value_from_key, not both",
         ),
     ],

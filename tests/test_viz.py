@@ -18,8 +18,8 @@ from matplotlib.text import Text
 from typer.testing import CliRunner
 
 import posenc
-from posenc.base import Kind
-from posenc.cli import _load_command_modules, app
+from posenc.cli.app import _load_command_modules, app
+from posenc.encodings.base import Kind
 from posenc.examples import build_example
 from posenc.viz import PlotOptions, figures_for, make_figure
 
@@ -313,7 +313,7 @@ def test_cli_plot_run(run_dir, tmp_path) -> None:
 
 
 def _curve_records(encodings: list[str], train_len: int = 16, eval_len: int = 48):
-    from posenc.experiments.results import Record
+    from posenc.experiments.results.records import Record
 
     return [
         Record(e, "copy", n, "exact_match", float(n <= train_len + i), 0, train_len, 100)

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from . import functional
-from .attention import MultiheadAttention
 from .backends import use_backend
-from .base import (
+from .cache.kv_cache import KVCache
+from .encodings.base import (
     AbsoluteEncoding,
     BiasEncoding,
     ContentEncoding,
@@ -21,10 +21,10 @@ from .base import (
     PositionalEncoding,
     RotaryEncoding,
 )
-from .cache import KVCache
+from .encodings.registry import available, build, get_class, register
 from .encodings.rope import switch_rope_pairing_
-from .mla import LatentCache, MultiLatentAttention
-from .registry import available, build, get_class, register
+from .layers.attention import MultiheadAttention
+from .layers.mla import LatentCache, MultiLatentAttention
 
 __version__ = "0.1.0"
 
@@ -54,7 +54,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # The model module is imported lazily so that `import posenc` stays light.
     if name in ("TransformerLM", "TransformerEncoder"):
-        from . import model
+        from .layers import model
 
         return getattr(model, name)
     raise AttributeError(f"module 'posenc' has no attribute {name!r}")

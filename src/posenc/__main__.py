@@ -1,5 +1,5 @@
 """``python -m posenc ...`` runs the command line (same as the ``posenc`` script)."""
 
-from posenc.cli import main
+from posenc.cli.app import main
 
 main()

@@ -17,7 +17,7 @@ import pytest
 def test_posenc_plot_with_a_huge_length_names_n_and_the_memory(spec, figure, tmp_path):
     from typer.testing import CliRunner
 
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
 
@@ -41,7 +41,7 @@ def test_a_long_but_linear_figure_is_still_drawn(tmp_path):
 def test_posenc_show_honours_the_spec_head_dim_or_refuses_it():
     from typer.testing import CliRunner
 
-    from posenc.cli import app
+    from posenc.cli.app import app
 
     result = CliRunner().invoke(app, ["show", "rope:head_dim=15"])
     assert result.exit_code == 2

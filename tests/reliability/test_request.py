@@ -41,7 +41,7 @@ from posenc.backends.blocked import blocked_bias_attention
 from posenc.backends.clipped import clipped_attention
 from posenc.backends.near_far import near_far_attention
 from posenc.backends.segments import segment_attention
-from posenc.masks import AttentionMask
+from posenc.masks.attention_mask import AttentionMask
 
 from ._helpers import E, _layer
 

@@ -34,14 +34,14 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.experiments import ExperimentConfig, run_experiment, summary_table
-from posenc.experiments.compare import compare_rows
-from posenc.experiments.results import (
+from posenc.experiments.cluster.shards import Shard, merge_folders
+from posenc.experiments.results.compare import compare_rows
+from posenc.experiments.results.records import (
     load_results,
     read_records,
     read_run_records,
     seed_interval,
 )
-from posenc.experiments.shards import Shard, merge_folders
 
 from ._helpers import TINY_RUN
 
@@ -67,7 +67,7 @@ TINY = dict(
 
 
 def _app():
-    from posenc.cli import _load_command_modules, app
+    from posenc.cli.app import _load_command_modules, app
 
     _load_command_modules()
     return app
@@ -123,7 +123,8 @@ def test_results_and_checkpoints_are_written_whole_with_mode_0644(tmp_path, monk
     import os
     import stat
 
-    from posenc.experiments import ExperimentConfig, results, run_experiment
+    from posenc.experiments import ExperimentConfig, run_experiment
+    from posenc.experiments.results import records as results
 
     config = ExperimentConfig(
         task="copy", encodings=["nope"], train_len=2, eval_len=3, steps=2, checkpoint_every=1, **TINY_RUN
@@ -303,7 +304,7 @@ T_TABLE = [
 
 @pytest.mark.parametrize("p, df, expected", T_TABLE)
 def test_t_quantile_matches_the_tables(p, df, expected):
-    from posenc.experiments.stats import t_quantile
+    from posenc.experiments.results.stats import t_quantile
 
     assert t_quantile(p, df) == pytest.approx(expected, abs=1e-6)
     assert t_quantile(1 - p, df) == pytest.approx(-expected, abs=1e-6)
@@ -312,7 +313,7 @@ def test_t_quantile_matches_the_tables(p, df, expected):
 def test_t_quantile_matches_the_closed_forms_of_one_and_two_degrees_of_freedom_and_the_normal_limit():
     from statistics import NormalDist
 
-    from posenc.experiments.stats import t_quantile
+    from posenc.experiments.results.stats import t_quantile
 
     for p in (0.001, 0.05, 0.3, 0.5, 0.6, 0.9, 0.975, 0.999):
         assert t_quantile(p, 1) == pytest.approx(
@@ -331,7 +332,7 @@ def test_t_quantile_matches_the_closed_forms_of_one_and_two_degrees_of_freedom_a
 def test_t_cdf_equals_the_integral_of_the_density(df, t):
     """P(T <= t) = 1/2 + the integral of Γ((ν+1)/2) / (√(νπ) Γ(ν/2)) (1 + x²/ν)^(-(ν+1)/2) from 0 to t
     (Simpson's rule on 20,001 points)."""
-    from posenc.experiments.stats import t_cdf
+    from posenc.experiments.results.stats import t_cdf
 
     x = np.linspace(0.0, t, 20_001)
     log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
@@ -346,7 +347,7 @@ def test_the_interval_across_seeds_covers_the_true_mean_95_percent_of_the_time(n
     """Draws from a known normal (mean 0.3, sd 0.1), 40,000 samples of n: the share of intervals that
     hold 0.3 is 95% ± 2% (the simulation's own standard error is 0.1%). A percentile bootstrap of the
     mean (2,000 resamples, what `seed_interval` was) covers about 75% at n = 3 and 91% at n = 10."""
-    from posenc.experiments.stats import t_interval
+    from posenc.experiments.results.stats import t_interval
 
     rng = np.random.default_rng(22)
     samples = rng.normal(0.3, 0.1, size=(40_000, n))
@@ -470,7 +471,7 @@ needs_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs L
 @needs_proc
 def test_an_out_folder_that_cannot_be_created_is_a_clear_error(folder):
     """``--out /proc/x``: the permission bits say writable to root, but nothing can be created."""
-    from posenc.experiments.folders import folder_lock
+    from posenc.experiments.results.folders import folder_lock
 
     tiny = ["--encodings", "nope", "--train-len", "2", "--eval-len", "3", "--steps", "1", "--d-model", "16"]
     tiny += ["--num-layers", "1", "--d-ff", "16", "--eval-examples", "2", "--workers", "1", "--no-progress"]

@@ -276,7 +276,7 @@ from pathlib import Path
 
 import torch
 
-from posenc.experiments import workers
+from posenc.experiments.cluster import workers
 from posenc.experiments.train import ExperimentConfig, RunSpec
 
 # Run by the spawned workers too (as __mp_main__): seed 0's job ends at once, so its worker waits

@@ -8,7 +8,7 @@ device type in :mod:`posenc.backends.dispatch`. When none can serve a request, t
 request and every backend's reasons. Tests and users force a backend per layer (``backend="sdpa"``)
 or for a block of code (``with posenc.backends.use_backend("eager"): ...``; called bare, from then on).
 
-Masks are not a backend's business: ``request.mask`` (:class:`posenc.masks.AttentionMask`) says
+Masks are not a backend's business: ``request.mask`` (:class:`posenc.masks.attention_mask.AttentionMask`) says
 which keys each query sees and materialises itself in the form each kernel takes. The request and
 its field checks live in :mod:`.request`, its non-finite checks in :mod:`._finite`; this module
 holds the protocol, the registry, forcing and selection.
@@ -22,10 +22,10 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from ..base import Kind
-from . import _memo
-from ._softcap import SOFTCAP_REASON
+from ..encodings.base import Kind
+from . import memo as _memo
 from .request import AttentionRequest
+from .softcap import SOFTCAP_REASON
 
 __all__ = [
     "INPUT_BIAS_REASON",
@@ -235,7 +235,7 @@ def backend_reasons(request: AttentionRequest, *, auto: bool = False) -> dict[st
 def select_backend(request: AttentionRequest, requested: str = "auto") -> Backend:
     """The backend to run ``request``: the forced or requested one, or the first with no reasons.
 
-    The answer is remembered per request signature (:mod:`posenc.backends._memo`): a repeated
+    The answer is remembered per request signature (:mod:`posenc.backends.memo`): a repeated
     decode step asks no backend again, only tests its new tokens for nan and inf.
     """
     _load_builtin()

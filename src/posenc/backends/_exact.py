@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..masks import AttentionMask
+from ..masks.attention_mask import AttentionMask
 from ._flash import flash_backward, flash_forward
 
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..base import Kind
+from ..encodings.base import Kind
 from ._exact import MASKED_KERNEL_COST, masked_band
 from ._flash import NONFINITE_REASON
 from .request import AttentionRequest

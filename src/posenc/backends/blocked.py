@@ -35,7 +35,7 @@ which the fused kernel never exposes: a capped request runs the explicit blocks 
 for q and k, while the bias still gets the gradient of the capped, biased logits). This is the
 backend ``auto`` picks for soft-capped ABSOLUTE, ROTARY and BIAS requests on CPU (sdpa takes no logits).
 
-Masks come from the request's :class:`~posenc.masks.AttentionMask`: ``key_range`` tells a block
+Masks come from the request's :class:`~posenc.masks.attention_mask.AttentionMask`: ``key_range`` tells a block
 which keys it can skip, ``rows`` gives its boolean rows (hidden logits become ``finfo(dtype).min``
 and so get probability 0 and no gradient), and rows that see no key are zeroed after the kernel.
 """
@@ -48,8 +48,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..base import Kind
-from ..masks import AttentionMask, CausalMask
+from ..encodings.base import Kind
+from ..masks.attention_mask import AttentionMask, CausalMask
 from . import AttentionRequest, register_backend
 from ._exact import at_least_float32, consecutive, distance_table
 from ._flash import accumulation_dtype, cpu_flash_limit, flash_backward, flash_forward, kernel_layout
@@ -61,7 +61,7 @@ from ._query_blocks import (  # shared with the splits; re-exported under their 
     query_block_reasons,
 )
 from ._sinks import merge_sinks, sink_grad
-from ._softcap import soft_cap, soft_cap_backward
+from .softcap import soft_cap, soft_cap_backward
 
 __all__ = [
     "DEFAULT_BLOCK",

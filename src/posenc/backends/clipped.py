@@ -1,6 +1,6 @@
 """``clipped`` backend: CONTENT encodings with clipped relative tables (Shaw, DeBERTa) at kernel speed.
 
-An encoding that declares :class:`~posenc.base.ClippedRelative` adds, for the pair at distance
+An encoding that declares :class:`~posenc.encodings.base.ClippedRelative` adds, for the pair at distance
 ``d = j − i`` with row ``r = index(d)``, ``scale · (q_i · key_rows[r] + k_j · query_rows[r])`` to the
 logit and ``value_rows[r]`` to the value. Beyond its far distances ``r`` is constant on each side, so
 there the key term (Shaw's ``a^K``, DeBERTa's c2p) is a **row constant** ``scale · q_i · key_rows[r]``,
@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..base import ClippedRelative, Kind
+from ..encodings.base import ClippedRelative, Kind
 from . import AttentionRequest, register_backend
 from ._clipped_near import NearBand, Plan
 from ._exact import (

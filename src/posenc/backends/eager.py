@@ -10,15 +10,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..base import Kind
+from ..encodings.base import Kind
 from . import AttentionRequest, register_backend
 from ._sinks import softmax_with_sinks
-from ._softcap import soft_cap
+from .softcap import soft_cap
 
 
 def attention_logits(req: AttentionRequest) -> Tensor:
     """Scaled, masked logits ``[B, H, Tq, Tk]`` in the query dtype (hidden entries are ``finfo.min``):
-    the q/k logits, soft-capped when the request says so (:mod:`~posenc.backends._softcap`), then the
+    the q/k logits, soft-capped when the request says so (:mod:`~posenc.backends.softcap`), then the
     bias, the float mask and the hidden keys."""
     q = req.q
     k, _ = req.kv_per_query_head()

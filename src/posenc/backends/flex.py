@@ -5,7 +5,7 @@ The ``score_mod`` adds ``encoding.bias_at(h, q_pos[b, q_idx], k_pos[b, kv_idx])`
 positions are looked up, not taken from the indices, so explicit positions, left padding and KV
 caches work. An input-dependent bias (FoX) adds ``input_bias().bias_at_index(token_states, b, h,
 q_idx, kv_idx)`` instead: its ``bias_at`` is the bias at zero input, for plots only. The request's mask supplies the ``mask_mod`` and block mask
-(:meth:`posenc.masks.AttentionMask.block_mask`); a float ``attn_mask`` is added in the ``score_mod``. ``flex_attention`` is wrapped in ``torch.compile``
+(:meth:`posenc.masks.attention_mask.AttentionMask.block_mask`); a float ``attn_mask`` is added in the ``score_mod``. ``flex_attention`` is wrapped in ``torch.compile``
 once (``dynamic=False``): dynamo compiles it once per shape and dtype and reuses it, and a fresh
 ``score_mod`` closure per call does not recompile. With ``softcap`` the ``score_mod`` caps the score
 (``c * tanh(score / c)``) before it adds the bias, as the other backends do; that is also how an
@@ -35,9 +35,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from ..base import Kind
+from ..encodings.base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
-from ._softcap import soft_cap
+from .softcap import soft_cap
 
 __all__ = ["FlexBackend", "flex_available", "flex_bias_attention"]
 

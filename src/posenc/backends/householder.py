@@ -9,7 +9,7 @@ no ``[Tq, Tk]`` tensor exists (``O(Tq·(C + D))`` memory in inference; under aut
 run in checkpointed groups, so training memory stays linear too). It equals eager to float
 rounding (tests/test_path.py checks float64).
 
-It serves PaTH (an encoding whose :class:`~posenc.base.InputTransform` it knows) under a causal
+It serves PaTH (an encoding whose :class:`~posenc.encodings.base.InputTransform` it knows) under a causal
 mask whose offset is the cache length, with nothing else: padding, windows, documents, a float
 mask, sinks and dropout go to eager, which reads every mask.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ..base import Kind
+from ..encodings.base import Kind
 from . import AttentionRequest, register_backend
 
 __all__ = ["CHUNK", "HouseholderBackend"]

@@ -2,7 +2,7 @@
 
 Far from the diagonal such a bias is a per-head constant
 (``far_constant_beyond``, T5) or a row term plus a key term (``separable``, ALiBi), as the
-encoding's :meth:`~posenc.base.BiasEncoding.near_far` declares (:class:`~posenc.base.NearFar`).
+encoding's :meth:`~posenc.encodings.base.BiasEncoding.near_far` declares (:class:`~posenc.encodings.base.NearFar`).
 So, for square self-attention at consecutive positions with a plain causal mask or none, split each row's keys:
 
 * the **far** part (``j <= i − block − 1``) is one ``is_causal`` call of PyTorch's CPU flash kernel on
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..base import Kind, NearFar, SeparableBias
+from ..encodings.base import Kind, NearFar, SeparableBias
 from . import AttentionRequest, register_backend
 from ._exact import (
     add_runs,

@@ -22,10 +22,10 @@ import torch
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from ..base import Kind
+from ..encodings.base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
 from ._sinks import softmax_with_sinks
-from ._softcap import soft_cap
+from .softcap import soft_cap
 
 __all__ = ["DEFAULT_BLOCK", "DENSE_LIMIT", "RelativeBackend", "relative_attention"]
 

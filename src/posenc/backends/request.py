@@ -12,11 +12,11 @@ from functools import cached_property
 import torch
 from torch import Tensor, nn
 
-from .._mask_keywords import MaskKeywordError, described
-from ..base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates, checks_values
-from ..masks import AttentionMask
-from ._finite import all_finite, all_finite_together, all_parameters
-from ._softcap import check_softcap
+from ..encodings.base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates, checks_values
+from ..masks._keywords import MaskKeywordError, described
+from ..masks.attention_mask import AttentionMask
+from .finite import all_finite, all_finite_together, all_parameters
+from .softcap import check_softcap
 
 __all__ = ["AttentionRequest"]
 
@@ -69,13 +69,13 @@ class AttentionRequest:
     path of sdpa and eager serves);
     ``q_pos [B or 1, Tq]`` and ``k_pos [B or 1, Tk]`` int64 positions.
 
-    The mask is :attr:`mask`, one :class:`~posenc.masks.AttentionMask` (build it with
-    :meth:`AttentionMask.build <posenc.masks.AttentionMask.build>`); left out (None), every query sees
+    The mask is :attr:`mask`, one :class:`~posenc.masks.attention_mask.AttentionMask` (build it with
+    :meth:`AttentionMask.build <posenc.masks.attention_mask.AttentionMask.build>`); left out (None), every query sees
     every key (full bidirectional attention). The request has no other mask field: a request written
     with the keywords ``causal``, ``causal_offset``, ``key_padding_mask`` and ``attn_mask`` is
     :meth:`from_keywords`, which builds the mask from them.
 
-    An input-dependent bias (FoX) needs ``token_states`` (:class:`~posenc.base.TokenStates`, from the
+    An input-dependent bias (FoX) needs ``token_states`` (:class:`~posenc.encodings.base.TokenStates`, from the
     ``token_states`` its ``input_bias()`` declares, of the layer input); only backends with ``serves_input_bias`` run it.
 
     Every field is checked once, at construction (shapes, dtypes, devices, integer positions, the
@@ -273,7 +273,7 @@ class AttentionRequest:
         given = self.mask
         if not isinstance(given, AttentionMask):
             raise _field_error(
-                "mask", f"must be a posenc.masks.AttentionMask or None, got {described(given)}"
+                "mask", f"must be a posenc.masks.attention_mask.AttentionMask or None, got {described(given)}"
             )
         have = (given.batch, given.heads, given.q_len, given.k_len)
         if have != (batch, heads, q_len, k_len):
@@ -288,7 +288,7 @@ class AttentionRequest:
         if needs and states is None:
             raise ValueError(
                 f"token_states: {self.encoding.name!r} computes its bias from the layer input; pass "
-                "token_states (posenc.base.TokenStates of encoding.input_bias().token_states(x, None, None)), or call the layer"
+                "token_states (posenc.encodings.base.TokenStates of encoding.input_bias().token_states(x, None, None)), or call the layer"
             )
         if not needs and states is not None:
             raise ValueError(f"token_states: {self.encoding.name!r} is not an input-dependent bias")
@@ -320,7 +320,7 @@ class AttentionRequest:
         return self.encoding.bias_for_positions(self.q_pos, self.k_pos)
 
     def input_bias(self) -> InputBias:
-        """The encoding's :class:`~posenc.base.InputBias` declaration (requests with token states)."""
+        """The encoding's :class:`~posenc.encodings.base.InputBias` declaration (requests with token states)."""
         return self.derived("input_bias", self.encoding.input_bias)
 
     @property

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from ..base import FiniteMark, PositionalEncoding, TokenStates, checks_values
-from ..masks import AttentionMask
+from ..encodings.base import FiniteMark, PositionalEncoding, TokenStates, checks_values
+from ..masks.attention_mask import AttentionMask
 from . import (
     AttentionRequest,
     Backend,
@@ -67,7 +67,7 @@ def attend(
 
     Shapes: ``q [B, H, Tq, D]``, ``k [B, Hkv, Tk, D]``, ``v [B, Hkv, Tk, Dv]`` (``H`` a multiple of
     ``Hkv``; q and k already rotated for ROTARY kinds), ``q_pos [B or 1, Tq]`` and ``k_pos [B or 1,
-    Tk]`` integer positions, ``sinks [H]``. The mask is ``mask`` (an :class:`~posenc.masks.AttentionMask`)
+    Tk]`` integer positions, ``sinks [H]``. The mask is ``mask`` (an :class:`~posenc.masks.attention_mask.AttentionMask`)
     or, when None, built from ``causal``, ``causal_offset`` (the key index of the first query: the
     cache length), ``key_padding_mask [B, Tk]`` (True = padding) and ``attn_mask`` (bool, True = may
     attend, or float added to the logits; broadcastable to ``[B, H, Tq, Tk]``). ``token_states``:
@@ -160,7 +160,7 @@ TRACEABLE_BACKENDS = ("sdpa", "eager")
 def traced_backend(request: AttentionRequest, backend: str) -> Backend:
     """The backend of a call traced by ``torch.compile``: the requested one if it can be traced and
     run, else the first of :data:`TRACEABLE_BACKENDS` that can run the request."""
-    # Value checks stay out of the graph (posenc.base.checks_values): the nan check is settled here.
+    # Value checks stay out of the graph (posenc.encodings.base.checks_values): the nan check is settled here.
     request.__dict__.setdefault("has_nonfinite", False)
     forced = requested_backend(backend)
     names = (forced,) if forced != "auto" else TRACEABLE_BACKENDS

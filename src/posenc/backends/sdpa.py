@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..base import Kind
+from ..encodings.base import Kind
 from . import AttentionRequest, register_backend
 from ._flash import (
     NONFINITE_REASON,

@@ -1,6 +1,6 @@
 """``segments`` backend: kinds without a bias (ABSOLUTE, ROTARY) under windows, documents and chunks.
 
-Each query block's keys come from the mask as at most three :class:`~posenc.masks.KeySegment` (an
+Each query block's keys come from the mask as at most three :class:`~posenc.masks.attention_mask.KeySegment` (an
 anticausal square, a middle run, a causal square; :meth:`AttentionMask.segments`): a sliding window
 away from the sequence start is (anticausal, full, causal), a block inside one packed document is
 (full, causal). Segments of the same shape from every block (and batch row) run as **one batched
@@ -25,8 +25,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ..base import Kind
-from ..masks import AttentionMask, KeySegment
+from ..encodings.base import Kind
+from ..masks.attention_mask import AttentionMask, KeySegment
 from . import AttentionRequest, register_backend
 from ._exact import MASKED_KERNEL_COST, add_runs, masked_band, merge_lse, part_weight, piece_ranges, runs
 from ._flash import (

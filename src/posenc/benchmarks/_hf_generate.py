@@ -36,7 +36,7 @@ class ModelMissing(RuntimeError):
 
 def load_model():
     """SmolLM2-135M and its tokenizer, float32 and eval; :class:`ModelMissing` if not fetched."""
-    from posenc.pretrained import load, model_path
+    from posenc.pretrained.loading import load, model_path
 
     try:
         model_path(MODEL)
@@ -47,7 +47,7 @@ def load_model():
 
 def prompt_ids(tokenizer, length: int) -> torch.Tensor:
     """The first ``length`` tokens of the reference text, ``[1, length]``."""
-    from posenc.pretrained import reference_text
+    from posenc.pretrained.loading import reference_text
 
     ids = tokenizer(reference_text(), return_tensors="pt").input_ids[:, :length]
     if ids.shape[1] < length:

@@ -6,9 +6,9 @@ Three tables, every case side by side with its baseline in this process, repeats
    ``cache`` tokens (float32, batch 1), mean over ``--steps`` steps, against **the plain loop**: the
    same projections, HF-style RoPE (``x * cos + rotate_half(x) * sin``), a ``torch.cat`` cache and
    ``F.scaled_dot_product_attention``. posenc runs with the growing ``KVCache()``, the preallocated
-   ``KVCache(max_length=...)`` and :class:`posenc.decode.StaticDecodeStep` under
+   ``KVCache(max_length=...)`` and :class:`posenc.layers.decode.StaticDecodeStep` under
    ``torch.compile(fullgraph=True)`` (attending over all ``max_length`` slots, as static caches do).
-2. **Where an eager step goes**: the plain decode step (:mod:`posenc.plain_step`) split into the
+2. **Where an eager step goes**: the plain decode step (:mod:`posenc.layers.plain_step`) split into the
    cache's writer check, the projections, the rotation, the nan test, the in-place cache write, the
    kernel (SDPA) and the rest (out projection, positions, signature, glue), timed by wrapping those
    functions during the steps.
@@ -34,7 +34,7 @@ import torch.nn.functional as F
 import posenc
 from posenc.benchmarks._harness import machine, markdown_table
 from posenc.benchmarks._hf_generate import STEP_HEADER, step_rows, time_steps
-from posenc.decode import StaticDecodeStep
+from posenc.layers.decode import StaticDecodeStep
 
 EMBED, HEADS = 256, 8
 HEAD_DIM = EMBED // HEADS
@@ -217,7 +217,7 @@ class _Clock:
 
 
 def split_table(args) -> str:
-    import posenc.plain_step as plain
+    import posenc.layers.plain_step as plain
 
     layer = _layer()
     cache_len = args.caches[0]

@@ -20,7 +20,7 @@ after a 64-token warm-up), which reports its time, its peak resident memory over
 model holds (``VmHWM`` after the call minus ``VmRSS`` before it) and the backend each layer ran on;
 the last token's logits of the two must agree (max abs difference reported). The model is the
 converted folder of ``gemma3-270m`` (``posenc models fetch gemma3-270m``, then one
-``posenc.pretrained.load``) or ``--gemma-model DIR``; absent, the table says so and is skipped.
+``posenc.pretrained.loading.load``) or ``--gemma-model DIR``; absent, the table says so and is skipped.
 
 ``--tables smollm2`` (not run by default) times greedy ``generate`` of the trained SmolLM2-135M, HF
 sdpa against posenc, same tokens checked (:mod:`posenc.benchmarks._hf_generate`; ``--prompt`` and
@@ -271,7 +271,7 @@ def _gemma3_dir(args) -> Path | str:
     """The HF folder to load, or the reason there is none (naming the fetch command)."""
     if args.gemma_model:
         return Path(args.gemma_model)
-    from posenc.pretrained import convert, converted_dir, fetch_command, model_path
+    from posenc.pretrained.loading import convert, converted_dir, fetch_command, model_path
 
     folder = converted_dir(GEMMA)
     if (folder / "config.json").is_file():

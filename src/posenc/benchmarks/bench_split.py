@@ -28,7 +28,6 @@ from posenc.backends.clipped import clipped_attention
 from posenc.backends.near_far import near_far_attention
 from posenc.backends.relative import relative_attention
 from posenc.backends.segments import segment_attention
-from posenc.base import Kind
 from posenc.benchmarks._harness import (
     interleaved,
     machine,
@@ -37,7 +36,8 @@ from posenc.benchmarks._harness import (
     memory_main,
     peak_memory_mb,
 )
-from posenc.masks import AttentionMask
+from posenc.encodings.base import Kind
+from posenc.masks.attention_mask import AttentionMask
 
 HEADS, HEAD_DIM = 8, 64
 #: encoding label -> (spec, causal)

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from ..base import checks_values
+from .base import checks_values
 from .sinusoidal2d import grid_row_col
 
 

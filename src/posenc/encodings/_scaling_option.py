@@ -5,7 +5,7 @@ As HF keeps one ``rope_parameters`` dict, :class:`~posenc.encodings.rope.RoPE` a
 :class:`~posenc.encodings.rope_scaling.RopeScaling`, or a dict of its fields (``{"type": "yarn",
 "factor": 4.0, ...}``; HF's ``rope_type`` is read as ``type``). Spec strings name the type and its
 options flat (``rope:scaling=yarn,factor=4,original_max_position_embeddings=4096``): the
-registry's :class:`~posenc.registry.OptionGroup` of :func:`scaling_group` gathers them into a dict
+registry's :class:`~posenc.encodings.registry.OptionGroup` of :func:`scaling_group` gathers them into a dict
 before ``__init__`` runs and records every form flat in ``config()``, so all forms build one
 encoding with one spec string. The options and their types are those of
 :mod:`~posenc.encodings.rope_scaling` (``RopeScaling.OPTIONS``), the one place they are spelled.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, get_type_hints
 
-from ..registry import OptionGroup
+from .registry import OptionGroup
 from .rope_scaling import RopeScaling
 
 
@@ -45,7 +45,7 @@ def _scaling_parts(value: Any, allowed: tuple[str, ...]) -> tuple[str | None, di
 
 
 def scaling_group(allowed: tuple[str, ...]) -> OptionGroup:
-    """``scaling`` as one :class:`~posenc.registry.OptionGroup`: spec strings give the type and the
+    """``scaling`` as one :class:`~posenc.encodings.registry.OptionGroup`: spec strings give the type and the
     options ``allowed`` flat (``rope:scaling=yarn,factor=4``); the registry gathers them into a dict
     of :class:`RopeScaling` fields and records any ``scaling`` value flat again."""
     hints = get_type_hints(RopeScaling)

@@ -34,8 +34,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..base import BiasEncoding, NearFar, SeparableBias
-from ..registry import at_least, register
+from .base import BiasEncoding, NearFar, SeparableBias
+from .registry import at_least, register
 
 __functional__ = ["alibi_slopes"]
 

@@ -24,9 +24,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import at_least, greater_than, register
+from .base import RotaryEncoding
+from .registry import at_least, greater_than, register
 from .rope import apply_cos_sin, check_pairing, rope_inv_freq
 from .sinusoidal2d import grid_row_col
 

@@ -41,10 +41,10 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ..base import RotaryEncoding, checks_values
-from ..registry import at_least, register
-from ..spec import format_spec
 from ._axes import AxisPositions, check_axes, head_groups
+from .base import RotaryEncoding, checks_values
+from .registry import at_least, register
+from .spec import format_spec
 
 __functional__ = [
     "comrope_generators",

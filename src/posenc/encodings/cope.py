@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import ContentEncoding
-from ..registry import at_least, register
+from .base import ContentEncoding
+from .registry import at_least, register
 
 __functional__ = ["cope_positions", "cope_interpolate"]
 

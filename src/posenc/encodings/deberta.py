@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import ClippedRelative, ContentEncoding
-from ..registry import Range, at_least, greater_than, register
+from .base import ClippedRelative, ContentEncoding
+from .registry import Range, at_least, greater_than, register
 
 __functional__ = ["deberta_log_bucket", "deberta_att_span", "deberta_relative_index"]
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import BiasEncoding
-from ..registry import at_least, greater_than, register
+from .base import BiasEncoding
+from .registry import at_least, greater_than, register
 
 __functional__ = ["fire_input"]
 

@@ -50,11 +50,11 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ..base import LayerContext, RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import at_least, greater_than, register
-from ..spec import format_spec
+from .base import LayerContext, RotaryEncoding
+from .registry import at_least, greater_than, register
 from .rope import rope_inv_freq
+from .spec import format_spec
 
 __functional__ = ["fope_inv_freq", "fope_init_coefficients", "fope_cos_sin", "fope_series", "apply_fope"]
 

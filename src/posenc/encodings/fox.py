@@ -50,8 +50,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import BiasEncoding, InputBias, TokenStates
-from ..registry import at_least, greater_than, register
+from .base import BiasEncoding, InputBias, TokenStates
+from .registry import at_least, greater_than, register
 
 __functional__ = ["fox_bias", "fox_bias_at", "fox_states"]
 

@@ -32,9 +32,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from ..base import RotaryEncoding
-from ..registry import at_least, greater_than, register
 from ._axes import head_groups
+from .base import RotaryEncoding
+from .registry import at_least, greater_than, register
 from .rope import rope_inv_freq
 
 __functional__ = ["grape_rank2_exp", "grape_log_freq_init", "apply_grape"]

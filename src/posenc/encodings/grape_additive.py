@@ -23,7 +23,7 @@ key gate ``softplus(u_h·k_j/√D)`` (a content-dependent factor) is not impleme
 
 Backends: every bias backend (eager, sdpa, blocked, flex); with frozen slopes (``learnable=False``)
 also the near/far split (the bias is ``−ω i + ω j`` before the diagonal, zero after it:
-:class:`~posenc.base.SeparableBias`), which builds no ``[B, H, L, L]`` tensor.
+:class:`~posenc.encodings.base.SeparableBias`), which builds no ``[B, H, L, L]`` tensor.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import BiasEncoding, NearFar, SeparableBias
-from ..registry import at_least, greater_than, register
 from .alibi import alibi_slopes
+from .base import BiasEncoding, NearFar, SeparableBias
+from .registry import at_least, greater_than, register
 
 __functional__ = ["grape_additive_lift"]
 

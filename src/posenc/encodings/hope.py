@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..base import LayerContext, RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import at_least, greater_than, register
-from ..spec import format_spec
+from .base import LayerContext, RotaryEncoding
+from .registry import at_least, greater_than, register
 from .rope import Pairing, apply_cos_sin, check_pairing, rope_inv_freq
+from .spec import format_spec
 
 __functional__ = ["hope_inv_freq"]
 

@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..base import BiasEncoding
-from ..registry import at_least, register
+from .base import BiasEncoding
+from .registry import at_least, register
 
 __functional__ = ["kerple_bias"]
 

@@ -23,8 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import AbsoluteEncoding, LayerContext, check_table_size
-from ..registry import at_least, register
+from .base import AbsoluteEncoding, LayerContext, check_table_size
+from .registry import at_least, register
 
 __functional__ = ["resample_positions"]
 

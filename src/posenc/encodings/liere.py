@@ -43,11 +43,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import RotaryEncoding
-from ..registry import at_least, register
-from ..spec import format_spec
 from ._axes import AxisPositions, check_axes, head_groups
+from .base import RotaryEncoding
 from .comrope import block_rotations, rotate_grouped
+from .registry import at_least, register
+from .spec import format_spec
 
 __functional__ = ["liere_generators"]
 

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..base import BiasEncoding
-from ..registry import at_least, register
+from .base import BiasEncoding
+from .registry import at_least, register
 
 __functional__ = ["log_distance"]
 

@@ -75,13 +75,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from ..base import RotaryEncoding, checks_values
 from ..kernels.rope import RotaryTables
-from ..registry import at_least, greater_than, register
-from ..spec import format_spec
 from ._axes import check_ids_batch
 from ._scaling_option import resolve_scaling, scaling_group
+from .base import RotaryEncoding, checks_values
 from .mrope_ids import IMAGE, TEXT, VIDEO, mrope_grid_ids, mrope_position_ids  # noqa: F401  (their old home)
+from .registry import at_least, greater_than, register
 from .rope import Pairing, apply_cos_sin, check_pairing
 from .rope_scaling import (
     FIXED_LENGTH_OPTIONS,
@@ -91,6 +90,7 @@ from .rope_scaling import (
     rope_scaled_inv_freq,
     rope_scaling_types,
 )
+from .spec import format_spec
 
 __functional__ = ["mrope_cos_sin", "default_mrope_section", "mrope_axis_map", "mrope_channel_axes"]
 

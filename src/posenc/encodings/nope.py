@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import AbsoluteEncoding
-from ..registry import register
+from .base import AbsoluteEncoding
+from .registry import register
 
 __functional__: list[str] = []
 

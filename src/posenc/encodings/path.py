@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from ..base import ContentEncoding, InputTransform, TokenStates
-from ..registry import at_least, register
+from .base import ContentEncoding, InputTransform, TokenStates
+from .registry import at_least, register
 
 __functional__ = [
     "path_attention_blocked",

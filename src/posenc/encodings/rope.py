@@ -38,12 +38,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ..base import PositionalEncoding, RotaryEncoding, check_table_size
 from ..kernels.rope import RotaryTables, rotary, rotary_cos_sin
-from ..registry import Range, at_least, greater_than, register
-from ..spec import format_spec
 from ._scaling_option import resolve_scaling, scaling_group
+from .base import PositionalEncoding, RotaryEncoding, check_table_size
+from .registry import Range, at_least, greater_than, register
 from .rope_scaling import SCALING_OPTION_RANGES, RopeScaling, rope_scaled_inv_freq
+from .spec import format_spec
 
 __functional__ = ["rope_inv_freq", "apply_rope", "convert_rope_pairing", "rope_cos_sin"]
 
@@ -512,7 +512,7 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
     :mod:`posenc.kernels.rope_native` does not serve them (it reaches the complex multiply's rate
     on CPU given a C compiler; benchmarks/RESULTS.md). There, a checkpoint in HF's half layout
     runs its rotations faster after one switch. Save it with the encodings' new spec (``pairing`` is in
-    :meth:`~posenc.base.PositionalEncoding.spec`): its weights are now in the interleaved layout.
+    :meth:`~posenc.encodings.base.PositionalEncoding.spec`): its weights are now in the interleaved layout.
 
     Args:
         module: a model, or one :class:`~posenc.MultiheadAttention`.
@@ -524,7 +524,7 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
     Raises:
         ValueError: ``pairing`` is not ``"half"`` or ``"interleaved"``; or an encoding to switch also
             serves a module other than a :class:`~posenc.MultiheadAttention` in ``module`` (such as
-            :class:`~posenc.mla.MultiLatentAttention`, which keeps HF's half layout), or a layer
+            :class:`~posenc.layers.mla.MultiLatentAttention`, which keeps HF's half layout), or a layer
             outside ``module`` (one RoPE object passed to two layers, only one of them in
             ``module``): nothing is changed. Layers in ``module`` that share one encoding (a model
             built with one RoPE object) are all switched.

@@ -62,7 +62,7 @@ from typing import Any, ClassVar, Literal, get_args
 import torch
 from torch import Tensor
 
-from ..registry import at_least, greater_than
+from .registry import at_least, greater_than
 
 __functional__ = ["rope_scaling_types", "rope_scaled_inv_freq"]
 

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..base import BiasEncoding, LayerContext
-from ..registry import at_least, greater_than, register
+from .base import BiasEncoding, LayerContext
+from .registry import at_least, greater_than, register
 
 __functional__ = ["sandwich_inv_freq", "sandwich_head_factors", "sandwich_bias"]
 

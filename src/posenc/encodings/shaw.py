@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import ClippedRelative, ContentEncoding, LayerContext, check_table_size
-from ..registry import at_least, register
+from .base import ClippedRelative, ContentEncoding, LayerContext, check_table_size
+from .registry import at_least, register
 
 __functional__ = ["shaw_relative_index", "shaw_relative_logits", "shaw_relative_values"]
 

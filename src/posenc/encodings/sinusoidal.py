@@ -23,8 +23,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..base import AbsoluteEncoding
-from ..registry import at_least, greater_than, register
+from .base import AbsoluteEncoding
+from .registry import at_least, greater_than, register
 
 __functional__ = ["sinusoidal"]
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..base import AbsoluteEncoding
-from ..registry import at_least, greater_than, register
+from .base import AbsoluteEncoding
+from .registry import at_least, greater_than, register
 from .sinusoidal import sinusoidal
 
 __functional__ = ["sinusoidal_2d", "grid_row_col"]

@@ -35,12 +35,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import RotaryEncoding
-from ..registry import at_least, greater_than, register
-from ..spec import format_spec
 from ._axes import AxisPositions, check_axes, head_groups
+from .base import RotaryEncoding
 from .liere import liere_generators
+from .registry import at_least, greater_than, register
 from .rope import Pairing, apply_cos_sin, check_pairing, rope_inv_freq
+from .spec import format_spec
 
 __functional__ = ["cayley_orthogonal", "string_init_freqs", "apply_string"]
 

@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..base import BiasEncoding, LayerContext, NearFar
-from ..registry import at_least, register
+from .base import BiasEncoding, LayerContext, NearFar
+from .registry import at_least, register
 
 __functional__ = ["t5_bucket"]
 

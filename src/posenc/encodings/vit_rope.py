@@ -35,9 +35,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import at_least, greater_than, register
+from .base import RotaryEncoding
+from .registry import at_least, greater_than, register
 from .rope import apply_cos_sin
 
 __functional__ = [

@@ -30,9 +30,9 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from ..base import RotaryEncoding
 from ..kernels.rope import RotaryTables
-from ..registry import at_least, greater_than, register
+from .base import RotaryEncoding
+from .registry import at_least, greater_than, register
 from .rope import apply_cos_sin, check_pairing, rope_cos_sin, rope_inv_freq
 
 __functional__ = ["xpos_zeta", "apply_xpos"]

@@ -6,19 +6,19 @@
 The harness writes a results folder and draws nothing: figures come from :mod:`posenc.viz`, which
 reads the folder (``figures=posenc.viz.folder.write_figures`` draws them as the folder is
 written). Progress arrives through plain callbacks (``report=``, ``log=``; silent by default); the
-command line ``posenc extrapolate`` (:mod:`posenc.experiments_cli`) draws them with Rich, which only
+command line ``posenc extrapolate`` (:mod:`posenc.cli.experiments`) draws them with Rich, which only
 the ``cli`` extra installs, and wires the harness to the figures.
 """
 
 from __future__ import annotations
 
 from .runner import ExperimentInterrupted, SummaryTable, WorkerDied, run_experiment, summary_table
-from .tasks import TASKS, Batch, Metric, Task, default_corpus, make_task, register_task
+from .tasks.catalog import TASKS, Batch, Metric, Task, default_corpus, make_task, register_task
 from .train import ExperimentConfig, RunSpec
 
 # Importing a module of tasks registers them (@register_task), so every built-in task is in TASKS
 # as soon as any part of the package is imported.
-from . import retrieval  # noqa: F401  isort: skip
+from .tasks import retrieval  # noqa: F401  isort: skip
 
 __all__ = [
     "TASKS",

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .folders import finished_runs
+from .cluster.sharding import Shard
 from .plan import check_experiment, plan_runs
-from .sharding import Shard
+from .results.folders import finished_runs
 from .train import ExperimentConfig, RunSpec, run_id_for
 from .variants import parse_eval_variants, variant_run_id
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import torch
 
-from .folders import check_folder_settings, check_writable_folder
-from .shards import Shard
-from .tasks import Task
+from .cluster.shards import Shard
+from .results.folders import check_folder_settings, check_writable_folder
+from .tasks.catalog import Task
 from .train import ExperimentConfig, RunSpec, build_model
 from .variants import check_variants
 

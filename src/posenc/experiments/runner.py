@@ -17,23 +17,9 @@ from typing import Any
 
 import torch
 
-from .distributed import Distributed, process_group, resolve_device
-from .folders import (
-    FigureWriter,
-    checkpoint_path,
-    finished_runs,
-    folder_lock,
-    write_config,
-    write_outputs,
-)
-from .plan import check_experiment, plan_runs
-from .results import RUNS_FILE, append_records, read_records, split_run_records
-from .shards import Shard
-from .summary import SummaryTable, summary_table
-from .tasks import Task
-from .train import ExperimentConfig, Interrupted, Reporter, RunSpec, run_id_for, train_and_evaluate
-from .variants import evaluate_variant, row_labels, variant_run_id, variant_runs
-from .workers import (
+from .cluster.distributed import Distributed, process_group, resolve_device
+from .cluster.shards import Shard
+from .cluster.workers import (
     ExperimentInterrupted,
     Log,
     OnDone,
@@ -42,6 +28,20 @@ from .workers import (
     sigterm_as_interrupt,
     worker_count,
 )
+from .plan import check_experiment, plan_runs
+from .results.folders import (
+    FigureWriter,
+    checkpoint_path,
+    finished_runs,
+    folder_lock,
+    write_config,
+    write_outputs,
+)
+from .results.records import RUNS_FILE, append_records, read_records, split_run_records
+from .results.summary import SummaryTable, summary_table
+from .tasks.catalog import Task
+from .train import ExperimentConfig, Interrupted, Reporter, RunSpec, run_id_for, train_and_evaluate
+from .variants import evaluate_variant, row_labels, variant_run_id, variant_runs
 
 __all__ = [
     "Distributed",
@@ -86,7 +86,7 @@ def run_experiment(
     evaluated (``"eval"``); ``log(message)`` for one-line news (a finished run kept, a run resumed
     from its checkpoint, where the results are). :func:`summary_table` summarizes the records.
     Raises :class:`ExperimentInterrupted` after Ctrl-C/SIGTERM (everything finished is saved).
-    ``shard``: run only that part of the (encoding x seed) grid (:mod:`posenc.experiments.shards`);
+    ``shard``: run only that part of the (encoding x seed) grid (:mod:`posenc.experiments.cluster.shards`);
     ``preset``: the published setup these settings come from, recorded in ``config.json``;
     ``figures``: draws the folder's figures once its records are written
     (:func:`posenc.viz.folder.write_figures`, what ``posenc extrapolate`` passes; none without it).

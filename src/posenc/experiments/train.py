@@ -25,10 +25,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..patterns import available_layer_presets
-from ..spec import LAYER_SEPARATOR, split_layers, split_specs
-from .results import atomic_write, iid_record
-from .tasks import IGNORE, Task, make_task, mix_seed
+from ..encodings.spec import LAYER_SEPARATOR, split_layers, split_specs
+from ..layers.patterns import available_layer_presets
+from .results.records import atomic_write, iid_record
+from .tasks.catalog import IGNORE, Task, make_task, mix_seed
 
 __all__ = ["INTERRUPT_ENV", "ExperimentConfig", "Interrupted", "RunSpec", "run_id_for", "train_and_evaluate"]
 
@@ -57,7 +57,7 @@ class ExperimentConfig:
     ``default`` (of the option, when they differ from the field's), ``parse`` (text to value, for
     lists and renamed options) and ``min``.
 
-    Lengths are task sizes (:mod:`posenc.experiments.tasks`): training draws sizes uniformly from
+    Lengths are task sizes (:mod:`posenc.experiments.tasks.catalog`): training draws sizes uniformly from
     ``[min_train_len, train_len]``; evaluation scores every size ``1..eval_len`` (for ``lm``: every
     position of ``eval_len``-byte windows).
     """
@@ -314,10 +314,10 @@ def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Modul
     """The experiment's model. ``max_len`` covers the longest evaluated sequence, so a learned
     absolute table has rows for every evaluated position; rows past the training positions are
     never updated and stay at their random initialisation (the honest reason learned PE fails).
-    ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.model`),
-    or a layer preset (``"gemma3:window=8"``, see :mod:`posenc.patterns`)."""
-    from ..model import TransformerLM
-    from ..patterns import is_layer_preset
+    ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.layers.model`),
+    or a layer preset (``"gemma3:window=8"``, see :mod:`posenc.layers.patterns`)."""
+    from ..layers.model import TransformerLM
+    from ..layers.patterns import is_layer_preset
 
     layers = {"pattern": encoding} if is_layer_preset(encoding) else {"encoding": layer_specs(encoding)}
     return TransformerLM(

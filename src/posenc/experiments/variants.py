@@ -24,7 +24,7 @@ name               what changes at evaluation                                   
 longest evaluated one, so the default factor stretches the trained positions over the evaluated
 ones. The RoPE variants set the scaling options of every layer whose encoding takes them (the
 registry's typed options decide, so M-RoPE takes them too) and replace any scaling it was trained
-with; the temperature is posenc's :class:`~posenc.patterns.QueryTemperature` (Llama 4's form, with
+with; the temperature is posenc's :class:`~posenc.layers.patterns.QueryTemperature` (Llama 4's form, with
 ``floor_scale = T``), so it leaves every position below ``T`` unchanged and applies to any encoding.
 A variant that applies to none of an encoding's layers is refused before anything is written.
 """
@@ -41,8 +41,8 @@ import torch
 from torch import nn
 
 from ..encodings.rope_scaling import RopeScaling, ScalingType
-from .results import iid_record
-from .tasks import Task
+from .results.records import iid_record
+from .tasks.catalog import Task
 from .train import RunSpec, build_model, evaluate, load_checkpoint, run_id_for
 
 __all__ = [
@@ -227,8 +227,8 @@ def variant_context(config: Any, task: Task) -> VariantContext:
 
 def _layer_specs(encoding: str) -> list[str] | None:
     """The per-layer specs of an experiment encoding, or None for a layer preset (``gemma3``)."""
-    from ..patterns import is_layer_preset
-    from ..spec import split_layers
+    from ..encodings.spec import split_layers
+    from ..layers.patterns import is_layer_preset
 
     if is_layer_preset(encoding):
         return None
@@ -237,8 +237,8 @@ def _layer_specs(encoding: str) -> list[str] | None:
 
 def _takes(layer: str, options: dict[str, Any]) -> bool:
     """Whether the encoding of spec ``layer`` has every option in ``options`` (its typed ``__init__``)."""
-    from ..registry import options as registry_options
-    from ..spec import parse_spec
+    from ..encodings.registry import options as registry_options
+    from ..encodings.spec import parse_spec
 
     name, _ = parse_spec(layer)
     return set(options) <= set(registry_options(name))
@@ -251,7 +251,7 @@ def variant_encoding(encoding: str, variant: Variant, ctx: VariantContext) -> st
     kind = variant.kind
     if kind.options is None:
         return encoding
-    from ..spec import LAYER_SEPARATOR, format_spec, parse_spec
+    from ..encodings.spec import LAYER_SEPARATOR, format_spec, parse_spec
 
     wanted = kind.options(ctx, variant.resolved_value(ctx))
     layers = _layer_specs(encoding)
@@ -273,7 +273,7 @@ def variant_encoding(encoding: str, variant: Variant, ctx: VariantContext) -> st
 
 
 def _attention_layers(model: nn.Module) -> list[nn.Module]:
-    from ..attention import MultiheadAttention
+    from ..layers.attention import MultiheadAttention
 
     return [module for module in model.modules() if isinstance(module, MultiheadAttention)]
 
@@ -281,7 +281,7 @@ def _attention_layers(model: nn.Module) -> list[nn.Module]:
 def build_variant_model(config: Any, task: Task, encoding: str, variant: Variant) -> nn.Module:
     """The experiment's model for ``encoding`` under ``variant`` (untrained: load the trained
     weights into it; a variant changes no parameter, only derived tables and settings)."""
-    from ..patterns import QueryTemperature
+    from ..layers.patterns import QueryTemperature
 
     ctx = variant_context(config, task)
     model = build_model(config, task, variant_encoding(encoding, variant, ctx))

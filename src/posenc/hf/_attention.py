@@ -10,14 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..backends import _memo, get_backend, requested_backend
-from ..backends._finite import new_tokens_finite
-from ..backends._softcap import check_softcap
+from ..backends import get_backend, memo, requested_backend
 from ..backends.dispatch import listed_order
+from ..backends.finite import new_tokens_finite
 from ..backends.run import attend
-from ..base import FiniteMark, Kind, checks_values
-from ..masks import AttentionMask
-from ..position_ranges import versioned_arange
+from ..backends.softcap import check_softcap
+from ..encodings.base import FiniteMark, Kind, checks_values
+from ..layers.position_ranges import versioned_arange
+from ..masks.attention_mask import AttentionMask
 from ._common import BACKEND, NOPE, note_backend, transformers_module
 from ._masks import note_window_keyword, posenc_mask
 from ._positions import swapped_positions
@@ -253,7 +253,7 @@ def _plain_decode_key(
     cache (the caller has checked the query count, the mask, the sinks and the bias).
 
     Such a call's request differs from the last one of its signature only in its number of keys,
-    which no CPU backend's choice reads at one query (:mod:`posenc.backends._memo`). The key holds
+    which no CPU backend's choice reads at one query (:mod:`posenc.backends.memo`). The key holds
     everything the full path validated and chose by: shapes but the key count, dtypes, the scale,
     the forced backend, the dispatcher's generation (``use_backend``, ``register_backend``) and
     order (``set_priority``). Its last item is the scale.
@@ -289,7 +289,7 @@ def _plain_decode_key(
         key.dtype,
         value.dtype,
         requested_backend("auto"),
-        _memo.generation(),
+        memo.generation(),
         listed_order("cpu"),
         scale,
     )
@@ -302,7 +302,7 @@ def _plain_decode(
 
     It serves only a step linked to the module's last call (:func:`_linked`: that call found its
     keys finite, this one has exactly one more, and the key before it equals the last call's final
-    key), tests q and the new key and value for nan (:func:`~posenc.backends._finite.new_tokens_finite`),
+    key), tests q and the new key and value for nan (:func:`~posenc.backends.finite.new_tokens_finite`),
     and runs sdpa as its backend does (no mask: every key). Anything else returns None, having
     changed nothing: the full path then links, checks and dispatches as usual (a nan goes to a
     backend that propagates it).
@@ -369,7 +369,7 @@ def _window_mask(
 
     HF names the window of the layer it calls (``sliding_window``: Gemma 2/3, Mistral, Qwen2, ...). A
     causal layer's mask keeps key ``j`` for query ``i`` iff ``j > i + offset - window``, the rule of
-    :class:`~posenc.masks.SlidingWindowMask`. A bidirectional layer's keyword is counted two ways
+    :class:`~posenc.masks.attention_mask.SlidingWindowMask`. A bidirectional layer's keyword is counted two ways
     (docs/conventions.md §1.7): ModernBERT and EmbeddingGemma hand it ``W`` (their masks keep
     ``|i - j| < W``), T5Gemma's encoder ``W - 1`` (its mask keeps ``|i - j| <= W - 1``), so both are
     tried. The dense mask is compared with the structured one whole (an O(Tq*Tk) comparison, as

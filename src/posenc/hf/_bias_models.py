@@ -8,8 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from ..backends.run import attend
-from ..base import PositionalEncoding
-from ..registry import build
+from ..encodings.base import PositionalEncoding
+from ..encodings.registry import build
 from ._attention import register
 from ._common import BACKEND, NOPE, allowed_keys, check_interface, note_backend
 

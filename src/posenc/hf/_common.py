@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ..registry import build
+from ..encodings.registry import build
 
 #: NoPE: what runs when HF has put its own positions into q and k already.
 NOPE = build("nope")

@@ -7,8 +7,8 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..base import Kind, LayerContext
-from ..registry import build, build_for_layer
+from ..encodings.base import Kind, LayerContext
+from ..encodings.registry import build, build_for_layer
 from ._attention import register
 from ._common import BACKEND
 from ._positions import remember_cache

@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..position_ranges import known_start
+from ..layers.position_ranges import known_start
 from . import half_pairs, rope_native
 
 __all__ = [

@@ -11,7 +11,7 @@ import torch
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..base import Kind, PositionalEncoding
+from ..encodings.base import Kind, PositionalEncoding
 from ._style import DIVERGING, SEQUENTIAL, symmetric_limits
 from .registry import PlotOptions, describe, figure, new_figure, set_title
 

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..attention import MultiheadAttention
-from ..base import PositionalEncoding
+from ..encodings.base import PositionalEncoding
+from ..layers.attention import MultiheadAttention
 from ._style import SEQUENTIAL, head_grid, label_grid
 from .registry import ANY, PlotOptions, describe, figure, new_figure, set_title
 

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from ..base import Kind, PositionalEncoding, TokenStates
+from ..encodings.base import Kind, PositionalEncoding, TokenStates
 from ..encodings.t5 import T5Bias
 from ._style import DIVERGING, head_grid, label_grid, symmetric_limits
 from .index_maps import index_figure

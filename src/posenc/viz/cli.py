@@ -1,4 +1,4 @@
-"""``posenc plot`` and ``posenc report``: registered on :data:`posenc.cli.app` when imported."""
+"""``posenc plot`` and ``posenc report``: registered on :data:`posenc.cli.app.app` when imported."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from posenc.cli import app, console, print_error, print_line
+from posenc.cli.app import app, console, print_error, print_line
 
 from ..examples import build_example
 from .registry import PlotOptions, figures_for, make_figure, save_figure

@@ -8,7 +8,7 @@ import torch
 from matplotlib.figure import Figure
 
 from .. import functional as F
-from ..base import PositionalEncoding
+from ..encodings.base import PositionalEncoding
 from .index_maps import index_figure
 from .registry import PlotOptions, describe, figure
 

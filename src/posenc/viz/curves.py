@@ -1,7 +1,7 @@
 """The metric-against-length figure of an experiment: one line per encoding.
 
 Drawn for ``posenc report`` and for the ``extrapolation.png`` that the experiment runner writes
-(:func:`posenc.viz.folder.write_figures`), from records read by :mod:`posenc.experiments.results`.
+(:func:`posenc.viz.folder.write_figures`), from records read by :mod:`posenc.experiments.results.records`.
 
 The length axis is linear and spans the evaluated lengths, with the training length L marked and
 the lengths beyond it shaded: that is where the encodings differ, and a log axis would give it a
@@ -17,7 +17,7 @@ import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from ..experiments.results import Record, seed_interval, wilson_interval
+from ..experiments.results.records import Record, seed_interval, wilson_interval
 from .registry import new_figure, set_title
 
 __all__ = ["SMALL_MULTIPLES_ABOVE", "curve_figure"]
@@ -125,7 +125,7 @@ def curve_figure(
     """``metric`` against evaluation length for each encoding (mean over seeds) with a 95% band.
 
     The band: with several seeds at a length, the Student's t interval of the mean across seeds
-    (:func:`~posenc.experiments.results.seed_interval`); with one seed and ``binomial`` (the value
+    (:func:`~posenc.experiments.results.records.seed_interval`); with one seed and ``binomial`` (the value
     is a fraction of examples, exact match) the Wilson interval from the record's example count;
     otherwise none. ``unfit``: ``{encoding: note}`` for encodings that did not fit their training
     lengths, drawn dashed and faded, the note in the legend ("did not fit: iid 4.0%").

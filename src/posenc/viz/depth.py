@@ -1,7 +1,7 @@
 """The depth x length heat map of a retrieval experiment (``passkey``): exact match per depth bucket.
 
 The ``exact_match`` record of each length carries ``by_depth``, a list of ``{"bucket", "depth":
-[low, high], "value", "examples"}`` (:mod:`posenc.experiments.retrieval`); one panel per encoding
+[low, high], "value", "examples"}`` (:mod:`posenc.experiments.tasks.retrieval`); one panel per encoding
 shows depth buckets (rows, needle near the start at the top) against evaluated length (columns),
 the colour the exact match averaged over seeds weighted by example counts. A dashed line marks
 the training length. Drawn into ``depth.png`` by the runner, by ``posenc plot --run DIR --figure
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from ..experiments.results import Record, as_records, experiment_settings, load_config, read_records
+from ..experiments.results.records import Record, as_records, experiment_settings, load_config, read_records
 from ._style import SEQUENTIAL
 from .registry import new_figure, set_title
 

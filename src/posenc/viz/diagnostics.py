@@ -174,7 +174,7 @@ def learned_table_drift(checkpoint: Path) -> tuple[np.ndarray, np.ndarray, int] 
     """``(trained table [P, D], |trained - init| per row [P], positions a training example
     reaches)`` of the first learned absolute table of the model in ``checkpoint`` (None when it has
     none). The init is rebuilt as the runner draws it: the run's seed, then ``build_model``."""
-    from ..experiments.tasks import mix_seed
+    from ..experiments.tasks.catalog import mix_seed
     from ..experiments.train import ExperimentConfig, build_model
     from .runs import load_trained_model
 

@@ -18,7 +18,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..experiments.results import (
+from ..experiments.results.records import (
     Record,
     atomic_write,
     experiment_settings,
@@ -26,7 +26,7 @@ from ..experiments.results import (
     load_config,
     read_records,
 )
-from ..experiments.tasks import TASKS
+from ..experiments.tasks.catalog import TASKS
 from ..experiments.train import ExperimentConfig
 from ..experiments.variants import row_labels
 from .curves import curve_figure

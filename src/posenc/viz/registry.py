@@ -4,7 +4,7 @@ A figure function takes a built encoding and :class:`PlotOptions` and returns a
 :class:`matplotlib.figure.Figure`. It is registered with :func:`figure` under
 
 * an encoding name (``"t5"``): figures only that family has (its bucket map);
-* a :class:`~posenc.base.Kind` (``Kind.BIAS``): generic figures for every encoding of that kind,
+* a :class:`~posenc.encodings.base.Kind` (``Kind.BIAS``): generic figures for every encoding of that kind,
   computed from the kind's hook (the per-head bias heatmap from ``enc.bias``);
 * :data:`ANY`: figures every encoding has (its positional attention pattern).
 
@@ -24,8 +24,8 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..base import Kind, PositionalEncoding
-from ..registry import format_spec
+from ..encodings.base import Kind, PositionalEncoding
+from ..encodings.registry import format_spec
 
 __all__ = [
     "ANY",

@@ -18,7 +18,7 @@ import torch
 from matplotlib.figure import Figure
 
 from .. import functional as F
-from ..base import Kind, PositionalEncoding
+from ..encodings.base import Kind, PositionalEncoding
 from ..encodings.rope_scaling import rope_scaling_example
 from .registry import PlotOptions, describe, figure, new_figure, set_title
 

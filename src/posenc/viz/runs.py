@@ -20,7 +20,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
-from ..attention import MultiheadAttention
+from ..layers.attention import MultiheadAttention
 from ._style import SEQUENTIAL, label_grid
 from .registry import PlotOptions, check_map_length, new_figure, set_title
 
@@ -28,7 +28,7 @@ __all__ = ["attention_weights", "find_checkpoints", "load_trained_model", "run_a
 
 
 def _experiment(directory: Path) -> dict[str, Any]:
-    from ..experiments.results import experiment_settings, load_config
+    from ..experiments.results.records import experiment_settings, load_config
 
     if not (directory / "config.json").is_file():
         raise FileNotFoundError(

@@ -8,7 +8,7 @@ from collections import defaultdict
 from statistics import mean
 from typing import Any
 
-from ..agreement import kendall_tau, seed_bootstrap
+from ..results.agreement import kendall_tau, seed_bootstrap
 from .base import Agreement, Preset, Table, citation_line, format_value, per_seed_curves, published
 
 __all__ = ["ALIBI_PAPER", "alibi_agreement", "perplexity_fits", "perplexity_ratios", "window_perplexity"]

@@ -14,10 +14,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..agreement import BootstrapInterval
-from ..results import experiment_settings, load_config, read_records, read_run_records
-from ..shards import missing_runs
-from ..summary import SummaryTable as Table  # the same plain-text table as the summary
+from ..cluster.shards import missing_runs
+from ..results.agreement import BootstrapInterval
+from ..results.records import experiment_settings, load_config, read_records, read_run_records
+from ..results.summary import SummaryTable as Table  # the same plain-text table as the summary
 from ..train import ExperimentConfig
 
 __all__ = [
@@ -229,5 +229,5 @@ def format_value(value: float | None, form: str) -> str:
 
 
 #: The published setups by name (``posenc extrapolate --preset NAME``); the layer recipes of
-#: published models (``gemma3``) are :data:`posenc.patterns.LAYER_PRESETS`.
+#: published models (``gemma3``) are :data:`posenc.layers.patterns.LAYER_PRESETS`.
 PAPER_PRESETS: dict[str, Preset] = {}

@@ -10,9 +10,9 @@ from functools import cache
 from statistics import mean
 from typing import Any
 
-from ..agreement import kendall_tau, seed_bootstrap
-from ..compare import paired_comparison, signed
-from ..results import summarize
+from ..results.agreement import kendall_tau, seed_bootstrap
+from ..results.compare import paired_comparison, signed
+from ..results.records import summarize
 from ..train import ExperimentConfig
 from .base import Agreement, Preset, Table, citation_line, format_value, per_seed_curves, published
 
@@ -200,7 +200,7 @@ def adjacent_pairs_note(
     task: str, run: tuple[dict[str, Any], list[dict[str, Any]]], paper_order: list[str], train_len: int
 ) -> str:
     """Per adjacent pair of the paper's order, whether ``task`` reproduces it under ``posenc
-    compare``'s test (:func:`~posenc.experiments.compare.paired_comparison`): "reproduced" (the
+    compare``'s test (:func:`~posenc.experiments.results.compare.paired_comparison`): "reproduced" (the
     interval lies on the paper's side of 0), "reversed" or "cannot tell"; a pair with an encoding
     that did not fit this task is not compared."""
     records = run[1]

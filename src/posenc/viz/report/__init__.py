@@ -8,7 +8,7 @@ In the order of the page:
 1. **Verdict** (:mod:`.verdict`): the task, L, the number of seeds; the fit table in the order of
    the ranking beyond L (each score with its 95% interval across seeds), rows that did not fit
    listed as not ranked; for each pair of neighbours in the ranking, the verdict of ``posenc
-   compare DIR A B`` (:func:`posenc.experiments.compare.rank_rows`); and the metric-against-length
+   compare DIR A B`` (:func:`posenc.experiments.results.compare.rank_rows`); and the metric-against-length
    figure (linear length axis, L marked, small multiples past six encodings; :mod:`.length_curves`).
 2. **Per length** (:mod:`.per_length`): the results as a heat map table (encoding x length, the
    colour the metric, the number in the cell where the cells are wide enough); every seed's value
@@ -27,7 +27,7 @@ Images are PNGs embedded as base64 ``data:`` URIs and the only style sheet is in
 (:mod:`.pieces`), so the file opens from disk with no network. Numbers never wrap inside a table
 cell (``white-space: nowrap``).
 
-Input (written by the experiment runner and read by :mod:`posenc.experiments.results`):
+Input (written by the experiment runner and read by :mod:`posenc.experiments.results.records`):
 
 * ``results.jsonl``: one JSON record per line with at least ``encoding``, ``length``, ``metric``
   and ``value``; ``task``, ``seed`` and ``train_len`` are read when present.
@@ -42,7 +42,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from ...experiments.results import atomic_write_text, cannot_create_in
+from ...experiments.results.records import atomic_write_text, cannot_create_in
 from . import configuration, depth, diagnostics, gallery, per_length, published, verdict
 from .pieces import STYLE
 from .view import FolderView, read_folder

@@ -8,8 +8,8 @@ import html
 import json
 from typing import Any
 
-from ...experiments.folders import reproduce_command
-from ...experiments.study_plan import study_command
+from ...experiments.results.folders import reproduce_command
+from ...experiments.study.plan import study_command
 from .view import FolderView, experiment_config
 
 __all__ = ["HEADING", "ID", "render"]

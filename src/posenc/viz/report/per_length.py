@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 from matplotlib import colormaps
 
-from ...experiments.results import Record
+from ...experiments.results.records import Record
 from .length_curves import other_figures
 from .pieces import note
 from .view import FolderView

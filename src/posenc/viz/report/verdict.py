@@ -1,15 +1,15 @@
 """Section 1, the verdict: task, L and seeds in one line; the fit table in the order of the ranking
 beyond L (each score with its 95% interval across seeds), rows that did not fit listed as not
 ranked; each neighbour pair's ``posenc compare DIR A B`` verdict
-(:func:`posenc.experiments.compare.rank_rows`); and the task's metric against length."""
+(:func:`posenc.experiments.results.compare.rank_rows`); and the task's metric against length."""
 
 from __future__ import annotations
 
 import html
 
-from ...experiments.compare import Ranking
-from ...experiments.results import INTERVAL_METHOD
-from ...experiments.summary import SummaryTable
+from ...experiments.results.compare import Ranking
+from ...experiments.results.records import INTERVAL_METHOD
+from ...experiments.results.summary import SummaryTable
 from .length_curves import lead_figure
 from .view import FolderView, Summary
 

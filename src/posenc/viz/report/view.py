@@ -2,9 +2,9 @@
 :class:`FolderView` that every section of the page renders.
 
 The folder is read here and nowhere else in :mod:`posenc.viz.report`: ``results.jsonl`` once, as
-:class:`~posenc.experiments.results.Record` (the one form every section and every experiment
+:class:`~posenc.experiments.results.records.Record` (the one form every section and every experiment
 function the report calls reads), ``config.json``, ``runs.jsonl``, and the ranking
-(:func:`posenc.experiments.compare.rank_rows`). The sections draw figures from the view; only the
+(:func:`posenc.experiments.results.compare.rank_rows`). The sections draw figures from the view; only the
 diagnostics open the checkpoints, and the published comparison the preset's sibling folders.
 """
 
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...experiments.compare import Ranking, rank_rows
-from ...experiments.hf_study import study_summary
-from ...experiments.results import (
+from ...experiments.cluster.shards import missing_runs_note, missing_units_note
+from ...experiments.results.compare import Ranking, rank_rows
+from ...experiments.results.records import (
     Record,
     as_records,
     experiment_settings,
@@ -26,9 +26,9 @@ from ...experiments.results import (
     read_results,
     read_run_records,
 )
-from ...experiments.shards import missing_runs_note, missing_units_note
-from ...experiments.summary import SummaryTable, summary_table
-from ...experiments.tasks import TASKS, Metric
+from ...experiments.results.summary import SummaryTable, summary_table
+from ...experiments.study.hf_study import study_summary
+from ...experiments.tasks.catalog import TASKS, Metric
 from ...experiments.train import ExperimentConfig
 from ...experiments.variants import row_labels
 
@@ -106,7 +106,7 @@ class FolderView:
 
 def read_folder(directory: str | Path) -> FolderView:
     """The :class:`FolderView` of experiment ``directory``; ``FileNotFoundError`` or ``ValueError``
-    (:func:`~posenc.experiments.results.read_results`) when it holds no readable results."""
+    (:func:`~posenc.experiments.results.records.read_results`) when it holds no readable results."""
     directory = Path(directory)
     raw = read_results(directory)
     records = as_records(raw)
@@ -179,7 +179,7 @@ def _summary(settings: dict[str, Any], records: list[Record], runs: list[dict[st
 
 
 def _ranking(directory: Path) -> tuple[Ranking | None, str]:
-    """``(ranking or None, why not)`` (:func:`posenc.experiments.compare.rank_rows`)."""
+    """``(ranking or None, why not)`` (:func:`posenc.experiments.results.compare.rank_rows`)."""
     try:
         return rank_rows(directory), ""
     except (ValueError, FileNotFoundError) as err:

@@ -1,0 +1,574 @@
+"""``posenc extrapolate``, ``posenc compare`` and ``posenc merge``: the experiment harness's commands.
+
+This module wires the two halves together: :mod:`posenc.experiments` writes a results folder and
+draws nothing, :mod:`posenc.viz` draws figures from a folder (:func:`posenc.viz.folder.write_figures`,
+passed to the harness as ``figures=``).
+
+``extrapolate`` has one option per field of :class:`~posenc.experiments.ExperimentConfig`,
+generated from the fields (:func:`config_options`): the name, default and type come from the
+field, the help text and the command-line form (a comma-separated list, another name or type)
+from the field's metadata. The options that are not settings (``--out``, ``--workers``, ...) are
+the parameters of :func:`extrapolate` itself, placed among the generated ones by :data:`_PLACE`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ..experiments.study.hf_scaling import HF_TASKS
+from ..experiments.tasks.catalog import TASKS
+from ..experiments.train import ExperimentConfig
+from .app import app, console, print_error, print_line
+
+if TYPE_CHECKING:
+    from ..experiments.results.summary import SummaryTable
+
+_DEFAULT = ExperimentConfig()
+
+
+class _ProgressBars:
+    """Rich progress bars for :func:`~posenc.experiments.run_experiment`'s callbacks: one bar for
+    training and one for evaluation per run; log lines printed above them."""
+
+    def __init__(self, console: Console, enabled: bool) -> None:
+        self.enabled = enabled
+        self.bars: dict[tuple[str, str], Any] = {}
+        self.progress = Progress(
+            TextColumn("{task.description:<28}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TextColumn("{task.fields[note]}"),
+            console=console,
+            disable=not enabled,
+        )
+
+    def __enter__(self) -> _ProgressBars:
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+    def log(self, message: str) -> None:
+        self.progress.console.print(message, style="cyan", markup=False, highlight=False, soft_wrap=True)
+
+    def report(self, label: str, phase: str, done: int, total: int, note: str) -> None:
+        if not self.enabled:
+            return
+        key = (label, phase)
+        if key not in self.bars:
+            self.bars[key] = self.progress.add_task(f"{phase:<5} {label}", total=total, note=note)
+        self.progress.update(self.bars[key], completed=done, total=total, note=note)
+
+
+def print_table(table: Table) -> None:
+    """Print ``table``; into a file or pipe at its natural width (nothing there wraps lines), on a
+    terminal at the terminal's."""
+    width = None
+    if not console.is_terminal:
+        width = max(console.width, console.measure(table).maximum)
+    console.print(table, width=width, crop=width is None)
+
+
+def rich_table(summary: SummaryTable) -> SummaryTable:
+    """What :func:`print_table` draws for a summary: the :class:`~posenc.experiments.results.summary.SummaryTable`
+    itself, a Rich renderable that splits its columns into tables as wide as the terminal, so a
+    number is never cut to ``4…`` (:meth:`~posenc.experiments.results.summary.SummaryTable.rich_tables`).
+
+    Every piece is plain text, never Rich markup: the note ``[low, high]: 95% ...`` and a cell
+    ``63.3% [4.5%, 100%]`` print as written."""
+    return summary
+
+
+# ---------------------------------------------------------------------------- options from the config
+
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        return [int(item) for item in text.split(",") if item.strip()]
+    except ValueError as err:
+        raise typer.BadParameter(f"{option} must be comma-separated integers, got {text!r}") from err
+
+
+def _str_list(text: str | None) -> list[str]:
+    return [item.strip() for item in (text or "").split(",") if item.strip()]
+
+
+@dataclasses.dataclass(frozen=True)
+class ConfigOption:
+    """One ``extrapolate`` option generated from a field of :class:`ExperimentConfig`."""
+
+    field: str
+    #: The parameter name (the option is ``--`` + the name with ``-`` for ``_``).
+    name: str
+    annotation: Any
+    default: Any
+    help: str | None
+    #: The option's value (as typer gives it) -> the field's value.
+    parse: Callable[[Any], Any]
+    #: Other :func:`typer.Option` arguments (``min``).
+    extra: dict[str, Any]
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def parameter(self, help: str | None = None) -> inspect.Parameter:
+        help = help or self.help
+        option = typer.Option(self.default, **({"help": help} if help else {}), **self.extra)
+        return inspect.Parameter(
+            self.name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=self.annotation
+        )
+
+    def value(self, given: Any) -> Any:
+        """The field's value for the option's value ``given``; a bad one is a usage error naming the option."""
+        try:
+            return self.parse(given)
+        except ValueError as err:
+            raise typer.BadParameter(str(err), param_hint=self.flag) from err
+
+
+def config_options() -> list[ConfigOption]:
+    """The options of :class:`ExperimentConfig`'s fields, in field order.
+
+    A field's ``metadata`` may hold ``help``, ``option`` (False: no option; a string: the option's
+    name), ``type`` and ``default`` (the option's, when not the field's), ``parse`` (the option's
+    text to the field's value) and ``min``. A ``list`` field is a comma-separated option
+    (``--seeds 0,1,2``); an empty default list is an option that defaults to nothing.
+    """
+    hints = typing.get_type_hints(ExperimentConfig)
+    options = []
+    for field in dataclasses.fields(ExperimentConfig):
+        meta = field.metadata
+        if meta.get("option", True) is False:
+            continue
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        annotation, parse = hints[field.name], meta.get("parse", lambda value: value)
+        if typing.get_origin(annotation) is list:
+            item = typing.get_args(annotation)[0]
+            annotation = str if default else str | None
+            default = ",".join(map(str, default)) if default else None
+            flag = "--" + field.name.replace("_", "-")
+            if "parse" not in meta:
+                parse = (lambda text, flag=flag: _int_list(text, flag)) if item is int else _str_list
+        if "type" in meta:
+            annotation = meta["type"] | None if default is None else meta["type"]
+            if "parse" not in meta:
+                parse = lambda value: None if value is None else str(value)  # noqa: E731
+        default = meta.get("default", default)
+        name = meta["option"] if isinstance(meta.get("option"), str) else field.name
+        extra = {"min": meta["min"]} if "min" in meta else {}
+        options.append(ConfigOption(field.name, name, annotation, default, meta.get("help"), parse, extra))
+    return options
+
+
+CONFIG_OPTIONS = config_options()
+
+
+def task_help() -> str:
+    """``--task``'s help: the registered tasks, those ``--hf-model`` scores and the study's (from
+    the registries, so a task added there is listed here)."""
+    from ..experiments.study.plan import STUDY_TASKS
+
+    return (
+        f"task: {', '.join(TASKS)}; with --hf-model: {', '.join(HF_TASKS)}, or the context-extension "
+        f"study {', '.join(STUDY_TASKS)}"
+    )
+
+
+def hf_model_forms() -> str:
+    """What ``--hf-model`` takes, for its help (the fetchable models by name, from the catalog)."""
+    from ..pretrained.catalog import MODELS
+
+    return (
+        f"an HF folder (save_pretrained), a fetched model's name ({', '.join(MODELS)}; posenc models "
+        "fetch) or a .gguf file"
+    )
+
+
+def study_tasks_text() -> str:
+    """``text, text-lm or text-passkey``: the study's tasks (:data:`.study_plan.STUDY_TASKS`), for help texts."""
+    from ..experiments.study.plan import STUDY_TASKS
+
+    return f"{', '.join(STUDY_TASKS[:-1])} or {STUDY_TASKS[-1]}"
+
+
+#: Help texts read at run time: the registered tasks.
+_HELP = {"task": task_help}
+
+#: Where the command's own options go among the generated ones: after the named option (the
+#: options that follow one in the command's signature go with it).
+_PLACE = {"out": "seeds", "workers": "backend", "hf_model": "fit_check_every", "preset": "eval_variants"}
+
+
+def config_from_options(given: dict[str, Any]) -> ExperimentConfig:
+    """The :class:`ExperimentConfig` of the generated options' values (by option name)."""
+    values = {option.field: option.value(given[option.name]) for option in CONFIG_OPTIONS}
+    values["eval_batch"] = min(values["eval_examples"], _DEFAULT.eval_batch)
+    # How to evaluate randomized positions applies only with randomized positions.
+    values["randomize_eval_positions"] = (
+        values["randomize_eval_positions"] and values["randomize_positions"] is not None
+    )
+    return ExperimentConfig(**values)
+
+
+def with_config_options(command: Callable[..., None]) -> Callable[..., None]:
+    """``command(ctx, <its own options>, **options)`` as a typer command that also takes every
+    option of :data:`CONFIG_OPTIONS` (handed over in ``options``, by option name)."""
+    own = [
+        p
+        for p in inspect.signature(command, eval_str=True).parameters.values()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    placed: dict[str | None, list[inspect.Parameter]] = {}
+    anchor = None
+    for param in own[1:]:  # own[0]: the typer.Context
+        anchor = _PLACE.get(param.name, anchor)
+        placed.setdefault(anchor, []).append(param.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+    params = [own[0], *placed.get(None, [])]
+    for option in CONFIG_OPTIONS:
+        params.append(option.parameter(_HELP[option.name]() if option.name in _HELP else None))
+        params += placed.get(option.name, [])
+
+    def wrapper(ctx: typer.Context, **kwargs: Any) -> None:
+        command(ctx, **kwargs)
+
+    wrapper.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    wrapper.__doc__, wrapper.__name__ = command.__doc__, command.__name__
+    return wrapper
+
+
+# ---------------------------------------------------------------------------- the commands
+
+
+def extrapolate(
+    ctx: typer.Context,
+    out: Path = typer.Option(
+        Path("runs/extrapolate"), help="results folder (re-run the same command to resume)"
+    ),
+    workers: int | None = typer.Option(
+        None, help="parallel processes (default: one per CPU core, at most one per run)"
+    ),
+    threads: int | None = typer.Option(
+        None,
+        min=1,
+        help="torch threads per process (default: 1 per training process; with --hf-model, torch's own "
+        "default, every core)",
+    ),
+    device: str = typer.Option("cpu", help="cpu, cuda or auto"),
+    progress: bool = typer.Option(True, help="show progress bars"),
+    hf_model: Path | None = typer.Option(
+        None,
+        help=f"evaluate a pretrained causal LM without training: {hf_model_forms()}; --task "
+        f"{' or '.join(HF_TASKS)} scores it at lengths 1..--eval-len beyond its max_position_embeddings, "
+        f"--task {study_tasks_text()} runs the context-extension study",
+    ),
+    lengths: str | None = typer.Option(
+        None,
+        help="--hf-model --task text/text-passkey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
+        "to --eval-len, c the model's context); perplexity is read from --eval-len windows",
+    ),
+    depths: str | None = typer.Option(
+        None, help="--hf-model --task text/text-passkey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"
+    ),
+    preset: str | None = typer.Option(
+        None,
+        help="run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
+        "2023: copy, count_copy, reverse) or alibi-paper (Press et al. 2022: LM perplexity at 2x/4x/8x L); "
+        "one folder per task under --out; nope-paper trains each run until it fits (at most 6000 steps, "
+        "4 layers, lr 1e-3) unless --steps, --lr etc. say otherwise; --seeds 0 and --task reverse give its "
+        "reduced form",
+    ),
+    shard: str | None = typer.Option(
+        None,
+        help="i/n: run only the i-th of n disjoint parts of the (encoding x seed) grid (0 <= i < n); 'slurm' "
+        "in a Slurm array task reads i/n from SLURM_ARRAY_TASK_ID and the array's size; combine the folders "
+        "with posenc merge (posenc submit does all of it)",
+    ),
+    **options: Any,
+) -> None:
+    """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
+
+    Tasks are scored by exact match (teacher-forced argmax equals the target at every output
+    position); lm by perplexity at each position. Writes results.jsonl, results.csv, config.json,
+    checkpoints/ and extrapolation.png into --out and prints a summary table. Interrupted runs
+    resume when the same command is run again. Under `torchrun --nproc_per_node N` each run
+    trains with DistributedDataParallel. `--preset NAME` runs a published setup (one folder per
+    task) and prints the paper's numbers beside ours; `--shard i/n` runs one part of the grid
+    (combine the parts with `posenc merge`).
+    """
+    from ..experiments.cluster.distributed import Distributed
+    from ..experiments.cluster.shards import parse_shard
+    from ..experiments.results.records import read_run_records
+    from ..experiments.results.summary import summary_table
+    from ..experiments.runner import ExperimentInterrupted, WorkerDied, run_experiment
+    from ..experiments.study.plan import STUDY_TASKS
+    from ..viz.folder import write_figures
+
+    study = hf_model is not None and options["task"] in STUDY_TASKS
+    if hf_model is not None and (preset is not None or (shard is not None and not study)):
+        print_error("--preset and --shard train models; they do not apply to --hf-model (but to --task text)")
+        raise typer.Exit(2)
+    if hf_model is not None and threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)  # one process evaluates: the threads are its own
+    if study:
+        with quiet_hf_progress():
+            _hf_study(hf_model, out, device, progress, shard, lengths, depths, options)
+        return
+    if hf_model is not None:
+        with quiet_hf_progress():
+            _extrapolate_hf(hf_model, out, device, progress, options)
+        return
+    if lengths is not None or depths is not None:
+        print_error("--lengths and --depths apply to --hf-model with --task text, text-lm or text-passkey")
+        raise typer.Exit(2)
+    config = config_from_options(options)
+    try:
+        part = None if shard is None else parse_shard(shard)
+        planned = [(config, out)] if preset is None else _preset_plan(ctx, preset, config, out)
+        writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results
+        for one, folder in planned:
+            with _ProgressBars(console, progress and writer) as bars:
+                records = run_experiment(
+                    one,
+                    folder,
+                    workers=workers,
+                    threads=threads or 1,
+                    device=device,
+                    report=bars.report,
+                    log=bars.log,
+                    shard=part,
+                    preset=preset,
+                    figures=write_figures,
+                )
+            if writer:
+                runs = read_run_records(folder)
+                print_table(rich_table(summary_table(one, records, one.make_task().metric, runs)))
+        if preset is not None and writer:
+            from ..experiments.presets import comparison_for_folder
+
+            print_table(rich_table(comparison_for_folder(planned[0][1])))
+    except WorkerDied as err:
+        print_error(f"{err}; run the same command again to resume")
+        raise typer.Exit(1) from err
+    except ExperimentInterrupted as err:
+        print_error(f"{err}; run the same command again to resume", label=None, style="yellow")
+        raise typer.Exit(130) from err
+    except ValueError as err:
+        print_error(str(err))
+        raise typer.Exit(2) from err
+
+
+app.command("extrapolate")(with_config_options(extrapolate))
+
+
+def _preset_plan(
+    ctx: typer.Context, name: str, config: ExperimentConfig, out: Path
+) -> list[tuple[ExperimentConfig, Path]]:
+    """``(config, folder)`` per task of preset ``name`` (``OUT/<task>``), every one checked before
+    anything is written: an option given on the command line that contradicts the preset, a bad
+    setting, or a folder holding other settings is a ``ValueError``."""
+    from ..experiments.plan import check_experiment
+
+    configs = preset_configs(ctx, name, config)
+    for one in configs:
+        check_experiment(one, out / one.task)
+    return [(one, out / one.task) for one in configs]
+
+
+def preset_configs(ctx: typer.Context, name: str, config: ExperimentConfig) -> list[ExperimentConfig]:
+    """One config per task of preset ``name``: ``config`` with the preset's settings, the options
+    given on the command line kept (one that contradicts the preset is a ``ValueError``)."""
+    from ..experiments.presets import apply_preset
+
+    # By name: typer may bring its own copy of click's ParameterSource enum.
+    given = {
+        param for param in ctx.params if getattr(ctx.get_parameter_source(param), "name", "") == "COMMANDLINE"
+    }
+    explicit = {key: getattr(config, key) for key in given if key != "task" and hasattr(config, key)}
+    return apply_preset(name, config, explicit, task=config.task if "task" in given else None)
+
+
+@contextlib.contextmanager
+def quiet_hf_progress() -> Iterator[None]:
+    """HF transformers' own tqdm bars ("Loading weights", "Writing model shards") off inside the
+    block, and as they were after it: ``--hf-model`` shows its own progress, and HF's bars printed
+    into its output. Without transformers, nothing to do."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        yield
+        return
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, options: dict[str, Any]) -> None:
+    """``--hf-model``: evaluate a local HF causal LM (no training) and print the summary table."""
+    from ..experiments.study.hf_eval import evaluate_hf_model, parse_variants, summary
+    from ..viz.folder import write_figures
+
+    corpus = options["corpus"]
+    try:
+        if options["encodings"] != ",".join(_DEFAULT.encodings):
+            raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
+        with _ProgressBars(console, progress) as bars:
+            records, settings = evaluate_hf_model(
+                hf_model,
+                out,
+                task=options["task"],
+                eval_len=options["eval_len"],
+                eval_examples=options["eval_examples"],
+                eval_batch=min(options["eval_examples"], _DEFAULT.eval_batch),
+                seeds=_int_list(options["seeds"], "--seeds"),
+                num_symbols=options["num_symbols"],
+                corpus=None if corpus is None else str(corpus),
+                variants=parse_variants(options["eval_variants"]),
+                device=device,
+                report=bars.report,
+                figures=write_figures,
+            )
+        print_table(rich_table(summary(settings, records)))
+        print_line(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
+    except (ValueError, FileNotFoundError) as err:
+        print_error(str(err))
+        raise typer.Exit(2) from err
+
+
+def study_options(lengths: str | None, depths: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """:func:`.study_plan.plan_study`'s options from the command's (``ValueError`` names the bad one)."""
+    from ..experiments.study.hf_eval import parse_variants
+
+    if options["encodings"] != ",".join(_DEFAULT.encodings):
+        raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
+    corpus = options["corpus"]
+    return {
+        "task": options["task"],
+        "eval_len": options["eval_len"] if options["eval_len"] != _DEFAULT.eval_len else None,
+        "lengths": None if lengths is None else _int_list(lengths, "--lengths"),
+        "depths": depths,
+        "eval_examples": options["eval_examples"]
+        if options["eval_examples"] != _DEFAULT.eval_examples
+        else 1,
+        "seeds": _int_list(options["seeds"], "--seeds"),
+        "corpus": None if corpus is None else str(corpus),
+        "variants": parse_variants(options["eval_variants"]),
+    }
+
+
+def _hf_study(
+    hf_model: Path,
+    out: Path,
+    device: str,
+    progress: bool,
+    shard: str | None,
+    lengths: str | None,
+    depths: str | None,
+    options: dict[str, Any],
+) -> None:
+    """``--hf-model M --task text``: the context-extension study (:mod:`posenc.experiments.study.hf_study`)."""
+    from ..experiments.cluster.shards import parse_shard
+    from ..experiments.study.hf_study import run_study, study_summary
+    from ..viz.folder import write_figures
+
+    try:
+        study = study_options(lengths, depths, options)
+        with _ProgressBars(console, progress) as bars:
+            records, settings = run_study(
+                str(hf_model),
+                out,
+                **study,
+                shard=None if shard is None else parse_shard(shard),
+                device=device,
+                report=bars.report,
+                log=bars.log,
+                figures=write_figures,
+            )
+        print_table(rich_table(study_summary(settings, records)))
+        print_line(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
+    except (ValueError, FileNotFoundError) as err:
+        print_error(str(err))
+        raise typer.Exit(2) from err
+
+
+@app.command("compare")
+def compare(
+    run_dir: Path = typer.Argument(..., help="an experiment folder (posenc extrapolate --out)"),
+    a: str = typer.Argument(..., help="a row of its table: an encoding, or a variant such as 'rope + yarn'"),
+    b: str = typer.Argument(..., help="the row to compare A with"),
+    fit_threshold: float | None = typer.Option(
+        None, help="a row fits when every seed reaches this in-distribution (default: the folder's)"
+    ),
+) -> None:
+    """Whether A beats B beyond the training length L, paired by seed: the mean per-seed difference
+    of the score beyond L with its 95% Student's t interval; "cannot tell" when it contains 0. Rows
+    that did not fit are not compared."""
+    from ..experiments.results.compare import compare_rows
+
+    try:
+        comparison = compare_rows(run_dir, a, b, fit_threshold)
+    except (ValueError, FileNotFoundError) as err:
+        print_error(str(err))
+        raise typer.Exit(2) from err
+    for line in comparison.lines():
+        print_line(line)
+
+
+@app.command("merge")
+def merge(
+    out: Path = typer.Argument(
+        ..., help="folder to write the merged experiment into (new, empty, or one of FOLDERS)"
+    ),
+    folders: list[Path] = typer.Argument(
+        ..., help="the --out folders of the shards (posenc extrapolate --shard i/n)"
+    ),
+) -> None:
+    """Combine experiment folders (the shards of one command) into one.
+
+    Refuses folders whose settings differ (naming the field) and two different results of the same
+    measurement (in results.jsonl and runs.jsonl); keeps one copy of exact duplicates. Writes
+    results.jsonl, runs.jsonl, results.csv, config.json and extrapolation.png into OUT and copies
+    the runs' checkpoints; says which runs of the grid are still missing.
+    """
+    from ..experiments.cluster.shards import merge_folders
+    from ..viz.folder import write_figures
+
+    try:
+        summary = merge_folders(out, folders, figures=write_figures)
+    except ValueError as err:
+        print_error(str(err))
+        raise typer.Exit(2) from err
+    dropped = f", {summary.duplicates} exact duplicate(s) dropped" if summary.duplicates else ""
+    runs = f", {summary.runs} per-run records (runs.jsonl)" if summary.runs else ""
+    print_line(f"merged {len(folders)} folder(s) into {out}: {summary.records} records{runs}{dropped}")
+    if summary.missing:
+        labels = ", ".join(run.label for run in summary.missing)
+        console.print(
+            f"[yellow]incomplete:[/yellow] {len(summary.missing)} run(s) have no results yet: {escape(labels)}"
+        )
+    else:
+        console.print("complete: every (encoding, seed) run of the grid has results")
+
+
+# ---------------------------------------------------------------------------- Slurm

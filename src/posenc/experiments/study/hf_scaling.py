@@ -1,0 +1,183 @@
+"""The RoPE variants a pretrained model is evaluated under (``--eval-variants``), its row label and
+its results folder's check: what :mod:`.hf_eval`, the context-extension study (:mod:`.hf_study`)
+and its plan (:mod:`.study_plan`) share. Imports no sibling module but :mod:`.results`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...encodings.rope_scaling import HF_CARRIED_KEYS, MODEL_KEYS, ntk_base
+from ...pretrained.loading import MODELS
+from ..results.records import experiment_settings, load_config
+
+__all__ = [
+    "HF_TASKS",
+    "VARIANTS",
+    "apply_scaling",
+    "check_hf_folder",
+    "check_positions",
+    "kept_model_keys",
+    "model_label",
+    "ntk_parameters",
+    "parse_variants",
+    "rope_parameters_for",
+]
+
+#: Tasks ``--hf-model`` scores a pretrained model on as the trained experiments score theirs (the
+#: context-extension study's tasks are :data:`.study_plan.STUDY_TASKS`).
+HF_TASKS = ("lm", "passkey")
+
+#: RoPE scalings ``--eval-variants`` accepts, as HF ``rope_type`` names: ``none`` (as trained),
+#: ``linear`` (position interpolation), ``ntk`` (static NTK-aware: HF has no such ``rope_type``, so
+#: it is set as ``default`` with the base ``theta * factor ** (d / (d - 2))``, ``d`` the rotary
+#: dimension), ``dynamic`` (dynamic NTK), ``yarn``.
+VARIANTS = ("none", "linear", "ntk", "dynamic", "yarn")
+
+
+def model_label(model: str | Path) -> str:
+    """The records' name of ``--hf-model``: a fetched model's name as it is, else the file's or
+    folder's own name (``.gguf`` dropped)."""
+    return str(model) if str(model) in MODELS else Path(model).resolve().name.removesuffix(".gguf")
+
+
+def rope_parameters_for(variant: str, train_len: int, eval_len: int) -> dict[str, Any] | None:
+    """HF ``rope_parameters`` of ``variant`` (``"yarn"`` or ``"yarn:4"``); None for ``"none"`` (as trained).
+
+    The factor is the one given, else ``eval_len / train_len``; either must be a finite number
+    ``>= 1``. A default factor that would not stretch the context (``eval_len <= train_len``) is a
+    ``ValueError`` naming ``--eval-len`` and the context, never quietly raised to 1."""
+    name, _, factor_text = variant.partition(":")
+    _check_name(variant, name)
+    if name == "none":
+        return None
+    if isinstance(train_len, bool) or not isinstance(train_len, int) or train_len < 1:
+        raise ValueError(
+            f"--eval-variants {variant!r}: the model's context (max_position_embeddings) must be a positive "
+            f"int to scale from, got {train_len!r}"
+        )
+    if factor_text:
+        factor = _given_factor(variant, factor_text)
+    elif eval_len > train_len:
+        factor = eval_len / train_len
+    else:
+        raise ValueError(
+            f"--eval-variants {variant!r}: the default factor is --eval-len / context = {eval_len}/{train_len}, "
+            f"which does not stretch the model's context {train_len}: give an --eval-len above {train_len}, "
+            f"or the factor ({name}:2)"
+        )
+    parameters: dict[str, Any] = {"rope_type": name, "factor": factor}
+    if name == "yarn":
+        parameters["original_max_position_embeddings"] = train_len
+    return parameters
+
+
+def _check_name(variant: str, name: str) -> None:
+    if name not in VARIANTS:
+        raise ValueError(
+            f"--eval-variants {variant!r}: choose from {', '.join(VARIANTS)} (optionally NAME:FACTOR)"
+        )
+
+
+def _given_factor(variant: str, text: str) -> float:
+    """The factor written in ``variant``: a finite number ``>= 1`` (``inf``, ``1e309``, ``nan`` refused)."""
+    try:
+        factor = float(text)
+    except ValueError as err:
+        raise ValueError(f"--eval-variants {variant!r}: the factor must be a number") from err
+    if not (math.isfinite(factor) and factor >= 1.0):
+        raise ValueError(f"--eval-variants {variant!r}: the factor must be >= 1 and finite")
+    return factor
+
+
+def parse_variants(text: str | None) -> list[str]:
+    """``"none,yarn:4"`` -> ``["none", "yarn:4"]`` (default: ``["none"]``, the model as trained).
+
+    Each item's name and written factor(s) are checked here, when the command starts (a sweep
+    ``yarn:2/4`` has each of its factors checked): ``ValueError`` naming ``--eval-variants``."""
+    variants = [item.strip() for item in (text or "none").split(",") if item.strip()]
+    for variant in variants:
+        name, sep, factors = variant.partition(":")
+        _check_name(variant, name)
+        if sep and name == "none":
+            raise ValueError(f"--eval-variants {variant!r}: none takes no factor; write none")
+        for factor in factors.split("/") if sep else []:
+            _given_factor(f"{name}:{factor.strip()}", factor.strip())
+    return variants or ["none"]
+
+
+def check_hf_folder(out: Path, settings: dict[str, Any]) -> None:
+    """Refuse a folder that holds another experiment (a trained one, or another model or setting)."""
+    saved = experiment_settings(load_config(out)) if (out / "config.json").exists() else None
+    if saved is not None and saved != json.loads(json.dumps(settings)):
+        raise ValueError(f"{out} holds another experiment (config.json differs); use another --out folder")
+
+
+def apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original: dict[str, Any]) -> None:
+    """Set the variant's RoPE scaling (the model's own parameters back for ``none``).
+
+    A variant replaces the model's own scaling: of ``original`` it keeps only what is no scaling
+    option (:func:`kept_model_keys`: the base, the rotary width, M-RoPE's bands), so a ``linear``
+    variant of Llama 3.1 scales its raw frequencies, not with llama3's band options attached (which
+    ``linear`` does not read and RoPE scaling refuses).
+    """
+    from ...hf import set_rope_scaling
+
+    if parameters is None:
+        if original and getattr(model.config, "rope_parameters", None) != original:
+            set_rope_scaling(model, dict(original))
+        return
+    if parameters.get("rope_type") == "ntk":
+        parameters = ntk_parameters(model.config, original, parameters["factor"])
+    set_rope_scaling(model, {**kept_model_keys(original), **parameters})
+
+
+def kept_model_keys(original: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a model's ``rope_parameters`` that are not its scaling: ``rope_theta``,
+    ``partial_rotary_factor``, ``head_dim``, ... (``MODEL_KEYS`` but the type's name) and the keys HF
+    carries for other parts of the model (``HF_CARRIED_KEYS``: ``mrope_section``, ...)."""
+    kept = (set(MODEL_KEYS) - {"rope_type", "type"}) | HF_CARRIED_KEYS
+    return {k: v for k, v in original.items() if k in kept}
+
+
+def ntk_parameters(config: Any, original: dict[str, Any], factor: float) -> dict[str, Any]:
+    """Static NTK-aware scaling as HF ``rope_parameters``: ``default`` with the base
+    ``theta * factor ** (d / (d - 2))``, ``d`` the rotary dimension (posenc's ``ntk`` scaling)."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    partial = original.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", 1.0)) or 1.0
+    scaling = {"rope_theta": original["rope_theta"], "factor": float(factor), "head_dim": head_dim}
+    try:
+        theta = ntk_base({**scaling, "partial_rotary_factor": partial})
+    except ValueError as err:
+        raise ValueError(f"--eval-variants ntk: {err}") from err
+    return {"rope_type": "default", "rope_theta": theta}
+
+
+def check_positions(model: nn.Module, eval_len: int, where: str | Path) -> None:
+    """Refuse a model that cannot take position ``eval_len`` (1-based), before any unit runs.
+
+    One token at position ``eval_len - 1``, run where the model is (on the CPU it loaded on: an
+    out-of-range index on a GPU would be a device-side assert): a model whose learned position table
+    (GPT-2's ``wpe``) ends before ``eval_len`` fails here in a moment instead of at the first long unit.
+    """
+    parameter = next(model.parameters(), None)
+    device = parameter.device if parameter is not None else torch.device("cpu")
+    try:
+        with torch.no_grad():
+            model(
+                input_ids=torch.zeros(1, 1, dtype=torch.long, device=device),
+                position_ids=torch.tensor([[eval_len - 1]], device=device),
+            )
+    except (IndexError, RuntimeError) as err:
+        context = getattr(model.config, "max_position_embeddings", None)
+        raise ValueError(
+            f"--hf-model {where}: {type(model).__name__} cannot take position {eval_len} of --eval-len "
+            f"{eval_len} ({type(err).__name__}: {err}); its learned positions end at max_position_embeddings "
+            f"{context}: give --eval-len {context} or less"
+        ) from err

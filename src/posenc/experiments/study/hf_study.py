@@ -1,0 +1,408 @@
+"""The context-extension study of a pretrained model: ``posenc extrapolate --hf-model M --task text``.
+
+``M`` is a fetched model's name (``smollm2-135m``), a ``.gguf`` file or an HF folder with a
+tokenizer, loaded by :func:`posenc.pretrained.loading.load` (a GGUF of an architecture HF cannot load is
+refused by name). Nothing is trained; the model is scored on real text in its own tokens, under
+each RoPE variant of ``--eval-variants`` (``none``, ``linear``, ``ntk``, ``dynamic``, ``yarn``;
+``NAME:FACTOR`` sets the factor, default ``eval_len / context``; ``NAME:F1/F2/F3`` is a factor sweep,
+one row per factor). Let ``c`` be the model's training context (``max_position_embeddings``). A
+factor must be finite and ``>= 1``, and a variant without one needs ``eval_len > c`` (its default
+would stretch nothing): both are checked when the command starts. A model whose learned position
+table ends before ``eval_len`` (GPT-2's ``n_positions``) is refused once loaded, before any unit runs.
+
+Tasks:
+
+* ``text-lm``: perplexity by position. The evaluation text is ``--corpus``: a file, or the built-in
+  ``python-reference`` (:func:`posenc.pretrained.loading.reference_text`, the default); all of it is
+  evaluation text (a pretrained model has no training split here). Each of ``--eval-examples``
+  windows of ``eval_len`` tokens starts at a fixed offset (evenly spaced over the text) and is run
+  through the model once; the token at 1-based position ``p`` of a window (``p >= 2``) has the NLL
+  ``-log softmax(logits[p - 1])[token_p]``. The NLLs are pooled into buckets of positions
+  ``(lo, hi]``: eight of width ``c/8`` inside the context, then steps of ``c/2``: **perplexity at
+  1.5x** is ``exp`` of the mean NLL of the positions in ``(c, 1.5c]``, **at 2x** of those in
+  ``(1.5c, 2c]``. Each bucket is one record (``metric: perplexity``, ``length = hi``).
+* ``text-passkey``: the standard passkey prompt in the model's tokens: filler sentences ("The grass
+  is green. The sky is blue. ..."), the needle "The pass key is N. Remember it. N is the pass key."
+  at a depth of ``--depths`` (the fraction of the filler before it, snapped to the nearest sentence
+  boundary), then "What is the pass key? The pass key is"; the whole prompt is ``length`` tokens. The
+  model decodes greedily a few tokens; a trial is right when the first run of digits of its answer
+  equals ``N`` (exact match). ``--eval-examples`` trials per (length, depth) cell. One
+  ``exact_match`` record per length carries ``by_depth`` (the heat map, ``depth.png``).
+* ``text``: both.
+
+The unit of work is one (variant, length): ``--lengths`` (default ``c/2, c, 1.5c, 2c`` up to
+``eval_len``, and ``eval_len``) for the passkey, and ``eval_len`` for perplexity (one forward at the
+longest length gives every bucket). A unit's records are written to the folder as soon as it is
+done and listed in ``runs.jsonl`` (``metric: unit``); a rerun of the same command skips finished
+units. ``--shard i/n`` keeps the units at positions ``i, i + n, ...`` of the list (variant-major);
+``posenc merge`` joins the shards' folders. Forwards per unit: ``len(depths) * eval_examples``
+passkey prompts (plus a few one-token decode steps each), and ``eval_examples`` perplexity windows
+for the units at ``eval_len``.
+
+The ``dynamic`` variant scales by the length of each call, so its perplexity inside the context,
+read from an ``eval_len`` forward, is that of the scaled model, not of the model as trained.
+
+The tasks' pieces (windows, per-position NLL, buckets; the passkey prompt, greedy decoding, exact
+match) live in :mod:`posenc.experiments.tasks.text`; this module runs them unit by unit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from ..cluster.distributed import Distributed, resolve_device
+from ..results.folders import FigureWriter, folder_lock, write_outputs
+from ..results.records import RUNS_FILE, atomic_write_text, read_records
+from ..results.summary import SummaryTable
+
+# Imported by name, so _run_unit looks them up here (a test replaces hf_study.greedy_answer).
+from ..tasks.text import (
+    FILLER,
+    KEY_DIGITS,
+    NEEDLE,
+    QUESTION,
+    answer_is_right,
+    greedy_answer,
+    passkey_prompt,
+    position_buckets,
+    position_nll,
+    window_starts,
+)
+from .hf_scaling import apply_scaling, check_hf_folder, check_positions, model_label
+from .plan import (
+    CORPORA,
+    STUDY_TASKS,
+    expand_variants,
+    shard_units,
+    study_grid,
+    study_text,
+    study_units,
+    unit_id,
+)
+
+__all__ = [
+    "CORPORA",
+    "FILLER",
+    "NEEDLE",
+    "QUESTION",
+    "STUDY_TASKS",
+    "answer_is_right",
+    "expand_variants",
+    "greedy_answer",
+    "load_model",
+    "passkey_prompt",
+    "position_buckets",
+    "position_nll",
+    "run_study",
+    "study_summary",
+    "study_units",
+    "window_starts",
+]
+
+
+def load_model(model: str | Path) -> tuple[nn.Module, Any, str]:
+    """``(model, tokenizer, name)`` of a fetched model's name, a ``.gguf`` file or an HF folder."""
+    from ...pretrained.loading import load
+
+    loaded, tokenizer = load(model)
+    return loaded, tokenizer, model_label(model)
+
+
+# ---------------------------------------------------------------------------- the study
+
+
+def run_study(
+    model_ref: str | Path,
+    out: str | Path,
+    *,
+    task: str = "text",
+    eval_len: int | None = None,
+    lengths: Sequence[int] | None = None,
+    depths: Sequence[float] | str | None = None,
+    eval_examples: int = 1,
+    seeds: Sequence[int] | None = None,
+    corpus: str | None = None,
+    variants: Sequence[str] | None = None,
+    shard: Any = None,
+    device: str = "cpu",
+    report: Callable[[str, str, int, int, str], None] | None = None,
+    log: Callable[[str], None] | None = None,
+    figures: FigureWriter | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Run (or resume) the study of ``model_ref`` into the folder ``out``; returns ``(records, settings)``."""
+    out = Path(out)
+    # Planned from the config before the weights load (seconds to minutes): a bad option fails at
+    # once, and the plan is the one posenc submit makes for the same command.
+    plan = study_grid(
+        model_ref,
+        task=task,
+        eval_len=eval_len,
+        lengths=lengths,
+        depths=depths,
+        eval_examples=eval_examples,
+        seeds=seeds,
+        corpus=corpus,
+        variants=variants,
+    ).plan
+    model, tokenizer, _ = load_model(model_ref)
+    settings, scalings, labels = plan.settings, plan.scalings, plan.labels
+    check_positions(model, settings["eval_len"], model_ref)  # on the CPU it loaded on, before .to(device)
+    original = dict(getattr(model.config, "rope_parameters", None) or {})
+    text_ids = _study_inputs(tokenizer, settings, corpus)
+    units = plan.units
+    mine = units if shard is None else shard_units(units, shard.index, shard.count)
+    torch_device = resolve_device(device, Distributed())
+    model.to(torch_device)
+    progress = report or (lambda *args: None)
+    say = log or (lambda line: None)
+    with folder_lock(out):
+        check_hf_folder(out, settings)
+        out.mkdir(parents=True, exist_ok=True)
+        runtime = {"device": str(torch_device), "shard": None if shard is None else str(shard)}
+        atomic_write_text(
+            out / "config.json", json.dumps({"experiment": settings, "runtime": runtime}, indent=2) + "\n"
+        )
+        runs = read_records(out / RUNS_FILE) if (out / RUNS_FILE).exists() else []
+        done = {r["run"] for r in runs if r.get("metric") == "unit"}
+        records = [r for r in _read(out / "results.jsonl") if r.get("run") in done]
+        todo = [u for u in mine if unit_id(*u) not in done]
+        if len(todo) < len(mine):
+            say(f"resuming: {len(mine) - len(todo)} of {len(mine)} unit(s) already done in {out}")
+        for number, (variant, length) in enumerate(todo, 1):
+            apply_scaling(model, scalings[variant], original)
+            label = f"{labels[variant]} @ {length}"
+            note = f"unit {number}/{len(todo)}"
+            start = time.perf_counter()
+            scored, forwards = _run_unit(
+                model, tokenizer, settings, variant, labels[variant], length, text_ids, torch_device,
+                lambda k, n, label=label, note=note: progress(label, "eval", k, n, note),
+            )  # fmt: skip
+            records += scored
+            runs.append(_unit_run(settings, variant, labels[variant], length, forwards, start))
+            atomic_write_text(out / "results.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+            atomic_write_text(out / RUNS_FILE, "".join(json.dumps(r) + "\n" for r in runs))
+        if not (out / "results.jsonl").exists():
+            atomic_write_text(out / "results.jsonl", "")
+        write_outputs(out, records, figures)
+    return records, settings
+
+
+def _unit_run(
+    settings: dict[str, Any], variant: str, label: str, length: int, forwards: int, start: float
+) -> dict[str, Any]:
+    """The ``runs.jsonl`` record of a finished unit (``metric: unit``; ``value``: its forwards)."""
+    return {
+        "run": unit_id(variant, length),
+        "encoding": label,
+        "task": settings["task"],
+        "seed": settings["seeds"][0],
+        "metric": "unit",
+        "length": length,
+        "variant": variant,
+        "value": forwards,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def _study_inputs(tokenizer: Any, settings: dict[str, Any], corpus: str | None) -> Tensor | None:
+    """The evaluation text's token ids ``[N]`` (None for ``text-passkey``), checked to hold an
+    ``eval_len`` window; and a check that the shortest passkey prompt fits its length."""
+    task, eval_len = settings["task"], settings["eval_len"]
+    text_ids: Tensor | None = None
+    if task != "text-passkey":
+        text, corpus_label = study_text(corpus)
+        text_ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+        if len(text_ids) < eval_len:
+            raise ValueError(
+                f"--corpus {corpus_label} has {len(text_ids)} tokens, fewer than the requested "
+                f"--eval-len {eval_len}"
+            )
+    if task != "text-lm":
+        passkey_prompt(tokenizer, min(settings["lengths"]), 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
+    return text_ids
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    return read_records(path) if path.exists() and path.stat().st_size else []
+
+
+def _run_unit(
+    model: nn.Module,
+    tokenizer: Any,
+    settings: dict[str, Any],
+    variant: str,
+    label: str,
+    length: int,
+    text_ids: Tensor | None,
+    device: torch.device,
+    progress: Callable[[int, int], None],
+) -> tuple[list[dict[str, Any]], int]:
+    """The records of one (variant, length) unit and the number of full-length forwards it ran."""
+    task, examples, seed = settings["task"], settings["eval_examples"], settings["seeds"][0]
+    do_lm = task != "text-passkey" and length == settings["eval_len"]
+    do_passkey = task != "text-lm"
+    depths = settings["depths"] or []
+    total = (examples if do_lm else 0) + (examples * len(depths) if do_passkey else 0)
+    base = {
+        "run": unit_id(variant, length),
+        "encoding": label,
+        "seed": seed,
+        "variant": variant,
+        "train_len": settings["train_len"],
+        "steps": 0,
+    }
+    done = [0]
+
+    def tick() -> None:
+        done[0] += 1
+        progress(done[0], total)
+
+    progress(0, total)
+    records: list[dict[str, Any]] = []
+    if do_lm:
+        assert text_ids is not None
+        records += _lm_records(model, text_ids, settings, length, base, device, tick)
+    if do_passkey:
+        cells = _passkey_cells(model, tokenizer, settings, length, device, tick)
+        records.append(
+            {
+                **base,
+                "task": "text-passkey",
+                "metric": "exact_match",
+                "length": length,
+                "value": sum(c["value"] for c in cells) / len(cells),
+                "examples": examples * len(cells),
+                "by_depth": cells,
+            }
+        )
+    return records, done[0]
+
+
+def _lm_records(
+    model: nn.Module,
+    text_ids: Tensor,
+    settings: dict[str, Any],
+    length: int,
+    base: dict[str, Any],
+    device: torch.device,
+    tick: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """One ``perplexity`` record per position bucket, from the mean NLL over the unit's windows of
+    ``length`` tokens of ``text_ids [N]``; ``tick()`` after each window."""
+    examples = settings["eval_examples"]
+    nll_sum: Tensor | None = None
+    for start in window_starts(len(text_ids), length, examples):
+        window = text_ids[start : start + length][None].to(device)
+        nll = position_nll(model, window)[0].double().cpu()
+        nll_sum = nll if nll_sum is None else nll_sum + nll
+        tick()
+    assert nll_sum is not None
+    mean = nll_sum / examples  # entry i: the token at 1-based position i + 2
+    records = []
+    for lo, hi in position_buckets(settings["train_len"], length):
+        part = mean[max(lo, 1) - 1 : hi - 1]
+        value = float(part.mean()) if len(part) else float("nan")
+        records.append(
+            {
+                **base,
+                "task": "text-lm",
+                "metric": "perplexity",
+                "length": hi,
+                "value": math.exp(value),
+                "nll": value,
+                "bucket": [lo, hi],
+                "tokens": len(part) * examples,
+                "window": length,
+                "examples": examples,
+            }
+        )
+    return records
+
+
+def _passkey_cells(
+    model: nn.Module,
+    tokenizer: Any,
+    settings: dict[str, Any],
+    length: int,
+    device: torch.device,
+    tick: Callable[[], None],
+) -> list[dict[str, Any]]:
+    """The passkey's exact match at ``length`` per depth (the heat map's cells); ``tick()`` after each trial."""
+    examples, seed = settings["eval_examples"], settings["seeds"][0]
+    cells = []
+    for index, depth in enumerate(settings["depths"] or []):
+        hits = 0
+        for trial in range(examples):
+            rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
+            key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
+            ids, _ = passkey_prompt(tokenizer, length, depth, key)
+            answer = greedy_answer(
+                model,
+                torch.tensor([ids], device=device),
+                KEY_DIGITS + 2,
+                stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
+            )
+            hits += answer_is_right(tokenizer.decode(answer), key)
+            tick()
+        cells.append(
+            {"bucket": index, "depth": [depth, depth], "value": hits / examples, "examples": examples}
+        )
+    return cells
+
+
+# ---------------------------------------------------------------------------- table
+
+
+def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> Any:
+    """One row per variant: perplexity per position bucket inside the context, at 1.5x and 2x of it
+    (``(c, 1.5c]`` and ``(1.5c, 2c]``), then passkey exact match per length (and over all)."""
+    context, eval_len = settings["train_len"], settings["eval_len"]
+    buckets = position_buckets(context, eval_len) if settings["task"] != "text-passkey" else []
+    inside = [b for b in buckets if b[1] <= context]
+    names = {b: f"ppl <={b[1]}" for b in inside}
+    for lo, hi in buckets:
+        if hi > context:
+            ratio = hi / context
+            names[(lo, hi)] = f"ppl {ratio:g}x" if ratio in (1.5, 2.0) else f"ppl <={hi}"
+    lengths = settings["lengths"] if settings["task"] != "text-lm" else []
+    columns = ["variant", *names.values(), *(f"passkey {n}" for n in lengths)]
+    if lengths:
+        columns.append("passkey all")
+    rows = []
+    for label in settings["encodings"]:
+        mine = [r for r in records if r["encoding"] == label]
+        ppl = {tuple(r["bucket"]): r["value"] for r in mine if r["metric"] == "perplexity"}
+        keys = {r["length"]: r for r in mine if r["metric"] == "exact_match"}
+        row = [label, *(_fmt(ppl.get(b), "{:.2f}") for b in names)]
+        row += [_fmt(keys[n]["value"] if n in keys else None, "{:.2f}") for n in lengths]
+        if lengths:
+            hits = sum(r["value"] * r["examples"] for r in keys.values())
+            count = sum(r["examples"] for r in keys.values())
+            row.append(_fmt(hits / count if count else None, "{:.2f}"))
+        rows.append(row)
+    title = (
+        f"{Path(settings['hf_model']).name} (context {context}): perplexity by position, "
+        f"passkey exact match by length"
+    )
+    notes = (
+        f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
+        f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens",
+    )
+    missing = [label for label in settings["encodings"] if not any(r["encoding"] == label for r in records)]
+    if missing:
+        notes += (f"incomplete: no results yet for {', '.join(missing)} (a shard, or an interrupted run)",)
+    return SummaryTable(title, columns, rows, notes)
+
+
+def _fmt(value: float | None, form: str) -> str:
+    return "-" if value is None or value != value else form.format(value)
