@@ -1,4 +1,4 @@
-"""posenc's own ``arange`` positions carry their first value (posenc.layers.position_ranges): the checks and
+"""posenc's own ``arange`` positions carry their first value (posenc.kernels.position_ranges): the checks and
 the rotary tables read it instead of the tensor. The mark must give the same numbers as the tensor,
 and must never outlive an in-place change of it."""
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import posenc
+from posenc.kernels.position_ranges import arange_positions, known_start
 from posenc.kernels.rope import RotaryTables
-from posenc.layers.position_ranges import arange_positions, known_start
 
 
 def _inv_freq(dim: int = 16) -> torch.Tensor:

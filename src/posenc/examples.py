@@ -15,6 +15,7 @@ from .backends import AttentionRequest, available_backends, backend_limits, get_
 from .encodings.base import LayerContext, PositionalEncoding, TokenStates, token_states_function
 from .encodings.registry import build_for_layer, get_class, options
 from .encodings.spec import parse_spec
+from .layers.attention import MultiheadAttention
 
 __all__ = ["EXAMPLE_LAYER", "build_example", "runnable_backends"]
 
@@ -83,8 +84,6 @@ def backend_limits_by_name(name: str, seq_len: int, requires_grad: bool = False)
     """Every backend's hard limits (:func:`~posenc.backends.backend_limits`; empty: it serves the call),
     in ``auto``'s order (:data:`posenc.backends.dispatch.PRIORITY`), for encoding ``name`` in a causal
     self-attention of ``seq_len`` tokens through an attention layer of the example sizes."""
-    from .layers.attention import MultiheadAttention
-
     enc = build_example(name)
     b, h, d = 1, EXAMPLE_LAYER["num_heads"], EXAMPLE_LAYER["head_dim"]
     layer = MultiheadAttention(h * d, h, encoding=enc, causal=True)  # content kinds read its projections

@@ -10,7 +10,7 @@ or for a block of code (``with posenc.backends.use_backend("eager"): ...``; call
 
 Masks are not a backend's business: ``request.mask`` (:class:`posenc.masks.attention_mask.AttentionMask`) says
 which keys each query sees and materialises itself in the form each kernel takes. The request and
-its field checks live in :mod:`.request`, its non-finite checks in :mod:`._finite`; this module
+its field checks live in :mod:`.request`, its non-finite checks in :mod:`.finite`; this module
 holds the protocol, the registry, forcing and selection.
 """
 

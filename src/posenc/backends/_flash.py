@@ -9,6 +9,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from ..seams import cpu_flash_drift
+
 __all__ = [
     "FLASH_DTYPES",
     "NONFINITE_REASON",
@@ -54,8 +56,6 @@ def cpu_flash_limit(q: Tensor) -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _schema_drift() -> str | None:
-    from ..seams import cpu_flash_drift
-
     line = cpu_flash_drift()
     if line is not None:
         warnings.warn(f"posenc does not call the CPU flash kernel: {line}", RuntimeWarning, stacklevel=3)

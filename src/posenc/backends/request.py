@@ -13,8 +13,8 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings.base import FiniteMark, InputBias, Kind, PositionalEncoding, TokenStates, checks_values
-from ..masks._keywords import MaskKeywordError, described
 from ..masks.attention_mask import AttentionMask
+from ..masks.keywords import MaskKeywordError, described
 from .finite import all_finite, all_finite_together, all_parameters
 from .softcap import check_softcap
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from ..layers.position_ranges import known_start
+from ..kernels.position_ranges import known_start
 from .offers import (
     ClippedRelative,
     FiniteMark,

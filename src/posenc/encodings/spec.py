@@ -22,10 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .base import PositionalEncoding
+from typing import Any
 
 __all__ = ["LAYER_SEPARATOR", "Spec", "format_spec", "parse_spec", "split_layers", "split_specs"]
 
@@ -95,9 +92,11 @@ class Spec:
     """A parsed spec: the registered class and its options, already coerced to their types.
 
     Build one with :func:`posenc.encodings.registry.resolve`; ``str(spec)`` gives the spec string back.
+    ``cls`` is a registered :class:`~posenc.encodings.base.PositionalEncoding` subclass, typed ``type``
+    here: the base class formats its spec through this module, which therefore imports nothing of it.
     """
 
-    cls: type[PositionalEncoding]
+    cls: type
     options: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

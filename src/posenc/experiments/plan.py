@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..backends import NoBackendError
 from .cluster.shards import Shard
 from .results.folders import check_folder_settings, check_writable_folder
 from .tasks.catalog import Task
@@ -80,8 +81,6 @@ def check_models(config: ExperimentConfig, task: Task, device: torch.device | st
 def _check_backend_serves(config: ExperimentConfig, task: Task, encoding: str, device: torch.device) -> None:
     """A forced ``--backend`` must run this encoding's training step (forward and backward): one
     step on a two-example batch of the shortest length, before anything is written."""
-    from ..backends import NoBackendError
-
     model = build_model(config, task, encoding).to(device)
     batch = task.train_batch(config.min_train_len, config.min_train_len, 2, torch.Generator().manual_seed(0))
     try:

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..encodings.spec import LAYER_SEPARATOR, split_layers, split_specs
-from ..layers.patterns import available_layer_presets
+from ..layers.model import TransformerLM
+from ..layers.patterns import available_layer_presets, is_layer_preset
 from .results.records import atomic_write, iid_record
 from .tasks.catalog import IGNORE, Task, make_task, mix_seed
 
@@ -316,9 +317,6 @@ def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Modul
     never updated and stay at their random initialisation (the honest reason learned PE fails).
     ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.layers.model`),
     or a layer preset (``"gemma3:window=8"``, see :mod:`posenc.layers.patterns`)."""
-    from ..layers.model import TransformerLM
-    from ..layers.patterns import is_layer_preset
-
     layers = {"pattern": encoding} if is_layer_preset(encoding) else {"encoding": layer_specs(encoding)}
     return TransformerLM(
         task.vocab_size,

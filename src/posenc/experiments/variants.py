@@ -40,7 +40,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..encodings.registry import options as registry_options
 from ..encodings.rope_scaling import RopeScaling, ScalingType
+from ..encodings.spec import LAYER_SEPARATOR, format_spec, parse_spec, split_layers
+from ..layers.attention import MultiheadAttention
+from ..layers.patterns import QueryTemperature, is_layer_preset
 from .results.records import iid_record
 from .tasks.catalog import Task
 from .train import RunSpec, build_model, evaluate, load_checkpoint, run_id_for
@@ -227,9 +231,6 @@ def variant_context(config: Any, task: Task) -> VariantContext:
 
 def _layer_specs(encoding: str) -> list[str] | None:
     """The per-layer specs of an experiment encoding, or None for a layer preset (``gemma3``)."""
-    from ..encodings.spec import split_layers
-    from ..layers.patterns import is_layer_preset
-
     if is_layer_preset(encoding):
         return None
     return split_layers(encoding)
@@ -237,9 +238,6 @@ def _layer_specs(encoding: str) -> list[str] | None:
 
 def _takes(layer: str, options: dict[str, Any]) -> bool:
     """Whether the encoding of spec ``layer`` has every option in ``options`` (its typed ``__init__``)."""
-    from ..encodings.registry import options as registry_options
-    from ..encodings.spec import parse_spec
-
     name, _ = parse_spec(layer)
     return set(options) <= set(registry_options(name))
 
@@ -251,8 +249,6 @@ def variant_encoding(encoding: str, variant: Variant, ctx: VariantContext) -> st
     kind = variant.kind
     if kind.options is None:
         return encoding
-    from ..encodings.spec import LAYER_SEPARATOR, format_spec, parse_spec
-
     wanted = kind.options(ctx, variant.resolved_value(ctx))
     layers = _layer_specs(encoding)
     if layers is None or not any(_takes(layer, wanted) for layer in layers):
@@ -273,16 +269,12 @@ def variant_encoding(encoding: str, variant: Variant, ctx: VariantContext) -> st
 
 
 def _attention_layers(model: nn.Module) -> list[nn.Module]:
-    from ..layers.attention import MultiheadAttention
-
     return [module for module in model.modules() if isinstance(module, MultiheadAttention)]
 
 
 def build_variant_model(config: Any, task: Task, encoding: str, variant: Variant) -> nn.Module:
     """The experiment's model for ``encoding`` under ``variant`` (untrained: load the trained
     weights into it; a variant changes no parameter, only derived tables and settings)."""
-    from ..layers.patterns import QueryTemperature
-
     ctx = variant_context(config, task)
     model = build_model(config, task, variant_encoding(encoding, variant, ctx))
     if variant.kind.temperature:

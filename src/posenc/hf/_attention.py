@@ -16,7 +16,7 @@ from ..backends.finite import new_tokens_finite
 from ..backends.run import attend
 from ..backends.softcap import check_softcap
 from ..encodings.base import FiniteMark, Kind, checks_values
-from ..layers.position_ranges import versioned_arange
+from ..kernels.position_ranges import versioned_arange
 from ..masks.attention_mask import AttentionMask
 from ._common import BACKEND, NOPE, note_backend, transformers_module
 from ._masks import note_window_keyword, posenc_mask

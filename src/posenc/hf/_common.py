@@ -11,6 +11,7 @@ import torch
 from torch import Tensor, nn
 
 from ..encodings.registry import build
+from ..seams import SEAMS, parameter_names
 
 #: NoPE: what runs when HF has put its own positions into q and k already.
 NOPE = build("nope")
@@ -48,8 +49,6 @@ def check_interface(
     ``parameters`` (and one of ``one_of``, when given) and the module must have ``attributes``.
     Anything else is refused naming what posenc expected, what it found, and the supported range
     (:data:`posenc.seams.SEAMS` ``[seam]``)."""
-    from ..seams import SEAMS, parameter_names
-
     found = [name for name in parameter_names(type(module).forward) if name != "self"]
     missing = [name for name in parameters if name not in found]
     if one_of and not any(name in found for name in one_of):

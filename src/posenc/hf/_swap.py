@@ -9,8 +9,11 @@ from torch import Tensor, nn
 
 from ..encodings.base import Kind, LayerContext
 from ..encodings.registry import build, build_for_layer
+from ..encodings.rope import RoPE, check_pairing
+from ..seams import SEAMS, parameter_names
 from ._attention import register
 from ._common import BACKEND
+from ._pairing import check_permutable, permute_attention_channels
 from ._positions import remember_cache
 
 
@@ -108,9 +111,6 @@ def switch_rope_pairing_(model: nn.Module, pairing: str = "interleaved") -> int:
     Returns:
         How many layers were switched (layers already in ``pairing``, or not RoPE, are left alone).
     """
-    from ..encodings.rope import RoPE, check_pairing
-    from ._pairing import check_permutable, permute_attention_channels
-
     check_pairing(pairing)
     attentions = [layer.self_attn for layer in _decoder(model).layers]
     if not any(hasattr(attention, "posenc_encoding") for attention in attentions):
@@ -132,8 +132,6 @@ def switch_rope_pairing_(model: nn.Module, pairing: str = "interleaved") -> int:
 
 def _check_rotary_interface(rotary: nn.Module) -> None:
     """``_NoRotation`` stands in for ``rotary_emb(x, position_ids)``: refuse another call convention."""
-    from ..seams import SEAMS, parameter_names
-
     if isinstance(rotary, _NoRotation):
         return
     found = parameter_names(type(rotary).forward)

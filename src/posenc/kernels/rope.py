@@ -25,8 +25,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from ..layers.position_ranges import known_start
 from . import half_pairs, rope_native
+from .position_ranges import known_start
 
 __all__ = [
     "MAX_CACHED_ROWS",

@@ -15,6 +15,7 @@ from typing import Literal, overload
 import torch
 from torch import Tensor, nn
 
+from ..backends import get_backend
 from ..backends.run import attend
 from ..cache.carried_keys import check_carrying_cache, input_transform, store_carried, transform_heads
 from ..cache.kv_cache import KVCache, KVCacheEntry, context_key, token_states_with_cache
@@ -156,8 +157,6 @@ class MultiheadAttention(nn.Module):
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         if backend != "auto":
-            from ..backends import get_backend
-
             get_backend(backend)
         self.embed_dim, self.num_heads, self.num_kv_heads = embed_dim, num_heads, num_kv_heads
         self.head_dim = embed_dim // num_heads if head_dim is None else head_dim

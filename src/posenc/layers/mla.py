@@ -46,6 +46,7 @@ from typing import Any, Literal, overload
 import torch
 from torch import Tensor, nn
 
+from ..backends import get_backend
 from ..backends.run import attend
 from ..cache.kv_cache import CacheFullError, CacheStamp, TimeAxis, check_in_place_write
 from ..encodings.base import LayerContext, PositionalEncoding
@@ -306,8 +307,6 @@ class MultiLatentAttention(nn.Module):
         if not norm_eps > 0:
             raise ValueError(f"MultiLatentAttention: norm_eps must be positive, got {norm_eps}")
         if backend != "auto":
-            from ..backends import get_backend
-
             get_backend(backend)
         self.qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
         self.rope_interleave, self.causal, self.backend = bool(rope_interleave), causal, backend

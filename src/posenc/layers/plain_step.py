@@ -103,14 +103,20 @@ _PLAIN_CLASSES: dict[type, bool] = {}
 
 
 def _plain_class(cls: type) -> bool:
-    """Whether ``cls`` runs ``MultiheadAttention``'s own steps (computed once per class)."""
+    """Whether ``cls`` runs ``MultiheadAttention``'s own steps (computed once per class): each step is
+    the one its first definer wrote, the deepest class of the MRO that has it (``MultiheadAttention``
+    for every layer that calls this), so a subclass that overrides one keeps the full path. Read off
+    the MRO rather than named: this module is imported by the layer's."""
     known = _PLAIN_CLASSES.get(cls)
     if known is None:
-        from .attention import MultiheadAttention
-
-        known = all(getattr(cls, name) is getattr(MultiheadAttention, name) for name in _REPLACED_STEPS)
+        known = all(getattr(cls, name) is _first_definition(cls, name) for name in _REPLACED_STEPS)
         _PLAIN_CLASSES[cls] = known
     return known
+
+
+def _first_definition(cls: type, name: str) -> object:
+    """``name`` as the deepest class of ``cls``'s MRO defines it."""
+    return next(vars(klass)[name] for klass in reversed(cls.__mro__) if name in vars(klass))
 
 
 def remember(layer, signature: tuple | None, backend: str, cache: KVCache) -> None:

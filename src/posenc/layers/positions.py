@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from ..encodings.base import PositionalEncoding, checks_values
+from ..kernels.position_ranges import arange_positions
 from .patterns import TemperatureForm
-from .position_ranges import arange_positions
 
 if TYPE_CHECKING:
     from ..cache.entry import KVCacheEntry

@@ -32,7 +32,6 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ._keywords import MaskKeywordError, checked_attn_mask
 from ._segments import KeySegment, split_segments
 from .components import (
     BidirectionalWindowMask,
@@ -50,6 +49,7 @@ from .components import (
     to_device,
 )
 from .groups import BlockwiseCausalMask, DocumentMask, PrefixLMMask, has_groups
+from .keywords import MaskKeywordError, checked_attn_mask
 from .window_conventions import WINDOW_CONVENTIONS, convert_window
 
 __all__ = [

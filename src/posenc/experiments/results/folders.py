@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ...encodings.spec import split_specs
 from ..cluster.slurm_env import slurm_job_active
 from ..tasks.catalog import Metric, Task
 from ..train import ExperimentConfig, RunSpec, run_id_for
@@ -219,8 +220,6 @@ def reproduce_command(
     is ``--name`` or ``--no-name``."""
     import dataclasses
     import shlex
-
-    from ...encodings.spec import split_specs
 
     defaults = ExperimentConfig()
     args = ["posenc", "extrapolate"]

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ...pretrained.loading import MODELS, causal_lm_class_name, load, load_config
 from ..cluster.distributed import Distributed, resolve_device
 from ..results.folders import FigureWriter, folder_lock, write_outputs
 from ..results.records import RUNS_FILE, atomic_write_text, iid_record
@@ -95,16 +96,12 @@ def _read_config(model_dir: Path) -> Any:
         import transformers  # noqa: F401
     except ImportError as err:
         raise ValueError("--hf-model needs transformers: pip install 'posenc[hf]'") from err
-    from ...pretrained.loading import load_config
-
     return load_config(model_dir)
 
 
 def _load(model_dir: Path) -> tuple[nn.Module, Any]:
     """``(model in eval mode, tokenizer or None)`` from ``model_dir`` (its config checked already)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from ...pretrained.loading import MODELS, load
 
     if str(model_dir) in MODELS or model_dir.suffix == ".gguf":  # a fetched model's name, a GGUF file
         return load(model_dir)
@@ -206,8 +203,6 @@ def _plan(
 ) -> tuple[int, int, dict[str, dict[str, Any] | None]]:
     """``(train_len, eval_len, rope_parameters by variant)`` from the model's config alone;
     ``ValueError`` naming the option at fault."""
-    from ...pretrained.loading import causal_lm_class_name
-
     train_len = int(getattr(config, "max_position_embeddings", 0) or 0)
     if train_len < 1:
         raise ValueError(

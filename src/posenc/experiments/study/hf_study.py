@@ -60,6 +60,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ...pretrained.loading import load
 from ..cluster.distributed import Distributed, resolve_device
 from ..results.folders import FigureWriter, folder_lock, write_outputs
 from ..results.records import RUNS_FILE, atomic_write_text, read_records
@@ -112,8 +113,6 @@ __all__ = [
 
 def load_model(model: str | Path) -> tuple[nn.Module, Any, str]:
     """``(model, tokenizer, name)`` of a fetched model's name, a ``.gguf`` file or an HF folder."""
-    from ...pretrained.loading import load
-
     loaded, tokenizer = load(model)
     return loaded, tokenizer, model_label(model)
 

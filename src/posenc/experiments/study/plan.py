@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ...pretrained.loading import causal_lm_class_name, load_config, reference_text
 from ..results.records import RUNS_FILE, read_records
 from .hf_scaling import check_hf_folder, model_label, parse_variants, rope_parameters_for
 
@@ -40,8 +41,6 @@ CORPORA: dict[str, Callable[[], str]] = {}
 
 
 def _reference() -> str:
-    from ...pretrained.loading import reference_text
-
     return reference_text()
 
 
@@ -246,8 +245,6 @@ class StudyGrid:
 def study_grid(model_ref: str | Path, **options: Any) -> StudyGrid:
     """The :class:`StudyGrid` of the study of ``model_ref`` (``options``: :func:`plan_study`'s), read
     from the model's config (:func:`posenc.pretrained.loading.load_config`) without loading its weights."""
-    from ...pretrained.loading import causal_lm_class_name, load_config
-
     config = load_config(model_ref)
     return StudyGrid(plan_study(config, causal_lm_class_name(config), model_ref, **options))
 
