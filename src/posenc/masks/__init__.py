@@ -6,46 +6,6 @@ segments of a block of rows (:mod:`._segments`) and the three ways a sliding win
 (:mod:`.window_conventions`) live beside it. ``posenc.masks`` hands on the public names.
 """
 
-from .attention_mask import (
-    WINDOW_CONVENTIONS,
-    AttentionMask,
-    BidirectionalWindowMask,
-    BlockwiseCausalMask,
-    CausalMask,
-    ChunkMask,
-    DocumentMask,
-    KeyPaddingMask,
-    KeySegment,
-    MaskComponent,
-    MaskFn,
-    MaskKeywordError,
-    PrefixLMMask,
-    SlidingWindowMask,
-    UserBoolMask,
-    WrittenSlotsMask,
-    and_masks,
-    convert_window,
-    or_masks,
-)
-
-__all__ = [
-    "WINDOW_CONVENTIONS",
-    "AttentionMask",
-    "BidirectionalWindowMask",
-    "BlockwiseCausalMask",
-    "CausalMask",
-    "ChunkMask",
-    "DocumentMask",
-    "KeyPaddingMask",
-    "KeySegment",
-    "MaskComponent",
-    "MaskFn",
-    "MaskKeywordError",
-    "PrefixLMMask",
-    "SlidingWindowMask",
-    "UserBoolMask",
-    "WrittenSlotsMask",
-    "and_masks",
-    "convert_window",
-    "or_masks",
-]
+# The face hands on :mod:`.attention_mask`'s public names, listed once, in its ``__all__``.
+from .attention_mask import *  # noqa: F403
+from .attention_mask import __all__  # noqa: F401
