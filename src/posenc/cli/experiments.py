@@ -329,7 +329,7 @@ def extrapolate(
         torch.set_num_threads(threads)  # one process evaluates: the threads are its own
     if study:
         with quiet_hf_progress():
-            _hf_study(hf_model, out, device, progress, shard, lengths, depths, options)
+            _hf_study(hf_model, out, device, progress, shard, lengths, depths, options, given_options(ctx))
         return
     if hf_model is not None:
         with quiet_hf_progress():
@@ -397,10 +397,7 @@ def preset_configs(ctx: typer.Context, name: str, config: ExperimentConfig) -> l
     given on the command line kept (one that contradicts the preset is a ``ValueError``)."""
     from ..experiments.presets import apply_preset
 
-    # By name: typer may bring its own copy of click's ParameterSource enum.
-    given = {
-        param for param in ctx.params if getattr(ctx.get_parameter_source(param), "name", "") == "COMMANDLINE"
-    }
+    given = given_options(ctx)
     explicit = {key: getattr(config, key) for key in given if key != "task" and hasattr(config, key)}
     return apply_preset(name, config, explicit, task=config.task if "task" in given else None)
 
@@ -456,21 +453,32 @@ def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, opti
         raise typer.Exit(2) from err
 
 
-def study_options(lengths: str | None, depths: str | None, options: dict[str, Any]) -> dict[str, Any]:
-    """:func:`.study_plan.plan_study`'s options from the command's (``ValueError`` names the bad one)."""
+def given_options(ctx: typer.Context) -> set[str]:
+    """The names of the parameters given on the command line (not left at their defaults)."""
+    # By name: typer may bring its own copy of click's ParameterSource enum.
+    return {
+        param for param in ctx.params if getattr(ctx.get_parameter_source(param), "name", "") == "COMMANDLINE"
+    }
+
+
+def study_options(
+    lengths: str | None, depths: str | None, options: dict[str, Any], given: set[str]
+) -> dict[str, Any]:
+    """:func:`.study_plan.plan_study`'s options from the command's (``ValueError`` names the bad one);
+    ``given``: the options given on the command line (:func:`given_options`)."""
     from ..experiments.study.hf_eval import parse_variants
 
     if options["encodings"] != ",".join(_DEFAULT.encodings):
         raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
     corpus = options["corpus"]
+    # Whether an option was given, not whether it differs from the trained experiments' default:
+    # --eval-len 48 or --eval-examples 100 were replaced by the study's own defaults (2c, 1).
     return {
         "task": options["task"],
-        "eval_len": options["eval_len"] if options["eval_len"] != _DEFAULT.eval_len else None,
+        "eval_len": options["eval_len"] if "eval_len" in given else None,
         "lengths": None if lengths is None else _int_list(lengths, "--lengths"),
         "depths": depths,
-        "eval_examples": options["eval_examples"]
-        if options["eval_examples"] != _DEFAULT.eval_examples
-        else 1,
+        "eval_examples": options["eval_examples"] if "eval_examples" in given else 1,
         "seeds": _int_list(options["seeds"], "--seeds"),
         "corpus": None if corpus is None else str(corpus),
         "variants": parse_variants(options["eval_variants"]),
@@ -486,14 +494,16 @@ def _hf_study(
     lengths: str | None,
     depths: str | None,
     options: dict[str, Any],
+    given: set[str],
 ) -> None:
-    """``--hf-model M --task text``: the context-extension study (:mod:`posenc.experiments.study.hf_study`)."""
+    """``--hf-model M --task text``: the context-extension study (:mod:`posenc.experiments.study.hf_study`);
+    ``given``: the options given on the command line."""
     from ..experiments.cluster.shards import parse_shard
     from ..experiments.study.hf_study import run_study, study_summary
     from ..viz.folder import write_figures
 
     try:
-        study = study_options(lengths, depths, options)
+        study = study_options(lengths, depths, options, given)
         with _ProgressBars(console, progress) as bars:
             records, settings = run_study(
                 str(hf_model),

@@ -13,6 +13,7 @@ from .app import app, print_error, print_line
 from .experiments import (
     CONFIG_OPTIONS,
     config_from_options,
+    given_options,
     hf_model_forms,
     preset_configs,
     study_options,
@@ -102,7 +103,8 @@ def submit_command(
     try:
         scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
         if hf_model is not None:
-            configs, passed = _study_submission(hf_model, lengths, depths, preset, passed, options)
+            study = (lengths, depths, given_options(ctx))
+            configs, passed = _study_submission(hf_model, study, preset, passed, options)
         else:
             # submit checks each task's folder itself (check_experiment), so only the configs here
             configs = config if preset is None else preset_configs(ctx, preset, config)
@@ -153,14 +155,14 @@ def submit_command(
 
 def _study_submission(
     hf_model: str,
-    lengths: str | None,
-    depths: str | None,
+    study: tuple[str | None, str | None, set[str]],
     preset: str | None,
     passed: list[str],
     options: Any,
 ) -> tuple[Any, list[str]]:
     """``posenc submit --hf-model``: the study's grid (read from the model's config) and the
-    ``extrapolate`` arguments of its array tasks."""
+    ``extrapolate`` arguments of its array tasks; ``study``: ``(--lengths, --depths, the options
+    given on the command line)``."""
     from ..experiments.study.plan import STUDY_TASKS, study_grid
 
     if preset is not None:
@@ -170,7 +172,8 @@ def _study_submission(
             f"posenc submit --hf-model runs the context-extension study: --task {', '.join(STUDY_TASKS)}, "
             f"not {options['task']!r} (run that evaluation with posenc extrapolate --hf-model)"
         )
-    grid = study_grid(hf_model, **study_options(lengths, depths, options))
+    lengths, depths, given = study
+    grid = study_grid(hf_model, **study_options(lengths, depths, options, given))
     extra = ["--hf-model", hf_model]
     extra += [] if lengths is None else ["--lengths", lengths]
     extra += [] if depths is None else ["--depths", depths]

@@ -21,6 +21,7 @@ GGUF loader)::
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from .catalog import (
 )
 
 __all__ = [
+    "CAUSAL_SWITCHES",
     "MODELS",
     "MODELS_ENV",
     "WEIGHT_FILES",
@@ -158,7 +160,9 @@ def check_causal_decoder(config: Any, where: str | Path) -> None:
     ``AutoModelForCausalLM`` also builds a causal-LM head on an encoder (``BertLMHeadModel``), which
     then attends both ways and scores the text it was meant to predict. A config is a decoder's when
     HF has a causal LM for its ``model_type`` and either it says ``is_decoder`` or its family is
-    decoder-only: no masked-LM class (the encoders BERT, RoBERTa, ...) and no encoder-decoder.
+    decoder-only: no masked-LM class (the encoders BERT, RoBERTa, ...) and no encoder-decoder. A
+    family whose causal LM has a causality setting of its own (:data:`CAUSAL_SWITCHES`: XLNet's
+    ``attn_type``, XLM's ``causal``, ...) is a decoder exactly when that setting says so.
     """
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
@@ -166,6 +170,9 @@ def check_causal_decoder(config: Any, where: str | Path) -> None:
     )
 
     model_type = getattr(config, "model_type", None)
+    if model_type in CAUSAL_SWITCHES:
+        _check_causal_switch(config, model_type, where)
+        return
     bidirectional = model_type in MODEL_FOR_MASKED_LM_MAPPING_NAMES or bool(
         getattr(config, "is_encoder_decoder", False)
     )
@@ -179,6 +186,35 @@ def check_causal_decoder(config: Any, where: str | Path) -> None:
         f"model {where}: its config (model_type {model_type!r}, architectures {architectures}) is {why}, "
         "not a causal decoder; posenc scores left-to-right language models (give a decoder such as "
         "GPT-2 or Llama, or a config with is_decoder true)"
+    )
+
+
+#: Families whose ``AutoModelForCausalLM`` class attends both ways unless a setting of its own
+#: config says otherwise (HF's forward reads that setting, not ``is_decoder``), as
+#: ``model_type: (the setting that makes it causal, whether ``config`` has it)``. Without this table
+#: each was accepted by the rule above (a causal LM, no masked LM) and scored text it could see.
+CAUSAL_SWITCHES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    # BertGenerationDecoder: bidirectional self-attention unless is_decoder (HF only warns).
+    "bert-generation": ("is_decoder true", lambda config: bool(getattr(config, "is_decoder", False))),
+    # XLNetLMHeadModel: attn_type "bi" (the default) attends both ways; "uni" is left-to-right.
+    "xlnet": ("attn_type 'uni'", lambda config: getattr(config, "attn_type", "bi") == "uni"),
+    # XLMWithLMHeadModel: config.causal picks the triangular mask (XLM's CLM checkpoints set it);
+    # is_decoder is not read, and XLM's masked-LM class made the rule above refuse every XLM.
+    "xlm": ("causal true", lambda config: bool(getattr(config, "causal", False))),
+    # CpmAntForCausalLM: its forward marks every input token as context, which attends both ways.
+    "cpmant": ("none (CPM-Ant's forward attends both ways over its input)", lambda config: False),
+}
+
+
+def _check_causal_switch(config: Any, model_type: str, where: str | Path) -> None:
+    """Refuse a config of a :data:`CAUSAL_SWITCHES` family whose own setting is not the causal one."""
+    setting, is_causal = CAUSAL_SWITCHES[model_type]
+    if is_causal(config):
+        return
+    raise ValueError(
+        f"model {where}: its config (model_type {model_type!r}) is not a causal decoder: this family's "
+        f"causal LM attends both ways unless its config says {setting}; posenc scores left-to-right "
+        "language models (give a decoder such as GPT-2 or Llama)"
     )
 
 

@@ -227,7 +227,15 @@ def _study_inputs(tokenizer: Any, settings: dict[str, Any], corpus: str | None) 
                 f"--eval-len {eval_len}"
             )
     if task != "text-lm":
-        passkey_prompt(tokenizer, min(settings["lengths"]), 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
+        shortest = min(settings["lengths"])
+        try:
+            passkey_prompt(tokenizer, shortest, 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
+        except ValueError as err:  # its message named no option (a default length the user never gave)
+            raise ValueError(
+                f"--lengths: the shortest passkey length {shortest} is too short ({err}); give longer "
+                f"--lengths (default: c/2, c, 1.5c, 2c of the context c = {settings['train_len']}, up to "
+                "--eval-len), or --task text-lm"
+            ) from err
     return text_ids
 
 
@@ -385,9 +393,11 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
         row = [label, *(_fmt(ppl.get(b), "{:.2f}") for b in names)]
         row += [_fmt(keys[n]["value"] if n in keys else None, "{:.2f}") for n in lengths]
         if lengths:
+            # Over every length or not at all: a shard's "all" was the mean of the lengths it ran.
+            every = all(n in keys for n in lengths)
             hits = sum(r["value"] * r["examples"] for r in keys.values())
             count = sum(r["examples"] for r in keys.values())
-            row.append(_fmt(hits / count if count else None, "{:.2f}"))
+            row.append(_fmt(hits / count if count and every else None, "{:.2f}"))
         rows.append(row)
     title = (
         f"{Path(settings['hf_model']).name} (context {context}): perplexity by position, "
@@ -397,10 +407,26 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
         f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
         f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens",
     )
-    missing = [label for label in settings["encodings"] if not any(r["encoding"] == label for r in records)]
+    missing = _missing_units(settings, records)
     if missing:
-        notes += (f"incomplete: no results yet for {', '.join(missing)} (a shard, or an interrupted run)",)
+        shown = ", ".join(f"{label} @ {length}" for label, length in missing)
+        notes += (
+            f"incomplete: {len(missing)} unit(s) have no results yet ({shown}; a shard, or an interrupted "
+            "run); passkey all is shown only for a row with every length",
+        )
     return SummaryTable(title, columns, rows, notes)
+
+
+def _missing_units(settings: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """The ``(row label, length)`` units of ``settings`` of which ``records`` hold no result."""
+    done = {r.get("run") for r in records}
+    names = settings.get("variant_names") or {}
+    return [
+        (label, length)
+        for label in settings["encodings"]
+        for length in settings["lengths"]
+        if unit_id(names.get(label, "none"), length) not in done
+    ]
 
 
 def _fmt(value: float | None, form: str) -> str:

@@ -175,6 +175,11 @@ def plan_study(
     if context < 1:
         raise ValueError(f"--hf-model {model_ref}: its config has no max_position_embeddings")
     eval_len = 2 * context if eval_len is None else int(eval_len)
+    if eval_len < 2:  # 0 reached the model as an empty window (a reshape error), -5 the passkey's check
+        raise ValueError(
+            f"--eval-len {eval_len}: the study scores positions 2..--eval-len (the first token has no "
+            f"prediction); give at least 2 (default: twice the model's context, {2 * context})"
+        )
     length_list = sorted(set(lengths)) if lengths else default_lengths(context, eval_len)
     if any(n < 2 or n > eval_len for n in length_list):
         raise ValueError(f"--lengths {length_list}: every length must lie in [2, --eval-len {eval_len}]")
