@@ -15,6 +15,7 @@ pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+from _tiny_hf import byte_level_tokenizer  # noqa: E402
 from posenc.cli.app import _load_command_modules, app  # noqa: E402
 
 TEXT = (
@@ -27,15 +28,7 @@ LLAMA_CONTEXT = 64
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(
-        [TEXT] * 20, trainers.BpeTrainer(vocab_size=290, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    )
-    return transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+    return byte_level_tokenizer(290, TEXT)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 
+from _tiny_hf import TEXT, save_tiny_llama  # noqa: E402
 from posenc.experiments.cluster.shards import Shard, merge_folders  # noqa: E402
 from posenc.experiments.results.records import read_records  # noqa: E402
 from posenc.experiments.study import hf_study  # noqa: E402
@@ -30,38 +31,11 @@ from posenc.experiments.study.hf_study import (  # noqa: E402
 from posenc.viz.folder import write_figures  # noqa: E402
 
 CONTEXT = 64
-TEXT = (
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
-    "The pass key is 12345. Remember it. 67890 is the pass key. What is the pass key? "
-    "def parse_args(self, args=None, namespace=None): return 0123456789\n"
-)
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(
-        [TEXT] * 20,
-        trainers.BpeTrainer(vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()),
-    )
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=420,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=CONTEXT,
-    )
-    path = tmp_path_factory.mktemp("hf") / "tiny-llama"
-    transformers.LlamaForCausalLM(config).save_pretrained(path)
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(path)
-    return path
+    return save_tiny_llama(tmp_path_factory.mktemp("hf") / "tiny-llama", CONTEXT)
 
 
 @pytest.fixture
