@@ -25,7 +25,7 @@ from posenc.backends import (
     get_backend,
     register_backend,
 )
-from posenc.backends._flash import cpu_flash_limit
+from posenc.backends.parts.flash import cpu_flash_limit
 from posenc.encodings.base import TokenStates
 
 HEADS, DIM, T = 2, 8, 8

@@ -100,7 +100,7 @@ def test_blocked_matches_formula(encoding_cls, case, frozen):
 @pytest.mark.parametrize("case", ["causal_cache_offset", "padding_fully_masked_rows", "bool_mask"])
 def test_blocked_without_the_cpu_flash_kernel(case, monkeypatch):
     """The explicit-softmax path (other devices, or a torch without the CPU flash op)."""
-    monkeypatch.setattr("posenc.backends._flash.cpu_flash_available", lambda: False)
+    monkeypatch.setattr("posenc.backends.parts.flash.cpu_flash_available", lambda: False)
     q = torch.randn(1, H, 4, D)
     pos = torch.arange(4)[None]
     req = AttentionRequest(

@@ -62,15 +62,15 @@ def _recording(builder, label: str, built: dict):
 
 def test_show_and_plot_build_the_same_encoding_for_every_registered_name(monkeypatch, tmp_path):
     """``posenc show`` and ``posenc plot`` (default sizes) build equal encodings, bare or with options."""
+    import posenc.cli.plots
     import posenc.examples
-    import posenc.viz.cli
 
     built: dict[str, dict] = {}
     monkeypatch.setattr(
         posenc.examples, "build_example", _recording(posenc.examples.build_example, "show", built)
     )
     monkeypatch.setattr(
-        posenc.viz.cli, "build_example", _recording(posenc.viz.cli.build_example, "plot", built)
+        posenc.cli.plots, "build_example", _recording(posenc.cli.plots.build_example, "plot", built)
     )
     specs = [*posenc.available(), "sinusoidal2d:base=100", "alibi:num_heads=4", "sinusoidal:dim=32"]
     for spec in specs:

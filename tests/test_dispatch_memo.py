@@ -197,7 +197,7 @@ def test_the_memo_answers_as_a_full_selection_while_the_keys_grow(case, monkeypa
     """A decode step's keys grow by one each token; small CPU requests are remembered whatever their
     key count (posenc.backends.memo): across key counts on both sides of the size threshold where the
     query-block backends stop declining, and with nan on one step, the memo answers as a full selection."""
-    from posenc.backends import _query_blocks
+    from posenc.backends.parts import query_blocks as _query_blocks
 
     monkeypatch.setattr(_query_blocks, "MIN_AUTO_LOGITS", 64 * 64)  # the threshold within reach
     spec, length, *options = case.split("|")

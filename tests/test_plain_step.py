@@ -18,8 +18,8 @@ import torch
 
 import posenc
 import posenc.layers.attention as attention_module
-from posenc.backends import _query_blocks
 from posenc.backends.dispatch import PRIORITY, set_priority
+from posenc.backends.parts import query_blocks as _query_blocks
 from posenc.encodings.base import Kind
 from posenc.encodings.rope import switch_rope_pairing_
 from posenc.layers import plain_step

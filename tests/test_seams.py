@@ -92,7 +92,8 @@ def test_canary_fails_on_a_changed_torch_schema(monkeypatch, key):
 
 
 def test_a_changed_flash_schema_turns_the_flash_paths_off_with_a_warning(monkeypatch):
-    from posenc.backends import AttentionRequest, _flash, backend_reasons
+    from posenc.backends import AttentionRequest, backend_reasons
+    from posenc.backends.parts import flash as _flash
 
     key = "aten::_scaled_dot_product_flash_attention_for_cpu"
     monkeypatch.setattr(torch.ops.aten, SEAMS[key].path.rsplit(".", 1)[1], _fake_op(_CHANGED_SCHEMAS[key][0]))

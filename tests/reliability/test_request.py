@@ -278,7 +278,7 @@ def test_nan_in_the_input_is_never_turned_into_finite_numbers(encoding):
 def test_key_padding_at_length_never_builds_a_dense_mask_on_auto(monkeypatch):
     """sdpa turns a padding mask into a dense [B, 1, L, L] tensor (10 GB at L=50,000); past a size
     auto takes the blocked backend instead, with the same result."""
-    monkeypatch.setattr("posenc.backends._query_blocks.MAX_DENSE_MASK_BYTES", 300 * 300 * 4 - 1)
+    monkeypatch.setattr("posenc.backends.parts.query_blocks.MAX_DENSE_MASK_BYTES", 300 * 300 * 4 - 1)
     layer = _layer("rope", causal=True).double()
     x = torch.randn(2, 300, E, dtype=torch.float64)
     pad = torch.zeros(2, 300, dtype=torch.bool)

@@ -24,8 +24,8 @@ from torch import Tensor
 
 from ..encodings.base import Kind
 from . import memo as _memo
+from .parts.softcap import SOFTCAP_REASON
 from .request import AttentionRequest
-from .softcap import SOFTCAP_REASON
 
 __all__ = [
     "INPUT_BIAS_REASON",

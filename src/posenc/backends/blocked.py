@@ -51,17 +51,17 @@ from torch.autograd.function import once_differentiable
 from ..encodings.base import Kind
 from ..masks.attention_mask import AttentionMask, CausalMask
 from . import AttentionRequest, register_backend
-from ._exact import at_least_float32, consecutive, distance_table
-from ._flash import accumulation_dtype, cpu_flash_limit, flash_backward, flash_forward, kernel_layout
-from ._query_blocks import (  # shared with the splits; re-exported under their old names here
+from .parts.exact import at_least_float32, consecutive, distance_table
+from .parts.flash import accumulation_dtype, cpu_flash_limit, flash_backward, flash_forward, kernel_layout
+from .parts.query_blocks import (  # shared with the splits; re-exported under their old names here
     DEFAULT_BLOCK,
     MAX_DENSE_MASK_BYTES,
     MIN_AUTO_LOGITS,
     query_block_declines,
     query_block_reasons,
 )
-from ._sinks import merge_sinks, sink_grad
-from .softcap import soft_cap, soft_cap_backward
+from .parts.sinks import merge_sinks, sink_grad
+from .parts.softcap import soft_cap, soft_cap_backward
 
 __all__ = [
     "DEFAULT_BLOCK",

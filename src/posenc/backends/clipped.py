@@ -10,7 +10,7 @@ none), with a near band of reach ``n`` (``n + 1`` at least the far distance) cut
 ``b`` query rows with ``back`` key blocks before each (``n = back · b``, :func:`_blocks_for`):
 
 * **far before** (``j <= i − n − 1``) and, without a causal mask, **far after** (reversed copies):
-  :func:`~posenc.backends._exact.far_forward`; the row constant shifts the part's log-sum-exp, a key
+  :func:`~posenc.backends.parts.exact.far_forward`; the row constant shifts the part's log-sum-exp, a key
   constant ``k_j · query_rows[r]`` joins the queries (``(q_i + query_rows[r]) · k_j``);
 * **near** (``|j − i| <= n``): explicit logits on blocks of ``b`` queries against the ``n + b``
   (causal) or ``2n + b`` keys around them (never ``L × L``), in pieces of a few blocks and heads whose
@@ -22,7 +22,7 @@ none), with a near band of reach ``n`` (``n + 1`` at least the far distance) cut
   are positive, and only the rows the band reads projected) and the backward adds into the same
   views; otherwise (DeBERTa's log buckets) they are gathered by ``r``.
 
-The parts merge exactly through their log-sum-exp (:mod:`posenc.backends._exact`); a far part's value
+The parts merge exactly through their log-sum-exp (:mod:`posenc.backends.parts.exact`); a far part's value
 term is its softmax mass times the constant row. **Backward** (no ``L × L`` tensor either): the flash
 backward kernel gets the merged log-sum-exp minus the part's row constant, and the merged output
 minus the constant value row (the kernel uses the output only through ``D_i = dO_i · O_i``, and the
@@ -45,8 +45,8 @@ from torch.autograd.function import once_differentiable
 
 from ..encodings.base import ClippedRelative, Kind
 from . import AttentionRequest, register_backend
-from ._clipped_near import NearBand, Plan
-from ._exact import (
+from .parts.clipped_near import NearBand, Plan
+from .parts.exact import (
     far_backward,
     far_forward,
     far_keys,
@@ -56,7 +56,7 @@ from ._exact import (
     row_constant_grad,
     same_consecutive_positions,
 )
-from ._flash import NONFINITE_REASON, accumulation_dtype, cpu_flash_limit, kernel_layout
+from .parts.flash import NONFINITE_REASON, accumulation_dtype, cpu_flash_limit, kernel_layout
 
 __all__ = ["CLIPPED_BLOCK", "CLIPPED_MIN_BLOCKS", "CLIPPED_MIN_LEN", "ClippedBackend", "clipped_attention"]
 

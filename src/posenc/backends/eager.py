@@ -12,13 +12,13 @@ from torch import Tensor
 
 from ..encodings.base import Kind
 from . import AttentionRequest, register_backend
-from ._sinks import softmax_with_sinks
-from .softcap import soft_cap
+from .parts.sinks import softmax_with_sinks
+from .parts.softcap import soft_cap
 
 
 def attention_logits(req: AttentionRequest) -> Tensor:
     """Scaled, masked logits ``[B, H, Tq, Tk]`` in the query dtype (hidden entries are ``finfo.min``):
-    the q/k logits, soft-capped when the request says so (:mod:`~posenc.backends.softcap`), then the
+    the q/k logits, soft-capped when the request says so (:mod:`~posenc.backends.parts.softcap`), then the
     bias, the float mask and the hidden keys."""
     q = req.q
     k, _ = req.kv_per_query_head()

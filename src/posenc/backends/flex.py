@@ -37,7 +37,7 @@ from torch import Tensor
 
 from ..encodings.base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
-from .softcap import soft_cap
+from .parts.softcap import soft_cap
 
 __all__ = ["FlexBackend", "flex_available", "flex_bias_attention"]
 

@@ -14,7 +14,7 @@ The key: the requested backend, the device type's order (``dispatch.PRIORITY`` a
 direct edit of it changes the answer as :func:`~posenc.backends.dispatch.set_priority` does), the
 device, dtype and shapes of q, k and v, the kind, the causal offset, sinks (present or not), the
 soft-cap, dropout > 0, need_weights, grad mode and whether anything requires grad. A small request
-on CPU (``Tq * Tk`` under :data:`~posenc.backends._query_blocks.MIN_AUTO_LOGITS`, where every backend
+on CPU (``Tq * Tk`` under :data:`~posenc.backends.parts.query_blocks.MIN_AUTO_LOGITS`, where every backend
 built on query blocks declines) leaves the number of keys out of the key (whether there are any stays
 in) and counts the causal offset from the cache length (``offset - (Tk - Tq)``): no CPU backend's
 limits or costs read them there, so a decode step, whose keys grow by one each token, is answered
@@ -33,7 +33,8 @@ import torch
 
 from ..encodings.base import Kind
 from ..masks.attention_mask import CausalMask
-from . import _query_blocks, dispatch
+from . import dispatch
+from .parts import query_blocks
 
 _MAX_ENTRIES = 512
 
@@ -70,7 +71,7 @@ def signature(request, requested: str, backends: dict) -> tuple | None:
     components = mask.components
     q, k, v = request.q, request.k, request.v
     # small on CPU: no backend's choice reads the number of keys or where the cache ends (docstring)
-    small = q.device.type == "cpu" and q.shape[2] * k.shape[2] < _query_blocks.MIN_AUTO_LOGITS
+    small = q.device.type == "cpu" and q.shape[2] * k.shape[2] < query_blocks.MIN_AUTO_LOGITS
     if not components:
         causal = None
     elif len(components) == 1 and type(components[0]) is CausalMask:

@@ -7,7 +7,7 @@ So, for square self-attention at consecutive positions with a plain causal mask 
 
 * the **far** part (``j <= i − block − 1``) is one ``is_causal`` call of PyTorch's CPU flash kernel on
   shifted slices (and, without a causal mask, the mirror image for ``j >= i + block + 1`` on reversed
-  copies; :func:`~posenc.backends._exact.far_forward`). A far constant shifts the part's
+  copies; :func:`~posenc.backends.parts.exact.far_forward`). A far constant shifts the part's
   log-sum-exp; a separable key term rides in one extra head dimension (re-centred on the middle
   key) and the row term shifts the log-sum-exp;
 * the **near** band (distances up to ``block``) runs as one batched masked call over all query
@@ -16,7 +16,7 @@ So, for square self-attention at consecutive positions with a plain causal mask 
   within a block of the centre).
 
 The parts merge exactly through their log-sum-exp and the backward hands each the merged output
-and log-sum-exp (:mod:`posenc.backends._exact`); a far constant's gradient is its row-constant
+and log-sum-exp (:mod:`posenc.backends.parts.exact`); a far constant's gradient is its row-constant
 gradient summed over rows, into the distance table. Backward calls of the near band stay under
 :data:`MAX_CALL_BYTES` of float32 logits.
 
@@ -34,7 +34,7 @@ from torch.autograd.function import once_differentiable
 
 from ..encodings.base import Kind, NearFar, SeparableBias
 from . import AttentionRequest, register_backend
-from ._exact import (
+from .parts.exact import (
     add_runs,
     distance_table,
     far_backward,
@@ -50,15 +50,15 @@ from ._exact import (
     same_consecutive_positions,
     with_key_term,
 )
-from ._flash import (
+from .parts.flash import (
     accumulation_dtype,
     cpu_flash_limit,
     flash_backward,
     flash_forward,
     kernel_layout,
 )
-from ._query_blocks import query_block_declines, query_block_reasons
-from ._sinks import merge_sinks, sink_grad
+from .parts.query_blocks import query_block_declines, query_block_reasons
+from .parts.sinks import merge_sinks, sink_grad
 
 __all__ = ["NEAR_BLOCK", "NEAR_FAR_MIN_LEN", "NearFarBackend", "near_far_attention", "near_far_plan"]
 
@@ -166,7 +166,7 @@ def _near_calls(plan: _NearFar, bias: Tensor, batch: int) -> list[_NearCall]:
 
 
 def _far_operands(plan: _NearFar, side: str, q: Tensor, k: Tensor, v: Tensor, constant: Tensor | None):
-    """The far part of ``side`` in its orientation (:func:`~posenc.backends._exact.far_rows`, reversed
+    """The far part of ``side`` in its orientation (:func:`~posenc.backends.parts.exact.far_rows`, reversed
     after the diagonal): ``(q rows, k keys, v keys, key term or None, shift [B|1, H, rows])``.
 
     A far constant shifts the log-sum-exp by itself. A separable bias's key term ``col − col_c``

@@ -24,8 +24,8 @@ from torch.utils.checkpoint import checkpoint
 
 from ..encodings.base import Kind
 from . import AttentionRequest, kind_reasons, register_backend
-from ._sinks import softmax_with_sinks
-from .softcap import soft_cap
+from .parts.sinks import softmax_with_sinks
+from .parts.softcap import soft_cap
 
 __all__ = ["DEFAULT_BLOCK", "DENSE_LIMIT", "RelativeBackend", "relative_attention"]
 

@@ -16,7 +16,7 @@ from ..encodings.base import FiniteMark, InputBias, Kind, PositionalEncoding, To
 from ..masks.attention_mask import AttentionMask
 from ..masks.keywords import MaskKeywordError, described
 from .finite import all_finite, all_finite_together, all_parameters
-from .softcap import check_softcap
+from .parts.softcap import check_softcap
 
 __all__ = ["AttentionRequest"]
 

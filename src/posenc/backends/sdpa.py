@@ -5,7 +5,7 @@ encodings by passing the dense bias as a float mask (correct everywhere; on CPU 
 PyTorch then uses its math kernel, so the blocked and flex backends come first for BIAS kinds).
 A pure causal mask with ``Tq == Tk`` and no cache offset is passed as ``is_causal`` (no mask tensor).
 
-Attention sinks need the kernel's log-sum-exp (:mod:`posenc.backends._sinks`), which only the CPU
+Attention sinks need the kernel's log-sum-exp (:mod:`posenc.backends.parts.sinks`), which only the CPU
 flash kernel (``aten::_scaled_dot_product_flash_attention_for_cpu``) returns: on CPU the layer runs
 that kernel and its backward directly; elsewhere a request with sinks goes to another backend.
 """
@@ -19,14 +19,14 @@ from torch.autograd.function import once_differentiable
 
 from ..encodings.base import Kind
 from . import AttentionRequest, register_backend
-from ._flash import (
+from .parts.flash import (
     NONFINITE_REASON,
     cpu_flash_limit,
     flash_backward,
     flash_forward,
     kernel_layout,
 )
-from ._sinks import merge_sinks, sink_grad
+from .parts.sinks import merge_sinks, sink_grad
 
 
 class _FlashWithSinks(torch.autograd.Function):

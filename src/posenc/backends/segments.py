@@ -10,7 +10,7 @@ fixed cost per call, so one call per shape beats a loop over blocks. With :data:
 blocks of one shape sharing one mask; ``"segments"`` runs full runs without a mask and the two
 triangles as masked calls with one shared triangular mask. The parts merge exactly through their
 log-sum-exp, and the backward hands each part the merged output and log-sum-exp
-(:mod:`posenc.backends._exact`). Rows with exactly one part (a window's bands) skip the merge.
+(:mod:`posenc.backends.parts.exact`). Rows with exactly one part (a window's bands) skip the merge.
 
 ``auto`` takes it where the blocked backend would run (the same costs) and the segments cost less
 than masked query blocks; forcing it serves any mask.
@@ -28,23 +28,23 @@ from torch.autograd.function import once_differentiable
 from ..encodings.base import Kind
 from ..masks.attention_mask import AttentionMask, KeySegment
 from . import AttentionRequest, register_backend
-from ._exact import MASKED_KERNEL_COST, add_runs, masked_band, merge_lse, part_weight, piece_ranges, runs
-from ._flash import (
+from .parts.exact import MASKED_KERNEL_COST, add_runs, masked_band, merge_lse, part_weight, piece_ranges, runs
+from .parts.flash import (
     accumulation_dtype,
     cpu_flash_limit,
     flash_backward,
     flash_forward,
     kernel_layout,
 )
-from ._query_blocks import DEFAULT_BLOCK, query_block_declines, query_block_reasons
-from ._sinks import merge_sinks, sink_grad
+from .parts.query_blocks import DEFAULT_BLOCK, query_block_declines, query_block_reasons
+from .parts.sinks import merge_sinks, sink_grad
 
 __all__ = ["SEGMENT_BLOCK", "SegmentsBackend", "segment_attention", "segment_groups"]
 
 #: Query rows per block (128 and 256 run about as fast; 128 wastes less at window edges).
 SEGMENT_BLOCK = 128
 #: Bytes of one batched backward call's key operands (the ``dk``/``dv`` it allocates) at most; a
-#: group of more blocks runs as several calls (:func:`~posenc.backends._exact.piece_ranges`). The
+#: group of more blocks runs as several calls (:func:`~posenc.backends.parts.exact.piece_ranges`). The
 #: forward keeps one call: it allocates only outputs of the queries' size.
 MAX_CALL_BYTES = 8 << 20
 

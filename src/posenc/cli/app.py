@@ -138,7 +138,7 @@ def print_line(message: str) -> None:
 COMMAND_MODULES = [
     "posenc.cli.experiments",
     "posenc.cli.slurm",
-    "posenc.viz.cli",
+    "posenc.cli.plots",
     "posenc.cli.bench",
     "posenc.cli.pretrained",
 ]

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from ..backends import get_backend, memo, requested_backend
 from ..backends.dispatch import listed_order
 from ..backends.finite import new_tokens_finite
+from ..backends.parts.softcap import check_softcap
 from ..backends.run import attend
-from ..backends.softcap import check_softcap
 from ..encodings.base import FiniteMark, Kind, checks_values
 from ..kernels.position_ranges import versioned_arange
 from ..masks.attention_mask import AttentionMask

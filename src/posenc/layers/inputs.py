@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..backends.softcap import check_softcap
+from ..backends.parts.softcap import check_softcap
 from .patterns import LayerSpec, TemperatureForm
 
 __all__ = [

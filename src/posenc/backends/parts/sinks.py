@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ._flash import accumulation_dtype
+from .flash import accumulation_dtype
 
 __all__ = ["merge_sinks", "sink_grad", "softmax_with_sinks"]
 

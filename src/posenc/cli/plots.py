@@ -10,7 +10,7 @@ from rich.table import Table
 from posenc.cli.app import app, console, print_error, print_line
 
 from ..examples import build_example
-from .registry import PlotOptions, figures_for, make_figure, save_figure
+from ..viz.registry import PlotOptions, figures_for, make_figure, save_figure
 
 
 def _fail(message: str) -> typer.Exit:
@@ -70,11 +70,11 @@ def plot(
             raise ValueError("--out FILE.png|FILE.svg is required")
         options = PlotOptions(length=length, max_heads=max_heads, causal=causal)
         if run is not None and figure_name == "depth":
-            from .depth import run_depth_figure
+            from ..viz.depth import run_depth_figure
 
             fig = run_depth_figure(run)
         elif run is not None:
-            from .runs import run_attention_figure
+            from ..viz.runs import run_attention_figure
 
             fig = run_attention_figure(run, encoding=spec, options=options)
         elif spec is None:
@@ -98,7 +98,7 @@ def report(
     """Write one self-contained HTML report of an experiment: the verdict (fit, ranking beyond L with
     intervals, neighbours compared), curves, per-length heat map, diagnostics from the checkpoints
     and, last, the configuration with the command that reproduces the folder."""
-    from .report import write_report
+    from ..viz.report import write_report
 
     try:
         path = write_report(directory, out, gallery=gallery)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ._exact import piece_ranges
-from ._flash import flash_forward
+from .exact import piece_ranges
+from .flash import flash_forward
 
 __all__ = ["NearBand", "Plan"]
 

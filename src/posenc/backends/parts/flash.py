@@ -9,7 +9,7 @@ import warnings
 import torch
 from torch import Tensor
 
-from ..seams import cpu_flash_drift
+from ...seams import cpu_flash_drift
 
 __all__ = [
     "FLASH_DTYPES",

@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ..masks.attention_mask import AttentionMask
-from ._flash import flash_backward, flash_forward
+from ...masks.attention_mask import AttentionMask
+from .flash import flash_backward, flash_forward
 
 __all__ = [
     "MASKED_KERNEL_COST",

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import torch
 
-from ..encodings.base import Kind
-from ._exact import MASKED_KERNEL_COST, masked_band
-from ._flash import NONFINITE_REASON
-from .request import AttentionRequest
+from ...encodings.base import Kind
+from ..request import AttentionRequest
+from .exact import MASKED_KERNEL_COST, masked_band
+from .flash import NONFINITE_REASON
 
 __all__ = [
     "DEFAULT_BLOCK",
