@@ -835,7 +835,7 @@ def test_inkling_equals_hf_eager():
 def test_the_bridges_kept_positions_survive_a_write_into_them():
     """The positions of an encoding-free call are views of a kept ``arange``; a write into one (by
     anyone) must not reach the next call's positions."""
-    from posenc.hf._attention import _counting
+    from posenc.kernels.position_ranges import counting_positions as _counting
 
     cpu = torch.device("cpu")
     first = _counting(5, cpu)
@@ -848,9 +848,9 @@ def test_the_bridges_kept_positions_survive_a_write_into_them():
 def test_generate_under_inference_mode_equals_no_grad(monkeypatch):
     """Under ``torch.inference_mode`` tensors count no in-place writes: the bridge's kept positions
     (a version-checked table) and the swapped RoPE's positions are made as normal tensors there."""
-    from posenc.hf import _attention
+    from posenc.kernels import position_ranges
 
-    monkeypatch.setattr(_attention, "_COUNTING", {})  # the table is first made under inference_mode
+    monkeypatch.setattr(position_ranges, "_COUNTING", {})  # the table is first made under inference_mode
     model = _model("llama")
     swapped = posenc_hf.swap_encoding(_model("llama"), "rope")
     ids, mask = _inputs()

@@ -24,7 +24,6 @@ VOCAB = 50
 @pytest.fixture(autouse=True)
 def _registered(monkeypatch):
     posenc_hf.register()
-    monkeypatch.setattr(bridge, "_PLAIN_DECODE", {})  # every test starts with nothing remembered
     yield
 
 
@@ -66,7 +65,7 @@ def test_the_plain_decode_step_gives_the_full_path_s_logits_bit_for_bit(num_kv_h
     fast = _decode(model, ids, 5)
     assert len(served) >= 2 * 5, "the plain decode step served the later steps"
     with monkeypatch.context() as full:
-        full.setattr(bridge, "_plain_decode_key", lambda *a: None)
+        full.setattr(bridge, "_plain_call", lambda *a: None)
         want = _decode(model, ids, 5)
     for got, expected in zip(fast, want, strict=True):
         assert torch.equal(got, expected)
@@ -191,7 +190,7 @@ def test_values_of_another_width_are_served_bit_for_bit(monkeypatch):
     assert len(served) == 3 and posenc_hf.last_backend() == "sdpa"
     bridge._CHECKED.pop(module, None)
     with monkeypatch.context() as full:
-        full.setattr(bridge, "_plain_decode_key", lambda *a: None)
+        full.setattr(bridge, "_plain_call", lambda *a: None)
         want = decode()
     for out, expected in zip(got, want, strict=True):
         assert out.shape == (1, 1, 4, 8) and torch.equal(out, expected)

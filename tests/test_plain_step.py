@@ -32,13 +32,13 @@ PLAIN_KINDS = (Kind.ABSOLUTE, Kind.ROTARY)
 
 def _full_path(monkeypatch) -> None:
     """Switch the plain step off: every call builds its request (the reference)."""
-    monkeypatch.setattr(attention_module, "plain_signature", lambda *a: None)
+    monkeypatch.setattr(attention_module, "layer_signature", lambda *a: None)
 
 
 def _served(monkeypatch) -> list[bool]:
     """One entry per call the plain step served (returned an output for)."""
     served: list[bool] = []
-    real = plain_step.plain_step
+    real = plain_step.layer_step
 
     def counting(*args):
         out = real(*args)
@@ -46,7 +46,7 @@ def _served(monkeypatch) -> list[bool]:
             served.append(True)
         return out
 
-    monkeypatch.setattr(attention_module, "plain_step", counting)
+    monkeypatch.setattr(attention_module, "layer_step", counting)
     return served
 
 

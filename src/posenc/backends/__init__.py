@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..encodings.base import Kind
 from . import memo as _memo
+from .dispatch import listed_order, priority_list
 from .parts.softcap import SOFTCAP_REASON
 from .request import AttentionRequest
 
@@ -37,6 +38,7 @@ __all__ = [
     "available_backends",
     "backend_limits",
     "backend_reasons",
+    "dispatch_state",
     "get_backend",
     "kind_reasons",
     "register_backend",
@@ -158,8 +160,6 @@ def register_backend(backend: Backend) -> Backend:
 def available_backends(device: torch.device | str = "cpu") -> list[str]:
     """Backend names in the order ``auto`` tries them on ``device``."""
     _load_builtin()
-    from .dispatch import listed_order, priority_list
-
     device_type = device.type if isinstance(device, torch.device) else torch.device(device).type
     # Asked on every request: remembered until the order or the registered backends change.
     key = (device_type, _memo.generation(), listed_order(device_type), len(_BACKENDS))
@@ -219,6 +219,15 @@ class use_backend:  # lower case: called like a function, as torch.set_grad_enab
 def requested_backend(backend: str = "auto") -> str:
     """The backend a call asks for: the one :func:`use_backend` forces, else ``backend`` (a layer's)."""
     return _forced.name or backend
+
+
+def dispatch_state(backend: str = "auto") -> tuple:
+    """What a choice of backend depends on besides the request: the backend asked for (``backend``,
+    or the one :func:`use_backend` forces), the registry's generation (any :func:`register_backend`,
+    :func:`use_backend` or :func:`~posenc.backends.dispatch.set_priority` bumps it) and the CPU order
+    as it stands. Equal states and equal requests get the same backend: a caller that remembers a
+    choice keys it on this (:mod:`posenc.layers.plain_step`)."""
+    return (requested_backend(backend), _memo.generation(), listed_order("cpu"))
 
 
 def backend_reasons(request: AttentionRequest, *, auto: bool = False) -> dict[str, list[str]]:

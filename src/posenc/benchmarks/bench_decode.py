@@ -227,7 +227,7 @@ def split_table(args) -> str:
     originals = {
         "read": posenc.KVCache.read,
         "append": posenc.KVCache.append,
-        "finite": plain._finite,
+        "finite": plain.fresh_finite,
         "project": posenc.MultiheadAttention.project,
         "rotate": rope.rotate_fresh,
         "sdpa": plain.F.scaled_dot_product_attention,
@@ -236,7 +236,7 @@ def split_table(args) -> str:
     try:
         posenc.KVCache.read = clock.wrap("cache check (writer, batch, device)", originals["read"])
         posenc.KVCache.append = clock.wrap("cache write (in place)", originals["append"])
-        plain._finite = clock.wrap("nan test (q, new key and value)", originals["finite"])
+        plain.fresh_finite = clock.wrap("nan test (q, new key and value)", originals["finite"])
         posenc.MultiheadAttention.project = clock.wrap("projections q, k, v", originals["project"])
         rope.rotate_fresh = clock.wrap("rotation (RoPE)", originals["rotate"])
         plain.F = _FunctionalWith(kernel=clock.wrap("kernel (sdpa)", originals["sdpa"]))
@@ -251,7 +251,7 @@ def split_table(args) -> str:
     finally:
         posenc.KVCache.read = originals["read"]
         posenc.KVCache.append = originals["append"]
-        plain._finite = originals["finite"]
+        plain.fresh_finite = originals["finite"]
         posenc.MultiheadAttention.project = originals["project"]
         rope.rotate_fresh = originals["rotate"]
         plain.F = F

@@ -7,16 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..backends import get_backend, memo, requested_backend
-from ..backends.dispatch import listed_order
-from ..backends.finite import new_tokens_finite
+from ..backends import get_backend
 from ..backends.parts.softcap import check_softcap
 from ..backends.run import attend
 from ..encodings.base import FiniteMark, Kind, checks_values
-from ..kernels.position_ranges import versioned_arange
+from ..kernels.position_ranges import counting_positions
+from ..layers import plain_step
 from ..masks.attention_mask import AttentionMask
 from ._common import BACKEND, NOPE, note_backend, transformers_module
 from ._masks import note_window_keyword, posenc_mask
@@ -102,21 +100,6 @@ def _linked(previous: _CheckedKeys | None, key: Tensor, past: int) -> bool:
     )
 
 
-#: Per device, ``arange(N)`` and its version: the positions of a call whose encoding reads none (HF
-#: rotated q and k already) are views of it, not two fresh ``arange`` per call (a tenth of a decode
-#: step's attention call). A write into it bumps the version, and the next call makes a new one.
-_COUNTING: dict[torch.device, tuple[Tensor, int]] = {}
-
-
-def _counting(length: int, device: torch.device) -> Tensor:
-    """``arange(length)[None]`` on ``device``, as a view of a kept table."""
-    table, version = _COUNTING.get(device, (None, -1))
-    if table is None or table.shape[0] < length or table._version != version:
-        table = versioned_arange(0, max(length, 2 * (0 if table is None else table.shape[0]), 4096), device)
-        _COUNTING[device] = (table, table._version)
-    return table[None, :length]
-
-
 def _paged(kwargs: dict[str, Any]) -> bool:
     """Whether HF called with its paged cache (continuous batching): it hands the attention function
     the cache itself (transformers 5.19-5.23) or the read/write indices into it (5.24)."""
@@ -160,39 +143,21 @@ def attention_forward(
     note_window_keyword(module, kwargs)  # posenc's mask interface skips a window only if it arrives
     plain = None
     if attention_mask is None and query.shape[2] == 1 and s_aux is None and position_bias is None:
-        plain = _plain_decode_key(module, query, key, value, dropout, scaling, kwargs)
-        if plain is not None and _PLAIN_DECODE.get(plain) == "sdpa":
-            out = _plain_decode(module, query, key, value, plain[-1])
+        plain = _plain_call(module, query, key, value, dropout, scaling, kwargs)
+        if plain is not None and plain == plain_step.remembered(module):
+            out = _plain_decode(module, query, key, value, scaling)
             if out is not None:
                 return out, None
     _check_supported(kwargs)
     q_len = query.shape[2]
     layer_causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     causal = layer_causal and attention_mask is None and q_len > 1
-    offset = 0
-    if causal and key.shape[2] > q_len:
-        if getattr(module, "is_kv_shared_layer", False):
-            # Gemma 4's KV-shared layers: the queries were cut to the last logits_to_keep tokens and
-            # the mask left None, the keys are the whole sequence's: the queries are its last ones.
-            offset = key.shape[2] - q_len
-        else:  # empty static-cache slots after the prompt (HF's sdpa rule)
-            key, value = key[:, :, :q_len], value[:, :, :q_len]
-    scale = query.shape[-1] ** -0.5 if scaling is None else float(scaling)
+    key, value, offset = _causal_keys(module, key, value, q_len, causal)
     window = kwargs.get("sliding_window")
     if position_bias is not None:
         attention_mask = _with_position_bias(attention_mask, position_bias, causal, key.shape[2], window)
         causal = False
-    encoding = _swapped_encoding(module)
-    if encoding is None:  # HF's own positions are already in q and k
-        encoding = NOPE
-        q_pos, k_pos = _counting(q_len, query.device), _counting(key.shape[2], query.device)
-    else:
-        q_pos, k_pos = swapped_positions(
-            module, kwargs.get("position_ids"), q_len, key.shape[2], query.device
-        )
-        if encoding.kind is Kind.ROTARY:
-            query, key = encoding.rotate(query, key, q_pos, k_pos)
-            encoding = NOPE
+    query, key, encoding, q_pos, k_pos = _positions(module, query, key, kwargs.get("position_ids"))
     known, mark = _known_finite_keys(module, key, q_len) if key.shape[2] else (0, None)
     window_mask = (
         _causal_window(window, query, key, offset)
@@ -206,7 +171,7 @@ def attention_forward(
         encoding=encoding,
         q_pos=q_pos,
         k_pos=k_pos,
-        scale=scale,
+        scale=query.shape[-1] ** -0.5 if scaling is None else float(scaling),
         mask=window_mask,
         causal=causal,
         causal_offset=offset,
@@ -220,11 +185,41 @@ def attention_forward(
         softcap=_softcap(kwargs.get("softcap")),
     )
     note_backend(name)
-    if plain is not None and mark is not None and mark.finite:  # chosen for finite values: remembered
-        if len(_PLAIN_DECODE) >= 256:
-            _PLAIN_DECODE.clear()
-        _PLAIN_DECODE[plain] = name
+    if plain is not None:  # served on sdpa with finite values: the next call of it is plain
+        plain_step.remember(module, plain if name == "sdpa" and mark is not None and mark.finite else None)
     return out.transpose(1, 2).contiguous(), weights
+
+
+def _causal_keys(module: nn.Module, key: Tensor, value: Tensor, q_len: int, causal: bool) -> tuple:
+    """``(key, value, causal_offset)`` of a causal call with more keys than queries: Gemma 4's
+    KV-shared layers attend the whole sequence from its last queries (HF cut the queries to the last
+    ``logits_to_keep`` tokens and left the mask None); any other drops the empty static-cache slots
+    after the prompt (HF's sdpa rule)."""
+    if not causal or key.shape[2] <= q_len:
+        return key, value, 0
+    if getattr(module, "is_kv_shared_layer", False):
+        return key, value, key.shape[2] - q_len
+    return key[:, :, :q_len], value[:, :, :q_len], 0
+
+
+def _positions(module: nn.Module, query: Tensor, key: Tensor, position_ids: Tensor | None) -> tuple:
+    """``(query, key, encoding, q_pos, k_pos)``: HF's positions are already in q and k unless
+    ``swap_encoding`` gave the module an encoding of posenc's; a swapped RoPE rotates them here."""
+    encoding = _swapped_encoding(module)
+    q_len, k_len = query.shape[2], key.shape[2]
+    if encoding is None:
+        return (
+            query,
+            key,
+            NOPE,
+            counting_positions(q_len, query.device),
+            counting_positions(k_len, query.device),
+        )
+    q_pos, k_pos = swapped_positions(module, position_ids, q_len, k_len, query.device)
+    if encoding.kind is Kind.ROTARY:
+        query, key = encoding.rotate(query, key, q_pos, k_pos)
+        encoding = NOPE
+    return query, key, encoding, q_pos, k_pos
 
 
 def _swapped_encoding(module: nn.Module) -> Any:
@@ -234,12 +229,7 @@ def _swapped_encoding(module: nn.Module) -> Any:
     return found if found is not None else module._modules.get("posenc_encoding")
 
 
-#: Per signature of a plain decode call (:func:`_plain_decode_key`), the backend the dispatcher chose
-#: for the full request of that signature, with finite values.
-_PLAIN_DECODE: dict[tuple, str] = {}
-
-
-def _plain_decode_key(
+def _plain_call(
     module: nn.Module,
     query: Tensor,
     key: Tensor,
@@ -248,16 +238,11 @@ def _plain_decode_key(
     scaling: float | None,
     kwargs: dict[str, Any],
 ) -> tuple | None:
-    """The signature of a plain decode step, else None: one query on CPU without gradients, HF's
-    positions already in q and k, no mask, bias, sinks, soft-cap, window, dropout, weights or paged
-    cache (the caller has checked the query count, the mask, the sinks and the bias).
-
-    Such a call's request differs from the last one of its signature only in its number of keys,
-    which no CPU backend's choice reads at one query (:mod:`posenc.backends.memo`). The key holds
-    everything the full path validated and chose by: shapes but the key count, dtypes, the scale,
-    the forced backend, the dispatcher's generation (``use_backend``, ``register_backend``) and
-    order (``set_priority``). Its last item is the scale.
-    """
+    """The signature (:func:`posenc.layers.plain_step.signature`) of a plain decode call, else None:
+    one query on CPU without gradients, HF's positions already in q and k, no mask, bias, sinks,
+    soft-cap, window, dropout, weights or paged cache (the caller has checked the query count, the
+    mask, the sinks and the bias). Its call fields: the shapes but the key count, the dtypes and the
+    scale."""
     if (
         dropout
         or torch.is_grad_enabled()
@@ -277,50 +262,34 @@ def _plain_decode_key(
     scale = query.shape[-1] ** -0.5 if scaling is None else scaling
     if type(scale) is not float:
         return None
-    return (
-        query.shape,
-        k_shape[0],
-        k_shape[1],
-        k_shape[3],
-        v_shape[0],
-        v_shape[1],
-        v_shape[3],
-        query.dtype,
-        key.dtype,
-        value.dtype,
-        requested_backend("auto"),
-        memo.generation(),
-        listed_order("cpu"),
-        scale,
-    )
+    keys = (k_shape[0], k_shape[1], k_shape[3], v_shape[0], v_shape[1], v_shape[3])
+    return plain_step.signature((query.shape, *keys, query.dtype, key.dtype, value.dtype, scale))
 
 
 def _plain_decode(
-    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, scale: float
+    module: nn.Module, query: Tensor, key: Tensor, value: Tensor, scaling: float | None
 ) -> Tensor | None:
-    """A plain decode step whose signature the dispatcher answered with sdpa: ``out [B, 1, H, D]``.
+    """A plain decode step of a signature the full path served on sdpa: ``out [B, 1, H, D]``.
 
     It serves only a step linked to the module's last call (:func:`_linked`: that call found its
     keys finite, this one has exactly one more, and the key before it equals the last call's final
-    key), tests q and the new key and value for nan (:func:`~posenc.backends.finite.new_tokens_finite`),
-    and runs sdpa as its backend does (no mask: every key). Anything else returns None, having
-    changed nothing: the full path then links, checks and dispatches as usual (a nan goes to a
-    backend that propagates it).
+    key), tests q and the new key and value for nan (:func:`posenc.layers.plain_step.fresh_finite`),
+    and runs sdpa as its backend does (:func:`posenc.layers.plain_step.attend`). Anything else
+    returns None, having changed nothing: the full path then links, checks and dispatches as usual
+    (a nan goes to a backend that propagates it).
     """
     past = key.shape[2] - 1
     previous = _CHECKED.get(module)
     if not _linked(previous, key, past):
         return None
     new_key = key.narrow(2, past, 1)
-    finite, block = new_tokens_finite(query, new_key, value.narrow(2, past, 1))
+    finite, block = plain_step.fresh_finite(query, new_key, value.narrow(2, past, 1))
     if not finite:
         return None
     # The new last key, from the block (a copy of it that nobody else holds): the next call's link.
     tail = new_key.clone() if block is None else block.narrow(1, query.shape[1], key.shape[1])
     previous.length, previous.tail = past + 1, tail
-    out = F.scaled_dot_product_attention(
-        query, key, value, scale=scale, enable_gqa=query.shape[1] != key.shape[1]
-    )
+    out = plain_step.attend(query, key, value, query.shape[-1] ** -0.5 if scaling is None else scaling)
     note_backend("sdpa")
     return out.transpose(1, 2).contiguous()
 

@@ -13,6 +13,10 @@ which every in-place write bumps (``positions += 1`` drops the mark). A tensor m
 Under ``torch.compile`` nothing is marked: a traced graph does not carry Python attributes. Under
 ``torch.inference_mode`` the positions are still made as normal tensors (an inference tensor has no
 version counter), so they keep their mark there too.
+
+This module is the one owner of those marks and of every read of a position tensor's version
+counter: :func:`counting_positions` (the HF bridge's ``0 .. N-1`` positions, views of one kept
+table per device) is trusted by the same rule.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["arange_positions", "known_start", "versioned_arange"]
+__all__ = ["arange_positions", "counting_positions", "known_start", "versioned_arange"]
 
 _MARK = "_posenc_arange_start"
 
@@ -52,3 +56,19 @@ def known_start(positions: Tensor) -> int | None:
     if mark is None or mark[1] != positions._version:
         return None
     return mark[0]
+
+
+#: Per device, ``arange(N)`` and its version: :func:`counting_positions` hands out views of it, not two
+#: fresh ``arange`` per call (a tenth of an HF decode step's attention call). A write into it bumps
+#: the version, and the next call makes a new one.
+_COUNTING: dict[torch.device, tuple[Tensor, int]] = {}
+
+
+def counting_positions(length: int, device: torch.device) -> Tensor:
+    """``arange(length)[None]`` int64 on ``device``, as a view of a kept table (read-only by contract:
+    a write into it is seen through its version counter, and the table is made anew)."""
+    table, version = _COUNTING.get(device, (None, -1))
+    if table is None or table.shape[0] < length or table._version != version:
+        table = versioned_arange(0, max(length, 2 * (0 if table is None else table.shape[0]), 4096), device)
+        _COUNTING[device] = (table, table._version)
+    return table[None, :length]

@@ -35,7 +35,7 @@ from .inputs import (
     check_sizes,
 )
 from .patterns import LayerSpec, TemperatureForm
-from .plain_step import plain_signature, plain_step, remember, remembered
+from .plain_step import layer_signature, layer_step, remember_layer, remembered
 from .positions import (
     Step,
     checked_positions,
@@ -233,9 +233,9 @@ class MultiheadAttention(nn.Module):
         signature = None
         plain = context is None and context_positions is None and key_padding_mask is None
         if plain and attn_mask is None and document_ids is None and prefix_len is None and group_ids is None:
-            signature = None if need_weights or cache is None else plain_signature(self, x, cache)
+            signature = None if need_weights or cache is None else layer_signature(self, x, cache)
             if signature is not None and signature == remembered(self):  # (posenc.layers.plain_step)
-                out = plain_step(self, x, positions, cache)
+                out = layer_step(self, x, positions, cache)
                 if out is not None:
                     return out
         check_input(x, "x", self.embed_dim, self.q_proj.weight)
@@ -252,7 +252,7 @@ class MultiheadAttention(nn.Module):
         mask = self._mask(inputs, attn_mask, prefix_len, group_ids, self_attention=context is None)
         out, weights = self._attend(inputs, mask, cache, need_weights, cross=context is not None)
         if signature is not None:
-            remember(self, signature, self.last_backend, cache)
+            remember_layer(self, signature, self.last_backend, cache)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.head_dim))
         return (out, weights) if need_weights else out
 
