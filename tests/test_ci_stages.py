@@ -58,3 +58,18 @@ def test_ci_run_uses_the_stage_clock_and_checks_the_budget_last():
     # A trap set later (Slurm's) must keep printing the stage times.
     for trap in re.findall(r"^trap '([^']*)' EXIT$", run, flags=re.M):
         assert "ci_stage_times" in trap, trap
+
+
+def test_ci_run_builds_the_site_strictly_in_environment_1_and_keeps_torch():
+    """Issue 47: ``mkdocs build --strict`` runs in CI, after the docs extra, which must leave torch
+    as the README's commands installed it; the site folders it writes are ignored by git."""
+    run = (ROOT / ".ci" / "run").read_text()
+    stages = re.findall(r'^stage "([^"]*)"$', run, flags=re.M)
+    docs = next(s for s in stages if s.startswith("docs:"))
+    body = run[run.index(f'stage "{docs}"') : run.index(f'stage "{stages[stages.index(docs) + 1]}"')]
+    assert stages.index(docs) == stages.index(next(s for s in stages if s.startswith("environment 1"))) + 1
+    assert 'pip install -q -e ".[docs]"' in body
+    assert '"$(torch_version)" = "$torch_before"' in body  # the docs extra did not replace torch
+    assert "mkdocs build --strict --site-dir site-ci" in body
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert "site/" in ignored and "site-ci/" in ignored

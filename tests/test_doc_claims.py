@@ -1,6 +1,7 @@
 """Claims of the documents that the code can contradict later: CI's stages and the benchmark modules
 named in CONTRIBUTING, a signature quoted in docs/architecture.md, the windowed cache of
-docs/conventions.md §1.4."""
+docs/conventions.md §1.4, the benchmark figures the site quotes from benchmarks/RESULTS.md, and what
+the README, a front page, keeps: the quick start, few dated figures, at most 300 lines."""
 
 from __future__ import annotations
 
@@ -57,11 +58,16 @@ def test_a_windowed_cache_evicts_padded_keys_and_positions_count_only_the_real_o
         assert layer.default_positions(1, 1, None, cache).tolist() == [[11]]
 
 
-def _readme_tables_with_numbers() -> list[list[str]]:
-    """The README's benchmark tables: the rows of each table whose header has a ``measured`` column
+#: The site's pages that quote benchmark tables (their figures, with dates, come from RESULTS.md).
+BENCHMARK_PAGES = ("docs/benchmarks.md", "docs/attention.md")
+DATE = re.compile(r"\b20\d{2}-\d{2}-\d{2}\b")
+
+
+def _tables_with_numbers(page: str) -> list[list[str]]:
+    """A page's benchmark tables: the rows of each table whose header has a ``measured`` column
     or names the attention patterns' speed-ups."""
     rows, table = [], None
-    for line in _read("README.md").splitlines():
+    for line in _read(page).splitlines():
         if not line.startswith("|"):
             table = None
             continue
@@ -81,19 +87,19 @@ def _readme_tables_with_numbers() -> list[list[str]]:
 NUMBER = re.compile(r"(?<![\w.])(\d+\.\d+|\d+(?=%| MiB| s\b))")
 
 
-def test_the_readme_quotes_benchmark_numbers_as_results_gives_them_with_torch_and_date():
-    """One number per measurement: every number of the README's benchmark tables is one that
+def test_the_site_quotes_benchmark_numbers_as_results_gives_them_with_torch_and_date():
+    """One number per measurement: every number of the site's benchmark tables is one that
     benchmarks/RESULTS.md states, and each row says the torch release and the day."""
     results = _read("benchmarks/RESULTS.md").replace("×", "x")
     stated = set(NUMBER.findall(results))
-    rows = _readme_tables_with_numbers()
+    rows = [row for page in BENCHMARK_PAGES for row in _tables_with_numbers(page)]
     assert len(rows) >= 10, rows
     missing = [(row[0], n) for row in rows for n in NUMBER.findall(" | ".join(row[2:])) if n not in stated]
     assert missing == [], missing
     for row in [r for r in rows if len(r) == 5]:  # the table with a "measured" column
         when = re.fullmatch(r"torch (\d+\.\d+\.\d+), (\d{4}-\d{2}-\d{2})", row[4])
         assert when and when.group(1) in results and when.group(2) in results, row
-    prose = _read("README.md")
+    prose = " ".join(_read("docs/encodings/rope.md").split())  # the kernel's figures, on RoPE's page
     assert (
         "at 145% of copy bandwidth" in prose
         and "reached 34% (2 CPU threads, torch 2.14.1, 2026-11-23" in prose
@@ -113,7 +119,7 @@ def _section(markdown: str, heading: str) -> str:
 def test_the_quick_start_shows_list_show_and_plot_and_they_run(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from posenc.cli.app import _load_command_modules, app
+    from posenc.cli.app import app, load_command_modules
 
     quick = _section(_read("README.md"), "## Quick start")
     commands = [
@@ -122,12 +128,16 @@ def test_the_quick_start_shows_list_show_and_plot_and_they_run(tmp_path, monkeyp
         if re.match(r"posenc (list|show|plot)\b", line)
     ]
     assert [c[1] for c in commands] == ["list", "show", "plot"]
-    _load_command_modules()
+    load_command_modules()
     monkeypatch.chdir(tmp_path)
     for command in commands:
         result = CliRunner().invoke(app, command[1:])
         assert result.exit_code == 0, (command, result.output)
     assert (tmp_path / "rope.png").stat().st_size > 10_000
+
+
+def _site_pages() -> list[str]:
+    return sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))
 
 
 def test_the_readme_says_what_a_newcomer_needs_where_it_is_needed():
@@ -136,17 +146,49 @@ def test_the_readme_says_what_a_newcomer_needs_where_it_is_needed():
     assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in quick
     assert re.search(r"default suite \(\d+ tests\) took \*\*\d+ min \d+ s\*\*", quick)  # command 2's duration
     # "the seeds" (the notes the project started from) collided with --seeds
-    for old in ("the seeds' code", "the seeds' mixed", "the seed's figures", "| seed |"):
-        assert old not in readme, old
-    assert 'notes the project started from (its "seed" notes' in readme
-    # the supported transformers range belongs to the HF section, not inside a conventions bullet
-    assert "Supported transformers" in _section(readme, "## Use with HF transformers")
-    assert "Supported transformers" not in _section(readme, "## Conventions worth knowing")
-    assert "`causal=False` is its" in _section(readme, "## Conventions worth knowing")
+    for page in ["README.md", *_site_pages()]:
+        for old in ("the seeds' code", "the seeds' mixed", "the seed's figures", "| seed |"):
+            assert old not in _read(page), (page, old)
+    assert 'notes the project started from (its "seed" notes' in " ".join(_read("docs/benchmarks.md").split())
+    # the supported transformers range belongs to the HF page, not inside a conventions bullet
+    assert "Supported transformers" in _read("docs/hf.md")
+    conventions = _section(_read("docs/getting-started.md"), "## Conventions worth knowing")
+    assert "Supported transformers" not in conventions
+    assert "`causal=False` is its" in conventions
+    assert "`causal=True`" in _section(readme, "## A short tour")  # the front page says it too
+
+
+def test_the_readme_is_a_front_page():
+    """Issue 47: the README keeps what a newcomer needs first (at most 300 lines, at most 3 dated
+    figures, no benchmark table) and links into the site; the rest lives in docs/."""
+    readme = _read("README.md")
+    assert len(readme.splitlines()) <= 300
+    assert len([line for line in readme.splitlines() if DATE.search(line)]) <= 3
+    tour = _section(readme, "## A short tour")
+    for shown in (
+        "posenc.MultiheadAttention(",
+        "posenc.hf.register()",
+        "posenc extrapolate",
+        "posenc compare",
+    ):
+        assert shown in tour, shown
+    assert not any("measured" in row for row in re.findall(r"^\|.*\|$", readme, re.MULTILINE))
+    linked = set(re.findall(r"\]\((docs/[\w/.-]+\.md)(?:#[\w-]+)?\)", readme))
+    for page in (
+        "docs/getting-started.md",
+        "docs/encodings/index.md",
+        "docs/attention.md",
+        "docs/hf.md",
+        "docs/studies.md",
+        "docs/cluster.md",
+        "docs/benchmarks.md",
+    ):
+        assert page in linked, page
+    assert [page for page in linked if not (ROOT / page).is_file()] == []
 
 
 def _main_job_mean_beyond_l(readme: str) -> dict[str, str]:
-    """The main job's printed table in the README: each encoding's ``mean 17..48`` cell."""
+    """The main job's printed table (docs/studies.md): each encoding's ``mean 17..48`` cell."""
     header = re.search(r"^┃.*$", readme, re.MULTILINE)
     assert header is not None, "the main job's printed table is gone"
     column = [c.strip() for c in header.group(0).strip("┃").split("┃")].index("mean 17..48")
@@ -157,8 +199,9 @@ def _main_job_mean_beyond_l(readme: str) -> dict[str, str]:
 
 def test_the_main_jobs_table_says_it_comes_from_one_cpu_and_what_another_gave():
     """Issue 49 item 15: the same seeds on another x86 CPU gave shaw 81.2% and rope 14.8%; the note
-    right after the table says so and quotes the table's own figures for the two."""
-    readme = _read("README.md")
+    right after the table says so and quotes the table's own figures for the two (docs/studies.md,
+    where the main job's output lives)."""
+    readme = _read("docs/studies.md")
     means = _main_job_mean_beyond_l(readme)
     assert set(means) >= {"shaw", "rope", "alibi", "t5"}, means
     table_end = readme.index("```", readme.index("one seed: no interval"))

@@ -1,5 +1,7 @@
-"""Every Python block of README.md and docs/*.md runs as written, top to bottom.
+"""Every Python block of README.md and of the documentation site runs as written, top to bottom.
 
+The site's pages are every ``docs/**/*.md`` and the files a page includes whole (a line
+``--8<-- "CONTRIBUTING.md"``, read from the repository root as ``mkdocs.yml``'s snippets do).
 A reader copies the blocks of one page into one interpreter, in order: so does this test, one
 namespace per file. A block that needs what a test machine cannot have (a model folder, downloaded
 weights) carries an HTML comment on the line right before its fence saying why::
@@ -35,7 +37,18 @@ import torch
 import posenc
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md"))]
+DOCS_PAGES = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").rglob("*.md"))
+# A page made of another file: `--8<-- "path"` alone on a line (pymdownx.snippets, paths from the root).
+INCLUDE = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$', re.MULTILINE)
+
+
+def included_files(pages: list[str]) -> list[str]:
+    """The files the pages include whole, each once, in the order first included."""
+    found = [m.group("path") for page in pages for m in INCLUDE.finditer((ROOT / page).read_text("utf-8"))]
+    return list(dict.fromkeys(found))
+
+
+PAGES = ["README.md", *DOCS_PAGES, *[f for f in included_files(DOCS_PAGES) if f not in DOCS_PAGES]]
 FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)(?P<lang>[\w+-]*)[^\n`]*$")
 NO_RUN = re.compile(r"^\s*<!--\s*no-run:\s*(?P<reason>.*?)\s*-->\s*$")
 # An inline code span (CommonMark: a run of backticks closed by a run of the same length).
@@ -220,6 +233,7 @@ def test_every_posenc_call_in_the_prose_of_the_page_runs(page, tmp_path, monkeyp
 def test_the_prose_holds_posenc_calls_and_every_no_run_marker_says_why():
     calls = {page: prose_calls((ROOT / page).read_text(encoding="utf-8")) for page in PAGES}
     assert len(calls["README.md"]) >= 4, calls["README.md"]
+    assert len(calls["docs/encodings/index.md"]) >= 3, calls["docs/encodings/index.md"]
     for page, page_calls in calls.items():
         for call in page_calls:
             if call.no_run is not None:
@@ -258,7 +272,11 @@ def test_a_failing_prose_call_is_reported_with_its_page_and_line(tmp_path, monke
 
 def test_the_pages_hold_python_blocks_and_every_no_run_marker_says_why():
     counts = {page: len(python_blocks(page)) for page in PAGES}
-    assert counts["README.md"] >= 5 and counts["docs/decoding.md"] >= 2, counts
+    # the README's tour (a layer, an HF model) and the pages its longer examples moved to
+    assert counts["README.md"] >= 2 and counts["docs/decoding.md"] >= 2, counts
+    assert counts["docs/getting-started.md"] >= 1 and counts["docs/attention.md"] >= 2, counts
+    assert counts["docs/encodings/index.md"] >= 1 and counts["docs/encodings/rope.md"] >= 1, counts
+    assert counts["docs/hf.md"] >= 4, counts
     for page in PAGES:
         for block in python_blocks(page):
             if block.no_run is not None:
@@ -298,6 +316,12 @@ def test_the_extractor_reads_fences_markers_and_indented_blocks():
         ("bash", 11, "echo hi", None),
         ("python", 14, 'c = "```"', None),
     ]
+
+
+def test_the_pages_are_every_page_of_the_site_and_the_files_they_include():
+    assert "docs/encodings/rope.md" in PAGES and "docs/reference/encodings.md" in PAGES  # subfolders
+    assert {"CONTRIBUTING.md", "benchmarks/RESULTS.md"} <= set(PAGES)  # included by contributing, results
+    assert [f for f in included_files(DOCS_PAGES) if not (ROOT / f).is_file()] == []
 
 
 def test_a_failing_block_is_reported_with_its_page_and_line(tmp_path, monkeypatch):

@@ -1,9 +1,10 @@
-"""The tables of README.md and docs/architecture.md that list encodings or backends are complete.
+"""The tables of the README and the site that list encodings or backends are complete.
 
 Each table is compared with the registries it describes: ``posenc.available()`` with each class's
-``kind`` (the kind tables, the README's table of references), and the registered backends with the
-order ``auto`` tries them (``posenc.backends.available_backends``, the priority lists of
-``posenc.backends.dispatch``). A new encoding or backend without a row fails here, naming it.
+``kind`` (the kind tables, the table of references of docs/encodings/index.md, the API reference of
+docs/reference/encodings.md), and the registered backends with the order ``auto`` tries them
+(``posenc.backends.available_backends``, the priority lists of ``posenc.backends.dispatch``). A new
+encoding or backend without a row fails here, naming it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from posenc.backends import available_backends
 from posenc.backends.dispatch import PRIORITY
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = ("README.md", "docs/architecture.md")
+KIND_PAGES = ("README.md", "docs/architecture.md", "docs/encodings/index.md")
+BACKEND_PAGES = ("docs/attention.md", "docs/architecture.md")
+REFERENCES = "docs/encodings/index.md"  # the table of what each encoding is checked against
+API_REFERENCE = "docs/reference/encodings.md"
 SPAN = re.compile(r"`([^`]+)`")
 
 
@@ -72,14 +76,14 @@ def kind_table_problems(rows: list[dict[str, str]]) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", KIND_PAGES)
 def test_the_kind_table_lists_every_registered_encoding_under_its_kind(page):
     [rows] = tables_with(page, "kind", "families")
     assert kind_table_problems(rows) == []
 
 
-def test_the_readme_says_what_every_registered_encoding_is_checked_against():
-    [rows] = tables_with("README.md", "name", "reference it equals")
+def test_the_site_says_what_every_registered_encoding_is_checked_against():
+    [rows] = tables_with(REFERENCES, "name", "reference it equals")
     kinds = {name: posenc.get_class(name).kind.value for name in posenc.available()}
     first_named = [(SPAN.search(row["name"]), row["kind"]) for row in rows]
     named = {m.group(1).split(":")[0]: kind for m, kind in first_named if m}
@@ -88,7 +92,7 @@ def test_the_readme_says_what_every_registered_encoding_is_checked_against():
     assert wrong == []
 
 
-@pytest.mark.parametrize("page", PAGES)
+@pytest.mark.parametrize("page", BACKEND_PAGES)
 def test_the_backend_table_has_one_row_per_registered_backend(page):
     [rows] = tables_with(page, "backend", "serves")
     listed = [SPAN.fullmatch(row["backend"]).group(1) for row in rows]
@@ -107,6 +111,40 @@ def test_the_priority_table_gives_the_order_auto_tries_on_each_device():
             assert order == list(PRIORITY[device]), f"{device}: the table says {order}"
     devices = {d for row in rows for d in re.findall(r"\b(cpu|cuda|xpu)\b", row["device"])}
     assert devices == set(PRIORITY)
+
+
+#: An entry of the API reference: a heading that names the encoding, then the class mkdocstrings renders.
+API_ENTRY = re.compile(r"^### `(?P<name>[\w-]+)`\n\n::: (?P<path>[\w.]+)$", re.MULTILINE)
+
+
+def api_reference_problems(markdown: str) -> list[str]:
+    """How the API reference's entries differ from the registry: missing, unknown, or the wrong class."""
+    entries = {m.group("name"): m.group("path") for m in API_ENTRY.finditer(markdown)}
+    problems = [f"{name} has no entry" for name in posenc.available() if name not in entries]
+    for name, path in entries.items():
+        if name not in posenc.available():
+            problems.append(f"{name} is not registered")
+            continue
+        cls = posenc.get_class(name)
+        if path != f"{cls.__module__}.{cls.__qualname__}":
+            problems.append(
+                f"{name}: the entry renders {path}, the registry builds {cls.__module__}.{cls.__qualname__}"
+            )
+    return problems
+
+
+def test_the_api_reference_renders_every_registered_encoding_class():
+    assert api_reference_problems((ROOT / API_REFERENCE).read_text(encoding="utf-8")) == []
+
+
+def test_an_api_reference_without_an_encoding_or_with_the_wrong_class_fails():
+    markdown = "### `rope`\n\n::: posenc.encodings.t5.T5Bias\n\n### `nothing`\n\n::: posenc.x.Y\n"
+    problems = api_reference_problems(markdown)
+    assert "alibi has no entry" in problems and "nothing is not registered" in problems
+    assert (
+        "rope: the entry renders posenc.encodings.t5.T5Bias, the registry builds posenc.encodings.rope.RoPE"
+        in problems
+    )
 
 
 def test_a_kind_table_without_an_encoding_or_with_one_under_the_wrong_kind_fails():

@@ -1,9 +1,11 @@
 """The repository explains itself: code and tests point into docs/, and every pointer resolves.
 
-A pointer is ``docs/<file>.md §N`` (in code and tests) or ``<file>.md §N`` (between the documents),
-optionally followed by more sections (``docs/conventions.md §4.2 and §4.3``). It must name a file
-that exists and a numbered heading (``## 4.``, ``### 4.2``) that exists in it. Notes that live
-outside the repository must not be named at all.
+A pointer is ``docs/<file>.md §N`` (in code and tests) or ``<file>.md §N`` (between the documents,
+``../<file>.md §N`` from a subfolder of docs/), optionally followed by more sections
+(``docs/conventions.md §4.2 and §4.3``). It must name a file that exists and a numbered heading
+(``## 4.``, ``### 4.2``) that exists in it. Notes that live outside the repository must not be named
+at all. docs/ is a MkDocs site: every page is in ``mkdocs.yml``'s nav, and the nav names no page
+that is missing (``mkdocs build --strict`` checks the same in CI, where the docs extra is installed).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ DOCS = ("docs/architecture.md", "docs/conventions.md", "CONTRIBUTING.md")
 # Spelled in two pieces so that this file does not name them itself.
 OUTSIDE_NOTES = re.compile(r"\b(?:REFERENCE|DESIGN)\.md\b", re.IGNORECASE)
 SECTION = r"§\d+(?:\.\d+)*"
-POINTER = re.compile(rf"((?:docs/)?[\w-]+\.md)\s+({SECTION}(?:(?:,\s*|\s+and\s+){SECTION})*)")
+POINTER = re.compile(rf"((?:docs/|(?:\.\./)+)?[\w-]+\.md)\s+({SECTION}(?:(?:,\s*|\s+and\s+){SECTION})*)")
 HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)*)\.?\s", re.MULTILINE)
 SKIP_DIRS = {"__pycache__", ".pytest_cache"}
 
@@ -89,11 +91,38 @@ def test_every_docs_pointer_in_code_and_tests_resolves(folder):
     assert not problems, "\n".join(problems)
 
 
+def _site_pages() -> list[str]:
+    return sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
+
+
 def test_pointers_between_the_documents_resolve():
     problems = []
-    for doc in (*DOCS, "README.md"):
+    documents = {*DOCS, "README.md", *(f"docs/{page}" for page in _site_pages())}
+    for doc in sorted(documents):
         problems += broken_pointers(_read(ROOT / doc), ROOT / doc)
     assert not problems, "\n".join(problems)
+
+
+def nav_pages(mkdocs_yml: str) -> list[str]:
+    """The pages ``mkdocs.yml``'s nav names (``- Title: page.md`` or ``- page.md``), in order."""
+    nav = mkdocs_yml[mkdocs_yml.index("\nnav:") :]
+    return re.findall(r"^\s+-\s+(?:[^:\n]+:\s+)?([\w/.-]+\.md)\s*$", nav, re.MULTILINE)
+
+
+def test_every_page_of_the_site_is_in_the_nav_and_the_nav_names_no_missing_page():
+    listed = nav_pages(_read(ROOT / "mkdocs.yml"))
+    pages = _site_pages()
+    assert {"index.md", "encodings/index.md", "reference/layers.md"} <= set(pages)
+    assert sorted(set(pages) - set(listed)) == [], "pages left out of mkdocs.yml's nav"
+    assert sorted(set(listed) - set(pages)) == [], "the nav names pages that do not exist"
+    assert len(listed) == len(set(listed)), "a page listed twice"
+
+
+def test_the_nav_reader_reads_titled_and_bare_entries():
+    yml = (
+        "site_name: x\nnav:\n  - Home: index.md\n  - Part:\n      - part/index.md\n      - A b: part/a-b.md\n"
+    )
+    assert nav_pages(yml) == ["index.md", "part/index.md", "part/a-b.md"]
 
 
 def test_the_checker_reports_a_missing_section_and_a_missing_file():
@@ -103,6 +132,10 @@ def test_the_checker_reports_a_missing_section_and_a_missing_file():
     assert broken_pointers(text, source) == [
         "tests/example.py: docs/conventions.md has no section §99.1",
         "tests/example.py: docs/nowhere.md does not exist",
+    ]
+    page = ROOT / "docs" / "encodings" / "example.md"  # a page in a subfolder points up
+    assert broken_pointers(f"../conventions.md {s}4.2; conventions.md {s}4.2", page) == [
+        "docs/encodings/example.md: conventions.md does not exist"
     ]
     assert {"1", "4", "4.2", "7.5.3"} <= sections_of(_read(ROOT / "docs" / "conventions.md"))
     assert OUTSIDE_NOTES.search("see " + "REFERENCE" + ".md §4") and not OUTSIDE_NOTES.search("the reference")

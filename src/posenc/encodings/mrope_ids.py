@@ -153,7 +153,8 @@ def mrope_position_ids(
         token_types: ``[B, T]`` (or ``[T]``) integers, 0 text, 1 image, 2 video (HF's
             ``mm_token_type_ids``). Each run of image (video) tokens is one image (video) and takes
             the next grid, in order over the whole batch.
-        image_grid_thw, video_grid_thw: ``[N, 3]`` patch grids ``(t, h, w)`` before spatial merging.
+        image_grid_thw: ``[N, 3]`` image patch grids ``(t, h, w)`` before spatial merging.
+        video_grid_thw: ``[N, 3]`` video patch grids ``(t, h, w)``, likewise.
         spatial_merge_size: ``m``; a vision block has ``t · (h/m) · (w/m)`` tokens.
         tokens_per_second: None for Qwen2-VL (temporal ids step by 1); Qwen2.5-VL's
             ``vision_config.tokens_per_second``: video frames step by
