@@ -285,17 +285,12 @@ class _BlockedBiasAttention(torch.autograd.Function):
         d_table = torch.zeros(table.shape, dtype=acc, device=q.device) if want_table else None
         d_params: list[Tensor | None] = [None] * len(params)
         delta = (grad_out.to(acc) * out.to(acc)).sum(-1, keepdim=True)  # rowsum(dO ∘ O) = rowsum(P ∘ dP)
-        batch = q.shape[0]
         # Function mode: evaluate bias_at with the tensors of the forward pass (under
         # torch.func.functional_call the module's own attributes are restored before backward).
         state = {**plan.state, **dict(zip(plan.param_names, params))} if plan.mode == "function" else None
+        bias_grads = _BiasGrads(plan, d_table, state, params, d_params, needs[6:]) if want_bias else None
         for i0, i1, k0, k1 in _blocks(plan, q.shape[2]):
-            q_blk, k_blk, v_blk, g_blk = (
-                q[:, :, i0:i1],
-                k[:, :, k0:k1],
-                v[:, :, k0:k1],
-                grad_out[:, :, i0:i1],
-            )
+            q_blk, k_blk, v_blk, g_blk = q[:, :, i0:i1], k[:, :, k0:k1], v[:, :, k0:k1], grad_out[:, :, i0:i1]
             bias = _block_bias(plan, table, i0, i1, k0, k1, q.dtype, state)
             if plan.use_flash and not want_bias:
                 dq_blk, dk_blk, dv_blk = flash_backward(
@@ -307,53 +302,96 @@ class _BlockedBiasAttention(torch.autograd.Function):
                     lse[:, :, i0:i1],
                     0.0,
                     False,
-                    attn_mask=None if bias is None else bias.expand(batch, -1, -1, -1),
+                    attn_mask=None if bias is None else bias.expand(q.shape[0], -1, -1, -1),
                     scale=plan.scale,
                 )
-                dq[:, :, i0:i1] = dq_blk
-                dk[:, :, k0:k1] += dk_blk
-                dv[:, :, k0:k1] += dv_blk
-                continue
-            # Explicit FlashAttention-2 backward on [B*H, rows, keys] matrices; baddbmm folds the
-            # bias, -delta and the accumulations into the matrix products.
-            heads = q.shape[1]
-            rows = i1 - i0
-            q3 = (q_blk * plan.scale).reshape(batch * heads, rows, -1)
-            keys = k1 - k0
-            k3, v3 = k_blk.reshape(batch * heads, keys, -1), v_blk.reshape(batch * heads, keys, -1)
-            g3 = g_blk.reshape(batch * heads, rows, -1)
-            bias3 = (
-                None if bias is None else bias.expand(batch, heads, -1, -1).reshape(batch * heads, rows, keys)
-            )
-            capped = None
-            if plan.softcap is not None:
-                capped = soft_cap(torch.bmm(q3, k3.transpose(1, 2)), plan.softcap)
-                logits = capped.clone() if bias3 is None else capped + bias3
-            elif bias3 is None:
-                logits = torch.bmm(q3, k3.transpose(1, 2))
             else:
-                logits = torch.baddbmm(bias3, q3, k3.transpose(1, 2))
-            # Rows that see no key get a zero output gradient (their output is zeroed after this
-            # function), so whatever finite values their probabilities take here cancel.
-            l_blk = lse[:, :, i0:i1].reshape(batch * heads, rows, 1).to(logits.dtype)
-            probs = logits.sub_(l_blk).exp_()
-            del logits
-            dv_blk = torch.bmm(probs.transpose(1, 2), g3)
-            d_logits = torch.baddbmm(
-                -delta[:, :, i0:i1].reshape(batch * heads, rows, 1).to(q.dtype), g3, v3.transpose(1, 2)
-            ).mul_(probs)  # gradient of the biased, masked logits: P ∘ (dP - delta)
-            del probs
-            d_logits4 = d_logits.view(batch, heads, rows, keys)  # zero where hidden: P is 0 there
-            if want_bias:
-                _bias_grad(plan, d_logits4, d_table, state, params, d_params, needs[6:], i0, i1, k0)
-            if capped is not None:  # q and k reach the logits through the cap
-                d_logits = soft_cap_backward(d_logits, capped, plan.softcap)
-            dq[:, :, i0:i1] = torch.bmm(d_logits, k3).mul_(plan.scale).view(batch, heads, rows, -1)
-            dk[:, :, k0:k1] += torch.bmm(d_logits.transpose(1, 2), q3).view(batch, heads, keys, -1)
-            dv[:, :, k0:k1] += dv_blk.view(batch, heads, keys, -1)
+                blocks = (q_blk, k_blk, v_blk, g_blk, lse[:, :, i0:i1], delta[:, :, i0:i1])
+                dq_blk, dk_blk, dv_blk = _explicit_block_backward(
+                    plan, *blocks, bias, bias_grads, (i0, i1, k0)
+                )
+            dq[:, :, i0:i1] = dq_blk
+            dk[:, :, k0:k1] += dk_blk
+            dv[:, :, k0:k1] += dv_blk
         d_table = None if d_table is None else d_table.to(table.dtype)
         d_sinks = sink_grad(grad_out, out, lse, sinks) if sinks is not None and needs[5] else None
         return (None, dq, dk, dv, d_table, d_sinks, *d_params)
+
+
+def _explicit_block_backward(
+    plan: _Plan,
+    q_blk: Tensor,
+    k_blk: Tensor,
+    v_blk: Tensor,
+    g_blk: Tensor,
+    lse_blk: Tensor,
+    delta_blk: Tensor,
+    bias: Tensor | None,
+    bias_grads: _BiasGrads | None,
+    where: tuple[int, int, int],
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One block's ``(dq, dk, dv)`` by FlashAttention-2's backward written out on ``[B*H, rows,
+    keys]`` matrices (baddbmm folds the bias, -delta and the accumulations into the matrix
+    products); the block's logit gradient goes to ``bias_grads`` (rows ``i0:i1``, keys from ``k0``:
+    ``where``) when the bias is trained."""
+    batch, heads, rows, _ = q_blk.shape
+    q3 = (q_blk * plan.scale).reshape(batch * heads, rows, -1)
+    keys = k_blk.shape[2]
+    k3, v3 = k_blk.reshape(batch * heads, keys, -1), v_blk.reshape(batch * heads, keys, -1)
+    g3 = g_blk.reshape(batch * heads, rows, -1)
+    bias3 = None if bias is None else bias.expand(batch, heads, -1, -1).reshape(batch * heads, rows, keys)
+    capped = None
+    if plan.softcap is not None:
+        capped = soft_cap(torch.bmm(q3, k3.transpose(1, 2)), plan.softcap)
+        logits = capped.clone() if bias3 is None else capped + bias3
+    elif bias3 is None:
+        logits = torch.bmm(q3, k3.transpose(1, 2))
+    else:
+        logits = torch.baddbmm(bias3, q3, k3.transpose(1, 2))
+    # Rows that see no key get a zero output gradient (their output is zeroed after this
+    # function), so whatever finite values their probabilities take here cancel.
+    l_blk = lse_blk.reshape(batch * heads, rows, 1).to(logits.dtype)
+    probs = logits.sub_(l_blk).exp_()
+    del logits
+    dv_blk = torch.bmm(probs.transpose(1, 2), g3)
+    d_logits = torch.baddbmm(
+        -delta_blk.reshape(batch * heads, rows, 1).to(q_blk.dtype), g3, v3.transpose(1, 2)
+    ).mul_(probs)  # gradient of the biased, masked logits: P ∘ (dP - delta)
+    del probs
+    if bias_grads is not None:  # zero where hidden: P is 0 there
+        bias_grads.add(d_logits.view(batch, heads, rows, keys), *where)
+    if capped is not None:  # q and k reach the logits through the cap
+        d_logits = soft_cap_backward(d_logits, capped, plan.softcap)
+    dq_blk = torch.bmm(d_logits, k3).mul_(plan.scale).view(batch, heads, rows, -1)
+    dk_blk = torch.bmm(d_logits.transpose(1, 2), q3).view(batch, heads, keys, -1)
+    return dq_blk, dk_blk, dv_blk.view(batch, heads, keys, -1)
+
+
+@dataclass(frozen=True)
+class _BiasGrads:
+    """Where a backward pass sums its blocks' logit gradients: the distance table's gradient
+    ``d_table``, or the encoding parameters' ``d_params`` (those ``needs_params`` asks for)."""
+
+    plan: _Plan
+    d_table: Tensor | None
+    state: dict | None
+    params: list[Tensor]
+    d_params: list[Tensor | None]
+    needs_params: tuple
+
+    def add(self, d_logits: Tensor, i0: int, i1: int, k0: int) -> None:
+        _bias_grad(
+            self.plan,
+            d_logits,
+            self.d_table,
+            self.state,
+            self.params,
+            self.d_params,
+            self.needs_params,
+            i0,
+            i1,
+            k0,
+        )
 
 
 def _bias_grad(plan, d_logits, d_table, state, params, d_params, needs_params, i0, i1, k0) -> None:

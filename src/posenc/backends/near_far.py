@@ -276,95 +276,25 @@ class _NearFarAttention(torch.autograd.Function):
         needs = ctx.needs_input_grad  # plan, q, k, v, table, sinks, far_before, far_after, row, col
         terms = None if row is None else (row, col)
         want_terms = terms is not None and (needs[8] or needs[9])
-        batch, heads, length, dim = q.shape
-        acc = accumulation_dtype(q.dtype)
-        block = plan.block
-        grad_out = grad_out.contiguous()
-        lse_kernel = lse.to(acc)
-        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
-        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
-        dv = torch.zeros_like(dk)
         want_table = table is not None and needs[4]
-        d_table = torch.zeros(table.shape, dtype=acc, device=q.device) if want_table else None
-        d_bias = torch.zeros(heads, block, plan.width, dtype=acc, device=q.device) if want_table else None
-        # The key term's gradient is the column sum of dS, which the extra head dimension of k'
-        # collects (q' is 1 there); the row term's is the row sum of dS: zero but for the sinks' share.
-        d_col = torch.zeros(batch, heads, length, 1, dtype=acc, device=q.device) if want_terms else None
-        bias = plan.near_bias(table, q.dtype, q.device)
-        lse_rows = lse_kernel.unsqueeze(-1)
-        pieces = (p for call in _near_calls(plan, bias, batch) for p in call.pieces(heads, block))
-        for c in pieces:
-            g_b, o_b = (runs(x, c.b, c.q0, block, c.count, c.rows) for x in (grad_out, out))
-            q_b, k_b, v_b, scale, shift = _near_operands(plan, c, q, k, v, terms)
-            l_b = runs(lse_rows, c.b, c.q0, block, c.count, c.rows)[..., 0]
-            if shift is not None:
-                g_b, o_b = pad_column(g_b), pad_column(o_b)
-                l_b = l_b - shift
-                d_q, d_k, d_v = flash_backward(
-                    g_b, q_b, k_b, v_b, o_b, l_b.contiguous(), 0.0, False, attn_mask=c.mask, scale=scale
-                )
-                if d_col is not None:
-                    add_runs(d_col, c.b, c.k0, block, c.keys, d_k[..., dim:].to(acc))
-                d_q, d_k, d_v = d_q[..., :dim] * plan.scale, d_k[..., :dim], d_v[..., :dim]
-            elif want_table:
-                d_q, d_k, d_v = _explicit_backward(g_b, q_b, k_b, v_b, o_b, l_b, c, plan, d_bias)
-            else:
-                d_q, d_k, d_v = flash_backward(
-                    g_b, q_b, k_b, v_b, o_b, l_b.contiguous(), 0.0, False, attn_mask=c.mask, scale=plan.scale
-                )
-            runs(dq, c.b, c.q0, block, c.count, c.rows).add_(d_q)
-            add_runs(dk, c.b, c.k0, block, c.keys, d_k.to(acc))
-            add_runs(dv, c.b, c.k0, block, c.keys, d_v.to(acc))
-        delta = (grad_out.to(acc) * out.to(acc)).sum(-1)  # D_i = dO_i . O_i
+        grads = _Backward.start(plan, q, k, v, out, grad_out.contiguous(), lse, terms, want_table, want_terms)
+        grads.near(plan.near_bias(table, q.dtype, q.device))
+        delta = (grads.grad_out.to(grads.acc) * out.to(grads.acc)).sum(-1)  # D_i = dO_i . O_i
         d_far = {}
         for side, constant in (("before", far_before), ("after", far_after)):
             if side not in ctx.far_parts:
                 continue
-            rows = _far_rows(plan, side)
-            keys = slice(0, length - plan.far) if side == "before" else slice(plan.far, length)
-            qf, kf, vf, key_term, shift = _far_operands(plan, side, q, k, v, constant)
-            flip = side == "after"
-            lse_f = (far_rows(lse_kernel, plan.far, flip) - shift).to(acc)
-            g_f, o_f = far_rows(grad_out, plan.far, flip), far_rows(out, plan.far, flip)
-            d_q, d_k, d_v, d_key = far_backward(
-                g_f, o_f, lse_f, qf, kf, vf, plan.scale, key_term, fold_scale=True
-            )
-            if flip:
-                d_q, d_k, d_v = d_q.flip(2), d_k.flip(2), d_v.flip(2)
-                d_key = None if d_key is None else d_key.flip(2)
-            dq[:, :, rows] += d_q.to(acc) * (1.0 if key_term is None else plan.scale)
-            dk[:, :, keys] += d_k.to(acc)
-            dv[:, :, keys] += d_v.to(acc)
-            if d_col is not None and d_key is not None:
-                d_col[:, :, keys] += d_key[..., None].to(acc)
-            if constant is not None and want_table:
-                part_out, part_lse = ctx.far_parts[side]
-                weight = part_weight(part_lse, lse_kernel[:, :, rows])
-                own_grad = grad_out[:, :, rows].to(acc)
-                d_far[side] = row_constant_grad(weight, own_grad, part_out.to(acc), delta[:, :, rows]).sum(
-                    dim=(0, 2)
-                )
-        if want_table:
-            t = torch.arange(block, device=q.device)[:, None]
-            u = torch.arange(plan.width, device=q.device)[None]
-            index = (u - t - block - plan.d_min).expand(block, -1).reshape(-1)
-            d_table.index_add_(1, index, d_bias.reshape(heads, -1))
-            for side, grad in d_far.items():
-                d_table[:, plan.far_index[side]] += grad
-            d_table = d_table.to(table.dtype)
-        d_sinks = sink_grad(grad_out, out, lse, sinks) if sinks is not None and needs[5] else None
-        d_row = d_col_out = None
-        if want_terms:
-            d_col_out = _sum_to_shape(d_col[..., 0], col.shape).to(col.dtype)
-            d_row = torch.zeros_like(row)
-            if sinks is not None:  # the sink's share of the row: sum_j dS_ij = p_sink_i * D_i
-                mass = torch.exp(sinks.to(acc).view(1, -1, 1) - lse_kernel)
-                d_row = _sum_to_shape(mass * delta, row.shape).to(row.dtype)
+            own = grads.far(side, constant, ctx.far_parts[side], delta)
+            if own is not None:
+                d_far[side] = own
+        d_table = grads.table_grad(table, d_far) if want_table else None
+        d_sinks = sink_grad(grads.grad_out, out, lse, sinks) if sinks is not None and needs[5] else None
+        d_row, d_col_out = grads.term_grads(row, col, sinks, delta) if want_terms else (None, None)
         return (
             None,
-            dq.to(q.dtype),
-            dk.to(q.dtype),
-            dv.to(q.dtype),
+            grads.dq.to(q.dtype),
+            grads.dk.to(q.dtype),
+            grads.dv.to(q.dtype),
             d_table,
             d_sinks,
             None,
@@ -372,6 +302,130 @@ class _NearFarAttention(torch.autograd.Function):
             d_row,
             d_col_out,
         )
+
+
+@dataclass
+class _Backward:
+    """One backward pass of :class:`_NearFarAttention`: the forward's tensors, ``grad_out``, and the
+    gradients' accumulators (in the accumulation dtype ``acc``). ``d_bias`` (the near band's bias,
+    summed into the distance table at the end) exists when the table is trained; ``d_col`` (the key
+    term's) when the separable terms are."""
+
+    plan: _NearFar
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    out: Tensor
+    grad_out: Tensor
+    lse: Tensor  # the merged log-sum-exp [B, H, L], in acc
+    terms: tuple | None
+    acc: torch.dtype
+    dq: Tensor
+    dk: Tensor
+    dv: Tensor
+    d_bias: Tensor | None
+    d_col: Tensor | None
+
+    @classmethod
+    def start(cls, plan, q, k, v, out, grad_out, lse, terms, want_table: bool, want_terms: bool) -> _Backward:
+        batch, heads, length, _ = q.shape
+        acc = accumulation_dtype(q.dtype)
+        dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+        dk = torch.zeros(k.shape, dtype=acc, device=q.device)
+        d_bias = (
+            torch.zeros(heads, plan.block, plan.width, dtype=acc, device=q.device) if want_table else None
+        )
+        # The key term's gradient is the column sum of dS, which the extra head dimension of k'
+        # collects (q' is 1 there); the row term's is the row sum of dS: zero but for the sinks' share.
+        d_col = torch.zeros(batch, heads, length, 1, dtype=acc, device=q.device) if want_terms else None
+        return cls(
+            plan, q, k, v, out, grad_out, lse.to(acc), terms, acc, dq, dk, torch.zeros_like(dk), d_bias, d_col
+        )
+
+    def near(self, bias: Tensor) -> None:
+        """The near band's share of dq, dk, dv (and of ``d_bias``, ``d_col``), call piece by call piece."""
+        plan, block = self.plan, self.plan.block
+        heads = self.q.shape[1]
+        for c in (p for call in _near_calls(plan, bias, self.q.shape[0]) for p in call.pieces(heads, block)):
+            d_q, d_k, d_v = self._near_piece(c)
+            runs(self.dq, c.b, c.q0, block, c.count, c.rows).add_(d_q)
+            add_runs(self.dk, c.b, c.k0, block, c.keys, d_k.to(self.acc))
+            add_runs(self.dv, c.b, c.k0, block, c.keys, d_v.to(self.acc))
+
+    def _near_piece(self, c: _NearCall) -> tuple[Tensor, Tensor, Tensor]:
+        """One near call's dq, dk, dv: the flash kernel's backward, or the explicit one that also
+        collects the bias gradient; with a separable key term, over the extra head dimension."""
+        plan, block, dim = self.plan, self.plan.block, self.q.shape[-1]
+        g_b, o_b = (runs(x, c.b, c.q0, block, c.count, c.rows) for x in (self.grad_out, self.out))
+        q_b, k_b, v_b, scale, shift = _near_operands(plan, c, self.q, self.k, self.v, self.terms)
+        l_b = runs(self.lse.unsqueeze(-1), c.b, c.q0, block, c.count, c.rows)[..., 0]
+        if shift is not None:
+            g_b, o_b = pad_column(g_b), pad_column(o_b)
+            l_b = l_b - shift
+            d_q, d_k, d_v = flash_backward(
+                g_b, q_b, k_b, v_b, o_b, l_b.contiguous(), 0.0, False, attn_mask=c.mask, scale=scale
+            )
+            if self.d_col is not None:
+                add_runs(self.d_col, c.b, c.k0, block, c.keys, d_k[..., dim:].to(self.acc))
+            return d_q[..., :dim] * plan.scale, d_k[..., :dim], d_v[..., :dim]
+        if self.d_bias is not None:
+            return _explicit_backward(g_b, q_b, k_b, v_b, o_b, l_b, c, plan, self.d_bias)
+        d_q, d_k, d_v = flash_backward(
+            g_b, q_b, k_b, v_b, o_b, l_b.contiguous(), 0.0, False, attn_mask=c.mask, scale=plan.scale
+        )
+        return d_q, d_k, d_v
+
+    def far(self, side: str, constant: Tensor | None, part: tuple, delta: Tensor) -> Tensor | None:
+        """The far part of ``side``'s share of dq, dk, dv (and ``d_col``); returns its far constant's
+        gradient ``[H]`` when the distance table is trained, else None."""
+        plan, acc, length = self.plan, self.acc, self.q.shape[2]
+        rows = _far_rows(plan, side)
+        keys = slice(0, length - plan.far) if side == "before" else slice(plan.far, length)
+        qf, kf, vf, key_term, shift = _far_operands(plan, side, self.q, self.k, self.v, constant)
+        flip = side == "after"
+        lse_f = (far_rows(self.lse, plan.far, flip) - shift).to(acc)
+        g_f, o_f = far_rows(self.grad_out, plan.far, flip), far_rows(self.out, plan.far, flip)
+        d_q, d_k, d_v, d_key = far_backward(
+            g_f, o_f, lse_f, qf, kf, vf, plan.scale, key_term, fold_scale=True
+        )
+        if flip:
+            d_q, d_k, d_v = d_q.flip(2), d_k.flip(2), d_v.flip(2)
+            d_key = None if d_key is None else d_key.flip(2)
+        self.dq[:, :, rows] += d_q.to(acc) * (1.0 if key_term is None else plan.scale)
+        self.dk[:, :, keys] += d_k.to(acc)
+        self.dv[:, :, keys] += d_v.to(acc)
+        if self.d_col is not None and d_key is not None:
+            self.d_col[:, :, keys] += d_key[..., None].to(acc)
+        if constant is None or self.d_bias is None:
+            return None
+        part_out, part_lse = part
+        weight = part_weight(part_lse, self.lse[:, :, rows])
+        own_grad = self.grad_out[:, :, rows].to(acc)
+        return row_constant_grad(weight, own_grad, part_out.to(acc), delta[:, :, rows]).sum(dim=(0, 2))
+
+    def table_grad(self, table: Tensor, d_far: dict[str, Tensor]) -> Tensor:
+        """The distance table's gradient: the near band's bias gradient gathered by distance, plus
+        each far constant's."""
+        plan, block, heads = self.plan, self.plan.block, self.q.shape[1]
+        d_table = torch.zeros(table.shape, dtype=self.acc, device=self.q.device)
+        t = torch.arange(block, device=self.q.device)[:, None]
+        u = torch.arange(plan.width, device=self.q.device)[None]
+        index = (u - t - block - plan.d_min).expand(block, -1).reshape(-1)
+        d_table.index_add_(1, index, self.d_bias.reshape(heads, -1))
+        for side, grad in d_far.items():
+            d_table[:, plan.far_index[side]] += grad
+        return d_table.to(table.dtype)
+
+    def term_grads(
+        self, row: Tensor, col: Tensor, sinks: Tensor | None, delta: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The separable terms' gradients ``(d_row, d_col)`` in their own shapes."""
+        d_col = _sum_to_shape(self.d_col[..., 0], col.shape).to(col.dtype)
+        d_row = torch.zeros_like(row)
+        if sinks is not None:  # the sink's share of the row: sum_j dS_ij = p_sink_i * D_i
+            mass = torch.exp(sinks.to(self.acc).view(1, -1, 1) - self.lse)
+            d_row = _sum_to_shape(mass * delta, row.shape).to(row.dtype)
+        return d_row, d_col
 
 
 def _sum_to_shape(grad: Tensor, shape) -> Tensor:

@@ -169,6 +169,27 @@ class AttentionRequest:
         killed Python with SIGFPE), float positions were truncated by one backend and used as they
         are by another, and a T5 built for 2 heads served 1-head queries silently.
         """
+        batch, heads, q_len, k_len, dim = self._check_qkv()
+        if not isinstance(self.encoding, PositionalEncoding):
+            raise _field_error(
+                "encoding", f"must be a posenc PositionalEncoding, got {described(self.encoding)}"
+            )
+        allow_float = (
+            bool(getattr(self.encoding, "float_positions", False)) and self.encoding.kind is Kind.ROTARY
+        )
+        for name, pos, length in (("q_pos", self.q_pos, q_len), ("k_pos", self.k_pos, k_len)):
+            _check_positions(name, pos, batch, length, self.q.device, allow_float)
+        self._check_encoding_sizes(heads, dim)
+        self._check_numbers()
+        self._check_mask(batch, heads, q_len, k_len)
+        known = self.known_finite_keys
+        if type(known) is not int or not 0 <= known <= k_len:
+            raise _field_error("known_finite_keys", f"must be an int in [0, {k_len}], got {known!r}")
+        if self.sinks is not None:
+            self._check_sinks(heads)
+
+    def _check_qkv(self) -> tuple[int, int, int, int, int]:
+        """q, k and v against each other; returns ``(batch, heads, q_len, k_len, head size)``."""
         q, k, v = self.q, self.k, self.v
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, Tensor) or t.dim() != 4:
@@ -204,16 +225,10 @@ class AttentionRequest:
             raise _field_error("v", f"has {v.shape[2]} positions but k has {k_len}; one value per key")
         if k.shape[3] != dim:
             raise _field_error("k", f"has head size {k.shape[3]} but q has {dim}; q and k need one head size")
-        if not isinstance(self.encoding, PositionalEncoding):
-            raise _field_error(
-                "encoding", f"must be a posenc PositionalEncoding, got {described(self.encoding)}"
-            )
-        allow_float = (
-            bool(getattr(self.encoding, "float_positions", False)) and self.encoding.kind is Kind.ROTARY
-        )
-        for name, pos, length in (("q_pos", self.q_pos, q_len), ("k_pos", self.k_pos, k_len)):
-            _check_positions(name, pos, batch, length, q.device, allow_float)
-        self._check_encoding_sizes(heads, dim)
+        return batch, heads, q_len, k_len, dim
+
+    def _check_numbers(self) -> None:
+        """The scale, softcap, dropout probability and ``need_weights``."""
         _check_number("scale", self.scale, "a finite number > 0 (the logit scale, 1/sqrt(D) by default)")
         # A compiled call may see the scale as a symbolic float (dynamo makes a float dynamic once a
         # second value is compiled): math.isfinite cannot be traced there; the layer checked it eagerly.
@@ -229,22 +244,16 @@ class AttentionRequest:
             raise _field_error("dropout_p", f"must be in [0, 1), got {self.dropout_p!r}")
         if not isinstance(self.need_weights, bool):
             raise _field_error("need_weights", f"must be True or False, got {self.need_weights!r}")
-        self._check_mask(batch, heads, q_len, k_len)
-        known = self.known_finite_keys
-        if type(known) is not int or not 0 <= known <= k_len:
-            raise _field_error("known_finite_keys", f"must be an int in [0, {k_len}], got {known!r}")
-        if self.sinks is not None:
-            sinks = self.sinks
-            if (
-                not isinstance(sinks, Tensor)
-                or tuple(sinks.shape) != (heads,)
-                or not sinks.is_floating_point()
-            ):
-                raise _field_error(
-                    "sinks", f"must be a float tensor [H] = [{heads}] or None, got {described(sinks)}"
-                )
-            if sinks.device != q.device:
-                raise _field_error("sinks", f"is on device {sinks.device} but q is on {q.device}")
+
+    def _check_sinks(self, heads: int) -> None:
+        """Attention sinks: one float logit per head, on q's device."""
+        sinks = self.sinks
+        if not isinstance(sinks, Tensor) or tuple(sinks.shape) != (heads,) or not sinks.is_floating_point():
+            raise _field_error(
+                "sinks", f"must be a float tensor [H] = [{heads}] or None, got {described(sinks)}"
+            )
+        if sinks.device != self.q.device:
+            raise _field_error("sinks", f"is on device {sinks.device} but q is on {self.q.device}")
 
     def _check_encoding_sizes(self, heads: int, dim: int) -> None:
         """The encoding's layer sizes (what it was built for) against q's heads and head size."""

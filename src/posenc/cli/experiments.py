@@ -254,6 +254,30 @@ def with_config_options(command: Callable[..., None]) -> Callable[..., None]:
 
 # ---------------------------------------------------------------------------- the commands
 
+# extrapolate's longer help texts, kept here so that its signature reads as the list of its options.
+_THREADS_HELP = "torch threads per process (default: 1 per training process; with --hf-model, torch's own default, every core)"
+_HF_MODEL_HELP = (
+    f"evaluate a pretrained causal LM without training: {hf_model_forms()}; --task "
+    f"{' or '.join(HF_TASKS)} scores it at lengths 1..--eval-len beyond its max_position_embeddings, "
+    f"--task {study_tasks_text()} runs the context-extension study"
+)
+_LENGTHS_HELP = (
+    "--hf-model --task text/text-passkey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
+    "to --eval-len, c the model's context); perplexity is read from --eval-len windows"
+)
+_PRESET_HELP = (
+    "run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
+    "2023: copy, count_copy, reverse) or alibi-paper (Press et al. 2022: LM perplexity at 2x/4x/8x L); "
+    "one folder per task under --out; nope-paper trains each run until it fits (at most 6000 steps, "
+    "4 layers, lr 1e-3) unless --steps, --lr etc. say otherwise; --seeds 0 and --task reverse give its "
+    "reduced form"
+)
+_SHARD_HELP = (
+    "i/n: run only the i-th of n disjoint parts of the (encoding x seed) grid (0 <= i < n); 'slurm' "
+    "in a Slurm array task reads i/n from SLURM_ARRAY_TASK_ID and the array's size; combine the folders "
+    "with posenc merge (posenc submit does all of it)"
+)
+
 
 def extrapolate(
     ctx: typer.Context,
@@ -263,42 +287,16 @@ def extrapolate(
     workers: int | None = typer.Option(
         None, help="parallel processes (default: one per CPU core, at most one per run)"
     ),
-    threads: int | None = typer.Option(
-        None,
-        min=1,
-        help="torch threads per process (default: 1 per training process; with --hf-model, torch's own "
-        "default, every core)",
-    ),
+    threads: int | None = typer.Option(None, min=1, help=_THREADS_HELP),
     device: str = typer.Option("cpu", help="cpu, cuda or auto"),
     progress: bool = typer.Option(True, help="show progress bars"),
-    hf_model: Path | None = typer.Option(
-        None,
-        help=f"evaluate a pretrained causal LM without training: {hf_model_forms()}; --task "
-        f"{' or '.join(HF_TASKS)} scores it at lengths 1..--eval-len beyond its max_position_embeddings, "
-        f"--task {study_tasks_text()} runs the context-extension study",
-    ),
-    lengths: str | None = typer.Option(
-        None,
-        help="--hf-model --task text/text-passkey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
-        "to --eval-len, c the model's context); perplexity is read from --eval-len windows",
-    ),
+    hf_model: Path | None = typer.Option(None, help=_HF_MODEL_HELP),
+    lengths: str | None = typer.Option(None, help=_LENGTHS_HELP),
     depths: str | None = typer.Option(
         None, help="--hf-model --task text/text-passkey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"
     ),
-    preset: str | None = typer.Option(
-        None,
-        help="run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
-        "2023: copy, count_copy, reverse) or alibi-paper (Press et al. 2022: LM perplexity at 2x/4x/8x L); "
-        "one folder per task under --out; nope-paper trains each run until it fits (at most 6000 steps, "
-        "4 layers, lr 1e-3) unless --steps, --lr etc. say otherwise; --seeds 0 and --task reverse give its "
-        "reduced form",
-    ),
-    shard: str | None = typer.Option(
-        None,
-        help="i/n: run only the i-th of n disjoint parts of the (encoding x seed) grid (0 <= i < n); 'slurm' "
-        "in a Slurm array task reads i/n from SLURM_ARRAY_TASK_ID and the array's size; combine the folders "
-        "with posenc merge (posenc submit does all of it)",
-    ),
+    preset: str | None = typer.Option(None, help=_PRESET_HELP),
+    shard: str | None = typer.Option(None, help=_SHARD_HELP),
     **options: Any,
 ) -> None:
     """Length generalization: train each encoding on lengths <= L, score every length up to eval-len.
@@ -311,13 +309,9 @@ def extrapolate(
     task) and prints the paper's numbers beside ours; `--shard i/n` runs one part of the grid
     (combine the parts with `posenc merge`).
     """
-    from ..experiments.cluster.distributed import Distributed
-    from ..experiments.cluster.shards import parse_shard
-    from ..experiments.results.records import read_run_records
-    from ..experiments.results.summary import summary_table
-    from ..experiments.runner import ExperimentInterrupted, WorkerDied, run_experiment
+    # One command, three forms: train encodings on a task, evaluate a pretrained HF model, or run
+    # the context-extension study of one. The checks that tell the forms apart come first.
     from ..experiments.study.plan import STUDY_TASKS
-    from ..viz.folder import write_figures
 
     study = hf_model is not None and options["task"] in STUDY_TASKS
     if hf_model is not None and (preset is not None or (shard is not None and not study)):
@@ -329,15 +323,40 @@ def extrapolate(
         torch.set_num_threads(threads)  # one process evaluates: the threads are its own
     if study:
         with quiet_hf_progress():
-            _hf_study(hf_model, out, device, progress, shard, lengths, depths, options, given_options(ctx))
+            _study_pretrained(
+                hf_model, out, device, progress, shard, lengths, depths, options, given_options(ctx)
+            )
         return
     if hf_model is not None:
         with quiet_hf_progress():
-            _extrapolate_hf(hf_model, out, device, progress, options)
+            _evaluate_hf_model(hf_model, out, device, progress, options)
         return
     if lengths is not None or depths is not None:
         print_error("--lengths and --depths apply to --hf-model with --task text, text-lm or text-passkey")
         raise typer.Exit(2)
+    _train_on_task(ctx, out, workers, threads, device, progress, preset, shard, options)
+
+
+def _train_on_task(
+    ctx: typer.Context,
+    out: Path,
+    workers: int | None,
+    threads: int | None,
+    device: str,
+    progress: bool,
+    preset: str | None,
+    shard: str | None,
+    options: dict[str, Any],
+) -> None:
+    """``extrapolate`` without ``--hf-model``: train the (encoding x seed) grid on the task (each task
+    of ``preset``), write the results folder(s) and print the summary table(s)."""
+    from ..experiments.cluster.distributed import Distributed
+    from ..experiments.cluster.shards import parse_shard
+    from ..experiments.results.records import read_run_records
+    from ..experiments.results.summary import summary_table
+    from ..experiments.runner import ExperimentInterrupted, WorkerDied, run_experiment
+    from ..viz.folder import write_figures
+
     config = config_from_options(options)
     try:
         part = None if shard is None else parse_shard(shard)
@@ -421,7 +440,9 @@ def quiet_hf_progress() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
-def _extrapolate_hf(hf_model: Path, out: Path, device: str, progress: bool, options: dict[str, Any]) -> None:
+def _evaluate_hf_model(
+    hf_model: Path, out: Path, device: str, progress: bool, options: dict[str, Any]
+) -> None:
     """``--hf-model``: evaluate a local HF causal LM (no training) and print the summary table."""
     from ..experiments.study.hf_eval import evaluate_hf_model, parse_variants, summary
     from ..viz.folder import write_figures
@@ -485,7 +506,7 @@ def study_options(
     }
 
 
-def _hf_study(
+def _study_pretrained(
     hf_model: Path,
     out: Path,
     device: str,

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -20,6 +20,9 @@ from .experiments import (
     study_tasks_text,
     with_config_options,
 )
+
+if TYPE_CHECKING:
+    from ..experiments.cluster.slurm import Submission
 
 
 def _command_line_args(ctx: typer.Context, names: set[str]) -> list[str]:
@@ -92,14 +95,7 @@ def submit_command(
     from ..experiments.cluster.slurm import SlurmOptions, submit
 
     config = None if hf_model is not None else config_from_options(options)
-    names = {option.name for option in CONFIG_OPTIONS}
-    passed = _command_line_args(ctx, names)
-    if preset is not None:
-        passed = ["--preset", preset, *passed]
-    if threads is not None:
-        passed += ["--threads", str(threads)]
-    if device is not None:
-        passed += ["--device", device]
+    passed = _passed_args(ctx, preset, threads, device)
     try:
         scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
         if hf_model is not None:
@@ -121,13 +117,40 @@ def submit_command(
     except (ValueError, FileNotFoundError) as err:
         print_error(str(err))
         raise typer.Exit(2) from err
+    if dry_run:
+        _print_dry_run(done)
+    else:
+        _print_submission(done, studied=bool(hf_model), preset=preset)
+
+
+def _passed_args(
+    ctx: typer.Context, preset: str | None, threads: int | None, device: str | None
+) -> list[str]:
+    """The ``extrapolate`` arguments each array task runs: the config options given on the command
+    line, after ``--preset`` and before ``--threads`` and ``--device`` when given."""
+    names = {option.name for option in CONFIG_OPTIONS}
+    passed = _command_line_args(ctx, names)
+    if preset is not None:
+        passed = ["--preset", preset, *passed]
+    if threads is not None:
+        passed += ["--threads", str(threads)]
+    if device is not None:
+        passed += ["--device", device]
+    return passed
+
+
+def _print_dry_run(done: Submission) -> None:
+    """``--dry-run``: the scripts written and the ``sbatch`` commands that would submit them."""
     import shlex
 
-    if dry_run:
-        print_line(f"scripts: {done.array_script}, {done.merge_script}")
-        for command in done.commands:
-            print_line(shlex.join(command))
-        return
+    print_line(f"scripts: {done.array_script}, {done.merge_script}")
+    for command in done.commands:
+        print_line(shlex.join(command))
+
+
+def _print_submission(done: Submission, *, studied: bool, preset: str | None) -> None:
+    """What was submitted (``studied``: a study's units rather than trained runs), where the results
+    go, and how to watch the jobs."""
     if done.complete:
         print_line(f"complete: {done.out} holds every run of the grid, merged; nothing to submit")
         return
@@ -140,13 +163,13 @@ def submit_command(
     elif done.array_job is not None:
         print_line(
             f"submitted array job {done.array_job}: shard(s) {', '.join(map(str, done.shards))} of "
-            f"{done.count}, {len(done.missing)} {'unit(s) to run' if hf_model else 'run(s) to train'}; "
+            f"{done.count}, {len(done.missing)} {'unit(s) to run' if studied else 'run(s) to train'}; "
             f"logs in {done.out / 'slurm' / 'logs'}"
         )
         print_line(f"submitted merge job {done.merge_job} (afterok:{done.array_job})")
     else:
         print_line(
-            f"every {'unit is run' if hf_model else 'run is trained'}; submitted merge job {done.merge_job}"
+            f"every {'unit is run' if studied else 'run is trained'}; submitted merge job {done.merge_job}"
         )
     print_line(f"results: {done.out}" + ("/<task>" if preset is not None else ""))
     jobs = ",".join(job for job in (done.array_job, done.merge_job) if job)

@@ -279,85 +279,124 @@ def _coerce(name: str, option: str, value: Any, annotation: Any) -> Any:
     if annotation is inspect.Parameter.empty or annotation is Any:
         return value
     origin = get_origin(annotation)
+    # The structured forms first, in this order; then the plain scalar types, looked up by type.
     if origin in (Union, types.UnionType):
-        args = get_args(annotation)
-        is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
-        if is_none and type(None) in args:
-            return None
-        # Try the non-None members in order, strings last so "1" becomes an int where allowed.
-        ordered = sorted((a for a in args if a is not type(None)), key=lambda a: a is str)
-        for arg in ordered:
-            try:
-                return _coerce(name, option, value, arg)
-            except NonFiniteOptionError:
-                raise
-            except ValueError:
-                continue
-        raise ValueError(f"{name}: option {option!r} got {value!r}, expected {_type_name(annotation)}")
+        return _coerce_union(name, option, value, annotation)
     if isinstance(annotation, type) and dataclasses.is_dataclass(annotation):
-        if isinstance(value, annotation):
-            return value
-        raise ValueError(f"{name}: option {option!r} must be a {annotation.__name__}, got {value!r}")
+        return _coerce_dataclass(name, option, value, annotation)
     if origin is Literal:
-        choices = get_args(annotation)
-        if value in choices:
-            return value
-        raise ValueError(
-            f"{name}: option {option!r} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
-            f"{_suggest(str(value), [str(c) for c in choices])}"
-        )
+        return _coerce_literal(name, option, value, annotation)
     if origin in (list, tuple, typing.Sequence) or annotation in (list, tuple):
-        item_type = (get_args(annotation) or (Any,))[0]
-        if isinstance(value, str):
-            items = [v for v in value.split("|") if v != ""]
-        elif isinstance(value, (list, tuple)):
-            items = list(value)
-        else:
-            raise ValueError(f"{name}: option {option!r} must be a list, got {value!r}")
-        return [_coerce(name, option, v, item_type) for v in items]
+        return _coerce_list(name, option, value, annotation)
     if origin is dict or annotation is dict:
-        if isinstance(value, dict):
-            return dict(value)
-        raise ValueError(f"{name}: option {option!r} must be a dict, got {value!r}")
-    if annotation is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise ValueError(f"{name}: option {option!r} must be a bool, got {value!r}")
-    if annotation is int:
-        if isinstance(value, bool):
-            raise ValueError(f"{name}: option {option!r} must be an int, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
+        return _coerce_dict(name, option, value)
+    scalar = _SCALAR_COERCERS.get(annotation) if isinstance(annotation, type) else None
+    return scalar(name, option, value) if scalar is not None else value
+
+
+def _coerce_union(name: str, option: str, value: Any, annotation: Any) -> Any:
+    args = get_args(annotation)
+    is_none = value is None or (isinstance(value, str) and value.lower() in ("none", "null"))
+    if is_none and type(None) in args:
+        return None
+    # Try the non-None members in order, strings last so "1" becomes an int where allowed.
+    ordered = sorted((a for a in args if a is not type(None)), key=lambda a: a is str)
+    for arg in ordered:
+        try:
+            return _coerce(name, option, value, arg)
+        except NonFiniteOptionError:
+            raise
+        except ValueError:
+            continue
+    raise ValueError(f"{name}: option {option!r} got {value!r}, expected {_type_name(annotation)}")
+
+
+def _coerce_dataclass(name: str, option: str, value: Any, annotation: type) -> Any:
+    if isinstance(value, annotation):
+        return value
+    raise ValueError(f"{name}: option {option!r} must be a {annotation.__name__}, got {value!r}")
+
+
+def _coerce_literal(name: str, option: str, value: Any, annotation: Any) -> Any:
+    choices = get_args(annotation)
+    if value in choices:
+        return value
+    raise ValueError(
+        f"{name}: option {option!r} must be one of {', '.join(repr(c) for c in choices)}, got {value!r}"
+        f"{_suggest(str(value), [str(c) for c in choices])}"
+    )
+
+
+def _coerce_list(name: str, option: str, value: Any, annotation: Any) -> list[Any]:
+    item_type = (get_args(annotation) or (Any,))[0]
+    if isinstance(value, str):
+        items = [v for v in value.split("|") if v != ""]
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ValueError(f"{name}: option {option!r} must be a list, got {value!r}")
+    return [_coerce(name, option, v, item_type) for v in items]
+
+
+def _coerce_dict(name: str, option: str, value: Any) -> dict[Any, Any]:
+    if isinstance(value, dict):
+        return dict(value)
+    raise ValueError(f"{name}: option {option!r} must be a dict, got {value!r}")
+
+
+def _coerce_bool(name: str, option: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ValueError(f"{name}: option {option!r} must be a bool, got {value!r}")
+
+
+def _coerce_int(name: str, option: str, value: Any) -> int:
+    if isinstance(value, bool):
         raise ValueError(f"{name}: option {option!r} must be an int, got {value!r}")
-    if annotation is float:
-        if isinstance(value, bool):
-            raise ValueError(f"{name}: option {option!r} must be a float, got {value!r}")
-        number: float | None = None
-        if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{name}: option {option!r} must be an int, got {value!r}")
+
+
+def _coerce_float(name: str, option: str, value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError(f"{name}: option {option!r} must be a float, got {value!r}")
+    number: float | None = None
+    if isinstance(value, (int, float)):
+        number = float(value)
+    elif isinstance(value, str):
+        try:
             number = float(value)
-        elif isinstance(value, str):
-            try:
-                number = float(value)
-            except ValueError:
-                pass
-        if number is None:
-            raise ValueError(f"{name}: option {option!r} must be a float, got {value!r}")
-        if not math.isfinite(number):
-            # nan or inf would flow into tables and logits and come out as silently wrong numbers.
-            raise NonFiniteOptionError(f"{name}: option {option!r} must be a finite number, got {value!r}")
-        return number
-    if annotation is str:
-        if isinstance(value, str):
-            return value
-        raise ValueError(f"{name}: option {option!r} must be a str, got {value!r}")
-    return value
+        except ValueError:
+            pass
+    if number is None:
+        raise ValueError(f"{name}: option {option!r} must be a float, got {value!r}")
+    if not math.isfinite(number):
+        # nan or inf would flow into tables and logits and come out as silently wrong numbers.
+        raise NonFiniteOptionError(f"{name}: option {option!r} must be a finite number, got {value!r}")
+    return number
+
+
+def _coerce_str(name: str, option: str, value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    raise ValueError(f"{name}: option {option!r} must be a str, got {value!r}")
+
+
+# The scalar annotations an option may carry, each with its converter (``_coerce`` looks the type up here).
+_SCALAR_COERCERS: dict[type, Callable[[str, str, Any], Any]] = {
+    bool: _coerce_bool,
+    int: _coerce_int,
+    float: _coerce_float,
+    str: _coerce_str,
+}
 
 
 def _type_name(annotation: Any) -> str:

@@ -531,20 +531,38 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
         A :class:`~posenc.KVCache` entry written before the switch is refused afterwards.
     """
     check_pairing(pairing)
-    swapped = [
-        name for name, m in module.named_modules() if isinstance(getattr(m, "posenc_encoding", None), RoPE)
-    ]
-    if swapped:  # an HF attention given posenc's RoPE by posenc.hf.swap_encoding: HF's projections
-        raise ValueError(
-            f"switch_rope_pairing_: {swapped[0]!r} is an HF attention swapped by posenc.hf.swap_encoding; "
-            "use posenc.hf.switch_rope_pairing_(model, pairing). Nothing was changed"
-        )
+    _refuse_hf_swapped(module)
     layers = [
         m
         for m in module.modules()
         if _permutes_rope_channels(m) and isinstance(m.encoding, RoPE) and m.encoding.pairing != pairing
     ]
     encodings = {id(layer.encoding): layer.encoding for layer in layers}
+    _refuse_other_users(module, layers, encodings)
+    with torch.no_grad():
+        for layer in layers:
+            _permute_qk_channels_(layer, pairing)
+    for enc in encodings.values():
+        enc.switch_pairing_(pairing)
+    return len(layers)
+
+
+def _refuse_hf_swapped(module: nn.Module) -> None:
+    """An HF attention given posenc's RoPE by ``posenc.hf.swap_encoding`` has HF's projections:
+    :func:`posenc.hf.switch_rope_pairing_` switches it, not this function."""
+    swapped = [
+        name for name, m in module.named_modules() if isinstance(getattr(m, "posenc_encoding", None), RoPE)
+    ]
+    if swapped:
+        raise ValueError(
+            f"switch_rope_pairing_: {swapped[0]!r} is an HF attention swapped by posenc.hf.swap_encoding; "
+            "use posenc.hf.switch_rope_pairing_(model, pairing). Nothing was changed"
+        )
+
+
+def _refuse_other_users(module: nn.Module, layers: list[nn.Module], encodings: dict[int, RoPE]) -> None:
+    """Refuse, before anything changes, an encoding of ``layers`` that also serves a module whose
+    channels would not be permuted: another kind of module in ``module``, or a layer outside it."""
     for name, parent in module.named_modules(remove_duplicate=False):
         for child_name, child in parent.named_children():
             if id(child) in encodings and not (_permutes_rope_channels(parent) and child_name == "encoding"):
@@ -564,30 +582,23 @@ def switch_rope_pairing_(module: nn.Module, pairing: Pairing = "interleaved") ->
                 "pairing; pass a module that holds every layer using that encoding (the whole model), or "
                 "give the layers their own encoding. Nothing was changed"
             )
-    with torch.no_grad():
-        for layer in layers:
-            enc = layer.encoding
-            for proj, heads in ((layer.q_proj, layer.num_heads), (layer.k_proj, layer.num_kv_heads)):
-                if proj is None:  # a KV-shared layer: its keys are its donor's, switched with it
-                    continue
-                for param in (proj.weight, proj.bias):
-                    if param is not None:
-                        param.copy_(
-                            convert_rope_pairing(
-                                param, heads, layer.head_dim, enc.pairing, pairing, enc.rotary_dim
-                            )
-                        )
-            if getattr(layer, "value_from_key", False):  # K = V: the values' channels moved with the keys'
-                columns = convert_rope_pairing(
-                    layer.out_proj.weight.T,
-                    layer.num_heads,
-                    layer.head_dim,
-                    enc.pairing,
-                    pairing,
-                    enc.rotary_dim,
+
+
+def _permute_qk_channels_(layer: nn.Module, pairing: Pairing) -> None:
+    """Permute ``layer``'s q and k projection rows from its encoding's pairing to ``pairing`` (and,
+    K = V, its output projection's input columns), and mark its cached q/k layout stale."""
+    enc = layer.encoding
+    for proj, heads in ((layer.q_proj, layer.num_heads), (layer.k_proj, layer.num_kv_heads)):
+        if proj is None:  # a KV-shared layer: its keys are its donor's, switched with it
+            continue
+        for param in (proj.weight, proj.bias):
+            if param is not None:
+                param.copy_(
+                    convert_rope_pairing(param, heads, layer.head_dim, enc.pairing, pairing, enc.rotary_dim)
                 )
-                layer.out_proj.weight.copy_(columns.T)
-            layer.qk_layout += 1
-    for enc in encodings.values():
-        enc.switch_pairing_(pairing)
-    return len(layers)
+    if getattr(layer, "value_from_key", False):  # K = V: the values' channels moved with the keys'
+        columns = convert_rope_pairing(
+            layer.out_proj.weight.T, layer.num_heads, layer.head_dim, enc.pairing, pairing, enc.rotary_dim
+        )
+        layer.out_proj.weight.copy_(columns.T)
+    layer.qk_layout += 1

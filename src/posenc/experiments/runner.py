@@ -107,75 +107,117 @@ def run_experiment(
         with process_group(dist, torch_device):
             if is_writer:
                 out.mkdir(parents=True, exist_ok=True)
-                runtime = {
-                    "workers": workers,
-                    "threads": threads,
-                    "world_size": dist.world_size,
-                    "device": str(torch_device),
-                }
-                if shard is not None:
-                    runtime["shard"] = str(shard)
+                runtime = _runtime(workers, threads, dist, torch_device, shard)
                 write_config(out, config, runtime, task.data_fingerprint(), preset)
             finished = finished_runs(out, config, task.metric)
             todo = [run for run in runs if run_id_for(config, run) not in finished]
             for run in runs:
                 if run not in todo:
                     log(f"done already, kept: {run.label}")
-            mode = (
-                f"DDP world size {dist.world_size}"
-                if dist.enabled
-                else f"{workers} worker(s) x {threads} thread(s)"
-            )
-            part = (
-                f" (shard {shard}: {len(runs)} of {len(config.seeds) * len(config.encodings)} runs)"
-                if shard
-                else ""
-            )
-            log(f"{config.task}: {len(todo)} run(s) to do{part} on {torch_device} with {mode}")
-
-            def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
-                if is_writer and records:
-                    per_length, per_run = split_run_records(records)
-                    if per_run:  # first: a run whose results.jsonl records are missing is redone anyway
-                        append_records(out / RUNS_FILE, per_run)
-                    append_records(out / "results.jsonl", per_length)
-
+            log(_plan_line(config, runs, todo, shard, dist, workers, threads, torch_device))
+            on_done = _record_writer(out, is_writer)
             try:
                 with sigterm_as_interrupt():
-                    if workers > 1 and len(todo) > 1:
-                        run_in_workers(
-                            config, todo, out, workers, threads, torch_device, report, log, on_done
-                        )
-                    else:
-                        torch.set_num_threads(threads)
-                        for run in todo:
-                            records = train_and_evaluate(
-                                config,
-                                run,
-                                checkpoint_path(out, config, run),
-                                report,
-                                rank=dist.rank,
-                                world_size=dist.world_size,
-                                device=torch_device,
-                                log=log,
-                            )
-                            on_done(run, records)
+                    _train_runs(config, todo, out, workers, threads, torch_device, dist, report, log, on_done)
                     if is_writer:
                         _evaluate_variants(
                             config, task, runs, variants, out, finished, torch_device, report, on_done
                         )
             except (Interrupted, KeyboardInterrupt) as err:
                 raise ExperimentInterrupted(INTERRUPTED) from err
-        rows = set(row_labels(config))
-        records = [
-            r
-            for r in read_records(out / "results.jsonl")
-            if r["encoding"] in rows and r["seed"] in config.seeds
-        ]
+        records = _experiment_records(config, out)
         if is_writer:
             written = write_outputs(out, records, figures)
             log(f"results: {', '.join(str(path) for path in [out / 'results.jsonl', *written])}")
         return records
+
+
+def _runtime(
+    workers: int, threads: int, dist: Distributed, device: torch.device, shard: Shard | None
+) -> dict[str, Any]:
+    """How this command runs the experiment, as ``config.json`` records it beside the settings."""
+    runtime: dict[str, Any] = {
+        "workers": workers,
+        "threads": threads,
+        "world_size": dist.world_size,
+        "device": str(device),
+    }
+    if shard is not None:
+        runtime["shard"] = str(shard)
+    return runtime
+
+
+def _experiment_records(config: ExperimentConfig, out: Path) -> list[dict[str, Any]]:
+    """The records of ``out/results.jsonl`` that belong to this experiment's rows and seeds."""
+    rows = set(row_labels(config))
+    return [
+        r for r in read_records(out / "results.jsonl") if r["encoding"] in rows and r["seed"] in config.seeds
+    ]
+
+
+def _plan_line(
+    config: ExperimentConfig,
+    runs: list[RunSpec],
+    todo: list[RunSpec],
+    shard: Shard | None,
+    dist: Distributed,
+    workers: int,
+    threads: int,
+    device: torch.device,
+) -> str:
+    """The log line that says how many runs are left, of which shard, where and how they train."""
+    mode = (
+        f"DDP world size {dist.world_size}" if dist.enabled else f"{workers} worker(s) x {threads} thread(s)"
+    )
+    part = (
+        f" (shard {shard}: {len(runs)} of {len(config.seeds) * len(config.encodings)} runs)" if shard else ""
+    )
+    return f"{config.task}: {len(todo)} run(s) to do{part} on {device} with {mode}"
+
+
+def _record_writer(out: Path, is_writer: bool) -> OnDone:
+    """The callback that appends a finished run's records to ``out`` (on the writing rank only)."""
+
+    def on_done(run: RunSpec, records: list[dict[str, Any]]) -> None:
+        if is_writer and records:
+            per_length, per_run = split_run_records(records)
+            if per_run:  # first: a run whose results.jsonl records are missing is redone anyway
+                append_records(out / RUNS_FILE, per_run)
+            append_records(out / "results.jsonl", per_length)
+
+    return on_done
+
+
+def _train_runs(
+    config: ExperimentConfig,
+    todo: list[RunSpec],
+    out: Path,
+    workers: int,
+    threads: int,
+    device: torch.device,
+    dist: Distributed,
+    report: Reporter,
+    log: Log,
+    on_done: OnDone,
+) -> None:
+    """Train the runs ``todo``: in worker processes when there are several of each, otherwise one
+    after another in this process (every rank of a DDP job together)."""
+    if workers > 1 and len(todo) > 1:
+        run_in_workers(config, todo, out, workers, threads, device, report, log, on_done)
+        return
+    torch.set_num_threads(threads)
+    for run in todo:
+        records = train_and_evaluate(
+            config,
+            run,
+            checkpoint_path(out, config, run),
+            report,
+            rank=dist.rank,
+            world_size=dist.world_size,
+            device=device,
+            log=log,
+        )
+        on_done(run, records)
 
 
 def _evaluate_variants(

@@ -420,94 +420,170 @@ def train_and_evaluate(
     Raises :class:`Interrupted` after saving a checkpoint when asked to stop. ``log`` receives
     one-line notes (resuming from a checkpoint); ``should_stop()`` is polled between steps.
     """
-    global _steps_this_process
     if should_stop():
         raise Interrupted(f"{run.label}: not started (stop requested)")
     task = config.make_task()
     torch.manual_seed(mix_seed(run.seed, "init"))
     device = device or torch.device("cpu")
-    model = build_model(config, task, run.encoding).to(device)
-    optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
-    step, fitted_at = 0, None
+    training = _Training.start(config, task, run, device)
     if checkpoint_path.exists():
-        state = load_checkpoint(checkpoint_path, run, device)
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"].cpu())
-        step = int(state["step"])
-        fitted_at = state.get("fitted_at")
-        log(f"{run.label}: resumed from its checkpoint at step {step}/{config.steps}")
-    trained = _wrap_ddp(model, world_size)
-    interrupt_after = int(os.environ.get(INTERRUPT_ENV, "0") or 0)
+        training.resume(load_checkpoint(checkpoint_path, run, device))
+        log(f"{run.label}: resumed from its checkpoint at step {training.step}/{config.steps}")
+    saver = _Saver(checkpoint_path, rank, world_size, run, config)
+    _train(training, config, task, run, saver, report, device, should_stop)
+    if rank != 0:
+        return []
+    records = evaluate(training.model, config, task, run, report)
+    fit_steps = {"steps_trained": training.step}
+    if config.until_fit:
+        fit_steps["steps_to_fit"] = training.fitted_at  # None: it did not fit within --steps
+    return [*records, iid_record(records, task.metric, config.train_len, config.fit_threshold, **fit_steps)]
 
-    def checkpoint() -> None:
-        if rank == 0:
+
+@dataclass
+class _Training:
+    """A run's training as it goes: what a checkpoint saves, and the step it has reached."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    step: int = 0
+    fitted_at: int | None = None  # the step at which an ``until_fit`` run fitted
+
+    @classmethod
+    def start(cls, config: ExperimentConfig, task: Task, run: RunSpec, device: torch.device) -> _Training:
+        """A fresh model (from the global RNG, seeded by the caller), its AdamW and its schedule."""
+        model = build_model(config, task, run.encoding).to(device)
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
+        return cls(model, optimizer, scheduler)
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's ``state`` (:func:`load_checkpoint`), the global RNG included."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"].cpu())
+        self.step = int(state["step"])
+        self.fitted_at = state.get("fitted_at")
+
+
+@dataclass(frozen=True)
+class _Saver:
+    """Saves a run's checkpoint (rank 0 writes it; every rank waits for it)."""
+
+    path: Path
+    rank: int
+    world_size: int
+    run: RunSpec
+    config: ExperimentConfig
+
+    def __call__(self, training: _Training) -> None:
+        if self.rank == 0:
             _save_checkpoint(
-                checkpoint_path,
+                self.path,
                 {
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(),
+                    "model": training.model.state_dict(),
+                    "optimizer": training.optimizer.state_dict(),
+                    "scheduler": training.scheduler.state_dict(),
                     "torch_rng": torch.get_rng_state(),
-                    "step": step,
-                    "fitted_at": fitted_at,
-                    "run": dataclasses.asdict(run),
-                    "config": config.to_dict(),
+                    "step": training.step,
+                    "fitted_at": training.fitted_at,
+                    "run": dataclasses.asdict(self.run),
+                    "config": self.config.to_dict(),
                 },
             )
-        _barrier(world_size)
+        _barrier(self.world_size)
 
+
+def _train(
+    training: _Training,
+    config: ExperimentConfig,
+    task: Task,
+    run: RunSpec,
+    saver: _Saver,
+    report: Reporter,
+    device: torch.device,
+    should_stop: Callable[[], bool],
+) -> None:
+    """Step until ``config.steps`` (or, ``until_fit``, until the run fits), checking for a fit and
+    saving checkpoints on schedule; a stop request saves one and raises :class:`Interrupted`."""
+    global _steps_this_process
+    rank, world_size = saver.rank, saver.world_size
+    trained = _wrap_ddp(training.model, world_size)
+    interrupt_after = int(os.environ.get(INTERRUPT_ENV, "0") or 0)
     data_generator = torch.Generator()
-    report(run.label, "train", step, config.steps, "resumed" if step else "")
-    model.train()
+    report(run.label, "train", training.step, config.steps, "resumed" if training.step else "")
+    training.model.train()
     with _StopFlag() as stop:
-        while step < config.steps and fitted_at is None:
-            data_generator.manual_seed(mix_seed(run.seed, rank, step, "data"))
-            torch.manual_seed(mix_seed(run.seed, rank, step, "dropout"))
-            make_batch = task.packed_train_batch if config.pack else task.train_batch
-            batch = make_batch(config.min_train_len, config.train_len, config.batch_size, data_generator)
-            documents = None if batch.document_ids is None else batch.document_ids.to(device)
-            positions = None
-            if config.randomize_positions is not None:
-                rows, width = batch.inputs.shape
-                positions = random_positions(rows, width, config.randomize_positions, data_generator).to(
-                    device
-                )
-            loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device), documents, positions)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if config.grad_clip > 0:
-                nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            step += 1
+        while training.step < config.steps and training.fitted_at is None:
+            loss = _train_step(training, trained, config, task, run, rank, data_generator, device)
+            step = training.step
             _steps_this_process += 1
             report(run.label, "train", step, config.steps, f"loss {loss.item():.3f}")
             if config.until_fit and (step % config.fit_check_every == 0 or step == config.steps):
-                score = fit_check_score(model, config, task, run) if rank == 0 else 0.0
-                if _any_rank(score >= min(1.0, config.fit_threshold + config.fit_margin), world_size):
-                    fitted_at = step
-                report(run.label, "train", step, config.steps, f"in-distribution {task.metric.format(score)}")
-                model.train()
+                _check_fit(training, config, task, run, rank, world_size, report)
             stop_now = _any_rank(
                 stop.raised or should_stop() or (interrupt_after and _steps_this_process >= interrupt_after),
                 world_size,
             )
-            if step % config.checkpoint_every == 0 or step == config.steps or stop_now or fitted_at:
-                checkpoint()
+            if step % config.checkpoint_every == 0 or step == config.steps or stop_now or training.fitted_at:
+                saver(training)
             if stop_now:
                 raise Interrupted(f"{run.label}: stopped at step {step}/{config.steps}; checkpoint saved")
-    if rank != 0:
-        return []
-    records = evaluate(model, config, task, run, report)
-    fit_steps = {"steps_trained": step}
-    if config.until_fit:
-        fit_steps["steps_to_fit"] = fitted_at  # None: it did not fit within --steps
-    return [*records, iid_record(records, task.metric, config.train_len, config.fit_threshold, **fit_steps)]
+
+
+def _train_step(
+    training: _Training,
+    trained: nn.Module,
+    config: ExperimentConfig,
+    task: Task,
+    run: RunSpec,
+    rank: int,
+    data_generator: torch.Generator,
+    device: torch.device,
+) -> torch.Tensor:
+    """One optimizer step of ``trained`` (the model, or its DDP wrapper) on the batch and dropout
+    noise of ``(seed, rank, step)``; advances ``training.step`` and returns the step's loss."""
+    step = training.step
+    data_generator.manual_seed(mix_seed(run.seed, rank, step, "data"))
+    torch.manual_seed(mix_seed(run.seed, rank, step, "dropout"))
+    make_batch = task.packed_train_batch if config.pack else task.train_batch
+    batch = make_batch(config.min_train_len, config.train_len, config.batch_size, data_generator)
+    documents = None if batch.document_ids is None else batch.document_ids.to(device)
+    positions = None
+    if config.randomize_positions is not None:
+        rows, width = batch.inputs.shape
+        positions = random_positions(rows, width, config.randomize_positions, data_generator).to(device)
+    loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device), documents, positions)
+    training.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if config.grad_clip > 0:
+        nn.utils.clip_grad_norm_(training.model.parameters(), config.grad_clip)
+    training.optimizer.step()
+    training.scheduler.step()
+    training.step += 1
+    return loss
+
+
+def _check_fit(
+    training: _Training,
+    config: ExperimentConfig,
+    task: Task,
+    run: RunSpec,
+    rank: int,
+    world_size: int,
+    report: Reporter,
+) -> None:
+    """``until_fit``: score the in-distribution check (rank 0), and mark the run fitted at this step
+    when any rank's score clears the threshold plus its margin."""
+    score = fit_check_score(training.model, config, task, run) if rank == 0 else 0.0
+    if _any_rank(score >= min(1.0, config.fit_threshold + config.fit_margin), world_size):
+        training.fitted_at = training.step
+    report(run.label, "train", training.step, config.steps, f"in-distribution {task.metric.format(score)}")
+    training.model.train()
 
 
 #: The seed label of the examples an ``until_fit`` run is checked on: drawn apart from the

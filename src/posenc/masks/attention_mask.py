@@ -148,16 +148,8 @@ class AttentionMask:
             key_padding_mask=key_padding_mask,
             attn_mask=attn_mask,
         )
-        components: list[MaskComponent] = []
         offset = int(causal_offset)
-        if causal and prefix_len is not None:
-            components.append(PrefixLMMask(prefix_len.to(device=device, dtype=torch.long), offset))
-        elif causal and has_groups(group_ids):
-            components.append(BlockwiseCausalMask(group_ids.to(device=device, dtype=torch.long), offset))
-        elif causal and offset < k_len - 1:
-            # (offset >= k_len - 1: every query sees every key, as in a one-token decode step; a
-            # mask that hides nothing would only cost its materialisation)
-            components.append(CausalMask(offset))
+        components = _causal_components(causal, offset, k_len, prefix_len, group_ids, device)
         if window is not None:
             band = SlidingWindowMask if causal else BidirectionalWindowMask
             components.append(band(int(window), offset))
@@ -167,15 +159,7 @@ class AttentionMask:
             components.append(DocumentMask(q_document_ids, k_document_ids))
         if key_padding_mask is not None:
             components.append(KeyPaddingMask(key_padding_mask))
-        additive = None
-        if attn_mask is not None and attn_mask.dtype == torch.bool:
-            components.append(UserBoolMask(attn_mask))
-        elif attn_mask is not None:
-            hidden = torch.isneginf(attn_mask)
-            if torch.compiler.is_compiling() or bool(hidden.any()):  # a compiled graph reads no values
-                components.append(UserBoolMask(~hidden))
-                attn_mask = attn_mask.masked_fill(hidden, 0.0)
-            additive = attn_mask
+        additive = None if attn_mask is None else _user_mask(attn_mask, components)
         return cls(q_len, k_len, batch, heads, device, tuple(components), additive)
 
     # ------------------------------------------------------------------ questions
@@ -375,3 +359,37 @@ def _cached_block_mask(key: tuple, mod: MaskFn, q_len: int, k_len: int, device):
             _BLOCK_MASK_CACHE.pop(next(iter(_BLOCK_MASK_CACHE)))
         _BLOCK_MASK_CACHE[key] = _create_block_mask(mod, None, None, q_len, k_len, device)
     return _BLOCK_MASK_CACHE[key]
+
+
+def _causal_components(
+    causal: bool,
+    offset: int,
+    k_len: int,
+    prefix_len: Tensor | None,
+    group_ids: Tensor | None,
+    device: torch.device,
+) -> list[MaskComponent]:
+    """The causal part of a mask: a prefix LM's, a blockwise-causal one's, or the plain causal mask
+    (none at all where it would hide nothing)."""
+    if causal and prefix_len is not None:
+        return [PrefixLMMask(prefix_len.to(device=device, dtype=torch.long), offset)]
+    if causal and has_groups(group_ids):
+        return [BlockwiseCausalMask(group_ids.to(device=device, dtype=torch.long), offset)]
+    if causal and offset < k_len - 1:
+        # (offset >= k_len - 1: every query sees every key, as in a one-token decode step; a
+        # mask that hides nothing would only cost its materialisation)
+        return [CausalMask(offset)]
+    return []
+
+
+def _user_mask(attn_mask: Tensor, components: list[MaskComponent]) -> Tensor | None:
+    """A user's (checked) ``attn_mask``: a bool one joins ``components``; a float one is the additive
+    part it returns, its ``-inf`` entries moved into ``components`` as a bool mask."""
+    if attn_mask.dtype == torch.bool:
+        components.append(UserBoolMask(attn_mask))
+        return None
+    hidden = torch.isneginf(attn_mask)
+    if torch.compiler.is_compiling() or bool(hidden.any()):  # a compiled graph reads no values
+        components.append(UserBoolMask(~hidden))
+        attn_mask = attn_mask.masked_fill(hidden, 0.0)
+    return attn_mask

@@ -12,6 +12,7 @@ the figure becomes small multiples: one panel per encoding, drawn in colour over
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from matplotlib.axes import Axes
@@ -144,43 +145,11 @@ def curve_figure(
     trained = sorted({r.train_length for r in records if r.task == task and r.train_length is not None})
     drawn = [r.value for r in records if r.task == task and r.metric == metric]
     many = len(shown) > SMALL_MULTIPLES_ABOVE if small_multiples is None else small_multiples
+    axis = _LengthAxis(lengths, trained, log_lengths, length_label, metric.replace("_", " "))
     if many and shown:
-        cols = min(4, len(shown))
-        rows = math.ceil(len(shown) / cols)
-        fig = new_figure(width, 1.9 * rows + 0.8)
-        grid = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
-        axes = [ax for row in grid for ax in row]
-        for ax in axes[len(shown) :]:
-            ax.set_visible(False)
-        for ax, (index, enc) in zip(axes, shown):
-            for _, other in shown:
-                if other != enc:
-                    cells = cells_of[other]
-                    ax.plot(sorted(cells), [np.mean([r.value for r in cells[n]]) for n in sorted(cells)],
-                            color="0.6", alpha=0.35, linewidth=0.8, label="_others")  # fmt: skip
-            _draw(ax, cells_of[enc], f"C{index % 10}", enc, binomial, enc in unfit)
-            ax.set_title(f"{enc} ({unfit[enc]})" if enc in unfit else enc, fontsize=9,
-                         color="0.45" if enc in unfit else "black")  # fmt: skip
-            _frame(ax, lengths, trained, log_lengths, label_l=ax is axes[0])
-            ax.tick_params(labelsize=8)
-        for col in range(cols):  # the lowest panel of each column carries the length axis
-            bottom = grid[max(r for r in range(rows) if r * cols + col < len(shown))][col]
-            bottom.xaxis.set_tick_params(labelbottom=True)
-            bottom.set_xlabel(length_label, fontsize=8)
-        for row in grid:
-            row[0].set_ylabel(metric.replace("_", " "), fontsize=8)
+        fig, axes = _small_multiples(cells_of, shown, unfit, binomial, axis, width)
     else:
-        fig = new_figure(width, 0.6 * width)
-        main = fig.subplots()
-        axes = [main]
-        for index, enc in shown:
-            label = f"{enc} ({unfit[enc]})" if enc in unfit else enc
-            _draw(main, cells_of[enc], f"C{index % 10}", label, binomial, enc in unfit)
-        _frame(main, lengths, trained, log_lengths, label_l=True)
-        main.set_xlabel(length_label)
-        main.set_ylabel(metric.replace("_", " "))
-        if shown:
-            main.legend(fontsize=8)
+        fig, axes = _one_panel(cells_of, shown, unfit, binomial, axis, width)
     if log_scale and drawn and min(drawn) > 0:
         for ax in axes:
             ax.set_yscale("log")
@@ -189,3 +158,73 @@ def curve_figure(
             ax.set_ylim(-0.05, 1.05)
     set_title(fig, title if title is not None else f"{task + ': ' if task else ''}{metric} against length")
     return fig
+
+
+@dataclass(frozen=True)
+class _LengthAxis:
+    """What every panel of a curve figure shares: its lengths, training lengths and axis labels."""
+
+    lengths: list[int]
+    trained: list[int]
+    log_lengths: bool
+    x_label: str
+    y_label: str
+
+
+def _small_multiples(
+    cells_of: dict[str, dict[int, list[Record]]],
+    shown: list[tuple[int, str]],
+    unfit: dict[str, str],
+    binomial: bool,
+    axis: _LengthAxis,
+    width: float,
+) -> tuple[Figure, list[Axes]]:
+    """One panel per encoding, the others faint grey behind it; the length axis on each column's
+    lowest panel."""
+    cols = min(4, len(shown))
+    rows = math.ceil(len(shown) / cols)
+    fig = new_figure(width, 1.9 * rows + 0.8)
+    grid = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    axes = [ax for row in grid for ax in row]
+    for ax in axes[len(shown) :]:
+        ax.set_visible(False)
+    for ax, (index, enc) in zip(axes, shown):
+        for _, other in shown:
+            if other != enc:
+                cells = cells_of[other]
+                ax.plot(sorted(cells), [np.mean([r.value for r in cells[n]]) for n in sorted(cells)],
+                        color="0.6", alpha=0.35, linewidth=0.8, label="_others")  # fmt: skip
+        _draw(ax, cells_of[enc], f"C{index % 10}", enc, binomial, enc in unfit)
+        ax.set_title(f"{enc} ({unfit[enc]})" if enc in unfit else enc, fontsize=9,
+                     color="0.45" if enc in unfit else "black")  # fmt: skip
+        _frame(ax, axis.lengths, axis.trained, axis.log_lengths, label_l=ax is axes[0])
+        ax.tick_params(labelsize=8)
+    for col in range(cols):  # the lowest panel of each column carries the length axis
+        bottom = grid[max(r for r in range(rows) if r * cols + col < len(shown))][col]
+        bottom.xaxis.set_tick_params(labelbottom=True)
+        bottom.set_xlabel(axis.x_label, fontsize=8)
+    for row in grid:
+        row[0].set_ylabel(axis.y_label, fontsize=8)
+    return fig, axes
+
+
+def _one_panel(
+    cells_of: dict[str, dict[int, list[Record]]],
+    shown: list[tuple[int, str]],
+    unfit: dict[str, str],
+    binomial: bool,
+    axis: _LengthAxis,
+    width: float,
+) -> tuple[Figure, list[Axes]]:
+    """Every encoding's curve in one panel, with a legend."""
+    fig = new_figure(width, 0.6 * width)
+    main = fig.subplots()
+    for index, enc in shown:
+        label = f"{enc} ({unfit[enc]})" if enc in unfit else enc
+        _draw(main, cells_of[enc], f"C{index % 10}", label, binomial, enc in unfit)
+    _frame(main, axis.lengths, axis.trained, axis.log_lengths, label_l=True)
+    main.set_xlabel(axis.x_label)
+    main.set_ylabel(axis.y_label)
+    if shown:
+        main.legend(fontsize=8)
+    return fig, [main]

@@ -308,72 +308,20 @@ def submit(
     out = Path(out).absolute()
     _check_out_path(out)
     parts = _parts(config, preset)
-    size = parts[0].size()
-    count = size if array_size is None else array_size
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= size:
-        what = "runs (encodings x seeds)" if parts[0].takes_workers else "units (variants x lengths)"
-        raise ValueError(f"--array-size must be between 1 and the grid's {size} {what}, got {array_size!r}")
-    if not parts[0].takes_workers and (workers is not None or options.distributed):
-        raise ValueError(
-            "--workers, --nodes and --nproc-per-node apply to trained grids; each array task of a study "
-            "runs one process (give it CPUs with --cpus, its torch threads)"
-        )
-    if options.distributed and workers not in (None, 1):
-        raise ValueError(
-            "--workers cannot be combined with --nodes/--nproc-per-node (torchrun trains one run)"
-        )
+    count = _check_grid_options(parts, array_size, options, workers)
     check_writable_folder(out)
     for part in parts:
         part.check(merged_folder(out, part))
     folder = out / "slurm"
     settings = _submitted_settings(parts, preset)
-    entries = _check_same_submission(folder / SUBMIT_FILE, settings, count)
-    jobs = [str(entry[key]) for entry in entries for key in ("array", "merge") if entry.get(key)]
-    queued = [] if dry_run else _still_queued(jobs, run)
-    awaiting = _array_awaiting_merge(entries, queued)
-    if queued and awaiting is None:
-        raise ValueError(
-            f"{out}: job(s) {', '.join(queued)} of an earlier posenc submit are still queued or running "
-            "(squeue); wait for them to end (or scancel them), then run this command again"
-        )
-    missing: list[Any] = []
-    lacking: set[int] = set()
-    for part in parts:
-        units, indices = missing_units(part, out, count)
-        missing += units
-        lacking.update(indices)
-    shards = sorted(lacking)
-    merged = all(finished_in(part, merged_folder(out, part)) for part in parts)
+    awaiting = _earlier_array(out, folder / SUBMIT_FILE, settings, count, run, dry_run)
+    missing, shards, merged = _what_is_left(parts, out, count)
 
-    args = [shlex.quote(arg) for arg in extrapolate_args]
-    shard_out = shlex.quote(str(out / "shards")) + f'/"$i"of{count}'
-    task_args = [*args, "--shard", f'"$i"/{count}', "--out", shard_out, "--no-progress"]
-    if options.distributed:
-        launch = ["srun", shlex.quote(python), "-m", "posenc", "slurm-torchrun"]
-        launch += [f"--nproc-per-node={options.nproc_per_node}", "--", "extrapolate"]
-    else:
-        launch = [shlex.quote(python), "-m", "posenc", "extrapolate"]
-        if parts[0].takes_workers:
-            task_args += ["--workers", str(workers or options.cpus or 1)]
-        elif options.cpus is not None and "--threads" not in extrapolate_args:
-            task_args += ["--threads", str(options.cpus)]  # one process: every CPU of the task is its own
+    launch, task_args = _array_command(parts, out, count, extrapolate_args, options, workers, python)
     logs = folder / "logs"
     array_script = folder / "array.sh"
     merge_script = folder / "merge.sh"
-    writes = f"{out}/shards/<i>of{count}" + ("/<task>" if preset else "")
-    array_text = _script(
-        [
-            _directive("job-name", f"posenc-{out.name}"),
-            _directive("output", _log_file(logs, "array-%A_%a.out")),
-            *options.array_lines(),
-        ],
-        [
-            f"# Written by posenc submit: array task i runs shard i/{count} of the grid into {writes};",
-            "# rerunning a task resumes its shard (finished runs kept, others from their checkpoints).",
-            'i="$SLURM_ARRAY_TASK_ID"',
-            " ".join(["exec", *launch, *task_args]),
-        ],
-    )
+    array_text = _array_script_text(out, count, preset, options, logs, [*launch, *task_args])
     merge_text = _script(
         [
             _directive("job-name", f"posenc-{out.name}-merge"),
@@ -392,6 +340,104 @@ def submit(
     array_job, merge_job, commands = _queue(shards, merged, awaiting, scripts, ledger, run, dry_run)
     return Submission(
         out, shards, count, missing, array_job, merge_job, *scripts, commands, earlier_array=bool(awaiting)
+    )
+
+
+def _check_grid_options(
+    parts: list[Grid], array_size: int | None, options: SlurmOptions, workers: int | None
+) -> int:
+    """The number of shards (``array_size``, default one per unit of the grid), once it and the
+    worker options are known to fit the grid."""
+    size = parts[0].size()
+    count = size if array_size is None else array_size
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= size:
+        what = "runs (encodings x seeds)" if parts[0].takes_workers else "units (variants x lengths)"
+        raise ValueError(f"--array-size must be between 1 and the grid's {size} {what}, got {array_size!r}")
+    if not parts[0].takes_workers and (workers is not None or options.distributed):
+        raise ValueError(
+            "--workers, --nodes and --nproc-per-node apply to trained grids; each array task of a study "
+            "runs one process (give it CPUs with --cpus, its torch threads)"
+        )
+    if options.distributed and workers not in (None, 1):
+        raise ValueError(
+            "--workers cannot be combined with --nodes/--nproc-per-node (torchrun trains one run)"
+        )
+    return count
+
+
+def _earlier_array(
+    out: Path, record: Path, settings: dict[str, Any], count: int, run: Runner, dry_run: bool
+) -> str | None:
+    """The array job of an earlier submission into ``out`` that still waits for its merge job
+    (None if none); refused while any other job of an earlier submission is queued or running."""
+    entries = _check_same_submission(record, settings, count)
+    jobs = [str(entry[key]) for entry in entries for key in ("array", "merge") if entry.get(key)]
+    queued = [] if dry_run else _still_queued(jobs, run)
+    awaiting = _array_awaiting_merge(entries, queued)
+    if queued and awaiting is None:
+        raise ValueError(
+            f"{out}: job(s) {', '.join(queued)} of an earlier posenc submit are still queued or running "
+            "(squeue); wait for them to end (or scancel them), then run this command again"
+        )
+    return awaiting
+
+
+def _what_is_left(parts: list[Grid], out: Path, count: int) -> tuple[list[Any], list[int], bool]:
+    """The units ``out`` and its shard folders lack, the shards that hold them, and whether every
+    experiment is merged already."""
+    missing: list[Any] = []
+    lacking: set[int] = set()
+    for part in parts:
+        units, indices = missing_units(part, out, count)
+        missing += units
+        lacking.update(indices)
+    merged = all(finished_in(part, merged_folder(out, part)) for part in parts)
+    return missing, sorted(lacking), merged
+
+
+def _array_command(
+    parts: list[Grid],
+    out: Path,
+    count: int,
+    extrapolate_args: Sequence[str],
+    options: SlurmOptions,
+    workers: int | None,
+    python: str,
+) -> tuple[list[str], list[str]]:
+    """The array task's launcher (``posenc extrapolate``, or ``srun ... slurm-torchrun`` across
+    nodes) and its arguments, shell-quoted, for shard ``"$i"``."""
+    args = [shlex.quote(arg) for arg in extrapolate_args]
+    shard_out = shlex.quote(str(out / "shards")) + f'/"$i"of{count}'
+    task_args = [*args, "--shard", f'"$i"/{count}', "--out", shard_out, "--no-progress"]
+    if options.distributed:
+        launch = ["srun", shlex.quote(python), "-m", "posenc", "slurm-torchrun"]
+        launch += [f"--nproc-per-node={options.nproc_per_node}", "--", "extrapolate"]
+    else:
+        launch = [shlex.quote(python), "-m", "posenc", "extrapolate"]
+        if parts[0].takes_workers:
+            task_args += ["--workers", str(workers or options.cpus or 1)]
+        elif options.cpus is not None and "--threads" not in extrapolate_args:
+            task_args += ["--threads", str(options.cpus)]  # one process: every CPU of the task is its own
+    return launch, task_args
+
+
+def _array_script_text(
+    out: Path, count: int, preset: str | None, options: SlurmOptions, logs: Path, command: list[str]
+) -> str:
+    """``array.sh``: its ``#SBATCH`` lines, then ``command`` run for shard ``$SLURM_ARRAY_TASK_ID``."""
+    writes = f"{out}/shards/<i>of{count}" + ("/<task>" if preset else "")
+    return _script(
+        [
+            _directive("job-name", f"posenc-{out.name}"),
+            _directive("output", _log_file(logs, "array-%A_%a.out")),
+            *options.array_lines(),
+        ],
+        [
+            f"# Written by posenc submit: array task i runs shard i/{count} of the grid into {writes};",
+            "# rerunning a task resumes its shard (finished runs kept, others from their checkpoints).",
+            'i="$SLURM_ARRAY_TASK_ID"',
+            " ".join(["exec", *command]),
+        ],
     )
 
 
