@@ -19,6 +19,7 @@ from .encodings.comrope import (
     skew_part,
 )
 from .encodings.cope import cope_interpolate, cope_positions
+from .encodings.dca import dca_position_maps
 from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_relative_index
 from .encodings.fire import fire_input
 from .encodings.fope import apply_fope, fope_cos_sin, fope_init_coefficients, fope_inv_freq, fope_series
@@ -45,9 +46,11 @@ from .encodings.path import (
     path_ut,
 )
 from .encodings.relproj import relproj_bias
+from .encodings.rerope import rerope_position_maps, rerope_relative_position
 from .encodings.rope import apply_rope, convert_rope_pairing, rope_cos_sin, rope_inv_freq
 from .encodings.rope_scaling import rope_scaled_inv_freq, rope_scaling_types
 from .encodings.sandwich import sandwich_bias, sandwich_head_factors, sandwich_inv_freq
+from .encodings.self_extend import self_extend_position_maps
 from .encodings.shaw import shaw_relative_index, shaw_relative_logits, shaw_relative_values
 from .encodings.sinusoidal import sinusoidal
 from .encodings.sinusoidal2d import grid_row_col, sinusoidal_2d
@@ -80,6 +83,7 @@ __all__ = [
     "convert_rope_pairing",
     "cope_interpolate",
     "cope_positions",
+    "dca_position_maps",
     "deberta_att_span",
     "deberta_log_bucket",
     "deberta_relative_index",
@@ -115,6 +119,8 @@ __all__ = [
     "path_logits",
     "path_ut",
     "relproj_bias",
+    "rerope_position_maps",
+    "rerope_relative_position",
     "resample_positions",
     "rope_cos_sin",
     "rope_inv_freq",
@@ -125,6 +131,7 @@ __all__ = [
     "sandwich_bias",
     "sandwich_head_factors",
     "sandwich_inv_freq",
+    "self_extend_position_maps",
     "shaw_relative_index",
     "shaw_relative_logits",
     "shaw_relative_values",
