@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway Slurm cluster on this one machine, for tests/test_slurm.py (and CI): Debian's Slurm
+# A throwaway Slurm cluster on this one machine, for tests/experiments/cluster/test_slurm.py (and CI): Debian's Slurm
 # 22.05 (slurm-wlm) with munge, run as root, without cgroups (proctrack/linuxproc, task/none).
 #
 #   scripts/slurm_one_node.sh start   # install (apt) if needed, write slurm.conf, start the daemons

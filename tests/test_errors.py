@@ -81,7 +81,7 @@ def test_positions_of_the_wrong_shape_or_dtype():
         layer(x, positions=torch.arange(4))
     with pytest.raises(ValueError, match="positions must have shape"):
         layer(x, positions=torch.arange(5).expand(3, 5))
-    # rotary encodings take real-valued positions (tests/test_float_positions.py); a table does not
+    # rotary encodings take real-valued positions (tests/encodings/test_base.py); a table does not
     with pytest.raises(ValueError, match="positions must be an integer tensor"):
         posenc.MultiheadAttention(16, 2, encoding="learned")(x, positions=torch.arange(5.0))
 

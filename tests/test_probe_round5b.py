@@ -17,10 +17,10 @@ pytestmark = pytest.mark.hf
 transformers = pytest.importorskip("transformers")
 torch = pytest.importorskip("torch")
 
+from _hf_inputs import TEXT, _run, _tokenizer  # noqa: E402
 from posenc.experiments.study import hf_study  # noqa: E402
 from posenc.experiments.study.plan import unit_id  # noqa: E402
 from posenc.pretrained.loading import check_causal_decoder  # noqa: E402
-from test_hf_inputs import TEXT, _run, _tokenizer  # noqa: E402
 
 LLAMA_CONTEXT = 64
 GPT2_POSITIONS = 32

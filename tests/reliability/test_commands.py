@@ -17,9 +17,9 @@ import pytest
 def test_posenc_plot_with_a_huge_length_names_n_and_the_memory(spec, figure, tmp_path):
     from typer.testing import CliRunner
 
-    from posenc.cli.app import _load_command_modules, app
+    from posenc.cli.app import app, load_command_modules
 
-    _load_command_modules()
+    load_command_modules()
 
     args = ["plot", spec, "-n", "100000", "--out", str(tmp_path / "f.png")]
     result = CliRunner().invoke(app, args + (["--figure", figure] if figure else []))

@@ -67,9 +67,9 @@ TINY = dict(
 
 
 def _app():
-    from posenc.cli.app import _load_command_modules, app
+    from posenc.cli.app import app, load_command_modules
 
-    _load_command_modules()
+    load_command_modules()
     return app
 
 

@@ -7,7 +7,7 @@ logits after carrying the keys one query token at a time; this backend runs
 :data:`CHUNK` tokens, queries carried back chunk by chunk, an online softmax over key chunks, so
 no ``[Tq, Tk]`` tensor exists (``O(Tq·(C + D))`` memory in inference; under autograd the queries
 run in checkpointed groups, so training memory stays linear too). It equals eager to float
-rounding (tests/test_path.py checks float64).
+rounding (tests/encodings/test_path.py checks float64).
 
 It serves PaTH (an encoding whose :class:`~posenc.encodings.base.InputTransform` it knows) under a causal
 mask whose offset is the cache length, with nothing else: padding, windows, documents, a float

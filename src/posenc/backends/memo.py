@@ -18,7 +18,7 @@ on CPU (``Tq * Tk`` under :data:`~posenc.backends.parts.query_blocks.MIN_AUTO_LO
 built on query blocks declines) leaves the number of keys out of the key (whether there are any stays
 in) and counts the causal offset from the cache length (``offset - (Tk - Tq)``): no CPU backend's
 limits or costs read them there, so a decode step, whose keys grow by one each token, is answered
-from the memo (``tests/test_dispatch_memo.py`` compares the memo with a full selection for key
+from the memo (``tests/backends/test_memo.py`` compares the memo with a full selection for key
 counts up to the threshold and past it). Elsewhere the key keeps both: the splits weigh a mask's
 band against its pairs, and flex on an accelerator counts the shapes it compiled. ``has_nonfinite`` reads values: it is left out of the key, a choice is stored only when it was
 made without finding nan or inf, and the caller tests it again on every hit.

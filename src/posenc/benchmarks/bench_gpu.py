@@ -27,7 +27,7 @@ under 8 minutes on one H100 with start-up). Four sections:
         [--encodings rope,t5] [--backends flex,sdpa] [--sections exactness,flex,rope,generate]
 
 On a CPU (``--device cpu``) every section runs the same code but the CUDA calls (synchronising the
-device and reading its peak memory); ``tests/test_bench_gpu.py`` runs it so on small sizes.
+device and reading its peak memory); ``tests/benchmarks/test_bench_gpu.py`` runs it so on small sizes.
 """
 
 from __future__ import annotations

@@ -206,7 +206,10 @@ def show(
         console.print(text, markup=False, highlight=False)
 
 
-def _load_command_modules() -> None:
+def load_command_modules() -> None:
+    """Import every module of :data:`COMMAND_MODULES`, so that each registers its commands on
+    :data:`app`; a module whose optional dependency is missing is skipped. ``main`` calls it first, and
+    so does any caller that invokes :data:`app` directly (tests driving it through Typer's runner)."""
     for module in COMMAND_MODULES:
         try:
             importlib.import_module(module)
@@ -218,5 +221,5 @@ def _load_command_modules() -> None:
 def main() -> None:
     """Entry point of the ``posenc`` script."""
     os.environ.setdefault("MPLBACKEND", "Agg")
-    _load_command_modules()
+    load_command_modules()
     app()

@@ -19,7 +19,7 @@ cannot change between tokens of one signature. This module is the one home of th
   request (no mask: one query sees every cached key).
 
 The number of cached keys is never in a signature: at one unmasked query no CPU backend's choice
-reads it (``tests/test_plain_step.py`` compares with a full selection past the dispatcher's size
+reads it (``tests/layers/test_plain_step.py`` compares with a full selection past the dispatcher's size
 threshold).
 
 **The layer's use** (:func:`layer_signature`, :func:`layer_step`, :func:`remember_layer`). A plain

