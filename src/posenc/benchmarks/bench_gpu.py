@@ -333,6 +333,65 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@dataclass(frozen=True)
+class _Sizes:
+    """The sizes of a run: ``--quick``'s small ones or the full ones, each option overriding its own."""
+
+    length: int
+    lengths: list[int]
+    shape: tuple[int, ...]
+    repeats: int
+    new: int
+    flex_heads: int
+
+
+def _sizes(args: argparse.Namespace) -> _Sizes:
+    quick = args.quick
+    return _Sizes(
+        length=args.length or (24 if quick else 256),
+        lengths=[int(n) for n in (args.lengths or ("64" if quick else "4096,8192,16384")).split(",")],
+        shape=tuple(
+            int(n) for n in (args.rope_shape or ("1,2,64,32" if quick else "4,32,4096,128")).split(",")
+        ),
+        repeats=args.repeats or (2 if quick else 5),
+        new=args.new or (8 if quick else 64),
+        flex_heads=4 if quick else 16,
+    )
+
+
+def _run_sections(
+    sections: list[str],
+    device: torch.device,
+    encodings: list[str],
+    backends: list[str] | None,
+    sizes: _Sizes,
+    budget: Budget,
+    result: dict[str, Any],
+) -> list[str]:
+    """Run ``sections`` in their fixed order, each adding its results to ``result``; their tables."""
+    low = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtypes = [torch.float32, torch.bfloat16]
+    tables = []
+    if "exactness" in sections:
+        checks = exactness(device, dtypes, sizes.length, encodings, backends, budget)
+        result["exactness"] = [asdict(c) for c in checks]
+        tables.append(exactness_table(checks))
+    if "flex" in sections:
+        rows = flex_against_sdpa(device, low, sizes.lengths, sizes.flex_heads, sizes.repeats, budget)
+        result["flex"] = [asdict(r) for r in rows]
+        tables.append(
+            speed_table(rows, f"FlexAttention against SDPA ({str(low).removeprefix('torch.')}, causal)")
+        )
+    if "rope" in sections:
+        rope_rows = rope_bandwidth(device, sizes.shape, dtypes, sizes.repeats, budget)  # type: ignore[arg-type]
+        result["rope"] = rope_rows
+        tables.append(rope_table(rope_rows, sizes.shape))
+    if "generate" in sections:
+        result["generate"] = hf_generate(device, sizes.new, sizes.repeats, budget)
+        tables.append(generate_table(result["generate"]))
+    return tables
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
@@ -345,14 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     sections = _names(args.sections, list(SECTIONS), "--sections") or list(SECTIONS)
     encodings = _names(args.encodings, posenc.available(), "--encodings") or posenc.available()
     backends = _names(args.backends, available_backends(device), "--backends")
-    quick = args.quick
-    length = args.length or (24 if quick else 256)
-    lengths = [int(n) for n in (args.lengths or ("64" if quick else "4096,8192,16384")).split(",")]
-    shape = tuple(int(n) for n in (args.rope_shape or ("1,2,64,32" if quick else "4,32,4096,128")).split(","))
-    repeats = args.repeats or (2 if quick else 5)
-    new = args.new or (8 if quick else 64)
-    low = torch.bfloat16 if device.type == "cuda" else torch.float32
-    dtypes = [torch.float32, torch.bfloat16]
+    sizes = _sizes(args)
     result: dict[str, Any] = {"machine": machine(), "device": str(device), "torch": torch.__version__}
     if device.type == "cuda":
         result["device_name"] = torch.cuda.get_device_name(device)
@@ -360,23 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         f"## posenc bench gpu: {result.get('device_name', str(device))}\n\nMachine: {result['machine']}"
     ]
     start = time.perf_counter()
-    if "exactness" in sections:
-        checks = exactness(device, dtypes, length, encodings, backends, budget)
-        result["exactness"] = [asdict(c) for c in checks]
-        tables.append(exactness_table(checks))
-    if "flex" in sections:
-        rows = flex_against_sdpa(device, low, lengths, 4 if quick else 16, repeats, budget)
-        result["flex"] = [asdict(r) for r in rows]
-        tables.append(
-            speed_table(rows, f"FlexAttention against SDPA ({str(low).removeprefix('torch.')}, causal)")
-        )
-    if "rope" in sections:
-        rope_rows = rope_bandwidth(device, shape, dtypes, repeats, budget)  # type: ignore[arg-type]
-        result["rope"] = rope_rows
-        tables.append(rope_table(rope_rows, shape))
-    if "generate" in sections:
-        result["generate"] = hf_generate(device, new, repeats, budget)
-        tables.append(generate_table(result["generate"]))
+    tables += _run_sections(sections, device, encodings, backends, sizes, budget, result)
     result["seconds"] = round(time.perf_counter() - start, 1)
     tables.append(f"Total {result['seconds']} s (budget {args.budget:.0f} s).")
     print("\n\n".join(tables))

@@ -216,23 +216,9 @@ def apply_rotary(
             return x.copy_(rotary_reference(x, cos, sin, pairing))
         return rotary_reference(x, cos, sin, pairing)
     cos, sin, half = _check(x, cos, sin, pairing)
-    if inplace:
-        if x.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                "apply_rotary(inplace=True) needs an x that does not require grad (use inplace=False)"
-            )
-        if out is not None:
-            raise ValueError("give either inplace=True or out, not both")
-        target = x
-    else:
-        if out is None:
-            out = torch.empty_like(x)
-        elif out.shape != x.shape or out.dtype != x.dtype:
-            raise ValueError(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}")
-        target = out
-    if x.requires_grad and torch.is_grad_enabled():
-        result = rotary_reference(x, cos, sin, pairing)  # autograd-friendly expression
-        return result if out is None else out.copy_(result)
+    target = _target(x, out, inplace)
+    if x.requires_grad and torch.is_grad_enabled():  # (not inplace: _target refused it; target is out)
+        return target.copy_(rotary_reference(x, cos, sin, pairing))  # autograd-friendly expression
     width = 2 * half
     if pairing == "interleaved" and _complex_ready(x) and _complex_ready(target):
         return _rotate_complex(x, target, cos, sin, width, inplace)
@@ -241,6 +227,34 @@ def apply_rotary(
         if not inplace and width < x.shape[-1]:
             target[..., width:] = x[..., width:]
         return target
+    return _rotate_eager(x, target, cos, sin, half, pairing, inplace)
+
+
+def _target(x: Tensor, out: Tensor | None, inplace: bool) -> Tensor:
+    """Where :func:`apply_rotary` writes: ``x`` itself (``inplace``), ``out``, or a fresh tensor like ``x``;
+    ``ValueError`` for an ``x`` that requires grad in place, both ``inplace`` and ``out``, or an ``out``
+    of another shape or dtype."""
+    if inplace:
+        if x.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                "apply_rotary(inplace=True) needs an x that does not require grad (use inplace=False)"
+            )
+        if out is not None:
+            raise ValueError("give either inplace=True or out, not both")
+        return x
+    if out is None:
+        return torch.empty_like(x)
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out must have x's shape {tuple(x.shape)} and dtype {x.dtype}")
+    return out
+
+
+def _rotate_eager(
+    x: Tensor, target: Tensor, cos: Tensor, sin: Tensor, half: int, pairing: str, inplace: bool
+) -> Tensor:
+    """The eager passes of :func:`apply_rotary` into ``target``: one over everything when ``x`` is one
+    small chunk, else chunk by chunk, channels past ``2 * half`` copied when not ``inplace``."""
+    width = 2 * half
     if width == x.shape[-1] and cos.shape[0] == 1 and x.numel() * x.element_size() <= CHUNK_BYTES:
         # one chunk of every channel (a decode step's q and k): no slicing, which costs more than the math
         if pairing == "half":

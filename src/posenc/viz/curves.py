@@ -150,14 +150,20 @@ def curve_figure(
         fig, axes = _small_multiples(cells_of, shown, unfit, binomial, axis, width)
     else:
         fig, axes = _one_panel(cells_of, shown, unfit, binomial, axis, width)
+    _value_axis(axes, drawn, log_scale)
+    set_title(fig, title if title is not None else f"{task + ': ' if task else ''}{metric} against length")
+    return fig
+
+
+def _value_axis(axes: list[Axes], drawn: list[float], log_scale: bool) -> None:
+    """The value axis of every panel: logarithmic for ``log_scale`` when every ``drawn`` value is
+    positive; ``[-0.05, 1.05]`` for one fraction; else matplotlib's."""
     if log_scale and drawn and min(drawn) > 0:
         for ax in axes:
             ax.set_yscale("log")
     elif drawn and len(set(drawn)) == 1 and 0 <= drawn[0] <= 1:
         for ax in axes:  # one fraction (one length, one seed): matplotlib would span it +- 0.05
             ax.set_ylim(-0.05, 1.05)
-    set_title(fig, title if title is not None else f"{task + ': ' if task else ''}{metric} against length")
-    return fig
 
 
 @dataclass(frozen=True)

@@ -77,18 +77,9 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
     ranked = [encoding for encoding in encodings if tasks and _fits_everywhere(fits, encoding)]
     ours = mean_reciprocal_rank(curves, ranked, train_len) if ranked else {}
     columns = ["encoding", "paper MRR", "ours MRR", "fit"] + [f"{task} >{train_len}" for task in tasks]
-    rows = []
-    for encoding in encodings:
-        beyond = [_mean_beyond(curves[task].get(encoding, {}), train_len) for task in tasks]
-        fit, seeds = (sum(fits[t].get(encoding, (0, 0))[i] for t in tasks) for i in (0, 1))
-        rows.append(
-            [f"{encoding} ({entry['paper_names'][encoding]})", f"{entry['values'][encoding]:.2f}"]
-            + [
-                format_value(ours.get(encoding), "{:.2f}") if encoding in ranked else "not ranked",
-                f"{fit}/{seeds}",
-            ]
-            + [format_value(value, "{:.1%}") for value in beyond]
-        )
+    rows = [
+        _nope_row(encoding, entry, tasks, curves, fits, ranked, ours, train_len) for encoding in encodings
+    ]
     steps = sorted({settings.get("steps") for settings, _ in runs.values()})
     missing = [task for task in preset.tasks if task not in runs]
     agreement = nope_agreement(runs, tasks, ranked, entry["values"], train_len)
@@ -125,6 +116,30 @@ def _compare_nope(preset: Preset, runs: dict[str, tuple[dict[str, Any], list[dic
         columns,
         rows,
         tuple(notes),
+    )
+
+
+def _nope_row(
+    encoding: str,
+    entry: dict[str, Any],
+    tasks: list[str],
+    curves: dict[str, dict[str, dict[int, float]]],
+    fits: dict[str, dict[str, tuple[int, int]]],
+    ranked: list[str],
+    ours: dict[str, float | None],
+    train_len: int,
+) -> list[str]:
+    """The row of ``encoding`` in :func:`_compare_nope`'s table: its name in the paper, the paper's
+    MRR, ours (or "not ranked"), the seeds that fit, and its mean exact match past L per task."""
+    beyond = [_mean_beyond(curves[task].get(encoding, {}), train_len) for task in tasks]
+    fit, seeds = (sum(fits[t].get(encoding, (0, 0))[i] for t in tasks) for i in (0, 1))
+    return (
+        [f"{encoding} ({entry['paper_names'][encoding]})", f"{entry['values'][encoding]:.2f}"]
+        + [
+            format_value(ours.get(encoding), "{:.2f}") if encoding in ranked else "not ranked",
+            f"{fit}/{seeds}",
+        ]
+        + [format_value(value, "{:.1%}") for value in beyond]
     )
 
 

@@ -374,31 +374,12 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
     """One row per variant: perplexity per position bucket inside the context, at 1.5x and 2x of it
     (``(c, 1.5c]`` and ``(1.5c, 2c]``), then passkey exact match per length (and over all)."""
     context, eval_len = settings["train_len"], settings["eval_len"]
-    buckets = position_buckets(context, eval_len) if settings["task"] != "text-passkey" else []
-    inside = [b for b in buckets if b[1] <= context]
-    names = {b: f"ppl <={b[1]}" for b in inside}
-    for lo, hi in buckets:
-        if hi > context:
-            ratio = hi / context
-            names[(lo, hi)] = f"ppl {ratio:g}x" if ratio in (1.5, 2.0) else f"ppl <={hi}"
+    names = _bucket_names(settings)
     lengths = settings["lengths"] if settings["task"] != "text-lm" else []
     columns = ["variant", *names.values(), *(f"passkey {n}" for n in lengths)]
     if lengths:
         columns.append("passkey all")
-    rows = []
-    for label in settings["encodings"]:
-        mine = [r for r in records if r["encoding"] == label]
-        ppl = {tuple(r["bucket"]): r["value"] for r in mine if r["metric"] == "perplexity"}
-        keys = {r["length"]: r for r in mine if r["metric"] == "exact_match"}
-        row = [label, *(_fmt(ppl.get(b), "{:.2f}") for b in names)]
-        row += [_fmt(keys[n]["value"] if n in keys else None, "{:.2f}") for n in lengths]
-        if lengths:
-            # Over every length or not at all: a shard's "all" was the mean of the lengths it ran.
-            every = all(n in keys for n in lengths)
-            hits = sum(r["value"] * r["examples"] for r in keys.values())
-            count = sum(r["examples"] for r in keys.values())
-            row.append(_fmt(hits / count if count and every else None, "{:.2f}"))
-        rows.append(row)
+    rows = [_summary_row(label, records, names, lengths) for label in settings["encodings"]]
     title = (
         f"{Path(settings['hf_model']).name} (context {context}): perplexity by position, "
         f"passkey exact match by length"
@@ -415,6 +396,39 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
             "run); passkey all is shown only for a row with every length",
         )
     return SummaryTable(title, columns, rows, notes)
+
+
+def _bucket_names(settings: dict[str, Any]) -> dict[tuple[int, int], str]:
+    """The perplexity columns of :func:`study_summary` by position bucket ``(lo, hi)``: ``ppl <=hi``
+    inside the context, ``ppl 1.5x`` and ``ppl 2x`` past it (none for the passkey task)."""
+    context, eval_len = settings["train_len"], settings["eval_len"]
+    buckets = position_buckets(context, eval_len) if settings["task"] != "text-passkey" else []
+    inside = [b for b in buckets if b[1] <= context]
+    names = {b: f"ppl <={b[1]}" for b in inside}
+    for lo, hi in buckets:
+        if hi > context:
+            ratio = hi / context
+            names[(lo, hi)] = f"ppl {ratio:g}x" if ratio in (1.5, 2.0) else f"ppl <={hi}"
+    return names
+
+
+def _summary_row(
+    label: str, records: list[dict[str, Any]], names: dict[tuple[int, int], str], lengths: list[int]
+) -> list[str]:
+    """The row of variant ``label``: its perplexity per bucket of ``names``, its passkey exact match
+    per length of ``lengths``, then over all of them (when there are any)."""
+    mine = [r for r in records if r["encoding"] == label]
+    ppl = {tuple(r["bucket"]): r["value"] for r in mine if r["metric"] == "perplexity"}
+    keys = {r["length"]: r for r in mine if r["metric"] == "exact_match"}
+    row = [label, *(_fmt(ppl.get(b), "{:.2f}") for b in names)]
+    row += [_fmt(keys[n]["value"] if n in keys else None, "{:.2f}") for n in lengths]
+    if lengths:
+        # Over every length or not at all: a shard's "all" was the mean of the lengths it ran.
+        every = all(n in keys for n in lengths)
+        hits = sum(r["value"] * r["examples"] for r in keys.values())
+        count = sum(r["examples"] for r in keys.values())
+        row.append(_fmt(hits / count if count and every else None, "{:.2f}"))
+    return row
 
 
 def _missing_units(settings: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, int]]:

@@ -163,28 +163,8 @@ def plan_study(
     """The plan of the study of the model whose HF ``config`` (and ``AutoModelForCausalLM`` class
     name) is given; :func:`run_study` and ``posenc submit`` both use it. ``ValueError`` names the
     option at fault."""
-    if task not in STUDY_TASKS:
-        raise ValueError(f"the text study's tasks are {', '.join(STUDY_TASKS)}, not {task!r}")
-    depth_list = parse_depths(depths if depths is None or isinstance(depths, str) else list(depths))
-    seeds = [0] if seeds is None else list(seeds)
-    if len(seeds) != 1:
-        raise ValueError("--seeds: the text study takes one seed; use --eval-examples for more trials")
-    if isinstance(eval_examples, bool) or not isinstance(eval_examples, int) or eval_examples < 1:
-        raise ValueError(f"--eval-examples must be a positive integer, got {eval_examples!r}")
-    context = int(getattr(config, "max_position_embeddings", 0) or 0)
-    if context < 1:
-        raise ValueError(f"--hf-model {model_ref}: its config has no max_position_embeddings")
-    eval_len = 2 * context if eval_len is None else int(eval_len)
-    if eval_len < 2:  # 0 reached the model as an empty window (a reshape error), -5 the passkey's check
-        raise ValueError(
-            f"--eval-len {eval_len}: the study scores positions 2..--eval-len (the first token has no "
-            f"prediction); give at least 2 (default: twice the model's context, {2 * context})"
-        )
-    length_list = sorted(set(lengths)) if lengths else default_lengths(context, eval_len)
-    if any(n < 2 or n > eval_len for n in length_list):
-        raise ValueError(f"--lengths {length_list}: every length must lie in [2, --eval-len {eval_len}]")
-    if eval_len not in length_list and task != "text-passkey":
-        length_list.append(eval_len)
+    depth_list, seeds = _check_trials(task, depths, eval_examples, seeds)
+    context, eval_len, length_list = _study_lengths(config, model_ref, task, eval_len, lengths)
     variant_list = expand_variants(parse_variants(",".join(variants) if variants else None))
     scalings = {v: rope_parameters_for(v, context, eval_len) for v in variant_list}
     if not getattr(config, "rope_parameters", None) and any(scalings.values()):
@@ -209,6 +189,45 @@ def plan_study(
         "steps": 0,
     }
     return StudyPlan(settings, study_units(variant_list, settings["lengths"]), scalings, labels)
+
+
+def _check_trials(
+    task: str, depths: Sequence[float] | str | None, eval_examples: int, seeds: Sequence[int] | None
+) -> tuple[list[float], list[int]]:
+    """:func:`plan_study`'s ``task``, ``depths``, ``seeds`` and ``eval_examples`` checked (in that
+    order): the needle depths and the one seed."""
+    if task not in STUDY_TASKS:
+        raise ValueError(f"the text study's tasks are {', '.join(STUDY_TASKS)}, not {task!r}")
+    depth_list = parse_depths(depths if depths is None or isinstance(depths, str) else list(depths))
+    seed_list = [0] if seeds is None else list(seeds)
+    if len(seed_list) != 1:
+        raise ValueError("--seeds: the text study takes one seed; use --eval-examples for more trials")
+    if isinstance(eval_examples, bool) or not isinstance(eval_examples, int) or eval_examples < 1:
+        raise ValueError(f"--eval-examples must be a positive integer, got {eval_examples!r}")
+    return depth_list, seed_list
+
+
+def _study_lengths(
+    config: Any, model_ref: str | Path, task: str, eval_len: int | None, lengths: Sequence[int] | None
+) -> tuple[int, int, list[int]]:
+    """``(context, eval_len, lengths)`` of :func:`plan_study`: the model's context, ``--eval-len``
+    (default twice the context) and the evaluated lengths, checked (``--eval-len`` among them but
+    for the passkey task)."""
+    context = int(getattr(config, "max_position_embeddings", 0) or 0)
+    if context < 1:
+        raise ValueError(f"--hf-model {model_ref}: its config has no max_position_embeddings")
+    eval_len = 2 * context if eval_len is None else int(eval_len)
+    if eval_len < 2:  # 0 reached the model as an empty window (a reshape error), -5 the passkey's check
+        raise ValueError(
+            f"--eval-len {eval_len}: the study scores positions 2..--eval-len (the first token has no "
+            f"prediction); give at least 2 (default: twice the model's context, {2 * context})"
+        )
+    length_list = sorted(set(lengths)) if lengths else default_lengths(context, eval_len)
+    if any(n < 2 or n > eval_len for n in length_list):
+        raise ValueError(f"--lengths {length_list}: every length must lie in [2, --eval-len {eval_len}]")
+    if eval_len not in length_list and task != "text-passkey":
+        length_list.append(eval_len)
+    return context, eval_len, length_list
 
 
 @dataclass(frozen=True)
