@@ -91,8 +91,9 @@ class DualChunkAttention(PiecewiseRoPE):
                 pretraining length).
             local_size: ``l < s``; chunks hold ``c = s - l`` positions, and the successive-chunk part
                 keeps true distances up to ``s`` (ChunkLlama: 1/8 of the pretraining length).
-            base, pairing, rotary_dim, partial_rotary_factor, scaling, rope_parameters: RoPE's
-                (:class:`~posenc.encodings.rope.RoPE`; fixed-length scalings only).
+
+        ``base``, ``pairing``, ``rotary_dim``, ``partial_rotary_factor``, ``scaling`` and
+        ``rope_parameters`` are RoPE's (:class:`~posenc.encodings.rope.RoPE`; fixed-length scalings only).
         """
         if local_size >= chunk_size:
             raise ValueError(

@@ -116,8 +116,9 @@ class ReRoPE(_Rectified):
             head_dim: per-head size (filled in by the attention layer).
             window: ``w``; pairs at distance below it keep RoPE's positions.
             log_scale_length: ``L`` of the optional query scaling ``max(1, log(i+1)/log L)``; None: off.
-            base, pairing, rotary_dim, partial_rotary_factor, scaling, rope_parameters: RoPE's
-                (:class:`~posenc.encodings.rope.RoPE`; fixed-length scalings only).
+
+        ``base``, ``pairing``, ``rotary_dim``, ``partial_rotary_factor``, ``scaling`` and
+        ``rope_parameters`` are RoPE's (:class:`~posenc.encodings.rope.RoPE`; fixed-length scalings only).
         """
         super().__init__(
             head_dim,
@@ -160,8 +161,9 @@ class LeakyReRoPE(_Rectified):
             leaky_factor: ``k >= 1``; a pair at distance ``d >= w`` sits at ``w + (d - w) / k``
                 (the patch's ``scaling_factor``; 1 is plain RoPE).
             log_scale_length: ``L`` of the optional query scaling ``max(1, log(i+1)/log L)``; None: off.
-            base, pairing, rotary_dim, partial_rotary_factor, scaling, rope_parameters: RoPE's
-                (:class:`~posenc.encodings.rope.RoPE`; fixed-length scalings only).
+
+        ``base``, ``pairing``, ``rotary_dim``, ``partial_rotary_factor``, ``scaling`` and
+        ``rope_parameters`` are RoPE's (:class:`~posenc.encodings.rope.RoPE`; fixed-length scalings only).
         """
         super().__init__(
             head_dim,

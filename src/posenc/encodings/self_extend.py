@@ -84,8 +84,9 @@ class SelfExtend(PiecewiseRoPE):
             neighbor_window: ``w_n >= 1`` (the patch's ``group_size_2``); pairs at distance below it
                 keep RoPE's positions.
             log_scale_length: ``L`` of the optional query scaling ``max(1, log(i+1)/log L)``; None: off.
-            base, pairing, rotary_dim, partial_rotary_factor, scaling, rope_parameters: RoPE's
-                (:class:`~posenc.encodings.rope.RoPE`; fixed-length scalings only).
+
+        ``base``, ``pairing``, ``rotary_dim``, ``partial_rotary_factor``, ``scaling`` and
+        ``rope_parameters`` are RoPE's (:class:`~posenc.encodings.rope.RoPE`; fixed-length scalings only).
         """
         super().__init__(
             head_dim,
