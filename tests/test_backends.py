@@ -48,6 +48,9 @@ EXPECTED_KINDS: dict[str, set[Kind]] = {
     "flex": {Kind.BIAS},
     # PaTH's chunkwise form serves PaTH only, under a causal mask: tests/encodings/test_path.py checks it.
     "householder": set(),
+    # The piecewise-RoPE tiles serve the families that declare part_tiles(), square causal
+    # self-attention only: tests/backends/test_piecewise.py checks every such family against eager.
+    "piecewise": set(),
 }
 
 #: Backends that on CPU serve only float32 without gradients (stated as reasons otherwise).

@@ -11,7 +11,8 @@ another whether it could run.
   under windows, documents, chunks), ``blocked`` (BIAS kinds through the fused CPU flash kernel,
   training included), ``flex`` (declines on CPU: a compile per shape), ``clipped`` (CONTENT kinds
   with clipped relative tables, long square self-attention), ``householder`` (PaTH's chunkwise form,
-  causal masks only), ``relative`` (CONTENT kinds), ``sdpa``
+  causal masks only), ``piecewise`` (ReRoPE, Self-Extend, DCA: square causal self-attention by tiles of
+  the CPU flash kernel), ``relative`` (CONTENT kinds), ``sdpa``
   (ABSOLUTE, ROTARY, small BIAS problems), ``eager`` (serves everything).
 * **cuda / xpu**: ``flex`` first (FlexAttention fuses the bias into the kernel, forward and
   backward), then as on CPU (the splits run the CPU kernel: they state that as a reason).
@@ -36,6 +37,7 @@ DEFAULT_PRIORITY: tuple[str, ...] = (
     "flex",
     "clipped",
     "householder",
+    "piecewise",
     "relative",
     "sdpa",
     "eager",
@@ -47,6 +49,7 @@ _ACCELERATOR = (
     "blocked",
     "clipped",
     "householder",
+    "piecewise",
     "relative",
     "sdpa",
     "eager",

@@ -42,6 +42,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "exact splits: near/far for T5 and ALiBi, mask segments for windows and documents, vs SDPA floor",
     ),
+    "piecewise": (
+        "bench_piecewise",
+        [],
+        "Self-Extend, ReRoPE, Leaky ReRoPE, DCA at 4k and 16k: piecewise tiles vs causal SDPA, relative, reference form",
+    ),
     "rope": (
         "bench_rope",
         [],
@@ -82,6 +87,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "masks": ["--sizes", "1024", "--window", "128", "--repeats", "2", "--no-memory"],
     "hf": ["--sizes", "512", "--window", "64", "--repeats", "2"],
     "split": ["--sizes", "1024", "--window", "128", "--repeats", "2"],
+    "piecewise": ["--sizes", "1024", "--repeats", "2"],
     "decode": ["--caches", "256", "--steps", "32", "--repeats", "2", "--new", "16", "--prompt", "32"],
     "families": ["--sizes", "512", "--long", "", "--repeats", "2", "--no-memory"],
     "gpu": ["--quick"],

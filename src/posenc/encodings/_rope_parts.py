@@ -20,11 +20,19 @@ cached keys at chosen positions does not follow) and HF's ``rope_parameters``. A
 These methods are defined for causal decoders (their references mask future keys), so the families
 are ``causal_only``: pairs with a future key get finite logits of the first part, which the causal
 mask removes. Positions are whole numbers (``floor`` and ``mod`` of them).
+
+**Tiles.** For square causal self-attention at consecutive positions a family also says where its
+parts lie, as rectangles of the causal triangle (:class:`PartTile`, :meth:`PiecewiseRoPE.part_tiles`):
+the near band and the far triangle (ReRoPE, Self-Extend), the chunks and the chunks before them
+(DCA). The ``piecewise`` backend (:mod:`posenc.backends.piecewise`) runs each tile as one call of the
+fused CPU flash kernel on the part's rotated queries and keys and merges the tiles by their
+log-sum-exp: one softmax, no ``[Tq, Tk]`` logits.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,9 +55,12 @@ __all__ = [
     "LOG_SCALE_RANGE",
     "ROPE_OPTION_GROUPS",
     "ROPE_OPTION_RANGES",
+    "PartTile",
     "PiecewiseRoPE",
     "as_positions",
+    "chunk_tiles",
     "log_query_scale",
+    "window_tiles",
 ]
 
 #: The documented ranges of RoPE's options as the piecewise families take them.
@@ -75,6 +86,48 @@ def log_query_scale(q_pos: Tensor, length: int | None) -> Tensor | None:
     if length is None:
         return None
     return ((q_pos.double() + 1).log() / math.log(length)).clamp(min=1.0)
+
+
+@dataclass(frozen=True)
+class PartTile:
+    """A rectangle of query rows ``rows = (q0, q1)`` and keys ``keys = (k0, k1)`` (indices into the
+    sequence, end excluded) whose pairs belong to part ``part``, where the pair's distance
+    ``i - j`` (indices) lies in ``distances = (lo, hi)`` (``hi`` None: no upper bound). ``distances``
+    None: every pair of the rectangle. The tiles of a sequence cover each causal pair once."""
+
+    part: int
+    rows: tuple[int, int]
+    keys: tuple[int, int]
+    distances: tuple[int, int | None] | None = None
+
+
+def window_tiles(length: int, window: int) -> list[PartTile]:
+    """The tiles of a near/far family (ReRoPE, Self-Extend) over ``length`` queries: part 0 the band
+    ``0 <= i - j < window``, part 1 the triangle ``i - j >= window`` (rows ``window:`` against keys
+    ``:length - window``, top-left causal)."""
+    tiles = [PartTile(0, (0, length), (0, length), (0, window - 1))]
+    if length > window:
+        tiles.append(PartTile(1, (window, length), (0, length - window), (window, None)))
+    return tiles
+
+
+def chunk_tiles(first_position: int, length: int, chunk: int) -> list[PartTile]:
+    """DCA's tiles over ``length`` queries at positions ``first_position, first_position + 1, ...``,
+    chunks of ``chunk`` positions counted from position 0: for each chunk, part 0 its own keys
+    (causal), part 1 the chunk before (all of it), part 2 every older chunk (all of them)."""
+    starts = list(range(0, length, chunk))
+    offset = first_position % chunk
+    if offset:  # the first chunk is cut: it ends where the next position divisible by chunk sits
+        starts = [0, *range(chunk - offset, length, chunk)]
+    bounds = list(zip(starts, [*starts[1:], length]))
+    tiles = []
+    for index, (s0, s1) in enumerate(bounds):
+        tiles.append(PartTile(0, (s0, s1), (s0, s1), (0, None)))
+        if index >= 1:
+            tiles.append(PartTile(1, (s0, s1), bounds[index - 1]))
+        if index >= 2:
+            tiles.append(PartTile(2, (s0, s1), (0, bounds[index - 1][0])))
+    return tiles
 
 
 class PiecewiseRoPE(ContentEncoding):
@@ -154,6 +207,23 @@ class PiecewiseRoPE(ContentEncoding):
         """``(part [B|1, Tq, Tk] int64, maps)``: the part of every pair and each part's position maps."""
         raise NotImplementedError(f"{type(self).__name__} must implement parts()")
 
+    def position_maps(self, q_pos: Tensor, k_pos: Tensor) -> list[PositionMap]:
+        """Each part's ``(query positions [B|1, Tq], key positions [B|1, Tk])``, without the
+        ``[Tq, Tk]`` part index of :meth:`parts` (every family's maps are position by position, so the
+        query maps are read against one key and the key maps against one query)."""
+        _, q_maps = self.parts(q_pos, k_pos[..., :1])
+        _, k_maps = self.parts(q_pos[..., :1], k_pos)
+        return [(q_at, k_at) for (q_at, _), (_, k_at) in zip(q_maps, k_maps)]
+
+    def part_tiles(self, first_position: int, length: int) -> list[PartTile]:
+        """Where each part lies in square causal self-attention over ``length`` queries at
+        consecutive positions from ``first_position``: the tiles the ``piecewise`` backend runs."""
+        raise NotImplementedError(f"{type(self).__name__} must implement part_tiles()")
+
+    def query_scale(self, q_pos: Tensor) -> Tensor | None:
+        """The query scaling ``[B|1, Tq]`` (float64) of ``log_scale_length``, or None when it is off."""
+        return log_query_scale(q_pos, self.log_scale_length)
+
     def rotated(self, x: Tensor, positions: Tensor) -> Tensor:
         """``x [B, H, T, D]`` rotated by RoPE at ``positions [B|1, T]`` (whole or real-valued)."""
         cos, sin = self.rope.cos_sin(positions)
@@ -172,7 +242,7 @@ class PiecewiseRoPE(ContentEncoding):
         """The scaled logits ``[B, H, Tq, Tk]``: each pair's from the position maps of its part."""
         self.rope.bind(q.shape[-1])  # a no-op once bound; an error if q's size differs
         q_pos, k_pos = q_pos.to(q.device), k_pos.to(q.device)
-        factor = log_query_scale(q_pos, self.log_scale_length)
+        factor = self.query_scale(q_pos)
         if factor is not None:
             q = q * factor[:, None, :, None].to(q.dtype)
         part, maps = self.parts(q_pos, k_pos)

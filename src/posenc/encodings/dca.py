@@ -30,7 +30,8 @@ Conventions:
 * Causal only (a future key takes the intra-chunk part, masked); not shift invariant.
 
 Backends: eager and the query-blocked ``relative`` backend (CONTENT kind), with the KV cache
-(unrotated keys and their positions).
+(unrotated keys and their positions); for square causal self-attention the ``piecewise`` backend
+runs each part on its tiles through the CPU flash kernel (:mod:`posenc.backends.piecewise`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ._rope_parts import ROPE_OPTION_RANGES, PiecewiseRoPE, PositionMap, as_positions
+from ._rope_parts import ROPE_OPTION_RANGES, PartTile, PiecewiseRoPE, PositionMap, as_positions, chunk_tiles
 from .registry import at_least, register
 from .rope import Pairing
 from .rope_scaling import RopeScaling
@@ -112,6 +113,9 @@ class DualChunkAttention(PiecewiseRoPE):
 
     def parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, list[PositionMap]]:
         return dca_position_maps(q_pos, k_pos, self.chunk_size, self.local_size)
+
+    def part_tiles(self, first_position: int, length: int) -> list[PartTile]:
+        return chunk_tiles(first_position, length, self.chunk_len)
 
     def preview(self) -> str:
         c, s = self.chunk_len, self.chunk_size

@@ -27,7 +27,8 @@ Conventions:
 * Shift invariant: both parts depend on ``i - j`` only.
 
 Backends: eager and the query-blocked ``relative`` backend (CONTENT kind), with the KV cache
-(unrotated keys and their positions).
+(unrotated keys and their positions); for square causal self-attention the ``piecewise`` backend
+runs each part on its tiles through the CPU flash kernel (:mod:`posenc.backends.piecewise`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ._rope_parts import LOG_SCALE_RANGE, ROPE_OPTION_RANGES, PiecewiseRoPE, PositionMap, as_positions
+from ._rope_parts import (
+    LOG_SCALE_RANGE,
+    ROPE_OPTION_RANGES,
+    PartTile,
+    PiecewiseRoPE,
+    PositionMap,
+    as_positions,
+    window_tiles,
+)
 from .registry import at_least, register
 from .rope import Pairing
 from .rope_scaling import RopeScaling
@@ -80,6 +89,9 @@ class _Rectified(PiecewiseRoPE):
 
     def parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, list[PositionMap]]:
         return rerope_position_maps(q_pos, k_pos, self.window, self.leaky_factor)
+
+    def part_tiles(self, first_position: int, length: int) -> list[PartTile]:
+        return window_tiles(length, self.window)
 
     def preview(self) -> str:
         distances = torch.arange(0, 2 * self.window + 3)

@@ -23,7 +23,8 @@ Conventions:
   ``rope``. Causal only (the patch masks future keys); not shift invariant (``floor(i / G)``).
 
 Backends: eager and the query-blocked ``relative`` backend (CONTENT kind), with the KV cache
-(unrotated keys and their positions).
+(unrotated keys and their positions); for square causal self-attention the ``piecewise`` backend
+runs each part on its tiles through the CPU flash kernel (:mod:`posenc.backends.piecewise`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,14 @@ from typing import Any
 
 from torch import Tensor
 
-from ._rope_parts import LOG_SCALE_RANGE, ROPE_OPTION_RANGES, PiecewiseRoPE, PositionMap
+from ._rope_parts import (
+    LOG_SCALE_RANGE,
+    ROPE_OPTION_RANGES,
+    PartTile,
+    PiecewiseRoPE,
+    PositionMap,
+    window_tiles,
+)
 from .registry import at_least, register
 from .rope import Pairing
 from .rope_scaling import RopeScaling
@@ -102,6 +110,9 @@ class SelfExtend(PiecewiseRoPE):
 
     def parts(self, q_pos: Tensor, k_pos: Tensor) -> tuple[Tensor, list[PositionMap]]:
         return self_extend_position_maps(q_pos, k_pos, self.group_size, self.neighbor_window)
+
+    def part_tiles(self, first_position: int, length: int) -> list[PartTile]:
+        return window_tiles(length, self.neighbor_window)
 
     def preview(self) -> str:
         g, w = self.group_size, self.neighbor_window
