@@ -27,7 +27,7 @@ Conventions:
   a learned ``alpha [n_pairs]`` (float32, initialised to 0, so the rotation starts as the
   scaling's) multiplies the final frequencies, ``θ_k · exp(α_k)``, after every scaling type and
   before ``attention_scale``, as HF does. ``cos``/``sin`` are then computed from the parameter at
-  each call (no cached table); without it the cached tables serve as before (docs/conventions.md §7.12).
+  each call (no cached table); without it the cached tables serve as before (docs/conventions.md §7.18).
 * ``drop_rotation="eval"`` rotates in training mode only: a model trained with RoPE is evaluated
   without rotating q and k (DroPE's "drop the positional embedding after training"); ``"always"``
   never rotates, NoPE on the same weights (docs/conventions.md §7.8).
@@ -237,7 +237,7 @@ class RoPE(RotaryEncoding):
         learned_frequencies: LeRoPE (Mistral Large 4): a learned :attr:`alpha` ``[n_pairs]``
             (``nn.Parameter``, float32, zeros: HF's ``_init_weights``) scales the final frequencies
             by ``exp(alpha)``, whatever the scaling; saved in the state dict as ``alpha``
-            (docs/conventions.md §7.12). Created when ``head_dim`` is known (at construction or
+            (docs/conventions.md §7.18). Created when ``head_dim`` is known (at construction or
             when the layer binds the encoding); kept float32 when the module is cast.
     """
 
@@ -522,7 +522,7 @@ def load_lerope_alpha_(encoding: RoPE, alpha: Tensor) -> RoPE:
     HF Mistral Large 4 keeps one ``alpha [n_pairs]`` per model (``model.rotary_emb.alpha``, read by
     every RoPE layer); posenc gives each layer's RoPE its own, so a model loads the same tensor into
     each. Both scale the final frequencies, ``inv_freq · exp(alpha)``, in the same pair order
-    (docs/conventions.md §7.12).
+    (docs/conventions.md §7.18).
 
     Raises:
         ValueError: ``encoding`` has no ``alpha`` (not ``learned_frequencies``, or not bound yet), or

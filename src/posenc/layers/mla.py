@@ -404,7 +404,7 @@ class MultiLatentAttention(nn.Module):
             "qk_nope_head_dim": config.qk_nope_head_dim,
             "qk_rope_head_dim": config.qk_rope_head_dim,
             "v_head_dim": config.v_head_dim,
-            "q_lora_rank": config.q_lora_rank,
+            "q_lora_rank": getattr(config, "q_lora_rank", None),  # absent in Mistral Large 4 (no Q-LoRA)
             "rope": rope,
             "rope_interleave": True if interleave is None else bool(interleave),
             "bias": bool(getattr(config, "attention_bias", False)),

@@ -175,9 +175,9 @@ class LogPositionQueryScaling(nn.Module, TemperatureForm):
     ``[H]`` (``s``) and :attr:`bias` ``[H]`` (``b``), initialised as HF's ``_init_weights`` does to
     ``s = 0``, ``b = 1``: the identity until trained or loaded. ``p`` is posenc's 0-based position,
     as HF's ``position_ids``, so a cached decoding step scales with its own position (the layer
-    hands its query positions). The factors are computed in float32 and cast to the queries' dtype
-    (HF casts ``ln(p + 1)``, ``s`` and ``b`` to it first: the same numbers in float32, within a
-    rounding in half precision) (docs/conventions.md §11.5).
+    hands its query positions). ``ln(p + 1)`` is taken in float32, as HF does; the factors are formed
+    in float32 (float64 for a float64 module) and cast to the queries' dtype (HF casts ``ln(p + 1)``, ``s`` and ``b`` to it first: the same
+    numbers in float32 and float64, within a rounding in half precision) (docs/conventions.md §11.5).
 
     Build it through a layer: ``MultiheadAttention(..., query_temperature=LearnedLogTemperature())``
     (or a pattern's ``LayerSpec(temperature=LearnedLogTemperature())``) gives each layer its own
@@ -196,10 +196,13 @@ class LogPositionQueryScaling(nn.Module, TemperatureForm):
         self.bias = nn.Parameter(torch.ones(num_heads, device=device, dtype=dtype))
 
     def factors(self, positions: Tensor) -> Tensor:
-        """``s_h · ln(p + 1) + b_h`` as ``[B|1, H, T, 1]`` float32 for ``positions [B|1, T]``."""
-        log_pos = torch.log(positions.to(torch.float32) + 1.0)[:, None, :]  # [B|1, 1, T]
-        scale = self.scale.to(device=positions.device, dtype=torch.float32)[None, :, None]
-        bias = self.bias.to(device=positions.device, dtype=torch.float32)[None, :, None]
+        """``s_h · ln(p + 1) + b_h`` as ``[B|1, H, T, 1]`` for ``positions [B|1, T]``: float32, or float64
+        for a float64 module (never a half type)."""
+        dtype = torch.promote_types(self.scale.dtype, torch.float32)
+        # ln(p + 1) in float32 whatever the module's dtype, as HF (``(position_ids + 1).float().log()``)
+        log_pos = torch.log(positions.to(torch.float32) + 1.0).to(dtype)[:, None, :]  # [B|1, 1, T]
+        scale = self.scale.to(device=positions.device, dtype=dtype)[None, :, None]
+        bias = self.bias.to(device=positions.device, dtype=dtype)[None, :, None]
         return (scale * log_pos + bias)[..., None]
 
     def forward(self, q: Tensor, positions: Tensor) -> Tensor:
