@@ -207,3 +207,19 @@ def test_load_lerope_alpha_checks_the_encoding_and_the_shape():
         load_lerope_alpha_(RoPE(head_dim=8), torch.zeros(4))
     with pytest.raises(ValueError, match=r"shape \(4,\)"):
         load_lerope_alpha_(RoPE(head_dim=8, learned_frequencies=True), torch.zeros(5))
+
+
+def test_worked_numbers_of_conventions_7_18():
+    """docs/conventions.md §7.18: θ'_k = θ_k · exp(α_k), the numbers computed by hand (math module)."""
+    enc = RoPE(head_dim=8, learned_frequencies=True)
+    alpha = torch.tensor([0.5, -0.5, 0.0, 1.0])
+    load_lerope_alpha_(enc, alpha)
+    expected = torch.tensor([1.6487213, 0.0606531, 0.01, 0.0027183])
+    torch.testing.assert_close(enc.frequencies().detach(), expected, atol=1e-7, rtol=1e-7)
+    cos, sin = enc.cos_sin(torch.tensor([[3]]))
+    torch.testing.assert_close(
+        cos[0, 0].detach(), torch.tensor([0.231651, 0.983491, 0.999550, 0.999967]), atol=1e-6, rtol=0
+    )
+    torch.testing.assert_close(
+        sin[0, 0].detach(), torch.tensor([-0.972799, 0.180957, 0.029996, 0.008155]), atol=1e-6, rtol=0
+    )

@@ -117,7 +117,7 @@ def test_temperature_in_the_layer_equals_the_formula_at_cached_positions():
 
 
 def test_wrong_head_count_is_named():
-    with pytest.raises(ValueError, match="query_temperature.*3 heads.*num_heads=4"):
+    with pytest.raises(ValueError, match=r"query_temperature.*3 heads.*num_heads=4"):
         posenc.MultiheadAttention(E, H, "rope", causal=True, query_temperature=LogPositionQueryScaling(3))
     with pytest.raises(ValueError, match="query_temperature"):
         MultiLatentAttention.from_hf_config(_config(), query_temperature=LogPositionQueryScaling(2))
@@ -265,3 +265,13 @@ def test_hf_alpha_loads_into_every_rope_layer_of_the_recipe():
             torch.testing.assert_close(sin, hf_sin[..., :half], rtol=0, atol=1e-6)
             loaded += 1
     assert loaded == 3
+
+
+def test_worked_numbers_of_conventions_11_5():
+    """docs/conventions.md §11.5: s = 0.2, b = 0.9 at p = 0, 7, 1023 (0.2 · ln(p + 1) + 0.9 by hand)."""
+    scaling = LogPositionQueryScaling(1)
+    with torch.no_grad():
+        scaling.scale.fill_(0.2)
+        scaling.bias.fill_(0.9)
+    factors = scaling.factors(torch.tensor([[0, 7, 1023]])).flatten()
+    torch.testing.assert_close(factors.detach(), torch.tensor([0.9, 1.3158883, 2.2862944]), atol=1e-6, rtol=0)
