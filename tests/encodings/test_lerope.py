@@ -223,3 +223,23 @@ def test_worked_numbers_of_conventions_7_18():
     torch.testing.assert_close(
         sin[0, 0].detach(), torch.tensor([-0.972799, 0.180957, 0.029996, 0.008155]), atol=1e-6, rtol=0
     )
+
+
+@pytest.mark.parametrize("max_length", [None, 16])
+def test_lerope_layer_decodes_with_the_cache_as_the_full_pass(max_length):
+    """The plain decode step and the preallocated cache rotate through the learned frequencies too."""
+    torch.manual_seed(7)
+    layer = posenc.MultiheadAttention(
+        32, 2, "rope:learned_frequencies=true,scaling=linear,factor=2", causal=True
+    ).eval()
+    with torch.no_grad():
+        layer.encoding.alpha.normal_(0.0, 0.5)
+    twin = posenc.MultiheadAttention(32, 2, "rope:scaling=linear,factor=2", causal=True).eval()
+    twin.load_state_dict(layer.state_dict(), strict=False)
+    x = torch.randn(2, 9, 32)
+    with torch.no_grad():
+        full = layer(x)
+        assert not torch.allclose(full, twin(x), atol=1e-3)  # alpha acts
+        cache = posenc.KVCache(max_length=max_length)
+        steps = [layer(x[:, :3], cache=cache)] + [layer(x[:, t : t + 1], cache=cache) for t in range(3, 9)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-5, atol=1e-5)
