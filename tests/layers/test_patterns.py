@@ -408,6 +408,7 @@ def test_query_temperature_equals_hf_llama4_nope_layer():
         "granite-swa:window=3,full_base=0",
         "olmo3:window=5",
         "swan:window=4",
+        "mistral-large4",
     ],
 )
 def test_preset_models_decode_with_the_cache_as_the_full_pass(preset):

@@ -23,6 +23,11 @@ Conventions:
   does the same for longrope; for dynamic it only grows (it keeps the largest length seen until a
   call drops below the original length), so the two agree whenever lengths do not shrink above the
   original length. Keys already in a KV cache keep the rotation they were given.
+* ``learned_frequencies=True`` is LeRoPE (Mistral Large 4, HF ``MistralLarge4TextRotaryEmbedding``):
+  a learned ``alpha [n_pairs]`` (float32, initialised to 0, so the rotation starts as the
+  scaling's) multiplies the final frequencies, ``θ_k · exp(α_k)``, after every scaling type and
+  before ``attention_scale``, as HF does. ``cos``/``sin`` are then computed from the parameter at
+  each call (no cached table); without it the cached tables serve as before (docs/conventions.md §7.18).
 * ``drop_rotation="eval"`` rotates in training mode only: a model trained with RoPE is evaluated
   without rotating q and k (DroPE's "drop the positional embedding after training"); ``"always"``
   never rotates, NoPE on the same weights (docs/conventions.md §7.8).
@@ -229,6 +234,11 @@ class RoPE(RotaryEncoding):
             evaluates a RoPE-trained checkpoint; ``"always"``: never rotate (NoPE on the same
             weights; a RoPE checkpoint loads unchanged, the encoding has no saved state)
             (docs/conventions.md §7.8).
+        learned_frequencies: LeRoPE (Mistral Large 4): a learned :attr:`alpha` ``[n_pairs]``
+            (``nn.Parameter``, float32, zeros: HF's ``_init_weights``) scales the final frequencies
+            by ``exp(alpha)``, whatever the scaling; saved in the state dict as ``alpha``
+            (docs/conventions.md §7.18). Created when ``head_dim`` is known (at construction or
+            when the layer binds the encoding); kept float32 when the module is cast.
     """
 
     float_positions = True  # angles p·θ are defined for any real position
@@ -257,9 +267,16 @@ class RoPE(RotaryEncoding):
         scaling: str | RopeScaling | dict | None = None,
         rope_parameters: dict | None = None,
         drop_rotation: DropRotation = "never",
+        learned_frequencies: bool = False,
     ) -> None:
         super().__init__()
         check_pairing(pairing)
+        if not isinstance(learned_frequencies, bool):
+            raise ValueError(
+                f"rope: learned_frequencies must be True or False (LeRoPE), got {learned_frequencies!r}"
+            )
+        self.learned_frequencies = learned_frequencies
+        self.alpha: nn.Parameter | None = None  # LeRoPE's log-scales of the frequencies, once bound
         if drop_rotation not in ("never", "eval", "always"):
             raise ValueError(
                 f"rope: drop_rotation must be 'never', 'eval' or 'always', got drop_rotation={drop_rotation!r}"
@@ -335,6 +352,8 @@ class RoPE(RotaryEncoding):
         if self.rotary_dim > head_dim:
             raise ValueError(f"rope: rotary_dim={self.rotary_dim} exceeds head_dim={head_dim}")
         self.head_dim = head_dim
+        if self.learned_frequencies:  # one log-scale per frequency, 0: exp(0) = 1 (HF's init)
+            self.alpha = nn.Parameter(torch.zeros(inv_freq.shape[0], device=self.buffer_device))
         self.reset_buffers()
 
     def init_layer(self, layer) -> None:
@@ -392,6 +411,8 @@ class RoPE(RotaryEncoding):
             parts.append(f"attention_scale={self.attention_scale:.6g}")
         if self.drop_rotation != "never":
             parts.append(f"drop_rotation={self.drop_rotation!r}")
+        if self.learned_frequencies:
+            parts.append("learned_frequencies=True")
         return ", ".join(parts)
 
     # ------------------------------------------------------------------ tables
@@ -409,9 +430,30 @@ class RoPE(RotaryEncoding):
             self._seq_len = seq_len
             self.reset_buffers()
 
+    def frequencies(self) -> Tensor:
+        """The frequencies the rotation turns by, ``[rotary_dim/2]`` float32: :attr:`inv_freq`, times
+        ``exp(alpha)`` with ``learned_frequencies`` (differentiable in :attr:`alpha`)."""
+        if self.alpha is None:
+            return self.inv_freq
+        return self.inv_freq * self.alpha.to(device=self.inv_freq.device, dtype=torch.float32).exp()
+
     def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
-        """Float32 ``cos``/``sin`` ``[B, T, rotary_dim/2]`` for ``positions [B, T]`` (integer or real-valued)."""
-        return self.tables.tables(positions)
+        """Float32 ``cos``/``sin`` ``[B, T, rotary_dim/2]`` for ``positions [B, T]`` (integer or real-valued).
+
+        With ``learned_frequencies`` they are computed from :meth:`frequencies` at each call (they
+        follow :attr:`alpha` as it trains); otherwise they are read from the cached tables.
+        """
+        if self.alpha is None:
+            return self.tables.tables(positions)
+        return rotary_cos_sin(positions, self.frequencies().to(positions.device), self.attention_scale)
+
+    def _apply(self, fn, recurse: bool = True) -> RoPE:
+        # LeRoPE's alpha stays float32 through a cast (HF keeps rotary_emb in float32): exp(alpha)
+        # in bfloat16 would round every frequency. The Parameter object is kept (optimizers hold it).
+        super()._apply(fn, recurse)
+        if self.alpha is not None and self.alpha.dtype != torch.float32:
+            self.alpha.data = self.alpha.data.float()
+        return self
 
     def switch_pairing_(self, pairing: Pairing) -> None:
         """Rotate with ``pairing`` from now on. Half of a switch: the layers that use this encoding
@@ -461,12 +503,45 @@ class RoPE(RotaryEncoding):
         freqs = ", ".join(f"{v:.4g}" for v in self.inv_freq[:6].tolist())
         more = ", ..." if self.inv_freq.numel() > 6 else ""
         dropped = "" if self.drop_rotation == "never" else f", drop_rotation={self.drop_rotation}"
+        dropped += (
+            ", learned_frequencies (LeRoPE: inv_freq below times exp(alpha))"
+            if self.alpha is not None
+            else ""
+        )
         return (
             f"rope_type={self.rope_type}, pairing={self.pairing}, rotary_dim={self.rotary_dim}/{self.head_dim}, "
             f"attention_scale={self.attention_scale:.6g}{dropped}\ninv_freq = [{freqs}{more}]\n"
             f"wavelengths 2π/θ: shortest {2 * torch.pi / float(self.inv_freq.max()):.4g}, "
             f"longest {2 * torch.pi / float(self.inv_freq.min().clamp_min(1e-30)):.4g} positions"
         )
+
+
+def load_lerope_alpha_(encoding: RoPE, alpha: Tensor) -> RoPE:
+    """Copy an HF LeRoPE ``alpha`` into ``encoding`` (built with ``learned_frequencies=True``), in place.
+
+    HF Mistral Large 4 keeps one ``alpha [n_pairs]`` per model (``model.rotary_emb.alpha``, read by
+    every RoPE layer); posenc gives each layer's RoPE its own, so a model loads the same tensor into
+    each. Both scale the final frequencies, ``inv_freq · exp(alpha)``, in the same pair order
+    (docs/conventions.md §7.18).
+
+    Raises:
+        ValueError: ``encoding`` has no ``alpha`` (not ``learned_frequencies``, or not bound yet), or
+            ``alpha`` is not a 1-D tensor of its ``n_pairs`` values.
+    """
+    target = getattr(encoding, "alpha", None)
+    if target is None:
+        raise ValueError(
+            "load_lerope_alpha_: the encoding has no alpha; build it with rope:learned_frequencies=true "
+            "and bind it to a head size first"
+        )
+    if not isinstance(alpha, Tensor) or tuple(alpha.shape) != tuple(target.shape):
+        shape = tuple(alpha.shape) if isinstance(alpha, Tensor) else type(alpha).__name__
+        raise ValueError(
+            f"load_lerope_alpha_: alpha must have shape {tuple(target.shape)} (one per frequency pair), got {shape}"
+        )
+    with torch.no_grad():
+        target.copy_(alpha.detach().to(device=target.device, dtype=torch.float32))
+    return encoding
 
 
 # ---------------------------------------------------------------------------- switching a model's pairing

@@ -353,13 +353,17 @@ def rotary(
 
     ``inplace=True`` rotates ``x`` itself, also under autograd, when ``x`` is a fresh intermediate
     nobody saved for backward (a projection's output: the attention layer's q and k); autograd
-    refuses it on a leaf that requires grad. Tables that require grad (learned frequencies) take the
-    plain expression, which differentiates them.
+    refuses it on a leaf that requires grad. Tables that require grad (learned frequencies, LeRoPE)
+    take the plain expression, which differentiates them, into a fresh tensor whatever ``inplace``
+    (``x`` is saved for their gradient).
     """
     differentiable = torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad)
     if not differentiable:
         return apply_rotary(x, cos, sin, pairing=pairing, inplace=inplace)
-    if cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling():
+    if cos.requires_grad or sin.requires_grad:
+        # x is saved for the tables' gradient: writing the result into x would void it (a fresh tensor)
+        return rotary_reference(x, cos, sin, pairing)
+    if torch.compiler.is_compiling():
         result = rotary_reference(x, cos, sin, pairing)
         return x.copy_(result) if inplace else result
     return _Rotary.apply(x, cos, sin, pairing, inplace)

@@ -34,7 +34,7 @@ from .inputs import (
     check_scale,
     check_sizes,
 )
-from .patterns import LayerSpec, TemperatureForm
+from .patterns import LayerSpec, TemperatureForm, layer_temperature
 from .plain_step import layer_signature, layer_step, remember_layer, remembered
 from .positions import (
     Step,
@@ -96,7 +96,10 @@ class MultiheadAttention(nn.Module):
         query_temperature: a :class:`~posenc.layers.patterns.QueryTemperature` (Llama 4's NoPE layers:
             queries at position ``p`` are scaled by ``log1p(floor((p + 1) / floor_scale)) *
             attn_scale + 1``) or :class:`~posenc.layers.patterns.LogQueryTemperature` (Inkling's global
-            layers: ``1 + alpha * ln(max((p + 1) / n_floor, 1))``), applied after the encoding acts.
+            layers: ``1 + alpha * ln(max((p + 1) / n_floor, 1))``), applied after the encoding acts;
+            or :class:`~posenc.layers.patterns.LearnedLogTemperature` (Mistral Large 4: the layer builds
+            its own :class:`~posenc.layers.patterns.LogPositionQueryScaling`, per-head learned
+            ``s_h · ln(p + 1) + b_h``, parameters ``query_temperature.scale`` / ``.bias``).
         pattern: this layer's entry of a model's pattern (a :class:`~posenc.layers.patterns.LayerSpec`):
             its window, chunk, sinks, temperature, softcap and value_from_key, given instead of those six
             arguments (its encoding is ``encoding``, which a model builds from it).
@@ -165,6 +168,7 @@ class MultiheadAttention(nn.Module):
             pattern, window, chunk, sinks, query_temperature, causal, softcap, value_from_key
         )
         factory = {"device": device, "dtype": dtype}
+        self.query_temperature = layer_temperature(self.query_temperature, num_heads, **factory)
         kv_dim, q_dim = num_kv_heads * self.head_dim, num_heads * self.head_dim
         self.q_proj = nn.Linear(embed_dim, q_dim, bias=bias, **factory)
         self.k_proj = nn.Linear(embed_dim, kv_dim, bias=bias, **factory)
@@ -555,7 +559,7 @@ class MultiheadAttention(nn.Module):
             window=self.window,
             chunk=self.chunk,
             sinks=self.sinks is not None,
-            temperature=self.query_temperature,
+            temperature=None if self.query_temperature is None else self.query_temperature.declared(),
             softcap=self.softcap,
             value_from_key=self.value_from_key,
         )

@@ -130,8 +130,8 @@ def check_pattern(
         raise ValueError(f"value_from_key must be True or False (K = V, Gemma 4), got {value_from_key!r}")
     if query_temperature is not None and not isinstance(query_temperature, TemperatureForm):
         raise ValueError(
-            "query_temperature must be a posenc.layers.patterns.QueryTemperature (Llama 4) or LogQueryTemperature "
-            f"(Inkling), got {query_temperature!r}"
+            "query_temperature must be a posenc.layers.patterns.QueryTemperature (Llama 4), LogQueryTemperature "
+            f"(Inkling) or LearnedLogTemperature (Mistral Large 4), got {query_temperature!r}"
         )
     return window, chunk, sinks, query_temperature, check_softcap(softcap), value_from_key
 

@@ -55,7 +55,8 @@ from ..encodings.rope import RoPE, register_rope_user
 from ..encodings.rope_scaling import RopeScaling
 from ..masks.attention_mask import AttentionMask
 from .inputs import check_scale
-from .positions import default_positions, padding_with_cache
+from .patterns import TemperatureForm, layer_temperature
+from .positions import default_positions, padding_with_cache, temperature_factors
 
 __all__ = ["LatentCache", "MultiLatentAttention", "mla_softmax_scale"]
 
@@ -247,6 +248,11 @@ class MultiLatentAttention(nn.Module):
         norm_eps: epsilon of the two RMSNorms (HF builds them with 1e-6 whatever ``rms_norm_eps``).
         dropout: attention-probability dropout during training.
         scale: logit scale; default :func:`mla_softmax_scale` (HF's, YaRN mscale included).
+        query_temperature: a position-dependent query scale applied to the whole query (content and
+            rotary channels) after the rotation, as a :class:`~posenc.MultiheadAttention` takes it:
+            :class:`~posenc.layers.patterns.LearnedLogTemperature` is Mistral Large 4's learned
+            ``s_h · ln(p + 1) + b_h`` (HF ``MistralLarge4TextSoftmaxScaling``; the layer's own
+            ``query_temperature.scale`` / ``.bias``, HF's ``softmax_scaling.scale`` / ``.bias``).
         layer_idx: key of this layer's entry in a shared :class:`LatentCache`.
 
     Call: ``mla(x [B, T, E], *, positions [T] or [B, T] (default: continuing after the cache, or
@@ -285,11 +291,17 @@ class MultiLatentAttention(nn.Module):
         norm_eps: float = 1e-6,
         dropout: float = 0.0,
         scale: float | None = None,
+        query_temperature: TemperatureForm | None = None,
         layer_idx: int = 0,
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        if query_temperature is not None and not isinstance(query_temperature, TemperatureForm):
+            raise ValueError(
+                "MultiLatentAttention: query_temperature must be a posenc.layers.patterns TemperatureForm "
+                f"(LearnedLogTemperature for Mistral Large 4), got {query_temperature!r}"
+            )
         self.embed_dim = _positive_int("embed_dim", embed_dim)
         self.num_heads = _positive_int("num_heads", num_heads)
         self.kv_lora_rank = _positive_int("kv_lora_rank", kv_lora_rank)
@@ -326,6 +338,7 @@ class MultiLatentAttention(nn.Module):
         )
         self.o_proj = nn.Linear(heads * v_head_dim, embed_dim, bias=bias, **factory)
         self.rope = self._build_rope(rope, device, dtype)
+        self.query_temperature = layer_temperature(query_temperature, heads, **factory)
         register_rope_user(self.rope, self)
         self.attention_encoding = build("nope")  # q and k arrive rotated: plain attention
         self.scale = (
@@ -391,7 +404,7 @@ class MultiLatentAttention(nn.Module):
             "qk_nope_head_dim": config.qk_nope_head_dim,
             "qk_rope_head_dim": config.qk_rope_head_dim,
             "v_head_dim": config.v_head_dim,
-            "q_lora_rank": config.q_lora_rank,
+            "q_lora_rank": getattr(config, "q_lora_rank", None),  # absent in Mistral Large 4 (no Q-LoRA)
             "rope": rope,
             "rope_interleave": True if interleave is None else bool(interleave),
             "bias": bool(getattr(config, "attention_bias", False)),
@@ -447,6 +460,8 @@ class MultiLatentAttention(nn.Module):
             latent, k_rope, k_pos = written.latent, written.k_rope, written.k_pos
         k, v = self.expand_latent(latent, k_rope)
         q = torch.cat([q_nope, q_rope], dim=-1)
+        if self.query_temperature is not None:  # after the rotation, on every channel (HF Mistral Large 4)
+            q = q * temperature_factors(self.query_temperature, q_pos).to(q.dtype)
 
         mask = AttentionMask.build(
             q_len=q_len,

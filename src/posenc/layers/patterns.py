@@ -26,6 +26,10 @@ granite-   1 full : 3 sliding (``i % 4 == 0`` full, the first layer included), w
 swa        base 1e4 (``full_base=0`` / ``sliding_base=0``: NoPE, HF's ``layer_rope_theta`` 0),
            learned attention sinks in every layer (Granite SWA / "granite-swash").
 olmo3      3 sliding : 1 full (``(i + 1) % 4 == 0``), window 4096, RoPE base 5e5 in both.
+mistral-   3 LeRoPE layers : 1 NoPE layer (``(i + 1) % 4 == 0``, HF ``no_rope_layers``); YaRN
+large4     (factor 2048 over 512 tokens, attention factor 1) with learned frequencies
+           ``exp(alpha)``, interleaved pairs; every layer scales its queries by the learned
+           ``s_h · ln(p + 1) + b_h`` (:class:`LogPositionQueryScaling`).
 swan       SWAN-GPT (Puvvada et al. 2025): each block of ``nope_every`` (4) layers is one global
            NoPE layer followed by sliding-window RoPE layers (window 512, RoPE base 1e4);
            ``log_base=a``: its NoPE layers' query scale ``log_a(p + a)`` (inference).
@@ -45,13 +49,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..encodings.spec import parse_spec
 
 __all__ = [
     "LAYER_PRESETS",
     "LayerSpec",
+    "LearnedLogTemperature",
+    "LogPositionQueryScaling",
     "LogQueryTemperature",
     "QueryTemperature",
     "TemperatureForm",
@@ -68,8 +74,19 @@ class TemperatureForm:
     :class:`QueryTemperature`, Inkling's continuous one :class:`LogQueryTemperature`."""
 
     def factors(self, positions: Tensor) -> Tensor:
-        """The scale of each query: ``positions [B|1, T]`` (integers) -> ``[B|1, 1, T, 1]`` float32."""
+        """The scale of each query: ``positions [B|1, T]`` (integers) -> ``[B|1, 1, T, 1]`` float32
+        (``[B|1, H, T, 1]`` for a per-head form)."""
         raise NotImplementedError
+
+    def for_layer(self, num_heads: int, *, device=None, dtype=None) -> TemperatureForm:
+        """The form a layer of ``num_heads`` query heads keeps: this one (a fixed form), or a module with
+        its own parameters built from a declaration (:class:`LearnedLogTemperature`)."""
+        return self
+
+    def declared(self) -> TemperatureForm:
+        """The form as a layer pattern names it (a :class:`LayerSpec`'s ``temperature``): this one, or the
+        declaration a learned module was built from."""
+        return self
 
 
 @dataclass(frozen=True)
@@ -147,6 +164,86 @@ class LogQueryTemperature(TemperatureForm):
         """``1 + alpha * ln(max((p + offset) / n_floor, 1))`` as ``[B|1, 1, T, 1]`` float32."""
         ratio = (positions.to(torch.float32) + self.position_offset) / self.n_floor
         return (1.0 + self.alpha * torch.log(ratio.clamp(min=1.0)))[:, None, :, None]
+
+
+class LogPositionQueryScaling(nn.Module, TemperatureForm):
+    """Mistral Large 4's learned log-position query scale: queries of head ``h`` at position ``p`` are
+    multiplied by ``s_h · ln(p + 1) + b_h``.
+
+    HF ``MistralLarge4TextSoftmaxScaling`` (applied on every layer, RoPE and NoPE, to the whole query
+    after its rotation, at the call's ``position_ids``); parameter names are HF's, :attr:`scale`
+    ``[H]`` (``s``) and :attr:`bias` ``[H]`` (``b``), initialised as HF's ``_init_weights`` does to
+    ``s = 0``, ``b = 1``: the identity until trained or loaded. ``p`` is posenc's 0-based position,
+    as HF's ``position_ids``, so a cached decoding step scales with its own position (the layer
+    hands its query positions). ``ln(p + 1)`` is taken in float32, as HF does; the factors are formed
+    in float32 (float64 for a float64 module) and cast to the queries' dtype (HF casts ``ln(p + 1)``, ``s`` and ``b`` to it first: the same
+    numbers in float32 and float64, within a rounding in half precision) (docs/conventions.md §11.5).
+
+    Build it through a layer: ``MultiheadAttention(..., query_temperature=LearnedLogTemperature())``
+    (or a pattern's ``LayerSpec(temperature=LearnedLogTemperature())``) gives each layer its own
+    module, ``layer.query_temperature``, whose parameters are in the layer's state dict.
+
+    Args:
+        num_heads: query heads ``H`` (a layer refuses a module built for another count).
+    """
+
+    def __init__(self, num_heads: int, *, device=None, dtype=None) -> None:
+        super().__init__()
+        if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
+            raise ValueError(f"LogPositionQueryScaling: num_heads must be a positive int, got {num_heads!r}")
+        self.num_heads = num_heads
+        self.scale = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.ones(num_heads, device=device, dtype=dtype))
+
+    def factors(self, positions: Tensor) -> Tensor:
+        """``s_h · ln(p + 1) + b_h`` as ``[B|1, H, T, 1]`` for ``positions [B|1, T]``: float32, or float64
+        for a float64 module (never a half type)."""
+        dtype = torch.promote_types(self.scale.dtype, torch.float32)
+        # ln(p + 1) in float32 whatever the module's dtype, as HF (``(position_ids + 1).float().log()``)
+        log_pos = torch.log(positions.to(torch.float32) + 1.0).to(dtype)[:, None, :]  # [B|1, 1, T]
+        scale = self.scale.to(device=positions.device, dtype=dtype)[None, :, None]
+        bias = self.bias.to(device=positions.device, dtype=dtype)[None, :, None]
+        return (scale * log_pos + bias)[..., None]
+
+    def forward(self, q: Tensor, positions: Tensor) -> Tensor:
+        """``q [B, H, T, D]`` scaled at ``positions [B|1, T]``."""
+        return q * self.factors(positions).to(q.dtype)
+
+    def declared(self) -> TemperatureForm:
+        return LearnedLogTemperature()
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+
+@dataclass(frozen=True)
+class LearnedLogTemperature(TemperatureForm):
+    """The declaration of a learned log-position query scale (Mistral Large 4): each layer that takes it
+    builds its own :class:`LogPositionQueryScaling` for its number of heads (``s = 0``, ``b = 1``)."""
+
+    def for_layer(self, num_heads: int, *, device=None, dtype=None) -> TemperatureForm:
+        return LogPositionQueryScaling(num_heads, device=device, dtype=dtype)
+
+    def factors(self, positions: Tensor) -> Tensor:
+        """The untrained scale, 1 at every position (``[B|1, 1, T, 1]``); a layer uses its module's."""
+        return torch.ones(*positions.shape, dtype=torch.float32, device=positions.device)[:, None, :, None]
+
+
+def layer_temperature(
+    form: TemperatureForm | None, num_heads: int, *, device=None, dtype=None
+) -> TemperatureForm | None:
+    """The query temperature a layer of ``num_heads`` heads keeps for ``form`` (its own module for a
+    learned declaration); ``ValueError`` naming ``query_temperature`` for a per-head module built for
+    another head count."""
+    if form is None:
+        return None
+    heads = getattr(form, "num_heads", None)
+    if heads is not None and heads != num_heads:
+        raise ValueError(
+            f"query_temperature: {type(form).__name__} has {heads} heads but the layer has num_heads="
+            f"{num_heads}; build it for {num_heads} heads, or pass LearnedLogTemperature() and let the layer build it"
+        )
+    return form.for_layer(num_heads, device=device, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -388,6 +485,49 @@ def olmo3(
         LayerSpec(f"rope:base={full_base}")
         if (i + 1) % full_every == 0
         else LayerSpec(f"rope:base={sliding_base}", window=window)
+        for i in range(num_layers)
+    ]
+
+
+@_layer_preset("mistral-large4")
+def mistral_large4(
+    num_layers: int,
+    nope_every: int = 4,
+    base: float = 10_000.0,
+    factor: float = 2048.0,
+    original_max_position_embeddings: int = 512,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> list[LayerSpec]:
+    """Mistral Large 4 (HF ``MistralLarge4TextConfig``): LeRoPE layers, every ``nope_every``-th NoPE,
+    a learned log-position query temperature on every layer.
+
+    As HF: ``no_rope_layers`` (``int((i + 1) % no_rope_layer_interval != 0)``, interval 4: layers 3,
+    7, 11, ... are NoPE); the default ``rope_parameters`` (yarn, ``rope_theta`` 1e4, ``factor`` 2048,
+    ``original_max_position_embeddings`` 512, ``beta_fast`` 32, ``beta_slow`` 1,
+    ``attention_factor`` 1) with LeRoPE's learned ``alpha`` (``rope:learned_frequencies=true``,
+    applied after YaRN, as ``MistralLarge4TextRotaryEmbedding``); interleaved pairs ``(2k, 2k + 1)``
+    (HF ``apply_rotary_pos_emb_interleave``, which writes the rotated pairs out as halves: the same
+    logits); ``MistralLarge4TextSoftmaxScaling`` on every layer, RoPE and NoPE
+    (:class:`LearnedLogTemperature`).
+
+    Approximated: posenc's :class:`~posenc.MultiheadAttention` layers stand for HF's multi-head latent
+    attention (for MLA itself: :class:`~posenc.layers.mla.MultiLatentAttention` with
+    ``rope="rope:...,learned_frequencies=true"`` and ``query_temperature=LearnedLogTemperature()``,
+    ``q_lora_rank=None``); each RoPE layer has its own ``alpha``, where HF shares one per model (load
+    HF's into each: :func:`posenc.encodings.rope.load_lerope_alpha_`); YaRN's ``mscale_all_dim``
+    softmax factor is not set by HF's default config and so not here. Not in the recipe: the DSA
+    indexer (top-k sparse attention), MoE, KV sharing across layers, the final logit soft-cap and
+    the vision tower.
+    """
+    rope = (
+        f"rope:base={base},pairing=interleaved,scaling=yarn,factor={factor},"
+        f"original_max_position_embeddings={original_max_position_embeddings},beta_fast={beta_fast},"
+        f"beta_slow={beta_slow},attention_factor=1.0,learned_frequencies=true"
+    )
+    temperature = LearnedLogTemperature()
+    return [
+        LayerSpec("nope" if (i + 1) % nope_every == 0 else rope, temperature=temperature)
         for i in range(num_layers)
     ]
 
