@@ -62,7 +62,7 @@ def _out_and_grads(run, req):
 def test_piecewise_matches_eager(spec, length, start):
     req = _request(spec, length, start)
     assert get_backend("piecewise").reasons(req) == []
-    out, grads = _out_and_grads(lambda r: piecewise_attention(r, block=8), req)
+    out, grads = _out_and_grads(lambda r: piecewise_attention(r, block=8, size=16), req)
     ref, want = _out_and_grads(lambda r: get_backend("eager").run(r)[0], req)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
     for name, g, w in zip("qkv", grads, want):
@@ -196,3 +196,13 @@ def test_piecewise_never_builds_the_logit_matrix(spec):
     with _LargestTensor() as eager:
         get_backend("eager").run(req)
     assert eager.largest >= length * length  # the check sees what a dense path builds
+
+
+def test_piecewise_refuses_trainable_encoding_parameters():
+    """The tiles return gradients for q, k and v only: an encoding parameter that trains (a future
+    learned table) must send the request elsewhere, not lose its gradient."""
+    req = _request("rerope:window=4", 40, grad=False)
+    req.encoding.register_parameter("probe", torch.nn.Parameter(torch.zeros(1)))
+    assert any("require grad" in r for r in get_backend("piecewise").reasons(req))
+    with torch.no_grad():
+        assert get_backend("piecewise").reasons(req) == []

@@ -93,9 +93,9 @@ def build_case(case: str, params: dict):
     return forward_backward if train else forward
 
 
-def _cases(method: str, params: dict, reference_limit: float) -> dict:
+def _cases(method: str, params: dict, reference_limit: float, impls: list[str]) -> dict:
     cases = {}
-    for impl in IMPL_NAMES:
+    for impl in impls:
         need = reference_gb(METHODS[method], params["length"]) * (2 if params["train"] else 1)
         if impl == "reference" and need > reference_limit:
             cases[impl] = f"needs about {need:.2g} GB of logits (over --reference-gb {reference_limit:g})"
@@ -109,6 +109,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="4096,16384")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--impls", default=",".join(IMPL_NAMES), help="implementations (sdpa always runs)")
     parser.add_argument("--modes", default="fwd,fwd+bwd", help="fwd, fwd+bwd or both")
     parser.add_argument("--reference-gb", type=float, default=6.0, help="largest reference form run (GB)")
     parser.add_argument("--memory", action="store_true", help="peak memory of each case in a fresh process")
@@ -116,13 +117,18 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    impls = ["sdpa"] + [i for i in args.impls.split(",") if i and i != "sdpa"]
+    unknown = sorted(set(impls) - set(IMPL_NAMES))
+    if unknown:
+        parser.error(f"--impls: unknown {unknown}; choose from {', '.join(IMPL_NAMES)}")
     rows = []
     for method in (m for m in args.methods.split(",") if m):
         for length in (int(s) for s in args.sizes.split(",")):
             for mode in (m for m in args.modes.split(",") if m):
                 params = {"length": length, "train": mode == "fwd+bwd"}
-                timings = interleaved(_cases(method, params, args.reference_gb), args.repeats)
-                for impl, name in IMPL_NAMES.items():
+                timings = interleaved(_cases(method, params, args.reference_gb, impls), args.repeats)
+                for impl in impls:
+                    name = IMPL_NAMES[impl]
                     timing = timings[impl]
                     memory = "—"
                     if args.memory and not timing.skipped:
