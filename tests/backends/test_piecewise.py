@@ -206,3 +206,31 @@ def test_piecewise_refuses_trainable_encoding_parameters():
     assert any("require grad" in r for r in get_backend("piecewise").reasons(req))
     with torch.no_grad():
         assert get_backend("piecewise").reasons(req) == []
+
+
+@pytest.mark.parametrize("spec", ["self_extend:group_size=4,neighbor_window=64", "dca:chunk_size=200,local_size=40"])
+def test_hf_prefill_runs_on_the_tiles_and_equals_the_dense_path(spec):
+    """A tiny HF Llama swapped to a piecewise family: a 520-token prefill (auto: the tiles) equals the
+    same model forced onto the dense ``relative`` backend, and cached generation (prefill on the
+    tiles, steps on ``relative``) picks a full pass's tokens."""
+    pytest.importorskip("transformers")
+    import posenc.hf
+    from _piecewise_rope import cached_generate_equals_full_pass, hf_ids, tiny_llama
+
+    model = posenc.hf.swap_encoding(tiny_llama(), spec)
+    ids = hf_ids(PIECEWISE_MIN_LEN + 8, batch=1)
+    seen = []
+    original = piecewise_attention
+
+    def spy(req, *args, **kwargs):
+        seen.append(req.q_len)
+        return original(req, *args, **kwargs)
+
+    with torch.no_grad(), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(get_backend("piecewise"), "run", lambda req: (spy(req), None))
+        got = model(ids).logits
+    assert seen == [ids.shape[1]] * 2  # both layers' prefill on the tiles
+    with torch.no_grad(), posenc.backends.use_backend("relative"):
+        want = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10)
+    cached_generate_equals_full_pass(model, ids, 4)
