@@ -206,8 +206,22 @@ def study_tasks_text() -> str:
     return f"{', '.join(STUDY_TASKS[:-1])} or {STUDY_TASKS[-1]}"
 
 
-#: Help texts read at run time: the registered tasks.
-_HELP = {"task": task_help}
+def eval_variants_help() -> str:
+    """``--eval-variants``' help: the trained experiments' variants, then the piecewise-RoPE methods
+    ``--hf-model`` takes with their defaults (from :data:`.hf_methods.METHODS`)."""
+    from ..experiments.study.hf_methods import METHODS
+
+    base = next(f for f in dataclasses.fields(ExperimentConfig) if f.name == "eval_variants").metadata["help"]
+    methods = "; ".join(f"{name} ({method.defaults})" for name, method in METHODS.items())
+    return (
+        f"{base}. With --hf-model also the piecewise-RoPE methods, c the model's context and E --eval-len: "
+        f"{methods}; NAME:OPTION=VALUE,OPTION=VALUE overrides (self_extend:group_size=4,neighbor_window=512), "
+        "scaling=linear|ntk|yarn,factor=F replaces the model's own RoPE scaling inside the method"
+    )
+
+
+#: Help texts read at run time: the registered tasks, the --hf-model methods.
+_HELP = {"task": task_help, "eval_variants": eval_variants_help}
 
 #: Where the command's own options go among the generated ones: after the named option (the
 #: options that follow one in the command's signature go with it).

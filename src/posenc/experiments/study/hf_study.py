@@ -79,7 +79,8 @@ from ..tasks.text import (
     position_nll,
     window_starts,
 )
-from .hf_scaling import apply_scaling, check_hf_folder, check_positions, model_label
+from .hf_methods import apply_variant
+from .hf_scaling import check_hf_folder, check_positions, model_label
 from .plan import (
     CORPORA,
     STUDY_TASKS,
@@ -178,7 +179,7 @@ def run_study(
         if len(todo) < len(mine):
             say(f"resuming: {len(mine) - len(todo)} of {len(mine)} unit(s) already done in {out}")
         for number, (variant, length) in enumerate(todo, 1):
-            apply_scaling(model, scalings[variant], original)
+            apply_variant(model, scalings[variant], original)
             label = f"{labels[variant]} @ {length}"
             note = f"unit {number}/{len(todo)}"
             start = time.perf_counter()

@@ -13,7 +13,8 @@ from typing import Any
 
 from ...pretrained.loading import causal_lm_class_name, load_config, reference_text
 from ..results.records import RUNS_FILE, read_records
-from .hf_scaling import check_hf_folder, model_label, parse_variants, rope_parameters_for
+from .hf_methods import parse_variants, variant_parameters
+from .hf_scaling import check_hf_folder, model_label
 
 __all__ = [
     "CORPORA",
@@ -32,6 +33,7 @@ __all__ = [
     "study_text",
     "study_units",
     "unit_id",
+    "variant_word",
 ]
 
 #: The study's tasks (``text`` runs both others).
@@ -131,7 +133,14 @@ def missing_units(settings: dict[str, Any], runs: list[dict[str, Any]]) -> list[
 
 
 def unit_id(variant: str, length: int) -> str:
-    return f"hf__text__{variant.replace(':', 'x')}__{length}"
+    """The ``run`` of unit ``(variant, length)``: ``hf__text__yarnx4__128``, a method's options joined
+    (``self_extendxgroup_size-4_neighbor_window-8``)."""
+    return f"hf__text__{variant_word(variant)}__{length}"
+
+
+def variant_word(variant: str) -> str:
+    """``variant`` as one word of a run id: ``:`` -> ``x``, ``=`` -> ``-``, ``,`` -> ``_``."""
+    return variant.replace(":", "x").replace("=", "-").replace(",", "_")
 
 
 @dataclass(frozen=True)
@@ -166,7 +175,7 @@ def plan_study(
     depth_list, seeds = _check_trials(task, depths, eval_examples, seeds)
     context, eval_len, length_list = _study_lengths(config, model_ref, task, eval_len, lengths)
     variant_list = expand_variants(parse_variants(",".join(variants) if variants else None))
-    scalings = {v: rope_parameters_for(v, context, eval_len) for v in variant_list}
+    scalings = {v: variant_parameters(v, config, context, eval_len) for v in variant_list}
     if not getattr(config, "rope_parameters", None) and any(scalings.values()):
         raise ValueError(f"--eval-variants: {model_class} has no rope_parameters to scale")
     name = model_label(model_ref)
