@@ -301,3 +301,16 @@ def test_the_command_takes_a_method_item_and_its_help_says_the_defaults(
     ):
         assert words in line
     assert "chunk_size 3c/4, local_size c/8" in line
+
+
+@pytest.mark.parametrize("item, message", BAD[:4] + BAD[6:8])
+def test_the_lm_task_refuses_the_same_before_any_weight_loads(
+    model_dir, tmp_path, no_weights_load, item, message
+):
+    from posenc.experiments.study import hf_eval
+
+    with pytest.raises(ValueError, match=message):
+        hf_eval.evaluate_hf_model(
+            model_dir, tmp_path / "out", task="lm", eval_len=128, variants=["none", item]
+        )
+    assert not (tmp_path / "out").exists()
