@@ -20,7 +20,10 @@ Tasks:
   ``-log softmax(logits[p - 1])[token_p]``. The NLLs are pooled into buckets of positions
   ``(lo, hi]``: eight of width ``c/8`` inside the context, then steps of ``c/2``: **perplexity at
   1.5x** is ``exp`` of the mean NLL of the positions in ``(c, 1.5c]``, **at 2x** of those in
-  ``(1.5c, 2c]``. Each bucket is one record (``metric: perplexity``, ``length = hi``).
+  ``(1.5c, 2c]``. Each bucket is one record (``metric: perplexity``, ``length = hi``) with each
+  window's mean NLL there (``window_nll``) and, from two windows on, the 95% interval of the
+  perplexity across windows (``interval``: ``exp`` of the t interval of the mean NLL,
+  :mod:`.reading`); the table's verdict says how far each variant reads and which cannot be ranked.
 * ``text-passkey``: the standard passkey prompt in the model's tokens: filler sentences ("The grass
   is green. The sky is blue. ..."), the needle "The pass key is N. Remember it. N is the pass key."
   at a depth of ``--depths`` (the fraction of the filler before it, snapped to the nearest sentence
@@ -91,6 +94,7 @@ from .plan import (
     study_units,
     unit_id,
 )
+from .reading import bucket_interval, verdict_notes
 
 __all__ = [
     "CORPORA",
@@ -308,18 +312,18 @@ def _lm_records(
     """One ``perplexity`` record per position bucket, from the mean NLL over the unit's windows of
     ``length`` tokens of ``text_ids [N]``; ``tick()`` after each window."""
     examples = settings["eval_examples"]
-    nll_sum: Tensor | None = None
+    rows = []
     for start in window_starts(len(text_ids), length, examples):
         window = text_ids[start : start + length][None].to(device)
-        nll = position_nll(model, window)[0].double().cpu()
-        nll_sum = nll if nll_sum is None else nll_sum + nll
+        rows.append(position_nll(model, window)[0].double().cpu())  # entry i: 1-based position i + 2
         tick()
-    assert nll_sum is not None
-    mean = nll_sum / examples  # entry i: the token at 1-based position i + 2
+    nll = torch.stack(rows)  # [windows, length - 1]
     records = []
     for lo, hi in position_buckets(settings["train_len"], length):
-        part = mean[max(lo, 1) - 1 : hi - 1]
-        value = float(part.mean()) if len(part) else float("nan")
+        part = nll[:, max(lo, 1) - 1 : hi - 1]
+        per_window = [float(v) for v in part.mean(dim=1)] if part.shape[1] else [float("nan")] * examples
+        value = float(part.mean()) if part.shape[1] else float("nan")
+        interval = bucket_interval(per_window) if part.shape[1] else None
         records.append(
             {
                 **base,
@@ -329,9 +333,11 @@ def _lm_records(
                 "value": math.exp(value),
                 "nll": value,
                 "bucket": [lo, hi],
-                "tokens": len(part) * examples,
+                "tokens": part.shape[1] * examples,
                 "window": length,
                 "examples": examples,
+                "window_nll": per_window,
+                "interval": None if interval is None else list(interval),
             }
         )
     return records
@@ -389,6 +395,7 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
         f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
         f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens",
     )
+    notes += verdict_notes(settings, records)
     missing = _missing_units(settings, records)
     if missing:
         shown = ", ".join(f"{label} @ {length}" for label, length in missing)
@@ -419,9 +426,9 @@ def _summary_row(
     """The row of variant ``label``: its perplexity per bucket of ``names``, its passkey exact match
     per length of ``lengths``, then over all of them (when there are any)."""
     mine = [r for r in records if r["encoding"] == label]
-    ppl = {tuple(r["bucket"]): r["value"] for r in mine if r["metric"] == "perplexity"}
+    ppl = {tuple(r["bucket"]): r for r in mine if r["metric"] == "perplexity"}
     keys = {r["length"]: r for r in mine if r["metric"] == "exact_match"}
-    row = [label, *(_fmt(ppl.get(b), "{:.2f}") for b in names)]
+    row = [label, *(_ppl_cell(ppl.get(b)) for b in names)]
     row += [_fmt(keys[n]["value"] if n in keys else None, "{:.2f}") for n in lengths]
     if lengths:
         # Over every length or not at all: a shard's "all" was the mean of the lengths it ran.
@@ -430,6 +437,15 @@ def _summary_row(
         count = sum(r["examples"] for r in keys.values())
         row.append(_fmt(hits / count if count and every else None, "{:.2f}"))
     return row
+
+
+def _ppl_cell(record: dict[str, Any] | None) -> str:
+    """A bucket's perplexity, with its 95% interval across windows when it has one: ``12.30 [11.90, 12.71]``."""
+    if record is None:
+        return "-"
+    interval = record.get("interval")
+    value = _fmt(record["value"], "{:.2f}")
+    return value if not interval else f"{value} [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def _missing_units(settings: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, int]]:
