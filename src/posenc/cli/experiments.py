@@ -200,7 +200,7 @@ def hf_model_forms() -> str:
 
 
 def study_tasks_text() -> str:
-    """``text, text-lm or text-passkey``: the study's tasks (:data:`.study_plan.STUDY_TASKS`), for help texts."""
+    """``text, text-lm, text-passkey or text-multikey``: the study's tasks (:data:`.study_plan.STUDY_TASKS`), for help texts."""
     from ..experiments.study.plan import STUDY_TASKS
 
     return f"{', '.join(STUDY_TASKS[:-1])} or {STUDY_TASKS[-1]}"
@@ -276,7 +276,7 @@ _HF_MODEL_HELP = (
     f"--task {study_tasks_text()} runs the context-extension study"
 )
 _LENGTHS_HELP = (
-    "--hf-model --task text/text-passkey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
+    "--hf-model --task text/text-passkey/text-multikey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
     "to --eval-len, c the model's context); perplexity is read from --eval-len windows"
 )
 _PRESET_HELP = (
@@ -307,7 +307,8 @@ def extrapolate(
     hf_model: Path | None = typer.Option(None, help=_HF_MODEL_HELP),
     lengths: str | None = typer.Option(None, help=_LENGTHS_HELP),
     depths: str | None = typer.Option(
-        None, help="--hf-model --task text/text-passkey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"
+        None,
+        help="--hf-model --task text/text-passkey/text-multikey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
     ),
     preset: str | None = typer.Option(None, help=_PRESET_HELP),
     shard: str | None = typer.Option(None, help=_SHARD_HELP),
@@ -346,7 +347,7 @@ def extrapolate(
             _evaluate_hf_model(hf_model, out, device, progress, options)
         return
     if lengths is not None or depths is not None:
-        print_error("--lengths and --depths apply to --hf-model with --task text, text-lm or text-passkey")
+        print_error(f"--lengths and --depths apply to --hf-model with --task {study_tasks_text()}")
         raise typer.Exit(2)
     _train_on_task(ctx, out, workers, threads, device, progress, preset, shard, options)
 

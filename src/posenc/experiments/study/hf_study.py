@@ -57,6 +57,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ from torch import Tensor, nn
 from ...pretrained.loading import load
 from ..cluster.distributed import Distributed, resolve_device
 from ..results.folders import FigureWriter, folder_lock, write_outputs
-from ..results.records import RUNS_FILE, atomic_write_text, read_records
+from ..results.records import RUNS_FILE, atomic_write_text, read_records, wilson_interval
 from ..results.summary import SummaryTable
 
 # Imported by name, so _run_unit looks them up here (a test replaces hf_study.greedy_answer).
@@ -75,8 +76,11 @@ from ..tasks.text import (
     KEY_DIGITS,
     NEEDLE,
     QUESTION,
+    VALUE_DIGITS,
     answer_is_right,
     greedy_answer,
+    multikey_prompt,
+    multikey_trial,
     passkey_prompt,
     position_buckets,
     position_nll,
@@ -87,7 +91,9 @@ from .hf_scaling import check_hf_folder, check_positions, model_label
 from .plan import (
     CORPORA,
     STUDY_TASKS,
+    TASK_PARTS,
     expand_variants,
+    runs_lm,
     shard_units,
     study_grid,
     study_text,
@@ -223,7 +229,7 @@ def _study_inputs(tokenizer: Any, settings: dict[str, Any], corpus: str | None) 
     ``eval_len`` window; and a check that the shortest passkey prompt fits its length."""
     task, eval_len = settings["task"], settings["eval_len"]
     text_ids: Tensor | None = None
-    if task != "text-passkey":
+    if runs_lm(task):
         text, corpus_label = study_text(corpus)
         text_ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
         if len(text_ids) < eval_len:
@@ -231,13 +237,13 @@ def _study_inputs(tokenizer: Any, settings: dict[str, Any], corpus: str | None) 
                 f"--corpus {corpus_label} has {len(text_ids)} tokens, fewer than the requested "
                 f"--eval-len {eval_len}"
             )
-    if task != "text-lm":
+    for needle in (NEEDLES[part] for part in TASK_PARTS[task] if part in NEEDLES):
         shortest = min(settings["lengths"])
         try:
-            passkey_prompt(tokenizer, shortest, 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
+            needle.prompt(tokenizer, shortest, 0.0, random.Random(0))  # long enough?
         except ValueError as err:  # its message named no option (a default length the user never gave)
             raise ValueError(
-                f"--lengths: the shortest passkey length {shortest} is too short ({err}); give longer "
+                f"--lengths: the shortest {needle.task.removeprefix('text-')} length {shortest} is too short ({err}); give longer "
                 f"--lengths (default: c/2, c, 1.5c, 2c of the context c = {settings['train_len']}, up to "
                 "--eval-len), or --task text-lm"
             ) from err
@@ -261,10 +267,10 @@ def _run_unit(
 ) -> tuple[list[dict[str, Any]], int]:
     """The records of one (variant, length) unit and the number of full-length forwards it ran."""
     task, examples, seed = settings["task"], settings["eval_examples"], settings["seeds"][0]
-    do_lm = task != "text-passkey" and length == settings["eval_len"]
-    do_passkey = task != "text-lm"
+    do_lm = runs_lm(task) and length == settings["eval_len"]
+    needles = [part for part in TASK_PARTS[task] if part in NEEDLES]
     depths = settings["depths"] or []
-    total = (examples if do_lm else 0) + (examples * len(depths) if do_passkey else 0)
+    total = (examples if do_lm else 0) + examples * len(depths) * len(needles)
     base = {
         "run": unit_id(variant, length),
         "encoding": label,
@@ -284,20 +290,53 @@ def _run_unit(
     if do_lm:
         assert text_ids is not None
         records += _lm_records(model, text_ids, settings, length, base, device, tick)
-    if do_passkey:
-        cells = _passkey_cells(model, tokenizer, settings, length, device, tick)
+    for needle in needles:
+        cells = _needle_cells(NEEDLES[needle], model, tokenizer, settings, length, device, tick)
+        hits, count = sum(c["hits"] for c in cells), sum(c["examples"] for c in cells)
         records.append(
             {
                 **base,
-                "task": "text-passkey",
+                "task": NEEDLES[needle].task,
                 "metric": "exact_match",
                 "length": length,
-                "value": sum(c["value"] for c in cells) / len(cells),
-                "examples": examples * len(cells),
+                "value": hits / count,
+                "examples": count,
+                "hits": hits,
+                "interval": list(wilson_interval(hits, count)),
                 "by_depth": cells,
             }
         )
     return records, done[0]
+
+
+@dataclass(frozen=True)
+class Needle:
+    """One needle task of the study: its records' ``task``, how one trial's prompt is made
+    (``prompt(tokenizer, length, depth, rng) -> (ids, the number the answer must give)``) and how
+    many tokens the answer may take."""
+
+    task: str
+    prompt: Callable[[Any, int, float, random.Random], tuple[list[int], int]]
+    steps: int
+    #: The trial's random stream is named ``f"{salt}{seed}-{length}-{depth}-{trial}"``.
+    salt: str = ""
+
+
+def _passkey_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -> tuple[list[int], int]:
+    key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
+    return passkey_prompt(tokenizer, length, depth, key)[0], key
+
+
+def _multikey_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -> tuple[list[int], int]:
+    needles, distractor_depths = multikey_trial(rng)
+    return multikey_prompt(tokenizer, length, depth, needles, distractor_depths)[0], needles[0][1]
+
+
+#: The needle tasks by :data:`.plan.TASK_PARTS` name.
+NEEDLES: dict[str, Needle] = {
+    "passkey": Needle("text-passkey", _passkey_trial, KEY_DIGITS + 2),
+    "multikey": Needle("text-multikey", _multikey_trial, VALUE_DIGITS + 3, salt="multikey-"),
+}
 
 
 def _lm_records(
@@ -343,7 +382,8 @@ def _lm_records(
     return records
 
 
-def _passkey_cells(
+def _needle_cells(
+    needle: Needle,
     model: nn.Module,
     tokenizer: Any,
     settings: dict[str, Any],
@@ -351,25 +391,32 @@ def _passkey_cells(
     device: torch.device,
     tick: Callable[[], None],
 ) -> list[dict[str, Any]]:
-    """The passkey's exact match at ``length`` per depth (the heat map's cells); ``tick()`` after each trial."""
+    """A needle's exact match at ``length`` per depth (the heat map's cells), each with its count of
+    hits and its 95% Wilson interval; ``tick()`` after each trial."""
     examples, seed = settings["eval_examples"], settings["seeds"][0]
     cells = []
     for index, depth in enumerate(settings["depths"] or []):
         hits = 0
         for trial in range(examples):
-            rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
-            key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
-            ids, _ = passkey_prompt(tokenizer, length, depth, key)
+            rng = random.Random(f"{needle.salt}{seed}-{length}-{depth}-{trial}")
+            ids, expected = needle.prompt(tokenizer, length, depth, rng)
             answer = greedy_answer(
                 model,
                 torch.tensor([ids], device=device),
-                KEY_DIGITS + 2,
+                needle.steps,
                 stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
             )
-            hits += answer_is_right(tokenizer.decode(answer), key)
+            hits += answer_is_right(tokenizer.decode(answer), expected)
             tick()
         cells.append(
-            {"bucket": index, "depth": [depth, depth], "value": hits / examples, "examples": examples}
+            {
+                "bucket": index,
+                "depth": [depth, depth],
+                "value": hits / examples,
+                "examples": examples,
+                "hits": hits,
+                "interval": list(wilson_interval(hits, examples)),
+            }
         )
     return cells
 
@@ -379,14 +426,16 @@ def _passkey_cells(
 
 def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> Any:
     """One row per variant: perplexity per position bucket inside the context, at 1.5x and 2x of it
-    (``(c, 1.5c]`` and ``(1.5c, 2c]``), then passkey exact match per length (and over all)."""
+    (``(c, 1.5c]`` and ``(1.5c, 2c]``), then each needle's exact match per length (and over all),
+    as ``hits/trials [95% Wilson interval]``."""
     context, eval_len = settings["train_len"], settings["eval_len"]
     names = _bucket_names(settings)
-    lengths = settings["lengths"] if settings["task"] != "text-lm" else []
-    columns = ["variant", *names.values(), *(f"passkey {n}" for n in lengths)]
-    if lengths:
-        columns.append("passkey all")
-    rows = [_summary_row(label, records, names, lengths) for label in settings["encodings"]]
+    needles = [part for part in TASK_PARTS[settings["task"]] if part in NEEDLES]
+    lengths = settings["lengths"] if needles else []
+    columns = ["variant", *names.values()]
+    for needle in needles:
+        columns += [*(f"{needle} {n}" for n in lengths), f"{needle} all"]
+    rows = [_summary_row(label, records, names, lengths, needles) for label in settings["encodings"]]
     title = (
         f"{Path(settings['hf_model']).name} (context {context}): perplexity by position, "
         f"passkey exact match by length"
@@ -395,6 +444,11 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
         f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
         f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens",
     )
+    if needles:
+        notes += (
+            f"{' and '.join(needles)}: hits/trials at each length (every depth) and over all, with the 95% "
+            "Wilson interval of the exact match",
+        )
     notes += verdict_notes(settings, records)
     missing = _missing_units(settings, records)
     if missing:
@@ -410,7 +464,7 @@ def _bucket_names(settings: dict[str, Any]) -> dict[tuple[int, int], str]:
     """The perplexity columns of :func:`study_summary` by position bucket ``(lo, hi)``: ``ppl <=hi``
     inside the context, ``ppl 1.5x`` and ``ppl 2x`` past it (none for the passkey task)."""
     context, eval_len = settings["train_len"], settings["eval_len"]
-    buckets = position_buckets(context, eval_len) if settings["task"] != "text-passkey" else []
+    buckets = position_buckets(context, eval_len) if runs_lm(settings["task"]) else []
     inside = [b for b in buckets if b[1] <= context]
     names = {b: f"ppl <={b[1]}" for b in inside}
     for lo, hi in buckets:
@@ -421,22 +475,40 @@ def _bucket_names(settings: dict[str, Any]) -> dict[tuple[int, int], str]:
 
 
 def _summary_row(
-    label: str, records: list[dict[str, Any]], names: dict[tuple[int, int], str], lengths: list[int]
+    label: str,
+    records: list[dict[str, Any]],
+    names: dict[tuple[int, int], str],
+    lengths: list[int],
+    needles: list[str],
 ) -> list[str]:
-    """The row of variant ``label``: its perplexity per bucket of ``names``, its passkey exact match
-    per length of ``lengths``, then over all of them (when there are any)."""
+    """The row of variant ``label``: its perplexity per bucket of ``names``, then per needle its exact
+    match per length of ``lengths`` and over all of them."""
     mine = [r for r in records if r["encoding"] == label]
     ppl = {tuple(r["bucket"]): r for r in mine if r["metric"] == "perplexity"}
-    keys = {r["length"]: r for r in mine if r["metric"] == "exact_match"}
     row = [label, *(_ppl_cell(ppl.get(b)) for b in names)]
-    row += [_fmt(keys[n]["value"] if n in keys else None, "{:.2f}") for n in lengths]
-    if lengths:
+    for needle in needles:
+        task = NEEDLES[needle].task
+        keys = {r["length"]: r for r in mine if r["metric"] == "exact_match" and r.get("task", task) == task}
+        row += [_needle_cell(keys.get(n)) for n in lengths]
         # Over every length or not at all: a shard's "all" was the mean of the lengths it ran.
         every = all(n in keys for n in lengths)
-        hits = sum(r["value"] * r["examples"] for r in keys.values())
+        hits = sum(r.get("hits", r["value"] * r["examples"]) for r in keys.values())
         count = sum(r["examples"] for r in keys.values())
-        row.append(_fmt(hits / count if count and every else None, "{:.2f}"))
+        total = {"value": hits / count, "examples": count} if count and every else None
+        if total is not None and all("hits" in r for r in keys.values()):
+            total["hits"] = hits
+        row.append(_needle_cell(total))
     return row
+
+
+def _needle_cell(record: dict[str, Any] | None) -> str:
+    """A needle's exact match: ``hits/trials [Wilson 95%]`` (the value alone in a folder from before)."""
+    if record is None:
+        return "-"
+    if "hits" not in record:
+        return _fmt(record["value"], "{:.2f}")
+    low, high = wilson_interval(record["hits"], record["examples"])
+    return f"{record['hits']}/{record['examples']} [{low:.2f}, {high:.2f}]"
 
 
 def _ppl_cell(record: dict[str, Any] | None) -> str:

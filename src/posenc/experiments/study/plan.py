@@ -19,6 +19,7 @@ from .hf_scaling import check_hf_folder, model_label
 __all__ = [
     "CORPORA",
     "STUDY_TASKS",
+    "TASK_PARTS",
     "StudyGrid",
     "StudyPlan",
     "Unit",
@@ -27,6 +28,8 @@ __all__ = [
     "missing_units",
     "parse_depths",
     "plan_study",
+    "runs_lm",
+    "runs_needles",
     "shard_units",
     "study_command",
     "study_grid",
@@ -36,8 +39,28 @@ __all__ = [
     "variant_word",
 ]
 
-#: The study's tasks (``text`` runs both others).
-STUDY_TASKS = ("text", "text-lm", "text-passkey")
+#: The study's tasks (``text`` runs perplexity and the passkey; ``text-multikey`` the passkey and,
+#: beside it on the same lengths and depths, RULER's multi-key needle).
+STUDY_TASKS = ("text", "text-lm", "text-passkey", "text-multikey")
+#: What each task runs: perplexity by position (``lm``) and which needles, by task.
+TASK_PARTS: dict[str, tuple[str, ...]] = {
+    "text": ("lm", "passkey"),
+    "text-lm": ("lm",),
+    "text-passkey": ("passkey",),
+    "text-multikey": ("passkey", "multikey"),
+}
+
+
+def runs_lm(task: str) -> bool:
+    """Whether ``task`` scores perplexity by position (and so reads ``--corpus``)."""
+    return "lm" in TASK_PARTS[task]
+
+
+def runs_needles(task: str) -> bool:
+    """Whether ``task`` runs needle prompts (over ``--lengths`` and ``--depths``)."""
+    return any(part != "lm" for part in TASK_PARTS[task])
+
+
 #: Built-in evaluation texts by ``--corpus`` name.
 CORPORA: dict[str, Callable[[], str]] = {}
 
@@ -187,10 +210,10 @@ def plan_study(
         "model_class": model_class,
         "train_len": context,
         "eval_len": eval_len,
-        "lengths": length_list if task != "text-lm" else [eval_len],
-        "depths": depth_list if task != "text-lm" else None,
+        "lengths": length_list if runs_needles(task) else [eval_len],
+        "depths": depth_list if runs_needles(task) else None,
         "eval_examples": eval_examples,
-        "corpus": None if task == "text-passkey" else _corpus_label(corpus),
+        "corpus": _corpus_label(corpus) if runs_lm(task) else None,
         "encodings": list(labels.values()),
         "variants": {labels[v]: scalings[v] for v in variant_list},
         "variant_names": {labels[v]: v for v in variant_list},
@@ -234,7 +257,7 @@ def _study_lengths(
     length_list = sorted(set(lengths)) if lengths else default_lengths(context, eval_len)
     if any(n < 2 or n > eval_len for n in length_list):
         raise ValueError(f"--lengths {length_list}: every length must lie in [2, --eval-len {eval_len}]")
-    if eval_len not in length_list and task != "text-passkey":
+    if eval_len not in length_list and runs_lm(task):
         length_list.append(eval_len)
     return context, eval_len, length_list
 
@@ -296,7 +319,7 @@ def study_command(settings: dict[str, Any], out: str | Path) -> str:
         str(settings["task"]),
     ]
     words += ["--eval-len", str(settings["eval_len"])]
-    if settings["task"] != "text-lm":
+    if runs_needles(settings["task"]):
         words += ["--lengths", ",".join(str(n) for n in settings["lengths"])]
         words += ["--depths", ",".join(f"{d:g}" for d in settings["depths"])]
     if settings.get("corpus") is not None:
