@@ -279,6 +279,11 @@ _LENGTHS_HELP = (
     "--hf-model --task text/text-passkey/text-multikey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
     "to --eval-len, c the model's context); perplexity is read from --eval-len windows"
 )
+_LONGPPL_HELP = (
+    "--hf-model --task text/text-lm: also LongPPL (Fang et al. 2025) with the model as its own evaluator: "
+    "perplexity over the key tokens, whose loss with a short context (c/2 tokens, blocks of c/8) exceeds "
+    "their loss in the window by more than 2 while below 2; beside the plain perplexity"
+)
 _PRESET_HELP = (
     "run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
     "2023: copy, count_copy, reverse) or alibi-paper (Press et al. 2022: LM perplexity at 2x/4x/8x L); "
@@ -310,6 +315,7 @@ def extrapolate(
         None,
         help="--hf-model --task text/text-passkey/text-multikey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
     ),
+    longppl: bool = typer.Option(False, "--longppl", help=_LONGPPL_HELP),
     preset: str | None = typer.Option(None, help=_PRESET_HELP),
     shard: str | None = typer.Option(None, help=_SHARD_HELP),
     **options: Any,
@@ -329,6 +335,10 @@ def extrapolate(
     from ..experiments.study.plan import STUDY_TASKS
 
     study = hf_model is not None and options["task"] in STUDY_TASKS
+    if longppl and not study:
+        print_error(f"--longppl applies to --hf-model with --task {study_tasks_text()}")
+        raise typer.Exit(2)
+    options["longppl"] = longppl
     if hf_model is not None and (preset is not None or (shard is not None and not study)):
         print_error("--preset and --shard train models; they do not apply to --hf-model (but to --task text)")
         raise typer.Exit(2)
@@ -518,6 +528,7 @@ def study_options(
         "seeds": _int_list(options["seeds"], "--seeds"),
         "corpus": None if corpus is None else str(corpus),
         "variants": parse_variants(options["eval_variants"]),
+        "longppl": bool(options.get("longppl", False)),
     }
 
 

@@ -71,6 +71,7 @@ from ..results.records import RUNS_FILE, atomic_write_text, read_records, wilson
 from ..results.summary import SummaryTable
 
 # Imported by name, so _run_unit looks them up here (a test replaces hf_study.greedy_answer).
+from ..tasks.longppl import KEY_GAP, KEY_LOSS, key_tokens, long_ppl, short_context_nll
 from ..tasks.text import (
     FILLER,
     KEY_DIGITS,
@@ -143,6 +144,7 @@ def run_study(
     seeds: Sequence[int] | None = None,
     corpus: str | None = None,
     variants: Sequence[str] | None = None,
+    longppl: bool = False,
     shard: Any = None,
     device: str = "cpu",
     report: Callable[[str, str, int, int, str], None] | None = None,
@@ -163,6 +165,7 @@ def run_study(
         seeds=seeds,
         corpus=corpus,
         variants=variants,
+        longppl=longppl,
     ).plan
     model, tokenizer, _ = load_model(model_ref)
     settings, scalings, labels = plan.settings, plan.scalings, plan.labels
@@ -350,13 +353,27 @@ def _lm_records(
 ) -> list[dict[str, Any]]:
     """One ``perplexity`` record per position bucket, from the mean NLL over the unit's windows of
     ``length`` tokens of ``text_ids [N]``; ``tick()`` after each window."""
-    examples = settings["eval_examples"]
-    rows = []
+    examples, short = settings["eval_examples"], settings.get("longppl")
+    rows, keys = [], []
     for start in window_starts(len(text_ids), length, examples):
         window = text_ids[start : start + length][None].to(device)
         rows.append(position_nll(model, window)[0].double().cpu())  # entry i: 1-based position i + 2
+        if short:
+            keys.append(
+                key_tokens(rows[-1], short_context_nll(model, window, short["trunc"], short["stride"])[0])
+            )
         tick()
     nll = torch.stack(rows)  # [windows, length - 1]
+    return _bucket_records(nll, keys, settings, length, base)
+
+
+def _bucket_records(
+    nll: Tensor, keys: list[Tensor], settings: dict[str, Any], length: int, base: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The ``perplexity`` records of the windows' NLL ``[windows, length - 1]`` by position bucket,
+    with LongPPL's key tokens there (``keys``: one mask per window, none without ``--longppl``)."""
+    examples = nll.shape[0]
+    mask = torch.stack(keys) if keys else None
     records = []
     for lo, hi in position_buckets(settings["train_len"], length):
         part = nll[:, max(lo, 1) - 1 : hi - 1]
@@ -379,6 +396,9 @@ def _lm_records(
                 "interval": None if interval is None else list(interval),
             }
         )
+        if mask is not None:
+            chosen = mask[:, max(lo, 1) - 1 : hi - 1]
+            records[-1].update(key_tokens=int(chosen.sum()), longppl=long_ppl(part, chosen))
     return records
 
 
@@ -433,9 +453,17 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
     needles = [part for part in TASK_PARTS[settings["task"]] if part in NEEDLES]
     lengths = settings["lengths"] if needles else []
     columns = ["variant", *names.values()]
+    if settings.get("longppl"):
+        columns += ["ppl all", "LongPPL (keys)"]
     for needle in needles:
         columns += [*(f"{needle} {n}" for n in lengths), f"{needle} all"]
     rows = [_summary_row(label, records, names, lengths, needles) for label in settings["encodings"]]
+    if settings.get("longppl"):
+        at = 1 + len(names)
+        rows = [
+            [*row[:at], *_longppl_cells(label, records), *row[at:]]
+            for label, row in zip(settings["encodings"], rows, strict=True)
+        ]
     title = (
         f"{Path(settings['hf_model']).name} (context {context}): perplexity by position, "
         f"passkey exact match by length"
@@ -444,6 +472,14 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
         f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
         f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens",
     )
+    if settings.get("longppl"):
+        short = settings["longppl"]
+        notes += (
+            f"LongPPL (Fang et al. 2025, the model its own evaluator): perplexity over the key tokens, those "
+            f"whose loss with at most {short['trunc'] + short['stride'] - 1} tokens of context (blocks of "
+            f"{short['stride']} after {short['trunc']}) exceeds their loss in the whole window by more than "
+            f"{KEY_GAP:g} while below {KEY_LOSS:g}; ppl all: every position of the window",
+        )
     if needles:
         notes += (
             f"{' and '.join(needles)}: hits/trials at each length (every depth) and over all, with the 95% "
@@ -499,6 +535,18 @@ def _summary_row(
             total["hits"] = hits
         row.append(_needle_cell(total))
     return row
+
+
+def _longppl_cells(label: str, records: list[dict[str, Any]]) -> list[str]:
+    """``[ppl all, LongPPL (keys)]`` of row ``label``: the window's perplexity over every position,
+    and over its key tokens with their count (``4.21 (37)``; ``-`` without any)."""
+    mine = [r for r in records if r["encoding"] == label and r["metric"] == "perplexity" and r.get("tokens")]
+    tokens = sum(r["tokens"] for r in mine)
+    everything = math.exp(sum(r["nll"] * r["tokens"] for r in mine) / tokens) if tokens else None
+    keyed = [r for r in mine if r.get("key_tokens")]
+    keys = sum(r["key_tokens"] for r in keyed)
+    longppl = math.exp(sum(math.log(r["longppl"]) * r["key_tokens"] for r in keyed) / keys) if keys else None
+    return [_fmt(everything, "{:.2f}"), "-" if longppl is None else f"{longppl:.2f} ({keys})"]
 
 
 def _needle_cell(record: dict[str, Any] | None) -> str:

@@ -25,6 +25,7 @@ __all__ = [
     "Unit",
     "default_lengths",
     "expand_variants",
+    "longppl_settings",
     "missing_units",
     "parse_depths",
     "plan_study",
@@ -191,6 +192,7 @@ def plan_study(
     seeds: Sequence[int] | None = None,
     corpus: str | None = None,
     variants: Sequence[str] | None = None,
+    longppl: bool = False,
 ) -> StudyPlan:
     """The plan of the study of the model whose HF ``config`` (and ``AutoModelForCausalLM`` class
     name) is given; :func:`run_study` and ``posenc submit`` both use it. ``ValueError`` names the
@@ -220,7 +222,24 @@ def plan_study(
         "seeds": seeds,
         "steps": 0,
     }
+    if longppl:
+        settings["longppl"] = longppl_settings(task, context, eval_len)
     return StudyPlan(settings, study_units(variant_list, settings["lengths"]), scalings, labels)
+
+
+def longppl_settings(task: str, context: int, eval_len: int) -> dict[str, int]:
+    """LongPPL's short context (:mod:`posenc.experiments.tasks.longppl`): ``trunc = c/2`` tokens,
+    blocks of ``stride = c/8``; ``ValueError`` naming ``--longppl`` when the task scores no perplexity
+    or the windows are no longer than the short context."""
+    if not runs_lm(task):
+        raise ValueError(f"--longppl scores perplexity windows: give --task text or text-lm, not {task}")
+    trunc, stride = max(1, context // 2), max(1, context // 8)
+    if eval_len <= trunc:
+        raise ValueError(
+            f"--longppl: --eval-len {eval_len} is no longer than LongPPL's short context c/2 = {trunc}; "
+            "give a longer --eval-len"
+        )
+    return {"trunc": trunc, "stride": stride}
 
 
 def _check_trials(
@@ -325,6 +344,8 @@ def study_command(settings: dict[str, Any], out: str | Path) -> str:
     if settings.get("corpus") is not None:
         words += ["--corpus", str(settings["corpus"])]
     words += ["--eval-examples", str(settings["eval_examples"])]
+    if settings.get("longppl"):
+        words.append("--longppl")
     if list(settings["seeds"]) != [0]:
         words += ["--seeds", ",".join(str(seed) for seed in settings["seeds"])]
     words += ["--eval-variants", ",".join(settings["variant_names"].values()), "--out", str(out)]
