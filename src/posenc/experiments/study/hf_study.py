@@ -30,8 +30,14 @@ Tasks:
   boundary), then "What is the pass key? The pass key is"; the whole prompt is ``length`` tokens. The
   model decodes greedily a few tokens; a trial is right when the first run of digits of its answer
   equals ``N`` (exact match). ``--eval-examples`` trials per (length, depth) cell. One
-  ``exact_match`` record per length carries ``by_depth`` (the heat map, ``depth.png``).
-* ``text``: both.
+  ``exact_match`` record per length carries ``by_depth`` (the heat map, ``depth.png``); every cell
+  and length record its ``hits`` and the 95% Wilson ``interval``.
+* ``text-multikey``: the passkey and, beside it on the same lengths and depths, RULER's multi-key
+  needle (:func:`~posenc.experiments.tasks.text.multikey_prompt`; records of task ``text-multikey``).
+* ``text``: perplexity and the passkey.
+
+``longppl=True`` (``--longppl``) adds LongPPL to the perplexity records (``key_tokens``,
+``longppl``; :mod:`posenc.experiments.tasks.longppl`, the model its own evaluator).
 
 The unit of work is one (variant, length): ``--lengths`` (default ``c/2, c, 1.5c, 2c`` up to
 ``eval_len``, and ``eval_len``) for the passkey, and ``eval_len`` for perplexity (one forward at the
