@@ -215,8 +215,9 @@ def eval_variants_help() -> str:
     methods = "; ".join(f"{name} ({method.defaults})" for name, method in METHODS.items())
     return (
         f"{base}. With --hf-model also the piecewise-RoPE methods, c the model's context and E --eval-len: "
-        f"{methods}; NAME:OPTION=VALUE,OPTION=VALUE overrides (self_extend:group_size=4,neighbor_window=512), "
-        "scaling=linear|ntk|yarn,factor=F replaces the model's own RoPE scaling inside the method"
+        f"{methods}; NAME:OPTION=VALUE,OPTION=VALUE overrides them (self_extend:group_size=4 or "
+        "dca:chunk_size=96,local_size=16), and scaling=linear|ntk|yarn with factor=F replaces the model's "
+        "own RoPE scaling inside the method"
     )
 
 
