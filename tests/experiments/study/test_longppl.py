@@ -150,3 +150,22 @@ def test_the_command_refuses_longppl_without_a_study(tmp_path):
     text = " ".join(result.output.replace("│", " ").split())
     assert result.exit_code == 2 and "--longppl applies to --hf-model with --task text" in text
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.hf
+def test_submit_passes_longppl_to_its_array_tasks(tmp_path):
+    pytest.importorskip("tokenizers")
+    from typer.testing import CliRunner
+
+    from _tiny_hf import TEXT, save_tiny_llama
+    from posenc.cli.app import app, load_command_modules
+
+    load_command_modules()
+    model_dir = save_tiny_llama(tmp_path / "tiny-llama", 64)
+    (tmp_path / "corpus.txt").write_text(TEXT * 40)
+    base = ["submit", "--hf-model", str(model_dir), "--corpus", str(tmp_path / "corpus.txt"), "--dry-run"]
+    with_it = CliRunner().invoke(app, [*base, "--task", "text-lm", "--longppl", "--out", str(tmp_path / "a")])
+    assert with_it.exit_code == 0, with_it.output
+    assert "--longppl" in (tmp_path / "a" / "slurm" / "array.sh").read_text()
+    without = CliRunner().invoke(app, [*base, "--task", "text-lm", "--out", str(tmp_path / "b")])
+    assert without.exit_code == 0 and "--longppl" not in (tmp_path / "b" / "slurm" / "array.sh").read_text()
