@@ -200,14 +200,29 @@ def hf_model_forms() -> str:
 
 
 def study_tasks_text() -> str:
-    """``text, text-lm or text-passkey``: the study's tasks (:data:`.study_plan.STUDY_TASKS`), for help texts."""
+    """``text, text-lm, text-passkey or text-multikey``: the study's tasks (:data:`.study_plan.STUDY_TASKS`), for help texts."""
     from ..experiments.study.plan import STUDY_TASKS
 
     return f"{', '.join(STUDY_TASKS[:-1])} or {STUDY_TASKS[-1]}"
 
 
-#: Help texts read at run time: the registered tasks.
-_HELP = {"task": task_help}
+def eval_variants_help() -> str:
+    """``--eval-variants``' help: the trained experiments' variants, then the piecewise-RoPE methods
+    ``--hf-model`` takes with their defaults (from :data:`.hf_methods.METHODS`)."""
+    from ..experiments.study.hf_methods import METHODS
+
+    base = next(f for f in dataclasses.fields(ExperimentConfig) if f.name == "eval_variants").metadata["help"]
+    methods = "; ".join(f"{name} ({method.defaults})" for name, method in METHODS.items())
+    return (
+        f"{base}. With --hf-model also the piecewise-RoPE methods, c the model's context and E --eval-len: "
+        f"{methods}; NAME:OPTION=VALUE,OPTION=VALUE overrides them (self_extend:group_size=4 or "
+        "dca:chunk_size=96,local_size=16), and scaling=linear|ntk|yarn with factor=F replaces the model's "
+        "own RoPE scaling inside the method"
+    )
+
+
+#: Help texts read at run time: the registered tasks, the --hf-model methods.
+_HELP = {"task": task_help, "eval_variants": eval_variants_help}
 
 #: Where the command's own options go among the generated ones: after the named option (the
 #: options that follow one in the command's signature go with it).
@@ -262,8 +277,13 @@ _HF_MODEL_HELP = (
     f"--task {study_tasks_text()} runs the context-extension study"
 )
 _LENGTHS_HELP = (
-    "--hf-model --task text/text-passkey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
+    "--hf-model --task text/text-passkey/text-multikey: prompt lengths of the passkey (default: c/2, c, 1.5c, 2c up "
     "to --eval-len, c the model's context); perplexity is read from --eval-len windows"
+)
+_LONGPPL_HELP = (
+    "--hf-model --task text/text-lm: also LongPPL (Fang et al. 2025) with the model as its own evaluator: "
+    "perplexity over the key tokens, whose loss with a short context (c/2 tokens, blocks of c/8) exceeds "
+    "their loss in the window by more than 2 while below 2; beside the plain perplexity"
 )
 _PRESET_HELP = (
     "run a published setup and print the paper's numbers beside ours: nope-paper (Kazemnejad et al. "
@@ -293,8 +313,10 @@ def extrapolate(
     hf_model: Path | None = typer.Option(None, help=_HF_MODEL_HELP),
     lengths: str | None = typer.Option(None, help=_LENGTHS_HELP),
     depths: str | None = typer.Option(
-        None, help="--hf-model --task text/text-passkey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"
+        None,
+        help="--hf-model --task text/text-passkey/text-multikey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
     ),
+    longppl: bool = typer.Option(False, "--longppl", help=_LONGPPL_HELP),
     preset: str | None = typer.Option(None, help=_PRESET_HELP),
     shard: str | None = typer.Option(None, help=_SHARD_HELP),
     **options: Any,
@@ -314,6 +336,10 @@ def extrapolate(
     from ..experiments.study.plan import STUDY_TASKS
 
     study = hf_model is not None and options["task"] in STUDY_TASKS
+    if longppl and not study:
+        print_error(f"--longppl applies to --hf-model with --task {study_tasks_text()}")
+        raise typer.Exit(2)
+    options["longppl"] = longppl
     if hf_model is not None and (preset is not None or (shard is not None and not study)):
         print_error("--preset and --shard train models; they do not apply to --hf-model (but to --task text)")
         raise typer.Exit(2)
@@ -332,7 +358,7 @@ def extrapolate(
             _evaluate_hf_model(hf_model, out, device, progress, options)
         return
     if lengths is not None or depths is not None:
-        print_error("--lengths and --depths apply to --hf-model with --task text, text-lm or text-passkey")
+        print_error(f"--lengths and --depths apply to --hf-model with --task {study_tasks_text()}")
         raise typer.Exit(2)
     _train_on_task(ctx, out, workers, threads, device, progress, preset, shard, options)
 
@@ -503,6 +529,7 @@ def study_options(
         "seeds": _int_list(options["seeds"], "--seeds"),
         "corpus": None if corpus is None else str(corpus),
         "variants": parse_variants(options["eval_variants"]),
+        "longppl": bool(options.get("longppl", False)),
     }
 
 

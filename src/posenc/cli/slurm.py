@@ -85,6 +85,7 @@ def submit_command(
     ),
     lengths: str | None = typer.Option(None, help="--hf-model: the passkey's prompt lengths (extrapolate's)"),
     depths: str | None = typer.Option(None, help="--hf-model: the passkey's needle depths (extrapolate's)"),
+    longppl: bool = typer.Option(False, "--longppl", help="--hf-model: also LongPPL (extrapolate's)"),
     **options: Any,
 ) -> None:
     """Run the experiment on a Slurm cluster: the (encoding x seed) grid as one job array (task i
@@ -98,7 +99,10 @@ def submit_command(
     passed = _passed_args(ctx, preset, threads, device)
     try:
         scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
+        if longppl and hf_model is None:
+            raise ValueError("--longppl applies to --hf-model (the context-extension study)")
         if hf_model is not None:
+            options["longppl"] = longppl
             study = (lengths, depths, given_options(ctx))
             configs, passed = _study_submission(hf_model, study, preset, passed, options)
         else:
@@ -200,6 +204,7 @@ def _study_submission(
     extra = ["--hf-model", hf_model]
     extra += [] if lengths is None else ["--lengths", lengths]
     extra += [] if depths is None else ["--depths", depths]
+    extra += ["--longppl"] if options.get("longppl") else []
     return grid, [*extra, *passed]
 
 

@@ -58,11 +58,14 @@ def study_figures(
     if any(r["metric"] == "perplexity" for r in records):
         written.append(folder / "extrapolation.png")
         save(perplexity_by_position_figure(settings, records), written[-1])
-    if has_depths(records):
+    passkey = [
+        r for r in records if r.get("task") != "text-multikey"
+    ]  # the multi-key needle is not the passkey
+    if has_depths(passkey):
         title = f"text passkey: exact match by depth and length (context {settings['train_len']})"
         written.append(folder / "depth.png")
         figure = depth_heatmap_figure(
-            records, list(settings["encodings"]), title=title, length_label=PROMPT_LENGTH
+            passkey, list(settings["encodings"]), title=title, length_label=PROMPT_LENGTH
         )
         save(figure, written[-1])
     return written

@@ -46,9 +46,10 @@ from ..results.summary import summary_table
 from ..tasks.catalog import PERPLEXITY, ByteLM, Task
 from ..tasks.retrieval import Passkey
 from ..train import ExperimentConfig
-from .hf_scaling import HF_TASKS, model_label, parse_variants, rope_parameters_for
-from .hf_scaling import apply_scaling as _apply_scaling
+from .hf_methods import apply_variant, parse_variants, variant_parameters
+from .hf_scaling import HF_TASKS, model_label, rope_parameters_for
 from .hf_scaling import check_hf_folder as _check_folder
+from .plan import variant_word
 
 __all__ = [
     "HFCausalLM",
@@ -215,7 +216,7 @@ def _plan(
             f"(config.max_position_embeddings), e.g. --eval-len {4 * train_len}"
         )
     names = parse_variants(",".join(variants) if variants else None)
-    scalings = {variant: rope_parameters_for(variant, train_len, eval_len) for variant in names}
+    scalings = {variant: variant_parameters(variant, config, train_len, eval_len) for variant in names}
     if not getattr(config, "rope_parameters", None) and any(scalings.values()):
         raise ValueError(f"--eval-variants: {causal_lm_class_name(config)} has no rope_parameters to scale")
     return train_len, eval_len, scalings
@@ -236,7 +237,7 @@ def _evaluate_variants(
     runs: list[dict[str, Any]] = []
     train_len = settings["train_len"]
     for variant, scaling in scalings.items():
-        _apply_scaling(model, scaling, original)
+        apply_variant(model, scaling, original)
         for seed in settings["seeds"]:
             scored = _evaluate_once(
                 HFCausalLM(model), task, settings, labels[variant], variant, seed, progress
@@ -280,7 +281,7 @@ def _evaluate_once(
         progress=lambda done, total: progress(f"{label} seed {seed}", "eval", done, total, ""),
     )
     base = {
-        "run": f"hf__{settings['task']}__{variant.replace(':', 'x')}__seed{seed}",
+        "run": f"hf__{settings['task']}__{variant_word(variant)}__seed{seed}",
         "encoding": label,
         "task": settings["task"],
         "seed": seed,

@@ -20,15 +20,24 @@ Tasks:
   ``-log softmax(logits[p - 1])[token_p]``. The NLLs are pooled into buckets of positions
   ``(lo, hi]``: eight of width ``c/8`` inside the context, then steps of ``c/2``: **perplexity at
   1.5x** is ``exp`` of the mean NLL of the positions in ``(c, 1.5c]``, **at 2x** of those in
-  ``(1.5c, 2c]``. Each bucket is one record (``metric: perplexity``, ``length = hi``).
+  ``(1.5c, 2c]``. Each bucket is one record (``metric: perplexity``, ``length = hi``) with each
+  window's mean NLL there (``window_nll``) and, from two windows on, the 95% interval of the
+  perplexity across windows (``interval``: ``exp`` of the t interval of the mean NLL,
+  :mod:`.reading`); the table's verdict says how far each variant reads and which cannot be ranked.
 * ``text-passkey``: the standard passkey prompt in the model's tokens: filler sentences ("The grass
   is green. The sky is blue. ..."), the needle "The pass key is N. Remember it. N is the pass key."
   at a depth of ``--depths`` (the fraction of the filler before it, snapped to the nearest sentence
   boundary), then "What is the pass key? The pass key is"; the whole prompt is ``length`` tokens. The
   model decodes greedily a few tokens; a trial is right when the first run of digits of its answer
   equals ``N`` (exact match). ``--eval-examples`` trials per (length, depth) cell. One
-  ``exact_match`` record per length carries ``by_depth`` (the heat map, ``depth.png``).
-* ``text``: both.
+  ``exact_match`` record per length carries ``by_depth`` (the heat map, ``depth.png``); every cell
+  and length record its ``hits`` and the 95% Wilson ``interval``.
+* ``text-multikey``: the passkey and, beside it on the same lengths and depths, RULER's multi-key
+  needle (:func:`~posenc.experiments.tasks.text.multikey_prompt`; records of task ``text-multikey``).
+* ``text``: perplexity and the passkey.
+
+``longppl=True`` (``--longppl``) adds LongPPL to the perplexity records (``key_tokens``,
+``longppl``; :mod:`posenc.experiments.tasks.longppl`, the model its own evaluator).
 
 The unit of work is one (variant, length): ``--lengths`` (default ``c/2, c, 1.5c, 2c`` up to
 ``eval_len``, and ``eval_len``) for the passkey, and ``eval_len`` for perplexity (one forward at the
@@ -54,6 +63,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,33 +73,41 @@ from torch import Tensor, nn
 from ...pretrained.loading import load
 from ..cluster.distributed import Distributed, resolve_device
 from ..results.folders import FigureWriter, folder_lock, write_outputs
-from ..results.records import RUNS_FILE, atomic_write_text, read_records
+from ..results.records import RUNS_FILE, atomic_write_text, read_records, wilson_interval
 from ..results.summary import SummaryTable
 
 # Imported by name, so _run_unit looks them up here (a test replaces hf_study.greedy_answer).
+from ..tasks.longppl import KEY_GAP, KEY_LOSS, key_tokens, long_ppl, short_context_nll
 from ..tasks.text import (
     FILLER,
     KEY_DIGITS,
     NEEDLE,
     QUESTION,
+    VALUE_DIGITS,
     answer_is_right,
     greedy_answer,
+    multikey_prompt,
+    multikey_trial,
     passkey_prompt,
     position_buckets,
     position_nll,
     window_starts,
 )
-from .hf_scaling import apply_scaling, check_hf_folder, check_positions, model_label
+from .hf_methods import apply_variant
+from .hf_scaling import check_hf_folder, check_positions, model_label
 from .plan import (
     CORPORA,
     STUDY_TASKS,
+    TASK_PARTS,
     expand_variants,
+    runs_lm,
     shard_units,
     study_grid,
     study_text,
     study_units,
     unit_id,
 )
+from .reading import bucket_interval, verdict_notes
 
 __all__ = [
     "CORPORA",
@@ -132,6 +150,7 @@ def run_study(
     seeds: Sequence[int] | None = None,
     corpus: str | None = None,
     variants: Sequence[str] | None = None,
+    longppl: bool = False,
     shard: Any = None,
     device: str = "cpu",
     report: Callable[[str, str, int, int, str], None] | None = None,
@@ -152,6 +171,7 @@ def run_study(
         seeds=seeds,
         corpus=corpus,
         variants=variants,
+        longppl=longppl,
     ).plan
     model, tokenizer, _ = load_model(model_ref)
     settings, scalings, labels = plan.settings, plan.scalings, plan.labels
@@ -178,7 +198,7 @@ def run_study(
         if len(todo) < len(mine):
             say(f"resuming: {len(mine) - len(todo)} of {len(mine)} unit(s) already done in {out}")
         for number, (variant, length) in enumerate(todo, 1):
-            apply_scaling(model, scalings[variant], original)
+            apply_variant(model, scalings[variant], original)
             label = f"{labels[variant]} @ {length}"
             note = f"unit {number}/{len(todo)}"
             start = time.perf_counter()
@@ -218,7 +238,7 @@ def _study_inputs(tokenizer: Any, settings: dict[str, Any], corpus: str | None) 
     ``eval_len`` window; and a check that the shortest passkey prompt fits its length."""
     task, eval_len = settings["task"], settings["eval_len"]
     text_ids: Tensor | None = None
-    if task != "text-passkey":
+    if runs_lm(task):
         text, corpus_label = study_text(corpus)
         text_ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
         if len(text_ids) < eval_len:
@@ -226,13 +246,13 @@ def _study_inputs(tokenizer: Any, settings: dict[str, Any], corpus: str | None) 
                 f"--corpus {corpus_label} has {len(text_ids)} tokens, fewer than the requested "
                 f"--eval-len {eval_len}"
             )
-    if task != "text-lm":
+    for needle in (NEEDLES[part] for part in TASK_PARTS[task] if part in NEEDLES):
         shortest = min(settings["lengths"])
         try:
-            passkey_prompt(tokenizer, shortest, 0.0, 10 ** (KEY_DIGITS - 1))  # long enough?
+            needle.prompt(tokenizer, shortest, 0.0, random.Random(0))  # long enough?
         except ValueError as err:  # its message named no option (a default length the user never gave)
             raise ValueError(
-                f"--lengths: the shortest passkey length {shortest} is too short ({err}); give longer "
+                f"--lengths: the shortest {needle.task.removeprefix('text-')} length {shortest} is too short ({err}); give longer "
                 f"--lengths (default: c/2, c, 1.5c, 2c of the context c = {settings['train_len']}, up to "
                 "--eval-len), or --task text-lm"
             ) from err
@@ -256,10 +276,10 @@ def _run_unit(
 ) -> tuple[list[dict[str, Any]], int]:
     """The records of one (variant, length) unit and the number of full-length forwards it ran."""
     task, examples, seed = settings["task"], settings["eval_examples"], settings["seeds"][0]
-    do_lm = task != "text-passkey" and length == settings["eval_len"]
-    do_passkey = task != "text-lm"
+    do_lm = runs_lm(task) and length == settings["eval_len"]
+    needles = [part for part in TASK_PARTS[task] if part in NEEDLES]
     depths = settings["depths"] or []
-    total = (examples if do_lm else 0) + (examples * len(depths) if do_passkey else 0)
+    total = (examples if do_lm else 0) + examples * len(depths) * len(needles)
     base = {
         "run": unit_id(variant, length),
         "encoding": label,
@@ -279,20 +299,53 @@ def _run_unit(
     if do_lm:
         assert text_ids is not None
         records += _lm_records(model, text_ids, settings, length, base, device, tick)
-    if do_passkey:
-        cells = _passkey_cells(model, tokenizer, settings, length, device, tick)
+    for needle in needles:
+        cells = _needle_cells(NEEDLES[needle], model, tokenizer, settings, length, device, tick)
+        hits, count = sum(c["hits"] for c in cells), sum(c["examples"] for c in cells)
         records.append(
             {
                 **base,
-                "task": "text-passkey",
+                "task": NEEDLES[needle].task,
                 "metric": "exact_match",
                 "length": length,
-                "value": sum(c["value"] for c in cells) / len(cells),
-                "examples": examples * len(cells),
+                "value": hits / count,
+                "examples": count,
+                "hits": hits,
+                "interval": list(wilson_interval(hits, count)),
                 "by_depth": cells,
             }
         )
     return records, done[0]
+
+
+@dataclass(frozen=True)
+class Needle:
+    """One needle task of the study: its records' ``task``, how one trial's prompt is made
+    (``prompt(tokenizer, length, depth, rng) -> (ids, the number the answer must give)``) and how
+    many tokens the answer may take."""
+
+    task: str
+    prompt: Callable[[Any, int, float, random.Random], tuple[list[int], int]]
+    steps: int
+    #: The trial's random stream is named ``f"{salt}{seed}-{length}-{depth}-{trial}"``.
+    salt: str = ""
+
+
+def _passkey_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -> tuple[list[int], int]:
+    key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
+    return passkey_prompt(tokenizer, length, depth, key)[0], key
+
+
+def _multikey_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -> tuple[list[int], int]:
+    needles, distractor_depths = multikey_trial(rng)
+    return multikey_prompt(tokenizer, length, depth, needles, distractor_depths)[0], needles[0][1]
+
+
+#: The needle tasks by :data:`.plan.TASK_PARTS` name.
+NEEDLES: dict[str, Needle] = {
+    "passkey": Needle("text-passkey", _passkey_trial, KEY_DIGITS + 2),
+    "multikey": Needle("text-multikey", _multikey_trial, VALUE_DIGITS + 3, salt="multikey-"),
+}
 
 
 def _lm_records(
@@ -306,19 +359,33 @@ def _lm_records(
 ) -> list[dict[str, Any]]:
     """One ``perplexity`` record per position bucket, from the mean NLL over the unit's windows of
     ``length`` tokens of ``text_ids [N]``; ``tick()`` after each window."""
-    examples = settings["eval_examples"]
-    nll_sum: Tensor | None = None
+    examples, short = settings["eval_examples"], settings.get("longppl")
+    rows, keys = [], []
     for start in window_starts(len(text_ids), length, examples):
         window = text_ids[start : start + length][None].to(device)
-        nll = position_nll(model, window)[0].double().cpu()
-        nll_sum = nll if nll_sum is None else nll_sum + nll
+        rows.append(position_nll(model, window)[0].double().cpu())  # entry i: 1-based position i + 2
+        if short:
+            keys.append(
+                key_tokens(rows[-1], short_context_nll(model, window, short["trunc"], short["stride"])[0])
+            )
         tick()
-    assert nll_sum is not None
-    mean = nll_sum / examples  # entry i: the token at 1-based position i + 2
+    nll = torch.stack(rows)  # [windows, length - 1]
+    return _bucket_records(nll, keys, settings, length, base)
+
+
+def _bucket_records(
+    nll: Tensor, keys: list[Tensor], settings: dict[str, Any], length: int, base: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """The ``perplexity`` records of the windows' NLL ``[windows, length - 1]`` by position bucket,
+    with LongPPL's key tokens there (``keys``: one mask per window, none without ``--longppl``)."""
+    examples = nll.shape[0]
+    mask = torch.stack(keys) if keys else None
     records = []
     for lo, hi in position_buckets(settings["train_len"], length):
-        part = mean[max(lo, 1) - 1 : hi - 1]
-        value = float(part.mean()) if len(part) else float("nan")
+        part = nll[:, max(lo, 1) - 1 : hi - 1]
+        per_window = [float(v) for v in part.mean(dim=1)] if part.shape[1] else [float("nan")] * examples
+        value = float(part.mean()) if part.shape[1] else float("nan")
+        interval = bucket_interval(per_window) if part.shape[1] else None
         records.append(
             {
                 **base,
@@ -328,15 +395,21 @@ def _lm_records(
                 "value": math.exp(value),
                 "nll": value,
                 "bucket": [lo, hi],
-                "tokens": len(part) * examples,
+                "tokens": part.shape[1] * examples,
                 "window": length,
                 "examples": examples,
+                "window_nll": per_window,
+                "interval": None if interval is None else list(interval),
             }
         )
+        if mask is not None:
+            chosen = mask[:, max(lo, 1) - 1 : hi - 1]
+            records[-1].update(key_tokens=int(chosen.sum()), longppl=long_ppl(part, chosen))
     return records
 
 
-def _passkey_cells(
+def _needle_cells(
+    needle: Needle,
     model: nn.Module,
     tokenizer: Any,
     settings: dict[str, Any],
@@ -344,25 +417,32 @@ def _passkey_cells(
     device: torch.device,
     tick: Callable[[], None],
 ) -> list[dict[str, Any]]:
-    """The passkey's exact match at ``length`` per depth (the heat map's cells); ``tick()`` after each trial."""
+    """A needle's exact match at ``length`` per depth (the heat map's cells), each with its count of
+    hits and its 95% Wilson interval; ``tick()`` after each trial."""
     examples, seed = settings["eval_examples"], settings["seeds"][0]
     cells = []
     for index, depth in enumerate(settings["depths"] or []):
         hits = 0
         for trial in range(examples):
-            rng = random.Random(f"{seed}-{length}-{depth}-{trial}")
-            key = rng.randrange(10 ** (KEY_DIGITS - 1), 10**KEY_DIGITS)
-            ids, _ = passkey_prompt(tokenizer, length, depth, key)
+            rng = random.Random(f"{needle.salt}{seed}-{length}-{depth}-{trial}")
+            ids, expected = needle.prompt(tokenizer, length, depth, rng)
             answer = greedy_answer(
                 model,
                 torch.tensor([ids], device=device),
-                KEY_DIGITS + 2,
+                needle.steps,
                 stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
             )
-            hits += answer_is_right(tokenizer.decode(answer), key)
+            hits += answer_is_right(tokenizer.decode(answer), expected)
             tick()
         cells.append(
-            {"bucket": index, "depth": [depth, depth], "value": hits / examples, "examples": examples}
+            {
+                "bucket": index,
+                "depth": [depth, depth],
+                "value": hits / examples,
+                "examples": examples,
+                "hits": hits,
+                "interval": list(wilson_interval(hits, examples)),
+            }
         )
     return cells
 
@@ -372,14 +452,24 @@ def _passkey_cells(
 
 def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> Any:
     """One row per variant: perplexity per position bucket inside the context, at 1.5x and 2x of it
-    (``(c, 1.5c]`` and ``(1.5c, 2c]``), then passkey exact match per length (and over all)."""
+    (``(c, 1.5c]`` and ``(1.5c, 2c]``), then each needle's exact match per length (and over all),
+    as ``hits/trials [95% Wilson interval]``."""
     context, eval_len = settings["train_len"], settings["eval_len"]
     names = _bucket_names(settings)
-    lengths = settings["lengths"] if settings["task"] != "text-lm" else []
-    columns = ["variant", *names.values(), *(f"passkey {n}" for n in lengths)]
-    if lengths:
-        columns.append("passkey all")
-    rows = [_summary_row(label, records, names, lengths) for label in settings["encodings"]]
+    needles = [part for part in TASK_PARTS[settings["task"]] if part in NEEDLES]
+    lengths = settings["lengths"] if needles else []
+    columns = ["variant", *names.values()]
+    if settings.get("longppl"):
+        columns += ["ppl all", "LongPPL (keys)"]
+    for needle in needles:
+        columns += [*(f"{needle} {n}" for n in lengths), f"{needle} all"]
+    rows = [_summary_row(label, records, names, lengths, needles) for label in settings["encodings"]]
+    if settings.get("longppl"):
+        at = 1 + len(names)
+        rows = [
+            [*row[:at], *_longppl_cells(label, records), *row[at:]]
+            for label, row in zip(settings["encodings"], rows, strict=True)
+        ]
     title = (
         f"{Path(settings['hf_model']).name} (context {context}): perplexity by position, "
         f"passkey exact match by length"
@@ -388,6 +478,20 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
         f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
         f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens",
     )
+    if settings.get("longppl"):
+        short = settings["longppl"]
+        notes += (
+            f"LongPPL (Fang et al. 2025, the model its own evaluator): perplexity over the key tokens, those "
+            f"whose loss with at most {short['trunc'] + short['stride'] - 1} tokens of context (blocks of "
+            f"{short['stride']} after {short['trunc']}) exceeds their loss in the whole window by more than "
+            f"{KEY_GAP:g} while below {KEY_LOSS:g}; ppl all: every position of the window",
+        )
+    if needles:
+        notes += (
+            f"{' and '.join(needles)}: hits/trials at each length (every depth) and over all, with the 95% "
+            "Wilson interval of the exact match",
+        )
+    notes += verdict_notes(settings, records)
     missing = _missing_units(settings, records)
     if missing:
         shown = ", ".join(f"{label} @ {length}" for label, length in missing)
@@ -402,7 +506,7 @@ def _bucket_names(settings: dict[str, Any]) -> dict[tuple[int, int], str]:
     """The perplexity columns of :func:`study_summary` by position bucket ``(lo, hi)``: ``ppl <=hi``
     inside the context, ``ppl 1.5x`` and ``ppl 2x`` past it (none for the passkey task)."""
     context, eval_len = settings["train_len"], settings["eval_len"]
-    buckets = position_buckets(context, eval_len) if settings["task"] != "text-passkey" else []
+    buckets = position_buckets(context, eval_len) if runs_lm(settings["task"]) else []
     inside = [b for b in buckets if b[1] <= context]
     names = {b: f"ppl <={b[1]}" for b in inside}
     for lo, hi in buckets:
@@ -413,22 +517,61 @@ def _bucket_names(settings: dict[str, Any]) -> dict[tuple[int, int], str]:
 
 
 def _summary_row(
-    label: str, records: list[dict[str, Any]], names: dict[tuple[int, int], str], lengths: list[int]
+    label: str,
+    records: list[dict[str, Any]],
+    names: dict[tuple[int, int], str],
+    lengths: list[int],
+    needles: list[str],
 ) -> list[str]:
-    """The row of variant ``label``: its perplexity per bucket of ``names``, its passkey exact match
-    per length of ``lengths``, then over all of them (when there are any)."""
+    """The row of variant ``label``: its perplexity per bucket of ``names``, then per needle its exact
+    match per length of ``lengths`` and over all of them."""
     mine = [r for r in records if r["encoding"] == label]
-    ppl = {tuple(r["bucket"]): r["value"] for r in mine if r["metric"] == "perplexity"}
-    keys = {r["length"]: r for r in mine if r["metric"] == "exact_match"}
-    row = [label, *(_fmt(ppl.get(b), "{:.2f}") for b in names)]
-    row += [_fmt(keys[n]["value"] if n in keys else None, "{:.2f}") for n in lengths]
-    if lengths:
+    ppl = {tuple(r["bucket"]): r for r in mine if r["metric"] == "perplexity"}
+    row = [label, *(_ppl_cell(ppl.get(b)) for b in names)]
+    for needle in needles:
+        task = NEEDLES[needle].task
+        keys = {r["length"]: r for r in mine if r["metric"] == "exact_match" and r.get("task", task) == task}
+        row += [_needle_cell(keys.get(n)) for n in lengths]
         # Over every length or not at all: a shard's "all" was the mean of the lengths it ran.
         every = all(n in keys for n in lengths)
-        hits = sum(r["value"] * r["examples"] for r in keys.values())
+        hits = sum(r.get("hits", r["value"] * r["examples"]) for r in keys.values())
         count = sum(r["examples"] for r in keys.values())
-        row.append(_fmt(hits / count if count and every else None, "{:.2f}"))
+        total = {"value": hits / count, "examples": count} if count and every else None
+        if total is not None and all("hits" in r for r in keys.values()):
+            total["hits"] = hits
+        row.append(_needle_cell(total))
     return row
+
+
+def _longppl_cells(label: str, records: list[dict[str, Any]]) -> list[str]:
+    """``[ppl all, LongPPL (keys)]`` of row ``label``: the window's perplexity over every position,
+    and over its key tokens with their count (``4.21 (37)``; ``-`` without any)."""
+    mine = [r for r in records if r["encoding"] == label and r["metric"] == "perplexity" and r.get("tokens")]
+    tokens = sum(r["tokens"] for r in mine)
+    everything = math.exp(sum(r["nll"] * r["tokens"] for r in mine) / tokens) if tokens else None
+    keyed = [r for r in mine if r.get("key_tokens")]
+    keys = sum(r["key_tokens"] for r in keyed)
+    longppl = math.exp(sum(math.log(r["longppl"]) * r["key_tokens"] for r in keyed) / keys) if keys else None
+    return [_fmt(everything, "{:.2f}"), "-" if longppl is None else f"{longppl:.2f} ({keys})"]
+
+
+def _needle_cell(record: dict[str, Any] | None) -> str:
+    """A needle's exact match: ``hits/trials [Wilson 95%]`` (the value alone in a folder from before)."""
+    if record is None:
+        return "-"
+    if "hits" not in record:
+        return _fmt(record["value"], "{:.2f}")
+    low, high = wilson_interval(record["hits"], record["examples"])
+    return f"{record['hits']}/{record['examples']} [{low:.2f}, {high:.2f}]"
+
+
+def _ppl_cell(record: dict[str, Any] | None) -> str:
+    """A bucket's perplexity, with its 95% interval across windows when it has one: ``12.30 [11.90, 12.71]``."""
+    if record is None:
+        return "-"
+    interval = record.get("interval")
+    value = _fmt(record["value"], "{:.2f}")
+    return value if not interval else f"{value} [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def _missing_units(settings: dict[str, Any], records: list[dict[str, Any]]) -> list[tuple[str, int]]:

@@ -13,29 +13,55 @@ from typing import Any
 
 from ...pretrained.loading import causal_lm_class_name, load_config, reference_text
 from ..results.records import RUNS_FILE, read_records
-from .hf_scaling import check_hf_folder, model_label, parse_variants, rope_parameters_for
+from .hf_methods import parse_variants, variant_parameters
+from .hf_scaling import check_hf_folder, model_label
 
 __all__ = [
     "CORPORA",
     "STUDY_TASKS",
+    "TASK_PARTS",
     "StudyGrid",
     "StudyPlan",
     "Unit",
     "default_lengths",
     "expand_variants",
+    "longppl_settings",
     "missing_units",
     "parse_depths",
     "plan_study",
+    "runs_lm",
+    "runs_needles",
     "shard_units",
     "study_command",
     "study_grid",
     "study_text",
     "study_units",
     "unit_id",
+    "variant_word",
 ]
 
-#: The study's tasks (``text`` runs both others).
-STUDY_TASKS = ("text", "text-lm", "text-passkey")
+#: The study's tasks (``text`` runs perplexity and the passkey; ``text-multikey`` the passkey and,
+#: beside it on the same lengths and depths, RULER's multi-key needle).
+STUDY_TASKS = ("text", "text-lm", "text-passkey", "text-multikey")
+#: What each task runs: perplexity by position (``lm``) and which needles, by task.
+TASK_PARTS: dict[str, tuple[str, ...]] = {
+    "text": ("lm", "passkey"),
+    "text-lm": ("lm",),
+    "text-passkey": ("passkey",),
+    "text-multikey": ("passkey", "multikey"),
+}
+
+
+def runs_lm(task: str) -> bool:
+    """Whether ``task`` scores perplexity by position (and so reads ``--corpus``)."""
+    return "lm" in TASK_PARTS[task]
+
+
+def runs_needles(task: str) -> bool:
+    """Whether ``task`` runs needle prompts (over ``--lengths`` and ``--depths``)."""
+    return any(part != "lm" for part in TASK_PARTS[task])
+
+
 #: Built-in evaluation texts by ``--corpus`` name.
 CORPORA: dict[str, Callable[[], str]] = {}
 
@@ -131,7 +157,14 @@ def missing_units(settings: dict[str, Any], runs: list[dict[str, Any]]) -> list[
 
 
 def unit_id(variant: str, length: int) -> str:
-    return f"hf__text__{variant.replace(':', 'x')}__{length}"
+    """The ``run`` of unit ``(variant, length)``: ``hf__text__yarnx4__128``, a method's options joined
+    (``self_extendxgroup_size-4_neighbor_window-8``)."""
+    return f"hf__text__{variant_word(variant)}__{length}"
+
+
+def variant_word(variant: str) -> str:
+    """``variant`` as one word of a run id: ``:`` -> ``x``, ``=`` -> ``-``, ``,`` -> ``_``."""
+    return variant.replace(":", "x").replace("=", "-").replace(",", "_")
 
 
 @dataclass(frozen=True)
@@ -159,6 +192,7 @@ def plan_study(
     seeds: Sequence[int] | None = None,
     corpus: str | None = None,
     variants: Sequence[str] | None = None,
+    longppl: bool = False,
 ) -> StudyPlan:
     """The plan of the study of the model whose HF ``config`` (and ``AutoModelForCausalLM`` class
     name) is given; :func:`run_study` and ``posenc submit`` both use it. ``ValueError`` names the
@@ -166,7 +200,7 @@ def plan_study(
     depth_list, seeds = _check_trials(task, depths, eval_examples, seeds)
     context, eval_len, length_list = _study_lengths(config, model_ref, task, eval_len, lengths)
     variant_list = expand_variants(parse_variants(",".join(variants) if variants else None))
-    scalings = {v: rope_parameters_for(v, context, eval_len) for v in variant_list}
+    scalings = {v: variant_parameters(v, config, context, eval_len) for v in variant_list}
     if not getattr(config, "rope_parameters", None) and any(scalings.values()):
         raise ValueError(f"--eval-variants: {model_class} has no rope_parameters to scale")
     name = model_label(model_ref)
@@ -178,17 +212,34 @@ def plan_study(
         "model_class": model_class,
         "train_len": context,
         "eval_len": eval_len,
-        "lengths": length_list if task != "text-lm" else [eval_len],
-        "depths": depth_list if task != "text-lm" else None,
+        "lengths": length_list if runs_needles(task) else [eval_len],
+        "depths": depth_list if runs_needles(task) else None,
         "eval_examples": eval_examples,
-        "corpus": None if task == "text-passkey" else _corpus_label(corpus),
+        "corpus": _corpus_label(corpus) if runs_lm(task) else None,
         "encodings": list(labels.values()),
         "variants": {labels[v]: scalings[v] for v in variant_list},
         "variant_names": {labels[v]: v for v in variant_list},
         "seeds": seeds,
         "steps": 0,
     }
+    if longppl:
+        settings["longppl"] = longppl_settings(task, context, eval_len)
     return StudyPlan(settings, study_units(variant_list, settings["lengths"]), scalings, labels)
+
+
+def longppl_settings(task: str, context: int, eval_len: int) -> dict[str, int]:
+    """LongPPL's short context (:mod:`posenc.experiments.tasks.longppl`): ``trunc = c/2`` tokens,
+    blocks of ``stride = c/8``; ``ValueError`` naming ``--longppl`` when the task scores no perplexity
+    or the windows are no longer than the short context."""
+    if not runs_lm(task):
+        raise ValueError(f"--longppl scores perplexity windows: give --task text or text-lm, not {task}")
+    trunc, stride = max(1, context // 2), max(1, context // 8)
+    if eval_len <= trunc:
+        raise ValueError(
+            f"--longppl: --eval-len {eval_len} is no longer than LongPPL's short context c/2 = {trunc}; "
+            "give a longer --eval-len"
+        )
+    return {"trunc": trunc, "stride": stride}
 
 
 def _check_trials(
@@ -225,7 +276,7 @@ def _study_lengths(
     length_list = sorted(set(lengths)) if lengths else default_lengths(context, eval_len)
     if any(n < 2 or n > eval_len for n in length_list):
         raise ValueError(f"--lengths {length_list}: every length must lie in [2, --eval-len {eval_len}]")
-    if eval_len not in length_list and task != "text-passkey":
+    if eval_len not in length_list and runs_lm(task):
         length_list.append(eval_len)
     return context, eval_len, length_list
 
@@ -287,12 +338,14 @@ def study_command(settings: dict[str, Any], out: str | Path) -> str:
         str(settings["task"]),
     ]
     words += ["--eval-len", str(settings["eval_len"])]
-    if settings["task"] != "text-lm":
+    if runs_needles(settings["task"]):
         words += ["--lengths", ",".join(str(n) for n in settings["lengths"])]
         words += ["--depths", ",".join(f"{d:g}" for d in settings["depths"])]
     if settings.get("corpus") is not None:
         words += ["--corpus", str(settings["corpus"])]
     words += ["--eval-examples", str(settings["eval_examples"])]
+    if settings.get("longppl"):
+        words.append("--longppl")
     if list(settings["seeds"]) != [0]:
         words += ["--seeds", ",".join(str(seed) for seed in settings["seeds"])]
     words += ["--eval-variants", ",".join(settings["variant_names"].values()), "--out", str(out)]

@@ -8,6 +8,12 @@ pure pieces on a model and its tokenizer.
 * Passkey: :func:`passkey_prompt` builds the prompt of exactly ``length`` tokens (filler sentences,
   the needle at a depth, the question), :func:`greedy_answer` decodes the model's answer with its
   KV cache, and :func:`answer_is_right` is the exact match on the answer's first run of digits.
+* Multi-key needle (RULER's ``niah_multikey_1``, Hsieh et al. 2024): :func:`multikey_prompt` hides
+  :data:`MULTIKEY_KEYS` needles "One of the special magic numbers for KEY is: VALUE." (KEY a word,
+  VALUE seven digits) in the same filler, the asked key's at a depth and the distractors' at other
+  sentence boundaries, then asks for the asked key's value; scored by :func:`answer_is_right`.
+  RULER's ``niah_multikey_1`` hides them in essays; here the filler is the passkey's (RULER's
+  ``noise`` haystack), so the two needles differ only in the distractors.
 """
 
 from __future__ import annotations
@@ -22,10 +28,17 @@ from torch import Tensor, nn
 __all__ = [
     "FILLER",
     "KEY_DIGITS",
+    "MULTIKEY_KEYS",
+    "MULTIKEY_NEEDLE",
+    "MULTIKEY_QUESTION",
+    "MULTIKEY_WORDS",
     "NEEDLE",
     "QUESTION",
+    "VALUE_DIGITS",
     "answer_is_right",
     "greedy_answer",
+    "multikey_prompt",
+    "multikey_trial",
     "passkey_prompt",
     "position_buckets",
     "position_nll",
@@ -44,6 +57,20 @@ NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
 #: Digits of the pass key.
 KEY_DIGITS = 5
+
+#: RULER's multi-key needle and question (``niah_multikey_1``: 4 keys, one asked; 7-digit values).
+MULTIKEY_NEEDLE = "One of the special magic numbers for {key} is: {value}."
+MULTIKEY_QUESTION = (
+    "What is the special magic number for {key} mentioned in the provided text? "
+    "The special magic number for {key} mentioned in the provided text is"
+)
+MULTIKEY_KEYS = 4
+VALUE_DIGITS = 7
+#: The words the keys are drawn from (RULER draws English words too).
+MULTIKEY_WORDS = (
+    "apple", "river", "candle", "garden", "mirror", "pencil", "rocket", "silver", "thunder", "violin",
+    "window", "forest", "harbor", "lantern", "meadow", "orange", "planet", "saddle", "tunnel", "walnut",
+)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- perplexity by position
@@ -148,3 +175,54 @@ def answer_is_right(text: str, key: int) -> bool:
     """Exact match: the first run of digits in the answer equals the key."""
     found = re.search(r"\d+", text)
     return found is not None and found.group() == str(key)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def multikey_prompt(
+    tokenizer: Any, length: int, depth: float, needles: list[tuple[str, int]], distractor_depths: list[float]
+) -> tuple[list[int], int]:
+    """``(ids, asked needle start)``: a prompt of exactly ``length`` tokens: filler with the needle of
+    ``needles[0]`` (the asked key and its value) at ``depth`` and each other needle at its
+    ``distractor_depths`` entry (sentence boundaries nearest the fraction, each boundary once), then
+    the question for ``needles[0]``'s key."""
+    prefix = list(tokenizer("", add_special_tokens=True)["input_ids"])
+    texts = [_encode(tokenizer, " " + MULTIKEY_NEEDLE.format(key=k, value=v)) for k, v in needles]
+    question = _encode(tokenizer, " " + MULTIKEY_QUESTION.format(key=needles[0][0]))
+    filler_len = length - len(prefix) - sum(map(len, texts)) - len(question)
+    if filler_len < 0:
+        raise ValueError(
+            f"a multi-key prompt needs at least {length - filler_len} tokens, got length {length}"
+        )
+    sentences = [_encode(tokenizer, " " + s) for s in FILLER]
+    filler: list[int] = []
+    boundaries = [0]
+    while len(filler) < filler_len:
+        filler += sentences[(len(boundaries) - 1) % len(sentences)]
+        boundaries.append(len(filler))
+    filler = filler[:filler_len]
+    free = [b for b in boundaries if b <= filler_len]
+    places = []
+    for fraction in [depth, *distractor_depths]:
+        at = min(free, key=lambda b: (abs(b - fraction * filler_len), b)) if free else filler_len
+        places.append(at)
+        free = [b for b in free if b != at] or free
+    order = sorted(range(len(needles)), key=lambda n: (places[n], n))
+    ids, start, asked = list(prefix), 0, 0
+    for n in order:
+        ids += filler[start : places[n]]
+        if n == 0:
+            asked = len(ids)
+        ids += texts[n]
+        start = places[n]
+    return ids + filler[start:] + question, asked
+
+
+def multikey_trial(rng: Any) -> tuple[list[tuple[str, int]], list[float]]:
+    """One trial's needles (:data:`MULTIKEY_KEYS` distinct words, each with a seven-digit value; the
+    first is asked) and the distractors' depths, drawn from ``rng`` (a :class:`random.Random`)."""
+    words = rng.sample(MULTIKEY_WORDS, MULTIKEY_KEYS)
+    needles = [(word, rng.randrange(10 ** (VALUE_DIGITS - 1), 10**VALUE_DIGITS)) for word in words]
+    return needles, [rng.random() for _ in range(MULTIKEY_KEYS - 1)]
