@@ -208,7 +208,9 @@ def test_piecewise_refuses_trainable_encoding_parameters():
         assert get_backend("piecewise").reasons(req) == []
 
 
-@pytest.mark.parametrize("spec", ["self_extend:group_size=4,neighbor_window=64", "dca:chunk_size=200,local_size=40"])
+@pytest.mark.parametrize(
+    "spec", ["self_extend:group_size=4,neighbor_window=64", "dca:chunk_size=200,local_size=40"]
+)
 def test_hf_prefill_runs_on_the_tiles_and_equals_the_dense_path(spec):
     """A tiny HF Llama swapped to a piecewise family: a 520-token prefill (auto: the tiles) equals the
     same model forced onto the dense ``relative`` backend, and cached generation (prefill on the

@@ -89,7 +89,11 @@ _WINDOW_NAMED: dict[int, tuple[weakref.ref, bool]] = {}
 def note_window_keyword(module: nn.Module, kwargs: dict[str, Any]) -> None:
     """Record whether this attention call of ``module`` (an HF attention layer; its ``config`` is the
     one HF's mask functions get) was handed ``sliding_window`` (None included: a full layer of Gemma 3
-    names no window, and says so). One call without it marks the model for good."""
+    names no window, and says so). One call without it marks the model for good. A traced call
+    records nothing (a graph would guard on this state and recompile each time it changes); its
+    model's windows are then built by ``sdpa_mask``, as before any call was seen."""
+    if torch.compiler.is_compiling():
+        return
     config = module.__dict__.get("config")
     if config is None:
         return
@@ -122,7 +126,11 @@ def window_reaches_attention(config: Any) -> bool:
     return entry is not None and entry[0]() is config and entry[1]
 
 
-@functools.cache
+#: :func:`own_attention_model`'s answers by config class. A plain dict, not ``functools.cache``: a
+#: compiled forward reads it as a guarded constant, where dynamo warns on every cache wrapper it meets.
+_OWN_ATTENTION: dict[type, str | None] = {}
+
+
 def own_attention_model(config_class: type) -> str | None:
     """The name of the HF model class of ``config_class`` when its attention does not go through HF's
     ``AttentionInterface`` (it computes scores and adds the mask itself: MPNet), else None.
@@ -132,6 +140,12 @@ def own_attention_model(config_class: type) -> str | None:
     implementation), together with the class's ``_supports_attention_backend`` flag: a model either
     one vouches for is served by posenc. A config class HF's ``AutoModel`` does not map is unknown:
     None, served as before."""
+    if config_class not in _OWN_ATTENTION:
+        _OWN_ATTENTION[config_class] = _own_attention_model(config_class)
+    return _OWN_ATTENTION[config_class]
+
+
+def _own_attention_model(config_class: type) -> str | None:
     try:
         from transformers.models.auto.modeling_auto import MODEL_MAPPING
 

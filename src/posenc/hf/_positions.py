@@ -10,6 +10,11 @@ length before this call and ``past`` the cached keys handed over. So a ``crop`` 
 speculative generation roll back a rejected draft with one), a ``reset``, or a sliding window that
 drops its oldest keys is read off the cache, never assumed. Keys whose positions were not kept (a
 static cache's empty slots, a cache written by another model) are refused, naming the cache.
+
+HF's static cache (``StaticLayer``: slot ``s`` holds the token its stream wrote ``s``-th, and the
+attention gets every slot, empty ones hidden by HF's mask) keeps the positions in a tensor of its
+own instead, ``[B or 1, max_cache_len]``, written at this call's slots with ``index_copy_`` as HF
+writes the keys: no value is read in Python, so ``torch.compile(fullgraph=True)`` traces it whole.
 """
 
 from __future__ import annotations
@@ -112,6 +117,33 @@ def _cat(*positions: Tensor) -> Tensor:
     return torch.cat([p.expand(rows, -1) for p in positions], 1)
 
 
+def _static_layer(cache: Any, layer: int) -> Any:
+    """The cache's layer ``layer`` when it is HF's plain ``StaticLayer`` (not a sliding or indexed
+    one: their slots are not the stream's indices), else None."""
+    try:
+        found = cache.layers[layer]
+    except (AttributeError, TypeError, IndexError, KeyError):
+        return None
+    return found if type(found).__name__ == "StaticLayer" and hasattr(found, "cumulative_length") else None
+
+
+def _static_key_positions(static: Any, q_pos: Tensor, k_len: int) -> Tensor:
+    """The positions of a static layer's first ``k_len`` slots: this call's ``q_pos [B or 1, Tq]``
+    written at its slots (the last ``Tq`` of ``cumulative_length``, which HF's update has already
+    advanced), earlier calls' where they wrote. Unwritten slots hold 0 (HF's mask hides them)."""
+    rows, q_len = q_pos.shape
+    buffer = static.__dict__.get("_posenc_key_positions")
+    size = max(int(getattr(static, "max_cache_len", k_len)), k_len)
+    if buffer is None or buffer.shape != (rows, size) or buffer.device != q_pos.device:
+        buffer = torch.zeros(rows, size, dtype=torch.long, device=q_pos.device)
+        if not torch.compiler.is_compiling():
+            torch._dynamo.mark_static_address(buffer)  # a graph reads it in place, as HF's keys
+        static.__dict__["_posenc_key_positions"] = buffer
+    slots = torch.arange(q_len, device=q_pos.device) + (static.cumulative_length.to(q_pos.device) - q_len)
+    buffer.index_copy_(1, slots, q_pos)
+    return buffer[:, :k_len]
+
+
 def swapped_positions(
     module: nn.Module, position_ids: Tensor | None, q_len: int, k_len: int, device: torch.device
 ) -> tuple[Tensor, Tensor]:
@@ -133,6 +165,9 @@ def swapped_positions(
     past = k_len - q_len
     cache = module.__dict__.get("_posenc_call_cache")
     layer = getattr(module, "layer_idx", 0)
+    static = _static_layer(cache, layer)
+    if static is not None:
+        return q_pos, _static_key_positions(static, q_pos, k_len)
     if cache is None:
         if past:
             raise ValueError(

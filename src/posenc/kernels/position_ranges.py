@@ -66,7 +66,10 @@ _COUNTING: dict[torch.device, tuple[Tensor, int]] = {}
 
 def counting_positions(length: int, device: torch.device) -> Tensor:
     """``arange(length)[None]`` int64 on ``device``, as a view of a kept table (read-only by contract:
-    a write into it is seen through its version counter, and the table is made anew)."""
+    a write into it is seen through its version counter, and the table is made anew). Under
+    ``torch.compile`` a plain ``arange`` (a graph holds no kept tables or version counters)."""
+    if torch.compiler.is_compiling():
+        return torch.arange(length, device=device)[None]
     table, version = _COUNTING.get(device, (None, -1))
     if table is None or table.shape[0] < length or table._version != version:
         table = versioned_arange(0, max(length, 2 * (0 if table is None else table.shape[0]), 4096), device)
