@@ -68,6 +68,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "decode steps vs the plain loop (growing, preallocated, compiled); HF Llama and TransformerLM generate",
     ),
+    "compile": (
+        "bench_compile",
+        [],
+        "HF generate with a static cache and torch.compile: sdpa vs attn_implementation='posenc' (and eager)",
+    ),
     "gpu": (
         "bench_gpu",
         [],
@@ -90,6 +95,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "piecewise": ["--sizes", "1024", "--repeats", "2"],
     "decode": ["--caches", "256", "--steps", "32", "--repeats", "2", "--new", "16", "--prompt", "32"],
     "families": ["--sizes", "512", "--long", "", "--repeats", "2", "--no-memory"],
+    "compile": ["--prompt", "16", "--new", "8", "--repeats", "1"],
     "gpu": ["--quick"],
 }
 
