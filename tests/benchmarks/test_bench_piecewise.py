@@ -12,13 +12,13 @@ from posenc.benchmarks.bench_piecewise import HEADS, reference_gb
 def test_piecewise_bench_prints_its_rows():
     done = subprocess.run(
         [sys.executable, "-m", "posenc.benchmarks.bench_piecewise", "--sizes", "600", "--repeats", "1",
-         "--methods", "rerope,dca", "--reference-gb", "0.04"],
+         "--methods", "rerope", "--impls", "piecewise,reference", "--reference-gb", "0.04"],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     for row in (
         "| rerope | 600 | fwd | piecewise tiles (auto now) |",
-        "| dca | 600 | fwd+bwd | relative query blocks (before) |",
+        "| rerope | 600 | fwd+bwd | plain causal SDPA (floor) |",
         "| rerope | 600 | fwd | reference form (every part's [L, L] logits) |",
     ):
         assert row in done.stdout, done.stdout
