@@ -29,7 +29,13 @@ def _without_flex(monkeypatch):
 def test_every_section_runs_on_the_cpu_and_reports_what_it_promises(tmp_path, monkeypatch, capsys):
     _without_flex(monkeypatch)
     out = tmp_path / "gpu.json"
-    assert bench_gpu.main([*QUICK, "--encodings", "rope,t5,fire,shaw", "--json", str(out)]) == 0
+    sections = "exactness,flex,rope,generate"  # the compiled section compiles two models: slow, below
+    assert (
+        bench_gpu.main(
+            [*QUICK, "--encodings", "rope,t5,fire,shaw", "--sections", sections, "--json", str(out)]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     # Exactness: every (encoding, backend of the CPU's order, dtype) once, eager served for all.
     rows = {(c["encoding"], c["backend"], c["dtype"]): c for c in result["exactness"]}
@@ -86,3 +92,12 @@ def test_the_flex_section_whole_on_the_cpu(tmp_path):
         backward = rows[(f"{name} flex", "forward+backward")]
         assert backward["median_ms"] is None and "backward" in backward["note"]
         assert rows[(f"{name} sdpa (dense bias)", "forward")]["median_ms"] is not None
+
+
+@pytest.mark.slow
+def test_the_compiled_generate_section_on_the_cpu(tmp_path, capsys):
+    out = tmp_path / "gpu.json"
+    assert bench_gpu.main([*QUICK, "--sections", "compiled", "--new", "4", "--json", str(out)]) == 0
+    found = json.loads(out.read_text())["compiled"]["implementations"]
+    assert set(found) == {"sdpa", "posenc"} and all(r["token"] > 0 for r in found.values())
+    assert "static cache + torch.compile" in capsys.readouterr().out

@@ -69,6 +69,8 @@ def _generate(model, ids: torch.Tensor, new: int, cache: str | None) -> torch.Te
 def _timed(fn) -> tuple[float, object]:
     start = time.perf_counter()
     result = fn()
+    if isinstance(result, torch.Tensor) and result.is_cuda:
+        torch.cuda.synchronize(result.device)  # the clock stops when the device has finished
     return time.perf_counter() - start, result
 
 

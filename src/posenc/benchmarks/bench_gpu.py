@@ -1,7 +1,7 @@
 """posenc on a CUDA device: every backend's exactness, FlexAttention against SDPA, the RoPE kernel, HF generate.
 
 One run, one table per section, one JSON file, within a time budget (``--budget``, default 420 s:
-under 8 minutes on one H100 with start-up). Four sections:
+under 8 minutes on one H100 with start-up). Five sections:
 
 1. **Exactness.** Every registered encoding (its example options, 4 heads of 64, causal, batch 2,
    ``--length`` tokens) on every backend of the device's priority list that serves it, in float32
@@ -22,9 +22,13 @@ under 8 minutes on one H100 with start-up). Four sections:
 4. **HF generate**: a random Llama (4 layers, hidden 256, 8 heads) on the device, greedy
    ``--new`` tokens after a 128-token prompt, ``attn_implementation="sdpa"`` against ``"posenc"``:
    tokens per second, and whether the tokens are the same.
+5. **Compiled HF generate**: the same Llama and prompt, each implementation's copy with its forward
+   compiled (``torch.compile``) and a static cache (``cache_implementation="static"``), the fastest
+   HF generation: prefill and per-token times apart (:func:`posenc.benchmarks.bench_compile.measure`),
+   tokens/s against sdpa, the same tokens checked.
 
     python -m posenc.benchmarks.bench_gpu [--device cuda] [--json gpu.json] [--budget 420] [--quick]
-        [--encodings rope,t5] [--backends flex,sdpa] [--sections exactness,flex,rope,generate]
+        [--encodings rope,t5] [--backends flex,sdpa] [--sections exactness,flex,rope,generate,compiled]
 
 On a CPU (``--device cpu``) every section runs the same code but the CUDA calls (synchronising the
 device and reading its peak memory); ``tests/benchmarks/test_bench_gpu.py`` runs it so on small sizes.
@@ -52,7 +56,7 @@ from posenc.benchmarks._harness import machine, markdown_table
 from posenc.benchmarks.bench_decode import generation_llama
 from posenc.examples import build_example
 
-SECTIONS = ("exactness", "flex", "rope", "generate")
+SECTIONS = ("exactness", "flex", "rope", "generate", "compiled")
 
 
 # ---------------------------------------------------------------------------- 2. flex against sdpa
@@ -292,6 +296,43 @@ def generate_table(result: dict[str, Any]) -> str:
     return head + markdown_table(["attn_implementation", "tokens/s", "vs sdpa"], rows)
 
 
+def hf_compiled_generate(device: torch.device, new: int, repeats: int, budget: Budget) -> dict[str, Any]:
+    """Section 5: the Llama of section 4 with a static cache and a compiled forward, sdpa against posenc."""
+    from posenc.benchmarks.bench_compile import measure
+
+    if budget.spent():
+        return {"note": "time budget spent"}
+    model = generation_llama().to(device)
+    prompt = torch.randint(0, 128, (1, 128), device=device)
+    results = measure(model, prompt, new, repeats, compiled=True)
+    return {
+        "implementations": results,
+        "posenc_over_sdpa": results["sdpa"]["token"] / results["posenc"]["token"],
+        "new_tokens": new,
+    }
+
+
+def compiled_generate_table(result: dict[str, Any]) -> str:
+    head = "### HF Llama generate, static cache + torch.compile (same tokens checked)\n\n"
+    if "implementations" not in result:
+        return head + result.get("note", "")
+    found = result["implementations"]
+    base = found["sdpa"]["token"]
+    rows = [
+        [
+            name,
+            f"{r['warmup']:.1f} s",
+            f"{r['prefill']:.1f} ms",
+            f"{r['token']:.2f} ms",
+            f"{base / r['token']:.2f}×",
+        ]
+        for name, r in found.items()
+    ]
+    return head + markdown_table(
+        ["attn_implementation", "warm-up", "prefill", "per token", "tokens/s vs sdpa"], rows
+    )
+
+
 # ---------------------------------------------------------------------------- the run
 
 
@@ -389,6 +430,9 @@ def _run_sections(
     if "generate" in sections:
         result["generate"] = hf_generate(device, sizes.new, sizes.repeats, budget)
         tables.append(generate_table(result["generate"]))
+    if "compiled" in sections:
+        result["compiled"] = hf_compiled_generate(device, sizes.new, sizes.repeats, budget)
+        tables.append(compiled_generate_table(result["compiled"]))
     return tables
 
 
