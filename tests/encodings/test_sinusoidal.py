@@ -163,3 +163,92 @@ def test_negative_or_float_positions_rejected_by_the_module() -> None:
 def test_preview_shows_the_first_positions() -> None:
     text = Sinusoidal(dim=4).preview()
     assert "p=2" in text and f"{math.sin(2):+.6f}" in text and f"{math.cos(0.02):+.6f}" in text
+
+
+# ----------------------------------------------------------- step="whisper" (docs/conventions.md §2.1)
+
+
+def whisper_formula(positions: list[int], dim: int, base: float = 10000.0) -> np.ndarray:
+    """``[sin(p·ω_k) | cos(p·ω_k)]`` with ``ω_k = exp(−k·ln(base)/(D/2 − 1))``, in float64."""
+    half = dim // 2
+    table = np.zeros((len(positions), dim))
+    for row, p in enumerate(positions):
+        for k in range(half):
+            angle = p * math.exp(-k * math.log(base) / (half - 1))
+            table[row, k] = math.sin(angle)
+            table[row, half + k] = math.cos(angle)
+    return table
+
+
+@pytest.mark.parametrize("length,dim", [(1500, 512), (1500, 384), (448, 1280), (7, 4), (33, 10)])
+def test_whisper_step_equals_hf_whisper_sinusoids_exactly(length: int, dim: int) -> None:
+    """HF's ``sinusoids`` (Whisper's encoder table) bit for bit in float32: whisper-base (512),
+    whisper-tiny (384), large's width (1280) and small sizes."""
+    from transformers.models.whisper.modeling_whisper import sinusoids
+
+    got = F.sinusoidal(torch.arange(length), dim, layout="concat", step="whisper")
+    want = sinusoids(length, dim)
+    assert got.dtype == want.dtype == torch.float32
+    assert torch.equal(got, want), (got - want).abs().max()
+
+
+def test_whisper_step_other_base_equals_hf_sinusoids_max_timescale() -> None:
+    from transformers.models.whisper.modeling_whisper import sinusoids
+
+    got = F.sinusoidal(torch.arange(50), 16, base=500.0, layout="concat", step="whisper")
+    assert torch.equal(got, sinusoids(50, 16, max_timescale=500.0))
+
+
+def test_whisper_step_equals_the_formula_and_the_worked_numbers() -> None:
+    positions = [0, 1, 2, 255, 1499]
+    got = F.sinusoidal(torch.tensor(positions), 12, layout="concat", step="whisper")
+    # float32 angles: at p = 1499 the angle's own rounding is up to 1499 * 2**-24 ~ 1e-4.
+    torch.testing.assert_close(
+        got, torch.tensor(whisper_formula(positions, 12), dtype=torch.float32), rtol=0, atol=2e-4
+    )
+    # docs/conventions.md §2.1: D = 4, ω = [1, 1e-4], position 2, concat.
+    torch.testing.assert_close(
+        F.sinusoidal(torch.tensor(2), 4, layout="concat", step="whisper"),
+        torch.tensor([0.909297, 0.000200, -0.416147, 1.000000]),
+        rtol=0,
+        atol=1e-6,
+    )
+    # The lowest frequency is exactly 1/base (the paper's stops at base^(-(D-2)/D)).
+    far = F.sinusoidal(torch.tensor(10000), 4, layout="concat", step="whisper")
+    torch.testing.assert_close(far[1], torch.tensor(math.sin(1.0)), rtol=0, atol=1e-6)
+
+
+def test_whisper_step_interleaved_is_the_same_numbers_interleaved() -> None:
+    concat = F.sinusoidal(torch.arange(9), 8, layout="concat", step="whisper")
+    interleaved = F.sinusoidal(torch.arange(9), 8, step="whisper")
+    assert torch.equal(interleaved[:, 0::2], concat[:, :4]) and torch.equal(
+        interleaved[:, 1::2], concat[:, 4:]
+    )
+
+
+def test_whisper_step_differs_from_the_paper_step() -> None:
+    paper = F.sinusoidal(torch.arange(5), 8, layout="concat")
+    whisper = F.sinusoidal(torch.arange(5), 8, layout="concat", step="whisper")
+    assert (paper - whisper).abs().max() > 0.01
+
+
+def test_whisper_step_module_spec_and_layer() -> None:
+    from transformers.models.whisper.modeling_whisper import sinusoids
+
+    enc = posenc.build("sinusoidal:layout=concat,step=whisper", dim=16)
+    assert enc.step == "whisper"
+    assert torch.equal(enc.encode(torch.arange(20)[None])[0], sinusoids(20, 16))
+    assert "step=whisper" in enc.preview()
+    attn = posenc.MultiheadAttention(16, 2, encoding="sinusoidal:step=whisper", backend="eager")
+    assert attn.encoding.step == "whisper"
+
+
+def test_bad_step_is_an_error_naming_step() -> None:
+    with pytest.raises(ValueError, match="step"):
+        posenc.build("sinusoidal:step=fairseq", dim=8)
+    with pytest.raises(ValueError, match="step"):
+        F.sinusoidal(torch.arange(3), 8, step="t2t")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"step='whisper'.*dim >= 4"):
+        F.sinusoidal(torch.arange(3), 2, step="whisper")
+    with pytest.raises(ValueError, match="dim >= 4"):
+        posenc.build("sinusoidal:step=whisper", dim=2)
