@@ -54,9 +54,11 @@ def ct2_bytes(
     return b"".join(out)
 
 
-def tiny_whisper(seed: int = 0, vocab: int | None = None):
+def tiny_whisper(seed: int = 0, vocab: int | None = None, weight_std: float | None = None):
     """A tiny random HF Whisper (2 + 2 layers, width 32, 4 heads, 8 mel bins, 12 source and 16 target
-    positions), float32, eval mode; biases drawn at random so no split can hide behind zeros."""
+    positions), float32, eval mode; biases drawn at random so no split can hide behind zeros.
+    ``weight_std``: the weight matrices drawn from ``N(0, weight_std²)`` instead of HF's init (1.0 makes
+    greedy decoding pick varied tokens rather than one token repeated)."""
     import transformers
 
     torch.manual_seed(seed)
@@ -84,6 +86,8 @@ def tiny_whisper(seed: int = 0, vocab: int | None = None):
         for name, parameter in model.named_parameters():
             if name.endswith("bias") or "layer_norm" in name:
                 parameter.normal_(0, 0.5)
+            elif weight_std is not None and parameter.dim() >= 2:
+                parameter.normal_(0, weight_std)
         # Whisper's encoder table is its fixed sinusoid; a random one here tells the tables apart.
         model.model.encoder.embed_positions.weight.normal_(0, 1)
     return model

@@ -37,10 +37,32 @@ def _decoder(model: nn.Module) -> nn.Module:
         )
         if has_parts and all(hasattr(layer, "self_attn") for layer in candidate.layers):
             return candidate
+    tables = _absolute_tables(model)
+    why = (
+        f": it has no rotary embedding to replace; its positions are absolute tables added to the input "
+        f"embeddings ({', '.join(tables)}), which an attention implementation cannot take out, so a posenc "
+        "encoding in its attention would add a second position signal (to run its attention through posenc, "
+        "use attn_implementation='posenc' after posenc.hf.register())"
+        if tables
+        else ""
+    )
     raise ValueError(
         f"swap_encoding: {type(model).__name__} is not a Llama-family decoder (one rotary_emb and layers "
-        "with self_attn); supported: Llama, Mistral, Qwen2, Qwen3 and models built the same way"
+        f"with self_attn){why}; supported: Llama, Mistral, Qwen2, Qwen3 and models built the same way"
     )
+
+
+#: The names HF models give their absolute position tables (Whisper, BART, OPT; GPT-2; BERT).
+_TABLE_NAMES = ("embed_positions", "wpe", "position_embeddings")
+
+
+def _absolute_tables(model: nn.Module) -> list[str]:
+    """The qualified names of ``model``'s absolute position tables (embeddings added to the input)."""
+    return [
+        name
+        for name, module in model.named_modules()
+        if name.rsplit(".", 1)[-1] in _TABLE_NAMES and isinstance(module, nn.Embedding)
+    ]
 
 
 def swap_encoding(model: nn.Module, encoding: str | Sequence[str]) -> nn.Module:
