@@ -10,9 +10,12 @@ import torch
 ROLES = ("encoder self", "decoder self", "cross")
 
 
-def greedy(model, encoder_out: torch.Tensor, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    """``steps`` greedy tokens after ``prompt`` (never stopping at the end token), decoding one token a
-    step with HF's ``EncoderDecoderCache``; returns them and the logits that chose them ``[steps, V]``."""
+def greedy(
+    model, encoder_out: torch.Tensor, prompt: list[int], steps: int, never: tuple[int, ...] = ()
+) -> tuple[list[int], torch.Tensor]:
+    """``steps`` greedy tokens after ``prompt`` (never stopping at the end token; the tokens ``never``
+    are never chosen), decoding one token a step with HF's ``EncoderDecoderCache``; returns them and
+    the logits that chose them ``[steps, V]``."""
     from transformers import DynamicCache, EncoderDecoderCache
 
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
@@ -24,7 +27,9 @@ def greedy(model, encoder_out: torch.Tensor, prompt: list[int], steps: int) -> t
             out = model(encoder_outputs=(encoder_out,), decoder_input_ids=ids, cache=cache, use_cache=True)
             logits = out.logits[0, -1]
             chose.append(logits)
-            tokens.append(int(logits.argmax()))
+            allowed = logits.clone()
+            allowed[list(never)] = float("-inf")
+            tokens.append(int(allowed.argmax()))
             ids = torch.tensor([[tokens[-1]]])
     return tokens, torch.stack(chose)
 
