@@ -295,10 +295,16 @@ def _load_module(path: Path) -> nn.Module:
         logging.set_verbosity(verbosity)
 
 
+#: The files one of which an HF folder's tokenizer is saved in (HF builds an empty tokenizer without them).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.txt", "vocab.json", "spiece.model")
+
+
 def _tokenizer(path: Path) -> Any:
-    """The model's tokenizer, or None when the folder holds none."""
+    """The model's tokenizer (a GGUF file's own vocabulary), or None when the folder holds none."""
     from transformers import AutoTokenizer
 
+    if path.is_dir() and not any((path / name).is_file() for name in TOKENIZER_FILES):
+        return None
     try:
         return AutoTokenizer.from_pretrained(**_where(path))
     except (OSError, ValueError, TypeError, KeyError):

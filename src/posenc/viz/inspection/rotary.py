@@ -326,7 +326,8 @@ def _with_summary(finding: RotaryFinding) -> RotaryFinding:
         kind, layers, pairs, lengths, past, ratio, top_q, top_k = row
         window = finding.windows.get(kind)
         lines.append(
-            f"{kind} (layers {layers}{f', window {window}' if window else ''}): {pairs} pairs, wavelengths "
+            f"{kind} ({'layer' if layers.isdigit() else 'layers'} {layers}"
+            f"{f', window {window}' if window else ''}): {pairs} pairs, wavelengths "
             f"{lengths}; past the context {finding.context}: {past}; mean |q| there / elsewhere {ratio}; "
             f"largest |q| at pairs {top_q}, |k| at {top_k}"
         )
