@@ -21,10 +21,10 @@ import torch
 
 pytest.importorskip("transformers")
 
-from _chromium import VIEWPORT, run_probe  # noqa: E402
-from _inspect_models import BUILDERS, GEMMA_TYPES, GEMMA_WINDOW  # noqa: E402
-from posenc.pretrained.loading import reference_text  # noqa: E402
-from posenc.viz.inspection import inspect_model, write_inspection  # noqa: E402
+from _chromium import VIEWPORT, run_probe
+from _inspect_models import BUILDERS, GEMMA_TYPES, GEMMA_WINDOW
+from posenc.pretrained.loading import reference_text
+from posenc.viz.inspection import inspect_model, write_inspection
 
 #: Tokens the RoPE tests read (the tiny models' contexts are 64 and 96).
 TOKENS = 48
