@@ -362,10 +362,11 @@ def _heatmaps(finding: RotaryFinding, label: str) -> Figure:
         positive = grid[grid > 0]
         norm = colors.LogNorm(vmin=positive.min(), vmax=positive.max()) if positive.size else None
         image = ax.imshow(grid, aspect="auto", cmap=SEQUENTIAL, norm=norm, interpolation="nearest")
-        for kind in kinds:
+        for row, kind in enumerate(finding.layer_types):  # each layer's own context boundary
             past = finding.beyond(kind)
             if len(past):
-                ax.axvline(past.min() - 0.5, color="white", ls="--", lw=1)
+                ax.plot([past.min() - 0.5] * 2, [row - 0.5, row + 0.5], color="white", ls="--", lw=1)
+        ax.set_ylim(layers - 0.5, -0.5)
         ax.set_xlabel("pair k (0: highest frequency)")
         ax.set_title(f"mean |{name}| per pair ({'kv heads' if name == 'k' else 'heads'} averaged)")
         fig.colorbar(image, ax=ax, shrink=0.9)
