@@ -8,6 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from _tiny_hf import byte_level_tokenizer
 
 #: Special token ids inside every tiny vocabulary (HF's defaults point past it).
@@ -131,3 +134,39 @@ def t5(path: Path) -> Path:
 
 #: Every tiny model by the name the tests use.
 BUILDERS = {"bert": bert, "mpnet": mpnet, "llama": llama, "gemma3": gemma3, "whisper": whisper, "t5": t5}
+
+
+# ---------------------------------------------------------------------------- independent references
+
+
+def raw_tensors(path: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return {k: v.astype(np.float64) for k, v in load_file(path / "model.safetensors").items()}
+
+
+def numpy_cosine(table: np.ndarray) -> np.ndarray:
+    unit = table / np.linalg.norm(table, axis=1, keepdims=True)
+    return unit @ unit.T
+
+
+def pair_means(x: np.ndarray) -> np.ndarray:
+    """Mean over tokens of each half-split pair's norm of ``x`` ``[T, H, D]``: ``[H, D/2]``."""
+    half = x.shape[-1] // 2
+    return np.hypot(x[..., :half], x[..., half:]).mean(axis=0)
+
+
+def layer_inputs(model_class, path: Path, ids: torch.Tensor) -> tuple[object, list[np.ndarray]]:
+    """The HF model and the input of each decoder layer after its input norm, ``[T, hidden]``."""
+    model = model_class.from_pretrained(path).eval()
+    with torch.no_grad():
+        states = model(ids, output_hidden_states=True).hidden_states
+        normed = [
+            layer.input_layernorm(states[i])[0].double().numpy() for i, layer in enumerate(model.model.layers)
+        ]
+    return model, normed
+
+
+def gemma_rms(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """Gemma's RMSNorm written out: ``x / sqrt(mean(x²) + eps) · (1 + w)`` over the last axis."""
+    return x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps) * (1 + weight)

@@ -22,7 +22,16 @@ import torch
 pytest.importorskip("transformers")
 
 from _chromium import VIEWPORT, run_probe
-from _inspect_models import BUILDERS, GEMMA_TYPES, GEMMA_WINDOW
+from _inspect_models import (
+    BUILDERS,
+    GEMMA_TYPES,
+    GEMMA_WINDOW,
+    gemma_rms,
+    layer_inputs,
+    numpy_cosine,
+    pair_means,
+    raw_tensors,
+)
 from posenc.pretrained.loading import reference_text
 from posenc.viz.inspection import inspect_model, write_inspection
 
@@ -50,28 +59,17 @@ def inspected(folder):
     return run
 
 
-def _raw(path: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
-    return {k: v.astype(np.float64) for k, v in load_file(path / "model.safetensors").items()}
-
-
-def _numpy_cosine(table: np.ndarray) -> np.ndarray:
-    unit = table / np.linalg.norm(table, axis=1, keepdims=True)
-    return unit @ unit.T
-
-
 # ---------------------------------------------------------------------------- absolute tables
 
 
 def test_a_learned_table_cosines_and_norms_are_numpys(folder, inspected):
     result = inspected("bert")
-    raw = _raw(folder("bert"))["embeddings.position_embeddings.weight"]
+    raw = raw_tensors(folder("bert"))["embeddings.position_embeddings.weight"]
     (finding,) = result.findings["tables"]
     assert finding.sinusoid is None and finding.shape == (40, 32)
-    np.testing.assert_allclose(finding.cosine, _numpy_cosine(raw), atol=1e-10)
+    np.testing.assert_allclose(finding.cosine, numpy_cosine(raw), atol=1e-10)
     np.testing.assert_allclose(finding.norms, np.linalg.norm(raw, axis=1), atol=1e-10)
-    cosine = _numpy_cosine(raw)
+    cosine = numpy_cosine(raw)
     for d in (1, 4, 16):
         assert finding.by_offset[d] == pytest.approx(
             np.mean([cosine[p, p + d] for p in range(40 - d)]), abs=1e-10
@@ -93,14 +91,14 @@ def test_whisper_encoder_is_a_fixed_sinusoid_and_its_decoder_learned(folder, ins
         tables["model.encoder.embed_positions.weight"],
         tables["model.decoder.embed_positions.weight"],
     )
-    raw = _raw(folder("whisper"))
+    raw = raw_tensors(folder("whisper"))
     np.testing.assert_allclose(
         raw["model.encoder.embed_positions.weight"], sinusoids(30, 32).numpy(), atol=1e-6
     )
     assert encoder.sinusoid == "halves" and encoder.shape == (30, 32)
     assert decoder.sinusoid is None and decoder.shape == (20, 32)
     np.testing.assert_allclose(
-        decoder.cosine, _numpy_cosine(raw["model.decoder.embed_positions.weight"]), atol=1e-10
+        decoder.cosine, numpy_cosine(raw["model.decoder.embed_positions.weight"]), atol=1e-10
     )
     rows = {row.stack: row for row in result.rows}
     assert set(rows) == {"encoder", "decoder"}
@@ -175,39 +173,22 @@ def test_t5_has_a_bidirectional_encoder_bias_and_a_causal_decoder_bias(folder, i
 # ---------------------------------------------------------------------------- RoPE
 
 
-def _pairs(x: np.ndarray) -> np.ndarray:
-    """Mean over tokens of each half-split pair's norm of ``x`` ``[T, H, D]``: ``[H, D/2]``."""
-    half = x.shape[-1] // 2
-    return np.hypot(x[..., :half], x[..., half:]).mean(axis=0)
-
-
-def _layer_inputs(model_class, path: Path, ids: torch.Tensor) -> tuple[object, list[np.ndarray]]:
-    """The HF model and the input of each decoder layer after its input norm, ``[T, hidden]``."""
-    model = model_class.from_pretrained(path).eval()
-    with torch.no_grad():
-        states = model(ids, output_hidden_states=True).hidden_states
-        normed = [
-            layer.input_layernorm(states[i])[0].double().numpy() for i, layer in enumerate(model.model.layers)
-        ]
-    return model, normed
-
-
 def test_llama_pair_norms_are_the_projections_pairs_with_gqa(folder, inspected):
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     path = folder("llama")
     (finding,) = inspected("llama").findings["rotary"]
     ids = AutoTokenizer.from_pretrained(path)(reference_text()[:2000])["input_ids"][:TOKENS]
-    _, inputs = _layer_inputs(LlamaForCausalLM, path, torch.tensor([ids]))
-    raw = _raw(path)
+    _, inputs = layer_inputs(LlamaForCausalLM, path, torch.tensor([ids]))
+    raw = raw_tensors(path)
     for layer, x in enumerate(inputs):
         q = x @ raw[f"model.layers.{layer}.self_attn.q_proj.weight"].T
         k = x @ raw[f"model.layers.{layer}.self_attn.k_proj.weight"].T
         np.testing.assert_allclose(
-            finding.q_norms[layer], _pairs(q.reshape(TOKENS, 4, 8)), rtol=1e-4, atol=1e-6
+            finding.q_norms[layer], pair_means(q.reshape(TOKENS, 4, 8)), rtol=1e-4, atol=1e-6
         )
         np.testing.assert_allclose(
-            finding.k_norms[layer], _pairs(k.reshape(TOKENS, 2, 8)), rtol=1e-4, atol=1e-6
+            finding.k_norms[layer], pair_means(k.reshape(TOKENS, 2, 8)), rtol=1e-4, atol=1e-6
         )
     expected = 1.0 / 500.0 ** (np.arange(0, 8, 2) / 8)
     np.testing.assert_allclose(finding.inv_freq[None], expected, rtol=1e-6)
@@ -216,12 +197,7 @@ def test_llama_pair_norms_are_the_projections_pairs_with_gqa(folder, inspected):
     assert finding.tokens == TOKENS
 
 
-def _gemma_rms(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
-    """Gemma's RMSNorm written out: ``x / sqrt(mean(x²) + eps) · (1 + w)`` over the last axis."""
-    return x / np.sqrt((x**2).mean(axis=-1, keepdims=True) + eps) * (1 + weight)
-
-
-def test_gemma3_layer_types_windows_thetas_and_normed_pairs(folder, inspected):
+def test_gemma3_layer_types_windows_thetas_and_normedpair_means(folder, inspected):
     from transformers import Gemma3ForCausalLM
 
     path = folder("gemma3")
@@ -245,18 +221,18 @@ def test_gemma3_layer_types_windows_thetas_and_normed_pairs(folder, inspected):
         )
     # No tokenizer in the folder: the reference text's UTF-8 bytes modulo the vocabulary (64).
     ids = [byte % 64 for byte in reference_text().encode("utf-8")[:TOKENS]]
-    model, inputs = _layer_inputs(Gemma3ForCausalLM, path, torch.tensor([ids]))
-    raw, eps = _raw(path), model.config.rms_norm_eps
+    model, inputs = layer_inputs(Gemma3ForCausalLM, path, torch.tensor([ids]))
+    raw, eps = raw_tensors(path), model.config.rms_norm_eps
     for layer, x in enumerate(inputs):
         prefix = f"model.layers.{layer}.self_attn"
         q = (x @ raw[f"{prefix}.q_proj.weight"].T).reshape(TOKENS, 4, 16)
         k = (x @ raw[f"{prefix}.k_proj.weight"].T).reshape(TOKENS, 2, 16)
         q, k = (
-            _gemma_rms(q, raw[f"{prefix}.q_norm.weight"], eps),
-            _gemma_rms(k, raw[f"{prefix}.k_norm.weight"], eps),
+            gemma_rms(q, raw[f"{prefix}.q_norm.weight"], eps),
+            gemma_rms(k, raw[f"{prefix}.k_norm.weight"], eps),
         )
-        np.testing.assert_allclose(finding.q_norms[layer], _pairs(q), rtol=1e-4, atol=1e-6)
-        np.testing.assert_allclose(finding.k_norms[layer], _pairs(k), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(finding.q_norms[layer], pair_means(q), rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(finding.k_norms[layer], pair_means(k), rtol=1e-4, atol=1e-6)
     # Context 64: 2π·θ^(2k/16) > 64 from k = 3 (theta 1e4: 2π·10^1.5 = 198.7) and k = 2 (theta 1e6: 198.7).
     assert finding.beyond("sliding_attention").tolist() == [3, 4, 5, 6, 7]
     assert finding.beyond("full_attention").tolist() == [2, 3, 4, 5, 6, 7]

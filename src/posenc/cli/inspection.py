@@ -57,15 +57,24 @@ def inspect_command(
 
 def _summary(inspection) -> None:
     """The layer table, the disagreements (or that every check agrees) and each finding's lines."""
-    from ..viz.inspection.page import layer_table
+    from ..viz.inspection.layers import join_layers
 
     view = inspection.view
-    columns, rows = layer_table(inspection.rows)
     table = Table(title=f"{view.label}: {view.config.model_type}, positions per layer type", show_lines=True)
-    for column in columns:
+    for column in ("layers", "encoding and options", "window", "heads q/kv x dim"):
         table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(Text(cell) for cell in row))
+    for row in inspection.rows:
+        where = f"{row.stack}: " if row.stack != "model" else ""
+        kind = f" ({row.layer_type})" if row.layer_type else ""
+        encodings = "\n".join(
+            f"{e.family}: " + ", ".join(f"{k} {v}" for k, v in e.options.items()) for e in row.encodings
+        )
+        table.add_row(
+            Text(f"{where}{join_layers(row.layers)}{kind}"),
+            Text(encodings or "none found"),
+            Text(str(row.window or "-")),
+            Text(f"{row.heads}/{row.kv_heads} x {row.head_dim}"),
+        )
     console.print(table)
     wrong = inspection.disagreements
     if wrong:

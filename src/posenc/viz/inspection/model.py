@@ -287,12 +287,15 @@ def _load_module(path: Path) -> nn.Module:
     from transformers import AutoModel
     from transformers.utils import logging
 
-    verbosity = logging.get_verbosity()
+    verbosity, bars = logging.get_verbosity(), logging.is_progress_bar_enabled()
     logging.set_verbosity_error()  # a causal LM's head weights are unused by the bare model: said, not an error
+    logging.disable_progress_bar()
     try:
         return AutoModel.from_pretrained(**_where(path), dtype=torch.float32).eval()
     finally:
         logging.set_verbosity(verbosity)
+        if bars:
+            logging.enable_progress_bar()
 
 
 #: The files one of which an HF folder's tokenizer is saved in (HF builds an empty tokenizer without them).

@@ -18,12 +18,12 @@ Pairs whose wavelength ``2π / θ_k`` exceeds the training context never turn a 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 import torch
-from matplotlib import colors
+from matplotlib import colormaps, colors
 from matplotlib.figure import Figure
 from torch import Tensor, nn
 
@@ -317,8 +317,6 @@ def _norm_checks(attention: list[tuple[str, nn.Module]], head_dim: int) -> list[
 
 def _with_summary(finding: RotaryFinding) -> RotaryFinding:
     """``finding`` with its summary lines: per layer type, the pairs past the context and the largest."""
-    from dataclasses import replace
-
     lines = [
         f"queries and keys of {len(finding.layer_types)} layers on {finding.tokens} tokens: {finding.how}"
     ]
@@ -331,6 +329,13 @@ def _with_summary(finding: RotaryFinding) -> RotaryFinding:
             f"{lengths}; past the context {finding.context}: {past}; mean |q| there / elsewhere {ratio}; "
             f"largest |q| at pairs {top_q}, |k| at {top_k}"
         )
+    for name, values in (("q", finding.q_norms), ("k", finding.k_norms)):
+        zero = {layer: int(n) for layer, n in enumerate((values.mean(axis=1) == 0).sum(axis=1)) if n}
+        if zero:
+            where = ", ".join(f"{layer} ({n})" for layer, n in zero.items())
+            lines.append(
+                f"pairs of {name} with norm zero on every token (switched off before RoPE), by layer: {where}"
+            )
     return replace(finding, summary=tuple(lines))
 
 
@@ -341,7 +346,8 @@ def figures(finding: RotaryFinding, label: str) -> list[tuple[str, Figure, str]]
         (
             "rotary_pair_norms",
             _heatmaps(finding, label),
-            "mean norm of each rotated pair of q and k, per layer (pairs past the context right of the dashed line)",
+            "mean norm of each rotated pair of q and k, per layer (pairs past the context right of the dashed "
+            "line; black: norm zero)",
         ),
         (
             "rotary_wavelengths",
@@ -361,7 +367,8 @@ def _heatmaps(finding: RotaryFinding, label: str) -> Figure:
         grid = values.mean(axis=1)  # [layers, P]
         positive = grid[grid > 0]
         norm = colors.LogNorm(vmin=positive.min(), vmax=positive.max()) if positive.size else None
-        image = ax.imshow(grid, aspect="auto", cmap=SEQUENTIAL, norm=norm, interpolation="nearest")
+        cmap = colormaps[SEQUENTIAL].with_extremes(bad="black")  # a pair of norm zero: black
+        image = ax.imshow(grid, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
         for row, kind in enumerate(finding.layer_types):  # each layer's own context boundary
             past = finding.beyond(kind)
             if len(past):

@@ -97,6 +97,8 @@ class TableFinding(Finding):
 def find(view: ModelView, *, tokens: int) -> list[TableFinding]:
     """A :class:`TableFinding` for every 2-D weight named as an absolute table."""
     names = [n for n in view.weights.ending(*TABLE_NAMES) if len(view.weights.shape(n)) == 2]
+    order = {"model": 0, "encoder": 1, "decoder": 2}
+    names.sort(key=lambda n: order[stack_of(n, view.config)])  # an encoder's table before its decoder's
     return [_finding(view, name) for name in names]
 
 
@@ -184,7 +186,7 @@ def figures(finding: TableFinding, label: str) -> list[tuple[str, Figure, str]]:
     right.set_ylabel("row norm")
     right.set_title("norm by position")
     right.grid(alpha=0.3)
-    right.set_ylim(bottom=0)
+    right.set_ylim(0, 1.1 * float(np.max(finding.norms)) or 1.0)  # a sinusoid's constant norm off the frame
     family = "fixed sinusoid" if finding.sinusoid else "learned"
     fig.suptitle(f"{label}: {finding.name} ({family}, {len(positions)} positions)")
     stem = finding.name.removesuffix(".weight").replace(".", "_")
