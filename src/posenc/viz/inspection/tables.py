@@ -174,7 +174,7 @@ def figures(finding: TableFinding, label: str) -> list[tuple[str, Figure, str]]:
         if low < 0
         else {"cmap": SEQUENTIAL, "vmin": low, "vmax": 1}
     )
-    image = ax.imshow(finding.cosine, interpolation="nearest", **scale)
+    image = ax.imshow(finding.cosine, interpolation="antialiased", **scale)
     ax.set_xlabel("position q")
     ax.set_ylabel("position p")
     ax.set_title("cos(row p, row q)")
