@@ -43,12 +43,12 @@ def inspect_command(
     from ..viz.inspection import InspectError, inspect_model, write_inspection
 
     try:
-        inspection = inspect_model(model, tokens=tokens)
+        inspection = inspect_model(model, tokens=tokens, log=print_line)
         page = write_inspection(inspection, out if out is not None else default_out(inspection.view.label))
     except InspectError as err:
         print_error(str(err))
         raise typer.Exit(2) from err
-    except (FileNotFoundError, RuntimeError, ImportError, OSError) as err:
+    except (ValueError, FileNotFoundError, RuntimeError, ImportError, OSError) as err:
         print_error(str(err))
         raise typer.Exit(1) from err
     _summary(inspection)

@@ -22,6 +22,7 @@ temporary folder renamed into place, so a failure leaves nothing half-written.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -92,19 +93,22 @@ def _row_numbers(row: LayerRow) -> dict[str, Any]:
     }
 
 
-def inspect_model(model: str | Path, *, tokens: int = DEFAULT_TOKENS) -> Inspection:
+def inspect_model(
+    model: str | Path, *, tokens: int = DEFAULT_TOKENS, log: Callable[[str], None] | None = None
+) -> Inspection:
     """Read ``model`` and measure its positional encodings (see the module docstring).
 
     Args:
         model: a fetched model's name, an HF folder or a GGUF file.
         tokens: tokens of the reference text a RoPE model is run on (at least 2).
+        log: called with progress lines (a fetched model's first conversion), or None.
 
     Raises :class:`InspectError` for input that is no model posenc can read, or a model that holds
     none of the encodings the sections read.
     """
     if tokens < 2:
         raise InspectError(f"--tokens must be at least 2, got {tokens}")
-    view = read_model(model)
+    view = read_model(model, log=log)
     findings = {family.ID: family.find(view, tokens=tokens) for family in FAMILIES}
     findings = {key: found for key, found in findings.items() if found}
     if not findings:

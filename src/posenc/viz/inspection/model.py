@@ -113,12 +113,13 @@ class ModelView:
         return torch.tensor(ids, dtype=torch.long)[None], how
 
 
-def read_model(model: str | Path) -> ModelView:
+def read_model(model: str | Path, *, log: Callable[[str], None] | None = None) -> ModelView:
     """The :class:`ModelView` of ``model`` (see the module docstring); :class:`InspectError` for input
     that is no model posenc can read, ``FileNotFoundError`` for a fetched model's name whose file is
-    not fetched (with the command that fetches it)."""
+    not fetched (with the command that fetches it). ``log`` gets a fetched model's conversion lines
+    (its first use converts a GGUF or CTranslate2 file: minutes)."""
     if str(model) in MODELS:
-        folder = convert(str(model))
+        folder = convert(str(model), log=log)
         return _read_folder(folder, str(model))
     path = Path(model)
     if not path.exists():

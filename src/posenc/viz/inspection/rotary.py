@@ -31,7 +31,7 @@ from ...pretrained.measures import pair_norms, wavelengths
 from .._style import SEQUENTIAL
 from ..registry import new_figure
 from .layers import Check, Encoding, Finding, first, join_layers
-from .model import ModelView
+from .model import InspectError, ModelView
 
 __all__ = ["HEADING", "ID", "INTRO", "RotaryFinding", "figures", "find"]
 
@@ -196,7 +196,7 @@ def _inv_freq(module: nn.Module, layer_type: str | None) -> Tensor:
         for name, buffer in buffers.items():
             if name.split(".")[-1] == suffix:
                 return buffer.detach().double().cpu()
-    raise ValueError(
+    raise InspectError(
         f"{type(module).__name__}: its config holds RoPE parameters but no rotary embedding buffer named "
         f"{' or '.join((*wanted, 'inv_freq'))} was found; posenc inspect reads the frequencies from it"
     )
