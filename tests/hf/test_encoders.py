@@ -18,7 +18,6 @@ float64 throughout: posenc against HF to 1e-9.
 from __future__ import annotations
 
 import copy
-import math
 import warnings
 
 import pytest
@@ -30,6 +29,7 @@ transformers = pytest.importorskip("transformers")
 
 import posenc  # noqa: E402
 import posenc.hf as posenc_hf  # noqa: E402
+from _encoder_references import symmetric_alibi, t5_bucket, unreached_buckets, with_padding  # noqa: E402
 
 VOCAB, LEN = 40, 11
 EXACT = {"rtol": 1e-9, "atol": 1e-9}
@@ -113,29 +113,12 @@ def test_mpnet_s_relative_bias_is_posenc_t5_on_its_table_at_every_distance_to_60
         assert torch.equal(_posenc_bias(bridged, 4, 601), want)
 
 
-def _bucket(r: int, num_buckets: int = 32, max_distance: int = 128) -> int:
-    """T5's bidirectional bucket of ``r = key - query`` (mesh-tf's ``_relative_position_bucket``,
-    written out): half the buckets per direction, keys after the query in the upper half."""
-    half = num_buckets // 2
-    base, n = (half if r > 0 else 0), abs(r)
-    exact = half // 2
-    if n < exact:
-        return base + n
-    return base + min(
-        half - 1, exact + int(math.log(n / exact) / math.log(max_distance / exact) * (half - exact))
-    )
-
-
-def _unreached_buckets() -> set[int]:
-    return set(range(32)) - {_bucket(r) for r in range(-5000, 5001)}  # every r past 128 saturates
-
-
 def test_the_unreached_bucket_gets_no_gradient_and_keeps_its_initial_value():
     """Bidirectionally, ``r = 0`` falls in the lower half, so the upper half's first bucket (``half + 0``)
     is never used. HF initialises MPNet's table with ``N(0, initializer_range²)`` (a random draw, not
     zero); the row of that bucket gets an exact zero gradient from HF and from posenc, and a training
     step (SGD, no weight decay) leaves it exactly as drawn while every other row moves."""
-    (unreached,) = _unreached_buckets()
+    (unreached,) = unreached_buckets()
     ids, mask = _batch(pad=1)
     reference = _mpnet()
     initial = reference.encoder.relative_attention_bias.weight.detach().clone()
@@ -147,7 +130,7 @@ def test_the_unreached_bucket_gets_no_gradient_and_keeps_its_initial_value():
         assert torch.equal(grads[name][unreached], torch.zeros(4, dtype=torch.float64))
         reached = [b for b in range(32) if b != unreached]
         # LEN = 11 reaches the buckets of |r| <= 10 only; those rows all get a gradient.
-        used = sorted({_bucket(r) for r in range(-LEN + 1, LEN)})
+        used = sorted({t5_bucket(r) for r in range(-LEN + 1, LEN)})
         assert all(grads[name][b].abs().max() > 0 for b in used) and set(used) <= set(reached)
         torch.optim.SGD(model.parameters(), lr=1.0).step()
         weight = model.encoder.relative_attention_bias.weight.detach()
@@ -171,7 +154,7 @@ class _MaskSpy:
 
 
 @pytest.mark.parametrize("impl", ["eager", posenc_hf.ATTN_IMPLEMENTATION])
-def test_mpnet_through_posenc_equals_hf_eager_with_padding(impl):
+def test_mpnet_through_posenc_equals_hf_eagerwith_padding(impl):
     """Loaded as eager, MPNet's attention gets HF's float mask (0 or the minimum); loaded as "posenc",
     once served, ``sdpa_mask``'s bool mask (True = attend), which MPNet's own attention would add as
     numbers (hiding nothing). The bridge reads both: hidden states, attention weights and every
@@ -269,7 +252,7 @@ def test_bert_s_learned_table_loaded_into_posenc_s_learned_gives_hf_s_position_e
         assert torch.equal(encoding.encode(positions), hf_table(positions))
 
 
-def test_bert_through_posenc_equals_hf_sdpa_and_eager_with_padding():
+def test_bert_through_posenc_equals_hf_sdpa_and_eagerwith_padding():
     ids, mask = _batch(pad=0)
     model = _bert("sdpa")
     with torch.no_grad():
@@ -283,19 +266,6 @@ def test_bert_through_posenc_equals_hf_sdpa_and_eager_with_padding():
 
 
 # ---------------------------------------------------------------------------- swap_encoding on encoders
-
-
-def _symmetric_alibi(heads: int, length: int) -> torch.Tensor:
-    """``-m_h·|i - j|`` ``[H, L, L]``, ``m_h = 2^(-8h/H)`` (the paper's slopes for a power of two)."""
-    slopes = torch.tensor([2.0 ** (-8 * h / heads) for h in range(1, heads + 1)], dtype=torch.float64)
-    pos = torch.arange(length, dtype=torch.float64)
-    return -slopes[:, None, None] * (pos[None, :, None] - pos[None, None, :]).abs()
-
-
-def _with_padding(bias: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """HF's eager mask form with ``bias`` in it: ``[B, H, L, L]``, padded keys at the dtype's minimum."""
-    hidden = (mask == 0)[:, None, None, :]
-    return bias[None].expand(mask.shape[0], -1, -1, -1).masked_fill(hidden, torch.finfo(bias.dtype).min)
 
 
 @pytest.mark.parametrize("keep", [False, True])
@@ -317,7 +287,7 @@ def test_bert_with_alibi_in_place_of_its_table_equals_hf_fed_the_bias(keep):
         with torch.no_grad():
             reference.embeddings.position_embeddings.weight.zero_()
     with torch.no_grad():
-        want = reference(ids, attention_mask=_with_padding(_symmetric_alibi(4, LEN), mask)).last_hidden_state
+        want = reference(ids, attention_mask=with_padding(symmetric_alibi(4, LEN), mask)).last_hidden_state
         got = swapped(ids, attention_mask=mask).last_hidden_state
         assert (got - reference(ids, attention_mask=mask).last_hidden_state).abs().max() > 1e-3  # ALiBi acted
     torch.testing.assert_close(got, want, **EXACT)
@@ -355,7 +325,7 @@ def test_mpnet_with_alibi_in_place_of_its_bias_equals_hf_fed_the_bias(keep):
         match=r"MPNetModel: replaced its relative bias \(T5 buckets, one table for every layer\) by 'alibi:num_heads=4,mode=symmetric'",
     ):
         posenc_hf.swap_encoding(swapped, "alibi", keep_absolute=keep)
-    alibi = _symmetric_alibi(4, LEN)
+    alibi = symmetric_alibi(4, LEN)
     reference.encoder.compute_position_bias = lambda x, *args, **kwargs: alibi[None].expand(
         x.shape[0], -1, -1, -1
     )

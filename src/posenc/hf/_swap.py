@@ -183,22 +183,7 @@ def _swap_encoder(
     """:func:`swap_encoding` on an encoder (see there); every check before any change."""
     family, embeddings, attentions = parts
     name, config = type(model).__name__, model.config
-    if family == "bert" and own_attention_model(type(config)) is not None:
-        raise ValueError(
-            f"swap_encoding: {name}'s attention does not go through HF's AttentionInterface, so posenc "
-            "cannot act inside it; served encoders: BERT-built models and MPNet"
-        )
-    if getattr(config, "is_decoder", False):
-        raise ValueError(
-            f"swap_encoding: {name} is configured as a decoder (is_decoder=True); swap_encoding serves "
-            "it as a bidirectional encoder: load it with is_decoder=False"
-        )
-    table = embeddings.position_embeddings
-    if not isinstance(table, nn.Embedding):
-        raise ValueError(
-            f"swap_encoding: {name}'s position table was swapped already ({type(table).__name__}); "
-            "swap a freshly loaded model"
-        )
+    table = _check_encoder(model, family, embeddings)
     specs = [encoding] * len(attentions) if isinstance(encoding, str) else list(encoding)
     if len(specs) != len(attentions):
         raise ValueError(f"swap_encoding: got {len(specs)} specs for a model of {len(attentions)} layers")
@@ -217,23 +202,7 @@ def _swap_encoder(
     absolute = [spec.cls.kind is Kind.ABSOLUTE and spec.name != "nope" for spec in parsed]
     described = f"the learned absolute positions ({table.num_embeddings} x {table.embedding_dim})"
     if any(absolute):
-        if not isinstance(encoding, str):
-            raise ValueError(
-                "swap_encoding: an ABSOLUTE encoding replaces the model's one position table: give one spec, "
-                f"not one per layer (got {specs})"
-            )
-        if keep:
-            raise ValueError(
-                f"swap_encoding: keep_absolute=True keeps {described}, but {encoding!r} would replace them: "
-                "give an in-attention spec (rotary, bias, relative) or leave keep_absolute False"
-            )
-        if table.padding_idx is not None or family == "mpnet":
-            raise ValueError(
-                f"swap_encoding: {name} counts its absolute positions from padding_idx + 1 = "
-                f"{(table.padding_idx or 0) + 1}, its pads at padding_idx, so posenc's {parsed[0].name!r} "
-                "cannot take its place at the same positions; give an in-attention spec (the table is "
-                "then removed, or kept with keep_absolute=True)"
-            )
+        _check_table_replacement(name, family, table, encoding, keep, described)
         replacement = _PositionTable(build_for_layer(parsed[0], context), weight)
         embeddings.position_embeddings = replacement
         _say(name, [f"replaced {described} by posenc's {replacement.encoding.spec()!r}"])
@@ -258,6 +227,51 @@ def _swap_encoder(
         changes.append(f"removed {described}: zeros in their place")
     _say(name, changes)
     return model
+
+
+def _check_encoder(model: nn.Module, family: str, embeddings: nn.Module) -> nn.Embedding:
+    """The encoder's learned table, once the encoder is one :func:`swap_encoding` serves."""
+    name, config = type(model).__name__, model.config
+    if family == "bert" and own_attention_model(type(config)) is not None:
+        raise ValueError(
+            f"swap_encoding: {name}'s attention does not go through HF's AttentionInterface, so posenc "
+            "cannot act inside it; served encoders: BERT-built models and MPNet"
+        )
+    if getattr(config, "is_decoder", False):
+        raise ValueError(
+            f"swap_encoding: {name} is configured as a decoder (is_decoder=True); swap_encoding serves "
+            "it as a bidirectional encoder: load it with is_decoder=False"
+        )
+    table = embeddings.position_embeddings
+    if not isinstance(table, nn.Embedding):
+        raise ValueError(
+            f"swap_encoding: {name}'s position table was swapped already ({type(table).__name__}); "
+            "swap a freshly loaded model"
+        )
+    return table
+
+
+def _check_table_replacement(
+    name: str, family: str, table: nn.Embedding, encoding: str | Sequence[str], keep: bool, described: str
+) -> None:
+    """An ABSOLUTE spec replaces the table: one spec, the table not kept, positions counted from 0."""
+    if not isinstance(encoding, str):
+        raise ValueError(
+            "swap_encoding: an ABSOLUTE encoding replaces the model's one position table: give one spec, "
+            f"not one per layer (got {list(encoding)})"
+        )
+    if keep:
+        raise ValueError(
+            f"swap_encoding: keep_absolute=True keeps {described}, but {encoding!r} would replace them: "
+            "give an in-attention spec (rotary, bias, relative) or leave keep_absolute False"
+        )
+    if table.padding_idx is not None or family == "mpnet":
+        raise ValueError(
+            f"swap_encoding: {name} counts its absolute positions from padding_idx + 1 = "
+            f"{(table.padding_idx or 0) + 1}, its pads at padding_idx, so posenc's {encoding!r} cannot "
+            "take its place at the same positions; give an in-attention spec (the table is then removed, "
+            "or kept with keep_absolute=True)"
+        )
 
 
 def _encoder_layer_encoding(spec: Any, context: LayerContext, index: int) -> PositionalEncoding:
