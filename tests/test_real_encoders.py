@@ -20,9 +20,8 @@ Tolerances (float32), as in ``tests/test_real_models.py``: posenc may differ fro
 from sdpa; MPNet has only HF's eager attention, so its yardstick is HF eager in float32 against HF
 eager in float64 (float32's own rounding through 12 layers). Equal tables are compared exactly.
 
-Until posenc's catalog lists the two models (``minilm-l6``, ``mpnet-base``), ``$POSENC_MINILM_DIR`` and
-``$POSENC_MPNET_DIR`` name their HF folders; absent, these tests skip, and fail under
-``POSENC_REQUIRE_REAL=1`` (CI).
+The models come from ``posenc models fetch minilm-l6 mpnet-base`` (into ``$POSENC_MODELS``); absent,
+these tests skip with that command, and fail under ``POSENC_REQUIRE_REAL=1`` (CI).
 """
 
 from __future__ import annotations
@@ -45,8 +44,6 @@ from _encoder_references import symmetric_alibi, t5_bucket, unreached_buckets, w
 REQUIRE_REAL = os.environ.get("POSENC_REQUIRE_REAL") == "1"
 
 MINILM, MPNET = "minilm-l6", "mpnet-base"
-#: The variables naming each model's HF folder (until the catalog fetches them).
-FOLDER_VARIABLES = {MINILM: "POSENC_MINILM_DIR", MPNET: "POSENC_MPNET_DIR"}
 #: Tokens of each passage of the padded batch (the first fills BERT's 512 positions).
 LENGTHS = (512, 300, 128, 17)
 
@@ -58,18 +55,9 @@ def _missing(message: str) -> None:
 
 
 def _folder(name: str) -> Path:
-    """The HF folder of ``name``: ``$POSENC_MINILM_DIR`` / ``$POSENC_MPNET_DIR`` when set, else the
-    catalog's fetched copy."""
-    variable = FOLDER_VARIABLES[name]
-    given = os.environ.get(variable)
-    if given:
-        if not (Path(given) / "config.json").is_file():
-            _missing(f"{variable}={given} holds no config.json (point it at the model's HF folder)")
-        return Path(given)
-    from posenc.pretrained.loading import MODELS, convert, fetch_command, model_path
+    """The fetched HF folder of ``name`` (posenc's catalog: ``posenc models fetch``)."""
+    from posenc.pretrained.loading import convert, fetch_command, model_path
 
-    if name not in MODELS:
-        _missing(f"{name} is not in posenc's catalog yet: set {variable} to its HF folder")
     try:
         model_path(name)
     except FileNotFoundError:
