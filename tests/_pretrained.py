@@ -59,3 +59,29 @@ def install_fake_fetch(tmp_path, monkeypatch):
         return calls
 
     return install
+
+
+def fake_wheels(tmp_path: Path, wheels: dict[str, dict[str, bytes]]) -> Path:
+    """Wheels ``fake_<name>-1.0-py3-none-any.whl`` holding ``{member: bytes}``, in ``tmp_path/wheels``."""
+    folder = tmp_path / "wheels"
+    folder.mkdir()
+    for name, members in wheels.items():
+        with zipfile.ZipFile(folder / f"fake_{name}-1.0-py3-none-any.whl", "w") as wheel:
+            for member, data in members.items():
+                wheel.writestr(member, data)
+    return folder
+
+
+def zip_bytes(files: dict[str, bytes]) -> bytes:
+    """A zip archive of ``{path: bytes}``, as bytes."""
+    import io
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for path, data in files.items():
+            archive.writestr(path, data)
+    return buffer.getvalue()
+
+
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

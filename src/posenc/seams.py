@@ -2,8 +2,9 @@
 
 posenc reaches past the public API of two projects:
 
-* **HF transformers** (``posenc.hf``): it replaces ``T5Attention.forward`` and
-  ``BloomAttention.forward``, replaces a Llama-family model's rotary embedding (called as
+* **HF transformers** (``posenc.hf``): it replaces ``T5Attention.forward``,
+  ``BloomAttention.forward`` and ``MPNetSelfAttention.forward`` (and a served MPNet encoder's
+  ``compute_position_bias``, whose bucket defaults it reads), replaces a Llama-family model's rotary embedding (called as
   ``rotary_emb(x, position_ids)``, rebuilt as ``type(rotary_emb)(config=...)``), and serves HF's
   attention-function convention (the arguments HF's own ``sdpa_attention_forward`` takes).
   Supported: :data:`TRANSFORMERS_RANGE`, the range ``pyproject.toml`` declares for the ``hf`` and
@@ -208,6 +209,37 @@ SEAMS: dict[str, Seam] = {
                 ),
             ),
             used_by="posenc.hf.use_posenc_attention (BLOOM), which replaces it",
+        ),
+        Seam(
+            name="transformers MPNetSelfAttention.forward",
+            package="transformers",
+            supported=TRANSFORMERS_RANGE,
+            module="transformers.models.mpnet.modeling_mpnet",
+            path="MPNetSelfAttention.forward",
+            known=(
+                ("self", "hidden_states", "attention_mask", "position_bias", "output_attentions", "**kwargs"),
+            ),
+            used_by="posenc.hf.use_posenc_attention (MPNet), which replaces it",
+        ),
+        Seam(
+            name="transformers MPNetEncoder.compute_position_bias",
+            package="transformers",
+            supported=TRANSFORMERS_RANGE,
+            module="transformers.models.mpnet.modeling_mpnet",
+            path="MPNetEncoder.compute_position_bias",
+            known=(("self", "x", "position_ids", "num_buckets"),),
+            used_by="posenc.hf.use_posenc_attention (MPNet): reads its num_buckets default, and stands in "
+            "for it on a served encoder (no dense bias)",
+        ),
+        Seam(
+            name="transformers MPNetEncoder.relative_position_bucket",
+            package="transformers",
+            supported=TRANSFORMERS_RANGE,
+            module="transformers.models.mpnet.modeling_mpnet",
+            path="MPNetEncoder.relative_position_bucket",
+            known=(("relative_position", "num_buckets", "max_distance"),),
+            used_by="posenc.hf.use_posenc_attention (MPNet): reads its max_distance default (posenc's t5 "
+            "buckets equal it)",
         ),
         Seam(
             name="transformers LlamaRotaryEmbedding.forward",

@@ -1,5 +1,6 @@
 """The compiled-generation benchmark (posenc.benchmarks.bench_compile) prints its rows for the random
-Llama (compiling is slow: ``slow``), and refuses a model it does not know by name."""
+Llama and for posenc's own model against it (compiling is slow: ``slow``), and refuses a model it does
+not know by name."""
 
 from __future__ import annotations
 
@@ -12,12 +13,16 @@ import pytest
 @pytest.mark.slow
 def test_compile_bench_prints_its_rows():
     done = subprocess.run(
-        [sys.executable, "-m", "posenc.benchmarks.bench_compile", "--models", "llama4", "--prompt", "16",
+        [sys.executable, "-m", "posenc.benchmarks.bench_compile", "--models", "llama4,lm", "--prompt", "16",
          "--new", "4", "--repeats", "1"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    for row in ("| llama4 | static + compile | posenc |", "| llama4 | eager, dynamic cache | sdpa |"):
+    for row in (
+        "| llama4 | static + compile | posenc |",
+        "| llama4 | eager, dynamic cache | sdpa |",
+        "| lm vs HF Llama | static + compile | posenc TransformerLM |",
+    ):
         assert row in done.stdout, done.stdout
 
 

@@ -174,7 +174,7 @@ def test_list_follows_the_dispatchers_order(monkeypatch):
 def test_every_command_is_checked():
     names = {" ".join(path) for path, _ in COMMANDS}
     assert {"", "list", "show", "plot", "extrapolate", "compare", "merge", "report", "bench"} <= names
-    assert {"submit", "slurm-torchrun", "models", "models fetch"} <= names
+    assert {"submit", "slurm-torchrun", "models", "models fetch", "inspect"} <= names
 
 
 @pytest.mark.parametrize("path", [p for p, _ in COMMANDS], ids=lambda p: " ".join(p) or "posenc")
@@ -241,6 +241,7 @@ def test_the_command_list_shows_what_the_library_does_first_and_the_cluster_last
         "report",
         "bench",
         "models",
+        "inspect",
         "submit",
         "slurm-torchrun",
     ]

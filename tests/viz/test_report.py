@@ -20,15 +20,13 @@ The page size is checked against :data:`PAGE_LIMIT`.
 from __future__ import annotations
 
 import html as html_lib
-import json
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from _chromium import VIEWPORT, run_probe
 from _report import (
     ENCODINGS,
     LENGTHS,
@@ -42,25 +40,8 @@ from posenc.experiments.results.compare import rank_rows
 
 load_command_modules()
 
-#: The viewport the first screen is measured in, and the largest page this job may give (bytes).
-VIEWPORT = (1300, 900)
-
+#: The largest page this job may give (bytes); the viewport is _chromium's.
 PAGE_LIMIT = 1_500_000
-
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--hide-scrollbars",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--host-resolver-rules=MAP * ~NOTFOUND",  # anything fetched from the network would fail to load
-    "--virtual-time-budget=10000",
-    f"--window-size={VIEWPORT[0]},{VIEWPORT[1]}",
-]
 
 # ---------------------------------------------------------------------------- Chromium
 
@@ -98,22 +79,7 @@ window.addEventListener("load", () => {
 
 def chromium_probe(page: Path, tmp_path: Path, extra_head: str = "") -> dict:
     """Load ``page`` (with ``extra_head`` added to its head) in headless Chromium and return the probe's JSON."""
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.skip("chromium is not on PATH (Debian: apt-get install -y chromium); cannot render the report")
-    probe = tmp_path / "probe.html"
-    text = page.read_text().replace("</head>", extra_head + "</head>").replace("</body>", PROBE + "</body>")
-    probe.write_text(text)
-    result = subprocess.run(
-        [chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", probe.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    found = re.search(r'<pre id="probe">(.*?)</pre>', result.stdout, re.S)
-    assert found, "the probe did not run (no <pre id=probe> in the dumped DOM)"
-    return json.loads(html_lib.unescape(found.group(1)))
+    return run_probe(page, tmp_path, PROBE, extra_head)
 
 
 def wrapped(measured: dict) -> list[dict]:

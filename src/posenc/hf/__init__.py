@@ -19,7 +19,7 @@ carry none and always get the window built): the layer gets None, and its ``slid
 (HF's, as HF's flash attention reads it) makes the call causal with that window, which posenc's window
 backends serve without a dense mask. A model whose own attention adds the mask to its scores (MPNet:
 not routed through ``AttentionInterface``) gets HF's eager mask and a warning: it runs as with
-``attn_implementation="eager"``. Cached generation over a right-padded ``attention_mask`` is warned of
+``attn_implementation="eager"``, until :func:`use_posenc_attention` serves it. Cached generation over a right-padded ``attention_mask`` is warned of
 (pad on the left); a swapped layer refuses 3-D ``position_ids`` (M-RoPE's axes are never guessed). T5's relative bias
 arrives as ``position_bias`` (dense, trainable) and is added to the logits as a float mask; for
 T5's structured path (no dense bias) use :func:`use_posenc_attention`.
@@ -36,14 +36,17 @@ layer's attention applies its posenc encoding inside :func:`attention_forward` (
 k, biases, relative terms) at the positions HF gives (``position_ids``). Keys then sit in HF's cache
 unrotated; the layer keeps their positions beside the cache and places the keys of each call by the
 cache's length, so a cropped cache (assisted generation's rejected drafts) and a sliding window
-continue at the right positions; a static cache is refused. :func:`set_rope_scaling` changes the RoPE scaling
+continue at the right positions; a static cache is refused. It also serves BERT and MPNet encoders:
+an in-attention spec acts in every layer (MPNet: in place of its relative bias) and the learned table
+is removed unless ``keep_absolute=True``; an ABSOLUTE spec replaces BERT's table; a warning says
+what changed. :func:`set_rope_scaling` changes the RoPE scaling
 of a loaded model in place, as if it had been loaded with those ``rope_parameters``;
 :func:`switch_rope_pairing_` moves a swapped model's RoPE to the interleaved pairing (q/k rows
 permuted, logits unchanged).
 
 :func:`use_posenc_attention` serves bias models whose bias HF computes outside the attention
-function, BLOOM (ALiBi) and T5 / mT5 (relative buckets), through posenc's own encodings: the bias is
-never a dense ``[B, H, L, L]`` tensor, and T5's table stays HF's parameter.
+function, BLOOM (ALiBi), T5 / mT5 and MPNet (relative buckets), through posenc's own encodings: the
+bias is never a dense ``[B, H, L, L]`` tensor, and T5's and MPNet's tables stay HF's parameters.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""Bias models without HF's attention hook, served by posenc's structured biases: BLOOM (ALiBi), T5 / mT5."""
+"""Bias models without HF's attention hook, served by posenc's structured biases: BLOOM (ALiBi), T5 / mT5,
+MPNet (T5's bidirectional buckets)."""
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -10,8 +12,11 @@ from torch import Tensor, nn
 from ..backends.run import attend
 from ..encodings.base import PositionalEncoding
 from ..encodings.registry import build
+from ..kernels.position_ranges import counting_positions
+from ..seams import SEAMS
 from ._attention import register
 from ._common import BACKEND, NOPE, allowed_keys, check_interface, note_backend
+from ._masks import note_own_attention_served
 
 
 def _bloom_attention_forward(
@@ -248,6 +253,165 @@ def _t5_stacks(model: nn.Module) -> list[nn.Module]:
     return [module for module in model.modules() if type(module).__name__ in names]
 
 
+# ---------------------------------------------------------------------------- MPNet
+#: MPNet's encoder, its self-attention (by class name), and what the bridge needs of each.
+_MPNET_ENCODER, _MPNET_ATTENTION = "MPNetEncoder", "MPNetSelfAttention"
+_MPNET_PARAMETERS = ("hidden_states", "attention_mask", "position_bias", "output_attentions")
+_MPNET_ATTRIBUTES = ("q", "k", "v", "o", "attention_head_size", "all_head_size", "dropout")
+_MPNET_ENCODER_ATTRIBUTES = ("layer", "n_heads", "relative_attention_bias")
+#: What to use instead when the installed MPNet is not the interface the bridge binds to.
+_MPNET_INSTEAD = "MPNet's own attention (attn_implementation='eager')"
+
+
+def _mpnet_attention_forward(
+    self: nn.Module,
+    hidden_states: Tensor,
+    attention_mask: Tensor | None = None,
+    position_bias: Tensor | None = None,
+    output_attentions: bool = False,
+    **kwargs: Any,
+) -> tuple[Tensor, ...]:
+    """``MPNetSelfAttention.forward`` on posenc's backends, with MPNet's relative bias as posenc's ``t5``.
+
+    HF's MPNet adds ``table[bucket(j - i)]`` (T5's bidirectional buckets over token indices, padding
+    included: ``MPNetEncoder.compute_position_bias`` without ``position_ids``) and the mask to
+    ``q·k / √D``. Here the bias is the layer's ``posenc_encoding`` (the encoder's one table, shared,
+    or what :func:`~posenc.hf.swap_encoding` put there) evaluated by the backend, never a dense
+    ``[B, H, L, L]`` tensor, and the mask is read for what it is (:func:`allowed_keys`): HF's eager
+    float mask (0 or the dtype's minimum) and ``sdpa_mask``'s bool mask (True = attend) hide the
+    same keys. (MPNet's own attention adds whatever mask it gets as numbers: a bool one hides nothing.)
+
+    Shapes: ``hidden_states [B, T, E]``, ``attention_mask [B, 1, T, T]`` or None. Returns
+    ``(out [B, T, E],)``, or ``(out, weights [B, H, T, T])`` when ``output_attentions``.
+    """
+    if position_bias is not None:
+        raise ValueError(
+            "use_posenc_attention: an MPNet attention served by posenc computes its bias from the encoder's "
+            "table; position_bias must be None"
+        )
+    batch, length, _ = hidden_states.shape
+    shape = (batch, length, -1, self.attention_head_size)
+    query, key, value = (proj(hidden_states).view(shape).transpose(1, 2) for proj in (self.q, self.k, self.v))
+    positions = counting_positions(length, query.device)
+    name, out, weights = attend(
+        query,
+        key,
+        value,
+        encoding=_layer_encoding(self),
+        q_pos=positions,
+        k_pos=positions,
+        scale=self.attention_head_size**-0.5,
+        attn_mask=allowed_keys(attention_mask),
+        dropout_p=self.dropout.p if self.training else 0.0,
+        need_weights=bool(output_attentions),
+        backend=BACKEND["name"],
+    )
+    note_backend(name)
+    out = self.o(out.transpose(1, 2).reshape(batch, length, self.all_head_size))
+    return (out, weights) if output_attentions else (out,)
+
+
+def _layer_encoding(module: nn.Module) -> PositionalEncoding:
+    """``module.posenc_encoding``: a plain attribute (the shared table's encoding) or a submodule (one
+    :func:`~posenc.hf.swap_encoding` built for the layer)."""
+    found = module.__dict__.get("posenc_encoding")
+    return found if found is not None else module._modules["posenc_encoding"]
+
+
+def _no_dense_bias(*args: Any, **kwargs: Any) -> None:
+    """Stands in for a served encoder's ``compute_position_bias``: its layers compute the bias themselves."""
+    return None
+
+
+def _signature_default(function: Any, seam: str, parameter: str) -> int:
+    """The integer default of ``parameter`` in the installed ``function`` (MPNet's bucket settings live
+    there, not in its config), or a refusal naming the seam."""
+    try:
+        default = inspect.signature(function).parameters[parameter].default
+    except (KeyError, TypeError, ValueError):
+        default = None
+    if isinstance(default, bool) or not isinstance(default, int):
+        raise ValueError(
+            "use_posenc_attention: "
+            + SEAMS[seam].mismatch(f"an integer default for {parameter}")
+            + f"; or use {_MPNET_INSTEAD}"
+        )
+    return default
+
+
+def _mpnet_encoding(encoder: nn.Module) -> PositionalEncoding:
+    """posenc's ``t5`` on ``encoder``'s ``relative_attention_bias`` (HF's module itself: one parameter).
+
+    The buckets are HF's: ``compute_position_bias``'s ``num_buckets`` and ``relative_position_bucket``'s
+    ``max_distance`` defaults (32 and 128; the encoder passes neither, whatever the config's
+    ``relative_attention_num_buckets`` says), bidirectional."""
+    check_interface(
+        encoder, "MPNetEncoder.compute_position_bias", (), _MPNET_ENCODER_ATTRIBUTES, instead=_MPNET_INSTEAD
+    )
+    owner = type(encoder)
+    num_buckets = _signature_default(
+        owner.compute_position_bias, "MPNetEncoder.compute_position_bias", "num_buckets"
+    )
+    max_distance = _signature_default(
+        owner.relative_position_bucket, "MPNetEncoder.relative_position_bucket", "max_distance"
+    )
+    table = encoder.relative_attention_bias
+    if table.num_embeddings < num_buckets:
+        raise ValueError(
+            f"use_posenc_attention: MPNet's relative_attention_bias has {table.num_embeddings} rows but its "
+            f"compute_position_bias buckets into {num_buckets}: set relative_attention_num_buckets={num_buckets}"
+        )
+    try:
+        encoding = build(
+            "t5",
+            num_heads=encoder.n_heads,
+            num_buckets=num_buckets,
+            max_distance=max_distance,
+            bidirectional=True,
+        )
+    except ValueError as err:
+        raise ValueError(
+            f"use_posenc_attention: MPNet's bucket settings (num_buckets={num_buckets}, "
+            f"max_distance={max_distance}) are outside what posenc's t5 bucket function serves: {err}"
+        ) from err
+    encoding.table = table
+    return encoding
+
+
+def _patch_mpnet(model: nn.Module) -> int:
+    """Serve every MPNet self-attention of ``model`` (:func:`_mpnet_attention_forward`); returns how many."""
+    import types
+
+    patched = []
+    for encoder in [m for m in model.modules() if type(m).__name__ == _MPNET_ENCODER]:
+        attentions = [layer.attention.attn for layer in encoder.layer]
+        for attention in attentions:  # every interface checked before anything is changed
+            check_interface(
+                attention,
+                "MPNetSelfAttention.forward",
+                _MPNET_PARAMETERS,
+                _MPNET_ATTRIBUTES,
+                instead=_MPNET_INSTEAD,
+            )
+        encoding = _mpnet_encoding(encoder)
+        for attention in attentions:
+            if "posenc_encoding" not in attention._modules:  # (a swapped layer keeps its own)
+                _use_attribute(attention, encoding)
+            attention.forward = types.MethodType(_mpnet_attention_forward, attention)
+            patched.append(attention)
+        encoder.compute_position_bias = _no_dense_bias
+        note_own_attention_served(encoder.config)
+    missed = [
+        name for name, m in model.named_modules() if type(m).__name__ == _MPNET_ATTENTION and m not in patched
+    ]
+    if missed:
+        raise ValueError(
+            f"use_posenc_attention: {type(model).__name__} has MPNet attention outside an MPNetEncoder "
+            f"({missed[0]}); only attention built the way MPNetEncoder builds it is served"
+        )
+    return len(patched)
+
+
 #: Attention classes (by class name) that have no AttentionInterface hook, and how posenc serves them.
 _PATCHED = {"BloomAttention": (_bloom_attention_forward, _bloom_encoding)}
 
@@ -266,13 +430,19 @@ def use_posenc_attention(model: nn.Module) -> nn.Module:
       on the stack's ``relative_attention_bias`` table, shared with HF (gradients reach it, the state
       dict is unchanged); cross-attention has no bias. The model's attention implementation becomes
       ``"posenc"`` (:func:`register`), so HF passes bool masks, and none without padding.
+    * MPNet (``MPNetModel``, ``MPNetForMaskedLM``, ...): each ``MPNetSelfAttention`` runs posenc's
+      ``t5`` encoding (T5's bidirectional buckets with HF's MPNet settings, 32 and 128) on the
+      encoder's one ``relative_attention_bias`` table, shared with HF, and the encoder no longer
+      builds its dense ``[B, H, L, L]`` bias (``compute_position_bias`` returns None on it). The
+      learned absolute positions stay HF's. Its attention implementation is left as it is: the
+      bridge reads HF's eager float mask and posenc's bool mask alike.
 
     Models with HF's ``AttentionInterface`` and no bias of their own take ``attn_implementation="posenc"``
     (:func:`register`) instead. Raises ``ValueError`` naming the model class when nothing is served.
     """
     import types
 
-    patched = _patch_t5(model)
+    patched = _patch_t5(model) + _patch_mpnet(model)
     for module in model.modules():
         entry = _PATCHED.get(type(module).__name__)
         if entry is not None:
@@ -281,7 +451,7 @@ def use_posenc_attention(model: nn.Module) -> nn.Module:
             module.forward = types.MethodType(forward, module)
             patched += 1
     if not patched:
-        served = ", ".join([*_PATCHED, *_T5_CLASSES])
+        served = ", ".join([*_PATCHED, *_T5_CLASSES, _MPNET_ATTENTION])
         raise ValueError(
             f"use_posenc_attention: {type(model).__name__} has no attention posenc patches (served: "
             f"{served}); models with HF's AttentionInterface take attn_implementation='posenc'"

@@ -44,11 +44,12 @@ def check_interface(
     parameters: Sequence[str],
     attributes: Sequence[str],
     one_of: Sequence[str] = (),
+    instead: str = "attn_implementation='posenc' (dense position_bias)",
 ) -> None:
     """Bind by what the installed module offers, not by a version number: its ``forward`` must take
     ``parameters`` (and one of ``one_of``, when given) and the module must have ``attributes``.
-    Anything else is refused naming what posenc expected, what it found, and the supported range
-    (:data:`posenc.seams.SEAMS` ``[seam]``)."""
+    Anything else is refused naming what posenc expected, what it found, the supported range
+    (:data:`posenc.seams.SEAMS` ``[seam]``) and what to use ``instead``."""
     found = [name for name in parameter_names(type(module).forward) if name != "self"]
     missing = [name for name in parameters if name not in found]
     if one_of and not any(name in found for name in one_of):
@@ -60,7 +61,7 @@ def check_interface(
         raise ValueError(
             "use_posenc_attention: "
             + SEAMS[seam].mismatch(expected, f"forward({', '.join(found)}), lacking {', '.join(missing)}")
-            + "; or use attn_implementation='posenc' (dense position_bias)"
+            + f"; or use {instead}"
         )
 
 

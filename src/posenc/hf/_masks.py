@@ -22,7 +22,9 @@ A model whose attention does not go through HF's ``AttentionInterface`` (MPNet: 
 to its scores itself) gets HF's eager mask (0 where allowed, the dtype's minimum elsewhere): the
 form its own arithmetic reads, so it runs exactly as with ``attn_implementation="eager"``, and a
 warning says that posenc serves none of its attention (posenc's bool mask added as numbers put its
-padded batches 0.13-0.16 off eager).
+padded batches 0.13-0.16 off eager). Once :func:`posenc.hf.use_posenc_attention` has replaced such a
+model's attention (:func:`note_own_attention_served`), its attention reads a bool mask as one: it gets
+``sdpa_mask``'s, as any served model, and no warning.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def posenc_mask(*args: Any, **kwargs: Any) -> Tensor | None:
     warn_right_padded_decoding(kwargs.get("attention_mask"), kwargs.get("q_offset"))
     config = kwargs.get("config")
     own = own_attention_model(type(config)) if config is not None else None
-    if own is not None:
+    if own is not None and not own_attention_served(config):
         _warn_own_attention(own)
         return eager_mask(*args, **kwargs)
     if not args and plain_window(kwargs) is not None and window_reaches_attention(config):
@@ -124,6 +126,29 @@ def window_reaches_attention(config: Any) -> bool:
         return False
     entry = _WINDOW_NAMED.get(id(config))
     return entry is not None and entry[0]() is config and entry[1]
+
+
+#: Per HF config object (by id; the weak reference tells a reused id from it): the configs of models
+#: whose own attention :func:`posenc.hf.use_posenc_attention` replaced by posenc's (MPNet).
+_SERVED: dict[int, weakref.ref] = {}
+
+
+def note_own_attention_served(config: Any) -> None:
+    """Record that the model of ``config`` (a model of :func:`own_attention_model`'s kind) now runs
+    posenc's attention, which reads HF's bool masks: :func:`posenc_mask` then builds ``sdpa_mask``'s."""
+    key = id(config)
+
+    def forget(ref: weakref.ref) -> None:
+        if _SERVED.get(key) is ref:
+            del _SERVED[key]
+
+    _SERVED[key] = weakref.ref(config, forget)
+
+
+def own_attention_served(config: Any) -> bool:
+    """Whether :func:`note_own_attention_served` recorded ``config`` (this very object)."""
+    ref = _SERVED.get(id(config))
+    return ref is not None and ref() is config
 
 
 #: :func:`own_attention_model`'s answers by config class. A plain dict, not ``functools.cache``: a

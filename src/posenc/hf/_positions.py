@@ -151,6 +151,16 @@ def swapped_positions(
     cache object this call uses, so two caches, or an uncached call between two steps, never mix;
     placed by the cache's length, so a cropped or sliding cache gets its own keys' positions)
     followed by the queries'."""
+    cache = module.__dict__.get("_posenc_call_cache")
+    if (
+        position_ids is None
+        and cache is None
+        and q_len == k_len
+        and getattr(module, "is_causal", True) is False
+    ):
+        # A bidirectional encoder's layer (BERT) gets position_ids only when its caller gave them; else
+        # its tokens sit at 0 .. T-1, as its embeddings count them (BertEmbeddings' position_ids).
+        position_ids = torch.arange(q_len, device=device)[None]
     if position_ids is None:
         raise ValueError("swap_encoding: the model did not pass position_ids to its attention")
     if position_ids.dim() > 2:  # never guessed as M-RoPE's axes (a packed batch's restarts stay 2-D)
@@ -163,7 +173,6 @@ def swapped_positions(
     if q_pos.dim() == 1:
         q_pos = q_pos[None]
     past = k_len - q_len
-    cache = module.__dict__.get("_posenc_call_cache")
     layer = getattr(module, "layer_idx", 0)
     static = _static_layer(cache, layer)
     if static is not None:

@@ -56,7 +56,7 @@ from ..masks.attention_mask import AttentionMask, WrittenSlotsMask
 from .attention import MultiheadAttention
 from .patterns import LayerSpec
 
-__all__ = ["StaticDecodeStep"]
+__all__ = ["ModelDecodeStep", "StaticDecodeStep", "compiled_decode"]
 
 
 class StaticDecodeStep(nn.Module):
@@ -309,3 +309,73 @@ def _unsupported(layer: nn.Module, cache: KVCache, served: tuple[str, ...]) -> l
     elif entry.first_slot != 0 or entry.evicted:
         problems.append("the cache's keys do not start at its first slot")
     return problems
+
+
+class ModelDecodeStep(nn.Module):
+    """One greedy step of a whole :class:`~posenc.TransformerLM` in fixed shapes: gpt-fast's
+    ``decode_one_token`` for posenc's own model, which ``torch.compile(fullgraph=True)`` traces whole.
+
+    Args:
+        model: a causal :class:`~posenc.TransformerLM` in eval mode whose every layer
+            :class:`StaticDecodeStep` serves (no KV-shared layers).
+        cache: the ``KVCache(max_length=N)`` the model has prefilled (the prompt).
+
+    Call: ``step(token [B, 1], position)`` with ``position`` from :meth:`next_position` returns the
+    logits ``[B, V]`` of the next token: the token embedded (and the model's absolute encodings added
+    at its position), every block run with its layer's :class:`StaticDecodeStep`, the final norm and
+    the head. :meth:`sync` records the steps' tokens in the cache.
+    """
+
+    def __init__(self, model: nn.Module, cache: KVCache) -> None:
+        super().__init__()
+        from .model import TransformerLM  # the model module imports this one
+
+        if not isinstance(model, TransformerLM):
+            raise ValueError(
+                f"ModelDecodeStep: model must be a posenc.TransformerLM, got {type(model).__name__}"
+            )
+        if model.training:
+            raise ValueError("ModelDecodeStep: the model is in training mode; call model.eval() to decode")
+        if model._kv_handoffs:
+            raise ValueError(
+                "ModelDecodeStep: KV-shared layers (kv_shared_layers) are not served; use model.generate()"
+            )
+        self.model = model
+        self.steps = nn.ModuleList(StaticDecodeStep(block.attn, cache) for block in model.blocks)
+
+    def next_position(self) -> Tensor:
+        """The slot of the next token (0-d int64), the same in every layer (all hold the prompt)."""
+        slots = [step.next_position() for step in self.steps]
+        return slots[0]
+
+    def sync(self) -> None:
+        """Record the steps' tokens in the cache (see :meth:`StaticDecodeStep.sync`)."""
+        for step in self.steps:
+            step.sync()
+
+    def forward(self, token: Tensor, position: Tensor) -> Tensor:
+        model = self.model
+        x = model.token_embedding(token)
+        pos = position.reshape(1, 1) + self.steps[0]._offset  # the token's position, not its slot
+        for encoding in model.input_encodings:
+            x = encoding.embed(x, pos.expand(x.shape[0], 1))
+        for block, step in zip(model.blocks, self.steps, strict=True):
+            x = x + step(block.norm_attn(x), position)
+            x = x + block.ffn(block.norm_ffn(x))
+        return model.head(model.final_norm(x))[:, -1]
+
+
+def _decode_call(step: ModelDecodeStep, token: Tensor, position: Tensor) -> Tensor:
+    return step(token, position)
+
+
+_COMPILED: list = []
+
+
+def compiled_decode():
+    """``torch.compile(fullgraph=True)`` of one :class:`ModelDecodeStep` call, made once per process:
+    the step is an argument, so a new step (a new cache, the next ``generate``) of the same shapes
+    reuses the graph (its parameters and buffers are the graph's inputs, not constants)."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(_decode_call, fullgraph=True))
+    return _COMPILED[0]

@@ -455,7 +455,13 @@ class TransformerLM(_Stack):
 
     @torch.no_grad()
     def generate(
-        self, prompt: Tensor, max_new_tokens: int, *, use_cache: bool = True, eos_token: int | None = None
+        self,
+        prompt: Tensor,
+        max_new_tokens: int,
+        *,
+        use_cache: bool = True,
+        eos_token: int | None = None,
+        compiled: bool = False,
     ) -> Tensor:
         """Greedy decoding: ``prompt [B, T0]`` -> ``[B, T0 + max_new_tokens]`` (argmax at every step).
 
@@ -464,14 +470,49 @@ class TransformerLM(_Stack):
         recomputes the whole sequence. Runs under ``torch.no_grad()``. Both give the same
         tokens. When every row has produced ``eos_token`` the loop stops early (rows are then
         shorter than ``T0 + max_new_tokens``).
+
+        ``compiled=True`` runs the prompt eagerly, then every new token as one
+        :class:`~posenc.layers.decode.ModelDecodeStep` (fixed shapes over the preallocated cache)
+        under ``torch.compile(fullgraph=True)``: compiled on the first call (seconds), reused by
+        every later call with the same batch, prompt length and ``max_new_tokens``. The same tokens
+        as the eager path; a model the step cannot serve (windows, KV sharing, content encodings) is
+        refused with the reasons, never silently run eagerly.
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         _check_prompt(prompt)
         if not self.causal:
             raise ValueError("generate needs a causal model (causal=True)")
+        if compiled and not use_cache:
+            raise ValueError("generate: compiled=True decodes over the cache; leave use_cache=True")
         with torch.no_grad():
+            if compiled:
+                return self._greedy_compiled(prompt, max_new_tokens, eos_token)
             return self._greedy(prompt, max_new_tokens, use_cache, eos_token)
+
+    def _greedy_compiled(self, prompt: Tensor, max_new_tokens: int, eos_token: int | None) -> Tensor:
+        from .decode import ModelDecodeStep, compiled_decode
+
+        if max_new_tokens == 0:
+            return prompt
+        was_training = self.training
+        self.eval()
+        try:
+            cache = KVCache(max_length=prompt.shape[1] + max_new_tokens)
+            token = self(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)
+            step, decode = ModelDecodeStep(self, cache), compiled_decode()
+            new = [token]
+            finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
+            for _ in range(max_new_tokens - 1):
+                if eos_token is not None:
+                    finished |= token[:, 0] == eos_token
+                    if bool(finished.all()):
+                        break
+                token = decode(step, token, step.next_position()).argmax(dim=-1, keepdim=True)
+                new.append(token)
+        finally:
+            self.train(was_training)
+        return torch.cat([prompt, *new], dim=1)
 
     def _greedy(self, prompt: Tensor, max_new_tokens: int, use_cache: bool, eos_token: int | None) -> Tensor:
         was_training = self.training

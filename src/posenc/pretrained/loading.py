@@ -71,6 +71,9 @@ def load(model: str | Path, *, dtype: Any = None, log: Any = None) -> tuple[Any,
     it (``<name>.hf/``, tagged with the GGUF file's sha256); later loads read that folder in seconds.
     A GGUF of an architecture the installed transformers cannot load is refused, naming it; so is an
     HF folder that holds no causal decoder or no weights (:func:`load_config`), before any weight loads.
+    A fetched model that is not a causal LM (``minilm-l6``, ``mpnet-base``, ``whisper-base``) loads as
+    its own class (:attr:`PretrainedModel.architecture`: ``BertModel``, ...); Whisper's CTranslate2
+    file is converted to an HF folder on its first load, as a GGUF file is.
     """
     import torch
 
@@ -90,13 +93,14 @@ def load(model: str | Path, *, dtype: Any = None, log: Any = None) -> tuple[Any,
     return _load_hf(path, dtype)
 
 
-def load_config(model: str | Path) -> Any:
+def load_config(model: str | Path, *, causal: bool = True) -> Any:
     """The HF config of ``model`` (as :func:`load` takes it) without loading its weights: what a
     plan needs (the context, the RoPE parameters) on a machine that will not run the model, such as
     a Slurm login node. A fetched model's config is read from its converted folder when there is
     one, else from its GGUF file's metadata. An HF folder must hold a causal decoder's config
     (:func:`check_causal_decoder`) and its weights (one of :data:`WEIGHT_FILES`): ``ValueError``
-    naming the folder otherwise."""
+    naming the folder otherwise. ``causal=False`` reads a fetched encoder's config (``minilm-l6``)
+    too; by default a fetched model that is no causal decoder is refused by name, as a folder is."""
     try:
         from transformers import AutoConfig
     except ImportError as err:  # pragma: no cover - the real extra is missing
@@ -106,6 +110,11 @@ def load_config(model: str | Path) -> Any:
         tag = folder / _SOURCE_TAG
         converted = tag.is_file() and tag.read_text().strip() == MODELS[str(model)].sha256
         path = folder if converted else model_path(str(model))
+        if MODELS[str(model)].form != "gguf":
+            config = AutoConfig.from_pretrained(str(convert(str(model))))
+            if causal:
+                check_causal_decoder(config, model)
+            return config
     else:
         path = Path(model)
         if not path.exists():
@@ -256,30 +265,75 @@ _SOURCE_TAG = "posenc-source.sha256"
 
 
 def converted_dir(name: str) -> Path:
-    """The HF folder a fetched model is converted to on its first :func:`load`."""
-    return models_dir() / f"{_spec(name).name}.hf"
+    """The HF folder a fetched model is read from: ``<name>.hf/`` for the forms converted on their
+    first :func:`load` (GGUF, CTranslate2), the fetched folder itself for an HF folder."""
+    spec = _spec(name)
+    if spec.form not in _CONVERTERS:
+        return models_dir() / spec.filename
+    return models_dir() / f"{spec.name}.hf"
 
 
 def convert(name: str, *, log: Any = None) -> Path:
-    """The converted HF folder of the fetched model ``name``, converting its GGUF file first when the
-    folder is absent or was converted from another file (see :func:`load`)."""
+    """The HF folder of the fetched model ``name``, converting its GGUF or CTranslate2 file first when
+    the folder is absent or was converted from another file (see :func:`load`); a model fetched as an
+    HF folder is returned as it is (``FileNotFoundError`` with the fetch command when absent)."""
     spec = _spec(name)
+    if spec.form not in _CONVERTERS:
+        return model_path(name)
     folder = converted_dir(name)
     tag = folder / _SOURCE_TAG
     if not (tag.is_file() and tag.read_text().strip() == spec.sha256):
-        _convert(spec, folder, log or (lambda line: None))
+        _CONVERTERS[spec.form](spec, folder, log or (lambda line: None))
     return folder
 
 
 def _load_fetched(spec: PretrainedModel, dtype: Any, log: Any) -> tuple[Any, Any]:
-    """A fetched model from its converted folder, converting the GGUF file first when needed."""
-    return _load_hf(convert(spec.name, log=log), dtype)
+    """A fetched model from its HF folder (converting a GGUF or CTranslate2 file first when needed),
+    as its own class."""
+    folder = convert(spec.name, log=log)
+    if spec.form == "gguf":
+        return _load_hf(folder, dtype)
+    import transformers
+
+    model = getattr(transformers, spec.architecture).from_pretrained(str(folder), dtype=dtype)
+    return model.eval(), transformers.AutoTokenizer.from_pretrained(str(folder))
+
+
+def _install_atomically(scratch: Path, folder: Path) -> None:
+    """Move the finished folder ``scratch`` to ``folder``, replacing an older one whole."""
+    import shutil
+
+    if folder.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        scratch.rename(folder)
+    except OSError:  # another process converted it meanwhile: keep theirs
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _convert_ctranslate2(spec: PretrainedModel, folder: Path, log: Any) -> None:
+    """Convert a fetched CTranslate2 Whisper folder to an HF ``WhisperForConditionalGeneration`` folder,
+    atomically, tagged with the ``model.bin``'s sha256."""
+    import shutil
+    import time
+
+    from .ctranslate2 import convert_whisper
+
+    start = time.perf_counter()
+    log(f"{spec.name}: converting the CTranslate2 model to an HF folder (once)")
+    scratch = Path(tempfile.mkdtemp(prefix=f".{spec.name}-", dir=folder.parent))
+    try:
+        convert_whisper(model_path(spec.name), scratch / "hf", log=log)
+        (scratch / "hf" / _SOURCE_TAG).write_text(spec.sha256 + "\n")
+        _install_atomically(scratch / "hf", folder)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    log(f"{spec.name}: converted in {time.perf_counter() - start:.0f} s -> {folder}")
 
 
 def _convert(spec: PretrainedModel, folder: Path, log: Any) -> None:
     """Load the GGUF file with HF (float32) and save it as an HF folder, atomically (a concurrent
     converter's folder is replaced whole, never mixed)."""
-    import shutil
     import time
 
     from transformers import AutoModelForCausalLM
@@ -299,13 +353,15 @@ def _convert(spec: PretrainedModel, folder: Path, log: Any) -> None:
     plain.save_pretrained(scratch)
     tokenizer.save_pretrained(scratch)
     (scratch / _SOURCE_TAG).write_text(spec.sha256 + "\n")
-    if folder.exists():
-        shutil.rmtree(folder, ignore_errors=True)
-    try:
-        scratch.rename(folder)
-    except OSError:  # another process converted it meanwhile: keep theirs
-        shutil.rmtree(scratch, ignore_errors=True)
+    _install_atomically(scratch, folder)
     log(f"{spec.name}: converted in {time.perf_counter() - start:.0f} s -> {folder}")
+
+
+#: The forms whose fetched file is converted to an HF folder ``<name>.hf/`` on first use.
+_CONVERTERS: dict[str, Callable[[PretrainedModel, Path, Any], None]] = {
+    "gguf": _convert,
+    "ctranslate2": _convert_ctranslate2,
+}
 
 
 def gguf_architecture(path: Path) -> str:

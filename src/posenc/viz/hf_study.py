@@ -1,7 +1,8 @@
 """The figures of a context-extension study folder (``posenc extrapolate --hf-model M --task text``).
 
 - ``extrapolation.png``: perplexity against position (each bucket's perplexity at its upper end),
-  one line per variant, the training context marked by a dashed line;
+  one line per variant, its 95% interval across windows shaded where the records carry one
+  (``--eval-examples`` >= 2), the training context marked by a dashed line;
 - ``depth.png``: passkey exact match by needle depth (rows) and prompt length (columns), one panel
   per variant (:func:`posenc.viz.depth.depth_heatmap_figure`).
 """
@@ -26,13 +27,25 @@ def perplexity_by_position_figure(settings: dict[str, Any], records: list[dict[s
     fig = new_figure(8.0, 4.5)
     ax = fig.subplots()
     for label in settings["encodings"]:
-        points = sorted(
-            (r["length"], r["value"])
-            for r in records
-            if r["encoding"] == label and r["metric"] == "perplexity"
+        rows = sorted(
+            (r for r in records if r["encoding"] == label and r["metric"] == "perplexity"),
+            key=lambda r: r["length"],
         )
-        if points:
-            ax.plot([p for p, _ in points], [v for _, v in points], marker="o", markersize=3, label=label)
+        if not rows:
+            continue
+        (line,) = ax.plot(
+            [r["length"] for r in rows], [r["value"] for r in rows], marker="o", markersize=3, label=label
+        )
+        bands = [r for r in rows if r.get("interval")]
+        if len(bands) >= 2:
+            ax.fill_between(
+                [r["length"] for r in bands],
+                [r["interval"][0] for r in bands],
+                [r["interval"][1] for r in bands],
+                color=line.get_color(),
+                alpha=0.15,
+                linewidth=0,
+            )
     context = settings["train_len"]
     ax.axvline(context, color="grey", linestyle="--", linewidth=1.0)
     ax.text(context, 1.0, f" context {context}", transform=ax.get_xaxis_transform(), va="top", fontsize=8)

@@ -75,6 +75,23 @@ def test_the_verdict_names_each_variants_reach_and_the_unranked():
     assert "m + yarn ≈ m" in " ".join(verdict_notes(settings, overlapping))
 
 
+def test_the_verdict_says_why_it_cannot_tell_a_reach():
+    """No records for a variant (not run yet), and a run whose buckets all lie inside the context
+    (eval-len <= c): the verdict says so instead of claiming a reach of c."""
+    settings = {
+        "train_len": CONTEXT,
+        "encodings": ["m", "m + dca"],
+        "variant_names": {"m": "none", "m + dca": "dca"},
+        "eval_examples": 2,
+    }
+    inside = [_bucket(0, 32, 9.0, label="m"), _bucket(32, 64, 10.0, label="m")]
+    notes = " ".join(verdict_notes(settings, inside))
+    assert "m + dca: no perplexity records" in notes
+    assert f"m: no position past the context {CONTEXT} was evaluated" in notes
+    assert "reads to 64" not in notes
+    assert reads_to(inside, 10.0, CONTEXT) is None
+
+
 @pytest.mark.hf
 def test_the_study_interval_is_the_t_interval_of_the_window_means(tmp_path):
     pytest.importorskip("transformers")

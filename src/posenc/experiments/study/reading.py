@@ -63,11 +63,15 @@ def reference_perplexity(records: list[dict[str, Any]], context: int) -> float:
 
 def reads_to(
     records: list[dict[str, Any]], reference: float, context: int, margin: float = READ_MARGIN
-) -> int:
+) -> int | None:
     """The last bucket end past ``context`` up to which every bucket's upper bound (its value with one
-    window) is at most ``(1 + margin) · reference``; ``context`` when the first one past it is not."""
+    window) is at most ``(1 + margin) · reference``; ``context`` when the first one past it is not;
+    None when the records hold no bucket past ``context`` (nothing was read there to judge)."""
+    buckets = sorted(_perplexity(records).items())
+    if not any(hi > context for (_, hi), _record in buckets):
+        return None
     reach = context
-    for (_, hi), record in sorted(_perplexity(records).items()):
+    for (_, hi), record in buckets:
         if hi <= context:
             continue
         upper = record["interval"][1] if record.get("interval") else record["value"]
@@ -92,6 +96,20 @@ def rank_groups(rows: dict[str, dict[str, Any]]) -> list[list[str]]:
     return groups
 
 
+def _reach_note(label: str, records: list[dict[str, Any]], shared: float | None, context: int) -> str:
+    """How far ``label`` reads, or why it cannot be said (no records, no position past the context,
+    no in-context perplexity to compare with)."""
+    if not _perplexity(records):
+        return f"{label}: no perplexity records (not run, or still running)"
+    reference = shared if shared is not None else reference_perplexity(records, context)
+    if not math.isfinite(reference):
+        return f"{label}: no in-context perplexity (positions ({context // 2}, {context}]) to compare with"
+    reach = reads_to(records, reference, context)
+    if reach is None:
+        return f"{label}: no position past the context {context} was evaluated (give --eval-len above it)"
+    return f"{label} reads to {reach} ({reach / context:g}x)"
+
+
 def verdict_notes(settings: dict[str, Any], records: list[dict[str, Any]]) -> tuple[str, ...]:
     """The table's notes on how far each variant reads and which cannot be ranked (none without
     perplexity records)."""
@@ -102,11 +120,7 @@ def verdict_notes(settings: dict[str, Any], records: list[dict[str, Any]]) -> tu
     names = settings.get("variant_names") or {}
     trained = next((label for label in labels if names.get(label, "none") == "none"), None)
     shared = reference_perplexity(mine[trained], context) if trained is not None else None
-    reads = []
-    for label in labels:
-        reference = shared if shared is not None else reference_perplexity(mine[label], context)
-        reach = reads_to(mine[label], reference, context)
-        reads.append(f"{label} reads to {reach} ({reach / context:g}x)")
+    reads = [_reach_note(label, mine[label], shared, context) for label in labels]
     windows = settings["eval_examples"]
     notes = [
         f"reads to: the last bucket past the context {context} whose interval stays within "
