@@ -12,8 +12,9 @@
   HF sdpa by at most ``4 x`` HF eager's own distance from HF sdpa on the same input, plus 1e-5.
 
 The audio: three sine tones (220, 440, 660 Hz, 5 s) through the converted folder's
-``WhisperFeatureExtractor``. The model: ``_whisper_folder()``, the fetched CTranslate2 folder (absent,
-these tests skip, and fail under ``POSENC_REQUIRE_REAL=1``).
+``WhisperFeatureExtractor``. The model: ``posenc models fetch whisper-base`` (into ``$POSENC_MODELS``),
+converted once by ``posenc.pretrained.loading.convert``; absent, these tests skip with that command, and
+fail under ``POSENC_REQUIRE_REAL=1`` (CI).
 """
 
 from __future__ import annotations
@@ -42,25 +43,24 @@ CT2_TOKENS = [542, 8710, 60, 50257]
 
 
 def _whisper_folder() -> Path:
-    """The CTranslate2 whisper-base folder (model.bin, config.json, tokenizer.json, vocabulary.txt)."""
-    configured = os.environ.get("POSENC_WHISPER_CT2")
-    folder = Path(configured) if configured else None
-    if folder is None or not (folder / "model.bin").is_file():
-        reason = f"{NAME} is not fetched: set POSENC_WHISPER_CT2 to its CTranslate2 folder"
+    """The fetched CTranslate2 whisper-base folder (model.bin, config.json, tokenizer.json, vocabulary.txt)."""
+    from posenc.pretrained.loading import fetch_command, model_path
+
+    try:
+        return model_path(NAME)
+    except FileNotFoundError as err:
         if REQUIRE_REAL:
-            pytest.fail(f"POSENC_REQUIRE_REAL=1 but {reason}")
-        pytest.skip(reason)
-    return folder
+            pytest.fail(f"POSENC_REQUIRE_REAL=1 but {err}")
+        pytest.skip(f"{NAME} is not fetched: run `{fetch_command([NAME])}`")
 
 
 @pytest.fixture(scope="module")
-def hf_folder(tmp_path_factory) -> Path:
-    """The converted HF folder (converted once per test run)."""
-    from posenc.pretrained.ctranslate2 import convert_whisper
+def hf_folder() -> Path:
+    """The converted HF folder (``posenc.pretrained.loading.convert``: once, beside the fetched model)."""
+    from posenc.pretrained.loading import convert
 
-    out = tmp_path_factory.mktemp("whisper") / f"{NAME}.hf"
-    convert_whisper(_whisper_folder(), out)
-    return out
+    _whisper_folder()
+    return convert(NAME)
 
 
 def _model(folder: Path):
