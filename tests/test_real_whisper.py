@@ -173,7 +173,7 @@ def test_posenc_logits_equal_hf_on_every_whisper_attention(model, features, prom
     assert {role: spy.served(role) for role in ROLES} == dict.fromkeys(ROLES, 6)
 
 
-@pytest.mark.parametrize("backend", ["sdpa", "blocked", "segments"])
+@pytest.mark.parametrize("backend", ["sdpa", "eager", "blocked", "segments"])
 def test_each_backend_serves_whisper_base(model, features, prompt, backend):
     """Forced in turn, on the 1500-token encoder, the decoder and the 1500-key cross-attention."""
     import posenc.hf
