@@ -82,6 +82,9 @@ def tiny_whisper(seed: int = 0, vocab: int | None = None, weight_std: float | No
         begin_suppress_tokens=[],
     )
     model = transformers.WhisperForConditionalGeneration(config).eval()
+    # Seeded again after construction: HF's own init draws a different amount from the generator in
+    # different releases (5.15 against 5.24), and the draws below must not depend on it.
+    torch.manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if name.endswith("bias") or "layer_norm" in name:
