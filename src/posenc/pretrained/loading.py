@@ -105,16 +105,16 @@ def load_config(model: str | Path, *, causal: bool = True) -> Any:
         from transformers import AutoConfig
     except ImportError as err:  # pragma: no cover - the real extra is missing
         raise ImportError("reading a model's config needs transformers: pip install 'posenc[real]'") from err
+    if str(model) in MODELS and MODELS[str(model)].form != "gguf":
+        config = AutoConfig.from_pretrained(str(convert(str(model))))
+        if causal:
+            check_causal_decoder(config, model)
+        return config
     if str(model) in MODELS:
         folder = converted_dir(str(model))
         tag = folder / _SOURCE_TAG
         converted = tag.is_file() and tag.read_text().strip() == MODELS[str(model)].sha256
         path = folder if converted else model_path(str(model))
-        if MODELS[str(model)].form != "gguf":
-            config = AutoConfig.from_pretrained(str(convert(str(model))))
-            if causal:
-                check_causal_decoder(config, model)
-            return config
     else:
         path = Path(model)
         if not path.exists():
