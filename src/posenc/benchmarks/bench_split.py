@@ -11,7 +11,11 @@ Attention alone (no projections), B=1, H=8, d=64, float32, one process, interlea
 * **masks**: window 512 and 8 packed documents against one full causal SDPA pass: the masked blocks
   and the mask segments.
 
-    python -m posenc.benchmarks.bench_split [--sizes 1024,2048,4096,8192] [--repeats 3] [--part bias|masks]
+* **kernel** (asked for by name, not part of ``all``): where the split's time goes inside PyTorch's
+  CPU flash kernel, and what the far part's extra head dimension costs on this CPU
+  (:mod:`posenc.benchmarks.split_kernel`).
+
+    python -m posenc.benchmarks.bench_split [--sizes 1024,2048,4096,8192] [--repeats 3] [--part bias|masks|kernel]
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from posenc.backends.clipped import clipped_attention
 from posenc.backends.near_far import near_far_attention
 from posenc.backends.relative import relative_attention
 from posenc.backends.segments import segment_attention
+from posenc.benchmarks import split_kernel
 from posenc.benchmarks._harness import (
     interleaved,
     machine,
@@ -142,7 +147,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1024,2048,4096,8192")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--part", choices=("bias", "masks", "all"), default="all")
+    parser.add_argument("--part", choices=("bias", "masks", "all", "kernel"), default="all")
     parser.add_argument("--encodings", default=",".join(ENCODINGS))
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--documents", type=int, default=8)
@@ -151,6 +156,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.part == "kernel":
+        _print_kernel_part([int(s) for s in args.sizes.split(",")], args.repeats)
+        return
     labels = []
     if args.part in ("bias", "all"):
         labels += [e for e in args.encodings.split(",") if e]
@@ -204,6 +212,19 @@ def main() -> None:
             ["case", "L", "pass", "implementation", "median (min–max)", "× floor", "peak (fwd+bwd)"], rows
         )
     )
+
+
+def _print_kernel_part(lengths: list[int], repeats: int) -> None:
+    calls, layouts = [], []
+    for length in lengths:
+        params = {"length": length, "train": True}
+        cases = {label: build_case(f"{label}|split", params) for label in ("alibi causal", "t5 causal")}
+        calls += split_kernel.call_rows(cases, length)
+        layouts += split_kernel.layout_rows(length, HEADS, repeats)
+    print(f"The split's calls of the CPU flash kernel (one fwd+bwd, torch.profiler); {machine()}\n")
+    print(markdown_table(["case", "L", "pass", "part", "q shape", "calls", "ms", "share"], calls))
+    print(f"\nThe flash kernel alone at the far part's rows, by layout; {machine()}\n")
+    print(markdown_table(["q shape", "pass", "layout", "median (min–max)", "× D=64"], layouts))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from .flash import flash_backward, flash_forward
 __all__ = [
     "MASKED_KERNEL_COST",
     "add_runs",
+    "aligned_rows",
     "at_least_float32",
     "consecutive",
     "distance_table",
@@ -157,25 +158,45 @@ def row_constant_grad(
 # ---------------------------------------------------------------------------- the key-term head dimension
 
 
+#: Where each row of :func:`with_key_term`'s widened operands starts: on a 64-byte boundary (a cache
+#: line and an AVX-512 register). Dense rows of ``D + 1`` elements start anywhere in a line, and the
+#: CPU flash kernel's GEMMs then read every row split across two lines: at the far part's shapes
+#: (``bench split --part kernel``) that costs as much as the extra column itself. The kernel reads
+#: row strides as they are, so padded rows change where rows start, not the numbers.
+ROW_ALIGN_BYTES = 64
+
+
+def aligned_rows(shape: tuple[int, ...], width: int, like: Tensor) -> Tensor:
+    """Zeros ``[*shape, width]`` (``like``'s dtype and device) whose rows start every
+    :data:`ROW_ALIGN_BYTES`: a view of storage padded to the next multiple of that many bytes."""
+    per_line = max(1, ROW_ALIGN_BYTES // like.element_size())
+    padded = -(-width // per_line) * per_line
+    return like.new_zeros(*shape, padded)[..., :width]
+
+
 def with_key_term(q: Tensor, k: Tensor, v: Tensor, key_term: Tensor, q_scale: float | None = None):
     """``[q, 1]``, ``[k, key_term]``, ``[v, 0]``: a logit term ``key_term[.., j]`` per key rides in one
-    extra head dimension (``key_term [B|1, H, Tk]``, in logit units over the kernel's scale).
+    extra head dimension (``key_term [B|1, H, Tk]``, in logit units over the kernel's scale). Each is
+    a view with rows on :data:`ROW_ALIGN_BYTES` boundaries (:func:`aligned_rows`).
 
     ``q_scale``: fold the logit scale into ``q`` (``[q·scale, 1]``, run the kernel at scale 1), so
     the key term is in logit units itself."""
-    batch = q.shape[0]
-    ones = q.new_ones(*q.shape[:-1], 1)
-    column = key_term[..., None].to(k.dtype).expand(batch, -1, -1, -1)
-    return (
-        torch.cat((q if q_scale is None else q * q_scale, ones), dim=-1),
-        torch.cat((k, column), dim=-1),
-        torch.cat((v, torch.zeros_like(column)), dim=-1),
-    )
+    dim = q.shape[-1]
+    q_wide, k_wide, v_wide = (aligned_rows(x.shape[:-1], dim + 1, x) for x in (q, k, v))
+    q_wide[..., :dim] = q if q_scale is None else q * q_scale
+    q_wide[..., dim] = 1
+    k_wide[..., :dim] = k
+    k_wide[..., dim] = key_term.to(k.dtype)
+    v_wide[..., :dim] = v
+    return q_wide, k_wide, v_wide
 
 
 def pad_column(x: Tensor) -> Tensor:
-    """``x`` with one zero column: an output or its gradient beside :func:`with_key_term`'s operands."""
-    return torch.cat((x, torch.zeros_like(x[..., :1])), dim=-1)
+    """``x`` with one zero column: an output or its gradient beside :func:`with_key_term`'s operands
+    (rows aligned alike)."""
+    wide = aligned_rows(x.shape[:-1], x.shape[-1] + 1, x)
+    wide[..., :-1] = x
+    return wide
 
 
 # ---------------------------------------------------------------------------- the far part
@@ -234,17 +255,20 @@ def far_backward(
     value row, minus that row in ``out``); ``q``, ``k``, ``v``, ``key_term`` as in :func:`far_forward`."""
     dim = q.shape[-1]
     kernel_scale = scale
-    if key_term is not None:
+    if key_term is None:
+        # The kernel reads the output gradient and the output with one set of strides: both contiguous.
+        grad, out = grad.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
+    else:
         q, k, v = with_key_term(q, k, v, key_term, scale if fold_scale else None)
-        grad, out = pad_column(grad), pad_column(out)
+        # Both padded alike (pad_column), so they share one set of strides as they are.
+        grad, out = pad_column(grad.to(q.dtype)), pad_column(out.to(q.dtype))
         kernel_scale = 1.0 if fold_scale else scale
-    # The kernel reads the output gradient and the output with one set of strides: both contiguous.
     d_q, d_k, d_v = flash_backward(
-        grad.to(q.dtype).contiguous(),
+        grad,
         q,
         k,
         v,
-        out.to(q.dtype).contiguous(),
+        out,
         lse.contiguous(),
         0.0,
         True,

@@ -1,0 +1,125 @@
+"""Where the near/far split spends its time inside PyTorch's CPU flash kernel, and what the far part's
+extra head dimension costs on this CPU (``bench split --part kernel``).
+
+The split's far part runs the CPU flash kernel on ``[1, H, L - block - 1, D]`` slices; ALiBi's
+separable key term rides in one extra head dimension, so its far calls have ``D = 65`` where plain
+SDPA has 64. How much that costs is a property of the CPU and its BLAS (the kernel's small GEMMs
+with a 65-wide edge), not of posenc's code, so this part prints two tables a session on any
+machine can read:
+
+* **calls**: one forward+backward of the split for ALiBi and T5 (causal) under
+  :mod:`torch.profiler`, the flash kernel's calls grouped by operator and query shape: how many,
+  their time, their share of the whole call;
+* **layouts**: the flash kernel alone at the far part's shape, forward and backward timed apart and
+  interleaved, for the layouts the far part could take: ``D = 64`` (what SDPA runs), ``D = 65`` with
+  dense rows (each row starting anywhere in a cache line), ``D = 65`` with rows starting on 64-byte
+  boundaries (what the split runs: :data:`~posenc.backends.parts.exact.ROW_ALIGN_BYTES`) and
+  ``D = 80`` (zero columns up to the next multiple of 16).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from posenc.backends.near_far import NEAR_BLOCK
+from posenc.benchmarks._harness import interleaved
+
+__all__ = ["FLASH_OPS", "LAYOUTS", "call_rows", "flash_calls", "layout_rows"]
+
+#: The CPU flash kernel's operators as the profiler names them: forward, backward.
+FLASH_OPS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "forward",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "backward",
+}
+
+#: layout name -> (head dim the kernel computes with, floats between consecutive rows)
+LAYOUTS = {
+    "D=64 (plain SDPA)": (64, 64),
+    "D=65, dense rows": (65, 65),
+    "D=65, rows on 64 bytes (near_far)": (65, 80),
+    "D=80, zero columns": (80, 80),
+}
+
+
+def flash_calls(call: Callable[[], object]) -> tuple[list[tuple[str, tuple[int, ...], int, float]], float]:
+    """The flash kernel's calls in one run of ``call`` under the profiler, grouped:
+    ``[(pass, q shape, calls, milliseconds)]`` in order of first appearance, and the whole run's
+    milliseconds (profiled, so a little above an unprofiled run)."""
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        call()
+    groups: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+    whole = 0.0
+    for event in prof.events():
+        if event.cpu_parent is None:
+            whole += event.cpu_time_total / 1e3
+        if event.name not in FLASH_OPS:
+            continue
+        shapes = event.input_shapes
+        # The backward's first input is the output gradient, shaped like q: either names the rows.
+        q_shape = tuple(shapes[1] if FLASH_OPS[event.name] == "backward" else shapes[0])
+        groups.setdefault((FLASH_OPS[event.name], q_shape), []).append(event.cpu_time_total / 1e3)
+    rows = [(kind, shape, len(times), sum(times)) for (kind, shape), times in groups.items()]
+    return rows, whole
+
+
+def call_rows(cases: dict[str, Callable[[], object]], length: int) -> list[list[str]]:
+    """Rows of the calls table for each ``label -> forward+backward callable`` at ``length``."""
+    rows = []
+    for label, call in cases.items():
+        call()  # warm-up: allocations and the first-call set-up stay out of the profile
+        groups, whole = flash_calls(call)
+        for kind, shape, count, ms in groups:
+            part = "far part" if shape[-2] == length - NEAR_BLOCK - 1 else "near band / edge"
+            rows.append(
+                [label, str(length), kind, part, "×".join(map(str, shape)), str(count), f"{ms:.0f}",
+                 f"{ms / whole:.0%}" if whole else "—"]
+            )  # fmt: skip
+    return rows
+
+
+def _operands(rows: int, heads: int, dim: int, row_floats: int, seed: int = 0) -> list[torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(3):
+        storage = torch.zeros(1, heads, rows, row_floats)
+        storage[..., : min(dim, 65)] = torch.randn(1, heads, rows, min(dim, 65), generator=generator)
+        out.append(storage[..., :dim])
+    return out
+
+
+def _layout_calls(rows: int, heads: int, dim: int, row_floats: int) -> tuple[Callable, Callable]:
+    q, k, v = _operands(rows, heads, dim, row_floats)
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    out, lse = flash(q, k, v, 0.0, True, scale=0.125)
+    grad = torch.randn_like(out)
+
+    def forward() -> None:
+        flash(q, k, v, 0.0, True, scale=0.125)
+
+    def backward() -> None:
+        torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, lse, 0.0, True, scale=0.125
+        )
+
+    return forward, backward
+
+
+def layout_rows(length: int, heads: int, repeats: int) -> list[list[str]]:
+    """Rows of the layouts table: the flash kernel at the far part's rows (``length - block - 1``)."""
+    rows_n = length - NEAR_BLOCK - 1
+    cases = {}
+    for name, (dim, row_floats) in LAYOUTS.items():
+        forward, backward = _layout_calls(rows_n, heads, dim, row_floats)
+        cases[f"{name}|forward"], cases[f"{name}|backward"] = forward, backward
+    timings = interleaved(cases, repeats)
+    table = []
+    for name in LAYOUTS:
+        for kind in ("forward", "backward"):
+            timing, floor = timings[f"{name}|{kind}"], timings[f"{next(iter(LAYOUTS))}|{kind}"]
+            table.append(
+                [f"1×{heads}×{rows_n}", kind, name, timing.cell(), f"{timing.median / floor.median:.2f}×"]
+            )
+    return table
