@@ -8,8 +8,10 @@ So, for square self-attention at consecutive positions with a plain causal mask 
 * the **far** part (``j <= i − block − 1``) is one ``is_causal`` call of PyTorch's CPU flash kernel on
   shifted slices (and, without a causal mask, the mirror image for ``j >= i + block + 1`` on reversed
   copies; :func:`~posenc.backends.parts.exact.far_forward`). A far constant shifts the part's
-  log-sum-exp; a separable key term rides in one extra head dimension (re-centred on the middle
-  key) and the row term shifts the log-sum-exp;
+  log-sum-exp; a separable key term (re-centred on the middle key) reaches the kernel as a mask
+  broadcast over the rows, so the far GEMMs keep SDPA's head dim (where the term is trained, the
+  backward carries it in one extra head dimension, whose ``dk`` column is its gradient), and the row
+  term shifts the log-sum-exp;
 * the **near** band (distances up to ``block``) runs as one batched masked call over all query
   blocks with one shared bias pattern: the distance table's Toeplitz rows (T5), or the key term
   re-centred on each block's first query (ALiBi; float32 keeps its precision because near keys sit
@@ -170,8 +172,8 @@ def _far_operands(plan: _NearFar, side: str, q: Tensor, k: Tensor, v: Tensor, co
     after the diagonal): ``(q rows, k keys, v keys, key term or None, shift [B|1, H, rows])``.
 
     A far constant shifts the log-sum-exp by itself. A separable bias's key term ``col − col_c``
-    (``c`` the middle key) rides in the extra head dimension; its row term and ``col_c`` shift the
-    log-sum-exp. Precision of the one centre: a far logit carries the rounding of ``col_j − col_c``,
+    (``c`` the middle key) reaches the kernel as a broadcast mask (or the extra head dimension of a
+    trained term's backward); its row term and ``col_c`` shift the log-sum-exp. Precision of the one centre: a far logit carries the rounding of ``col_j − col_c``,
     about ``eps·|col_j − col_c|``. For ALiBi that error is weighted by ``exp(−m·(i − j))`` with
     ``i − j > block``, so it stays below ``eps·L / (e·block)``. A key term that is not linear in the
     position (FoX's cumulative log forget gates) has no such bound where the gates are near 1 on both
@@ -241,7 +243,7 @@ class _NearFarAttention(torch.autograd.Function):
             if (side == "after" and not plan.bidirectional) or plan.far >= length:
                 continue
             qf, kf, vf, key_term, shift = _far_operands(plan, side, q, k, v, constant)
-            out, lse = far_forward(qf, kf, vf, plan.scale, key_term, fold_scale=True)
+            out, lse = far_forward(qf, kf, vf, plan.scale, key_term)
             lse = lse.to(acc) + shift
             if side == "after":
                 out, lse = out.flip(2), lse.flip(-1)
@@ -386,12 +388,12 @@ class _Backward:
         lse_f = (far_rows(self.lse, plan.far, flip) - shift).to(acc)
         g_f, o_f = far_rows(self.grad_out, plan.far, flip), far_rows(self.out, plan.far, flip)
         d_q, d_k, d_v, d_key = far_backward(
-            g_f, o_f, lse_f, qf, kf, vf, plan.scale, key_term, fold_scale=True
+            g_f, o_f, lse_f, qf, kf, vf, plan.scale, key_term, key_grad=self.d_col is not None
         )
         if flip:
             d_q, d_k, d_v = d_q.flip(2), d_k.flip(2), d_v.flip(2)
             d_key = None if d_key is None else d_key.flip(2)
-        self.dq[:, :, rows] += d_q.to(acc) * (1.0 if key_term is None else plan.scale)
+        self.dq[:, :, rows] += d_q.to(acc)
         self.dk[:, :, keys] += d_k.to(acc)
         self.dv[:, :, keys] += d_v.to(acc)
         if self.d_col is not None and d_key is not None:

@@ -161,7 +161,11 @@ def main() -> None:
         return
     labels = []
     if args.part in ("bias", "all"):
-        labels += [e for e in args.encodings.split(",") if e]
+        asked = [e.strip() for e in args.encodings.split(",") if e.strip()]
+        unknown = [e for e in asked if e not in ENCODINGS]
+        if unknown:
+            parser.error(f"--encodings: unknown {unknown}; choose from {', '.join(ENCODINGS)}")
+        labels += asked
     if args.part in ("masks", "all"):
         labels += ["window", "documents"]
     rows = []

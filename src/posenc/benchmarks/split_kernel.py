@@ -20,6 +20,7 @@ machine can read:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -35,12 +36,23 @@ FLASH_OPS = {
     "aten::_scaled_dot_product_flash_attention_for_cpu_backward": "backward",
 }
 
-#: layout name -> (head dim the kernel computes with, floats between consecutive rows)
+
+class Layout(NamedTuple):
+    """How the far part's operands reach the kernel: the head dim it computes with, the floats between
+    consecutive rows, and whether the key term comes as a broadcast float mask ``[1, H, 1, n]``."""
+
+    dim: int
+    row_floats: int
+    key_mask: bool = False
+
+
+#: layout name -> how the kernel sees the far part
 LAYOUTS = {
-    "D=64 (plain SDPA)": (64, 64),
-    "D=65, dense rows": (65, 65),
-    "D=65, rows on 64 bytes (near_far)": (65, 80),
-    "D=80, zero columns": (80, 80),
+    "D=64 (plain SDPA)": Layout(64, 64),
+    "D=64, key term as a [1, H, 1, n] mask (near_far)": Layout(64, 64, key_mask=True),
+    "D=65, dense rows": Layout(65, 65),
+    "D=65, rows on 64 bytes": Layout(65, 80),
+    "D=80, zero columns": Layout(80, 80),
 }
 
 
@@ -90,18 +102,21 @@ def _operands(rows: int, heads: int, dim: int, row_floats: int, seed: int = 0) -
     return out
 
 
-def _layout_calls(rows: int, heads: int, dim: int, row_floats: int) -> tuple[Callable, Callable]:
-    q, k, v = _operands(rows, heads, dim, row_floats)
+def _layout_calls(rows: int, heads: int, layout: Layout) -> tuple[Callable, Callable]:
+    q, k, v = _operands(rows, heads, layout.dim, layout.row_floats)
+    # An ALiBi-like key term, one row per head broadcast over the queries.
+    term = -torch.arange(rows, dtype=torch.float32).flip(0) / 64
+    mask = term.expand(1, heads, 1, rows).contiguous() if layout.key_mask else None
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-    out, lse = flash(q, k, v, 0.0, True, scale=0.125)
+    out, lse = flash(q, k, v, 0.0, True, attn_mask=mask, scale=0.125)
     grad = torch.randn_like(out)
 
     def forward() -> None:
-        flash(q, k, v, 0.0, True, scale=0.125)
+        flash(q, k, v, 0.0, True, attn_mask=mask, scale=0.125)
 
     def backward() -> None:
         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            grad, q, k, v, out, lse, 0.0, True, scale=0.125
+            grad, q, k, v, out, lse, 0.0, True, attn_mask=mask, scale=0.125
         )
 
     return forward, backward
@@ -111,8 +126,8 @@ def layout_rows(length: int, heads: int, repeats: int) -> list[list[str]]:
     """Rows of the layouts table: the flash kernel at the far part's rows (``length - block - 1``)."""
     rows_n = length - NEAR_BLOCK - 1
     cases = {}
-    for name, (dim, row_floats) in LAYOUTS.items():
-        forward, backward = _layout_calls(rows_n, heads, dim, row_floats)
+    for name, layout in LAYOUTS.items():
+        forward, backward = _layout_calls(rows_n, heads, layout)
         cases[f"{name}|forward"], cases[f"{name}|backward"] = forward, backward
     timings = interleaved(cases, repeats)
     table = []

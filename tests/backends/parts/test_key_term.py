@@ -1,13 +1,18 @@
-"""The separable key term's extra head dimension (posenc.backends.parts.exact.with_key_term): the same
-numbers as the plain concatenation, in rows that start on 64-byte boundaries, and the CPU flash
-kernel gives the same answer on them as on dense rows."""
+"""The separable key term in the far part (posenc.backends.parts.exact): the widened operands of
+with_key_term equal the plain concatenation, in rows that start on 64-byte boundaries, and the CPU flash
+kernel reads them as dense ones; far_forward and far_backward equal the written-out formula with the key
+term as a broadcast mask or as the extra head dimension, and ALiBi's far calls keep the head dim."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from posenc.backends.parts.exact import ROW_ALIGN_BYTES, pad_column, with_key_term
+from _near_far import DIM, _encoding
+from posenc.backends import AttentionRequest
+from posenc.backends.near_far import near_far_attention
+from posenc.backends.parts import exact
+from posenc.backends.parts.exact import ROW_ALIGN_BYTES, far_backward, far_forward, pad_column, with_key_term
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -40,3 +45,59 @@ def test_the_flash_kernel_reads_aligned_rows_as_dense_ones():
     out_d, lse_d = flash(*dense, 0.0, True, scale=0.3)
     torch.testing.assert_close(out_a, out_d, rtol=0, atol=1e-12)
     torch.testing.assert_close(lse_a, lse_d, rtol=0, atol=1e-12)
+
+
+def _far_reference(q, k, v, term, scale):
+    logits = scale * q @ k.transpose(-1, -2) + term[:, :, None, :]
+    n = q.shape[2]
+    logits = logits.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), float("-inf"))
+    return torch.softmax(logits, -1) @ v, torch.logsumexp(logits, -1)
+
+
+@pytest.mark.parametrize("term_batch", [1, 2])
+@pytest.mark.parametrize("key_grad", [False, True], ids=["mask", "column"])
+def test_the_far_part_with_a_key_term_is_the_formula(key_grad, term_batch):
+    """far_forward and far_backward against softmax(scale·q·kᵀ + term_j) under a causal mask, written
+    out here, and autograd through it: both ways of handing the kernel the key term (a broadcast mask;
+    the extra head dimension whose dk column is the term's gradient)."""
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(2, 3, 113, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    term = torch.randn(term_batch, 3, 113, dtype=torch.float64, requires_grad=True)
+    ref, ref_lse = _far_reference(q, k, v, term, 0.3)
+    grad = torch.randn_like(ref)
+    want = torch.autograd.grad((ref * grad).sum(), (q, k, v, term))
+    out, lse = far_forward(q.detach(), k.detach(), v.detach(), 0.3, term.detach())
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=1e-12)
+    d_q, d_k, d_v, d_term = far_backward(
+        grad, out, lse, q.detach(), k.detach(), v.detach(), 0.3, term.detach(), key_grad=key_grad
+    )
+    for got, expected in zip((d_q, d_k, d_v), want):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    if key_grad:
+        torch.testing.assert_close(d_term.sum(0, keepdim=True) if term_batch == 1 else d_term, want[3])
+    else:
+        assert d_term is None
+
+
+def test_alibi_far_calls_keep_sdpa_head_dim(monkeypatch):
+    """ALiBi's far part (frozen slopes: no key-term gradient) hands the CPU flash kernel q, k, v at the
+    layer's head dim, forward and backward, with the key term as a mask: no D + 1 GEMM edge."""
+    calls = []
+    for name in ("flash_forward", "flash_backward"):
+        real = getattr(exact, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            q = args[0] if _name == "flash_forward" else args[1]
+            calls.append((_name, q.shape[-1], kwargs.get("attn_mask") is not None))
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(exact, name, spy)
+    enc = _encoding("alibi", True, torch.float32)
+    q, k, v = (torch.randn(1, 2, 69, DIM, requires_grad=True) for _ in range(3))
+    pos = torch.arange(69)[None]
+    req = AttentionRequest.from_keywords(
+        q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.4, causal=True
+    )
+    near_far_attention(req, block=16).sum().backward()
+    assert sorted(calls) == [("flash_backward", DIM, True), ("flash_forward", DIM, True)]

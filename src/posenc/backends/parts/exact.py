@@ -14,9 +14,11 @@ with ``w_i = exp(lse_part_i − lse_i)`` the part's softmax mass and ``Ô_i`` it
 **The far part** (:func:`far_forward`, :func:`far_backward`). Keys at distance ``skip`` or more before
 each query are one ``is_causal`` call on shifted slices (:func:`far_rows`, :func:`far_keys`):
 queries ``skip:`` against keys ``:L − skip``; the part after the diagonal is the same call on
-reversed copies. A term that depends on the key only rides in **one extra head dimension**
-(:func:`with_key_term`: ``q' = [q, 1]``, ``k' = [k, key_term]``, ``v' = [v, 0]``); its gradient is the
-extra column of the kernel's ``dk``.
+reversed copies. A term that depends on the key only reaches the kernel as a float mask broadcast
+over the rows (:func:`key_term_mask`), so the kernel's GEMMs keep SDPA's head dim. Where that term
+is trained, the backward carries it in **one extra head dimension** instead (:func:`with_key_term`:
+``q' = [q, 1]``, ``k' = [k, key_term]``, ``v' = [v, 0]``): its gradient is the extra column of the
+kernel's ``dk``, which a mask has no counterpart for.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import torch
 from torch import Tensor
 
 from ...masks.attention_mask import AttentionMask
-from .flash import flash_backward, flash_forward
+from .flash import accumulation_dtype, flash_backward, flash_forward
 
 __all__ = [
     "MASKED_KERNEL_COST",
@@ -38,6 +40,7 @@ __all__ = [
     "far_forward",
     "far_keys",
     "far_rows",
+    "key_term_mask",
     "masked_band",
     "merge_lse",
     "pad_column",
@@ -215,25 +218,23 @@ def far_keys(x: Tensor, skip: int, flip: bool = False) -> Tensor:
     return x[:, :, skip:].flip(2) if flip else x[:, :, : length - skip]
 
 
+def key_term_mask(key_term: Tensor, like: Tensor) -> Tensor:
+    """``key_term [B|1, H, n]`` as the float mask ``[B|1, H, 1, n]`` the CPU flash kernel broadcasts over
+    its query rows (a size-1 dimension gets stride 0 there): float32, float64 for float64 queries, so a
+    half-precision call keeps the term at float32 precision."""
+    return key_term.to(accumulation_dtype(like.dtype)).unsqueeze(2)
+
+
 def far_forward(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    scale: float,
-    key_term: Tensor | None = None,
-    fold_scale: bool = False,
+    q: Tensor, k: Tensor, v: Tensor, scale: float, key_term: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """The far part: rows ``q`` (:func:`far_rows`) against keys ``k``, ``v`` (:func:`far_keys`) under
-    ``is_causal``: row ``t`` sees keys ``:t + 1``. ``key_term [B|1, H, n]`` (the keys' logit term, or
-    None) rides in one extra head dimension, with the scale folded into ``q`` when ``fold_scale``.
-    Returns the part's own output ``[B, H, n, D]`` and log-sum-exp ``[B, H, n]`` (kernel dtype)."""
-    dim = q.shape[-1]
-    if key_term is None:
-        out, lse = flash_forward(q, k, v, 0.0, True, scale=scale)
-        return out, lse
-    q, k, v = with_key_term(q, k, v, key_term, scale if fold_scale else None)
-    out, lse = flash_forward(q, k, v, 0.0, True, scale=1.0 if fold_scale else scale)
-    return out[..., :dim], lse
+    ``is_causal``: row ``t`` sees keys ``:t + 1``. ``key_term [B|1, H, n]`` (the keys' logit term in
+    logit units, or None) reaches the kernel as a mask broadcast over the rows (:func:`key_term_mask`),
+    so its GEMMs have SDPA's head dim. Returns the part's own output ``[B, H, n, D]`` and log-sum-exp
+    ``[B, H, n]`` (kernel dtype)."""
+    mask = None if key_term is None else key_term_mask(key_term, q)
+    return flash_forward(q, k, v, 0.0, True, attn_mask=mask, scale=scale)
 
 
 def far_backward(
@@ -245,35 +246,32 @@ def far_backward(
     v: Tensor,
     scale: float,
     key_term: Tensor | None = None,
-    fold_scale: bool = False,
+    key_grad: bool = False,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
-    """The far part's ``dq`` (of the operand ``q``, before any folded scale), ``dk``, ``dv`` and the key
-    term's gradient ``[B, H, n]`` (None without one).
+    """The far part's ``dq``, ``dk``, ``dv`` and, with ``key_grad``, the key term's gradient ``[B, H, n]``
+    (else None).
 
     ``grad``, ``out`` ``[B, H, n, D]`` and ``lse [B, H, n]`` are the *merged* output gradient, output and
     log-sum-exp at the part's rows, minus the part's row constant in ``lse`` (and, for a constant
-    value row, minus that row in ``out``); ``q``, ``k``, ``v``, ``key_term`` as in :func:`far_forward`."""
+    value row, minus that row in ``out``); ``q``, ``k``, ``v``, ``key_term`` as in :func:`far_forward`.
+
+    The key term's gradient is the column sum of ``dS``, which the kernel does not return for a mask:
+    with ``key_grad`` the term rides in one extra head dimension instead (:func:`with_key_term`, the
+    scale folded into ``q``), and the extra column of ``dk`` is that sum. Without it the term stays a
+    mask and the GEMMs keep SDPA's head dim: on CPUs whose BLAS is slow at a ``D + 1`` edge that is
+    most of the far part's cost (``bench split --part kernel``)."""
     dim = q.shape[-1]
-    kernel_scale = scale
-    if key_term is None:
+    if key_term is None or not key_grad:
         # The kernel reads the output gradient and the output with one set of strides: both contiguous.
         grad, out = grad.to(q.dtype).contiguous(), out.to(q.dtype).contiguous()
-    else:
-        q, k, v = with_key_term(q, k, v, key_term, scale if fold_scale else None)
-        # Both padded alike (pad_column), so they share one set of strides as they are.
-        grad, out = pad_column(grad.to(q.dtype)), pad_column(out.to(q.dtype))
-        kernel_scale = 1.0 if fold_scale else scale
-    d_q, d_k, d_v = flash_backward(
-        grad,
-        q,
-        k,
-        v,
-        out,
-        lse.contiguous(),
-        0.0,
-        True,
-        scale=kernel_scale,
-    )
-    if key_term is None:
+        mask = None if key_term is None else key_term_mask(key_term, q)
+        d_q, d_k, d_v = flash_backward(
+            grad, q, k, v, out, lse.contiguous(), 0.0, True, attn_mask=mask, scale=scale
+        )
         return d_q, d_k, d_v, None
-    return d_q[..., :dim], d_k[..., :dim], d_v[..., :dim], d_k[..., dim]
+    q_wide, k_wide, v_wide = with_key_term(q, k, v, key_term, scale)
+    # Both padded alike (pad_column), so they share one set of strides as they are.
+    grad, out = pad_column(grad.to(q.dtype)), pad_column(out.to(q.dtype))
+    d_q, d_k, d_v = flash_backward(grad, q_wide, k_wide, v_wide, out, lse.contiguous(), 0.0, True, scale=1.0)
+    # q' = q·scale: the chain rule brings the scale back to q's own gradient.
+    return d_q[..., :dim] * scale, d_k[..., :dim], d_v[..., :dim], d_k[..., dim]
