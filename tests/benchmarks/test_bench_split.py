@@ -23,7 +23,8 @@ def test_split_bench_prints_its_rows():
 
 def test_the_kernel_part_names_the_far_part_s_calls_and_the_layouts():
     """The far part runs the flash kernel on rows L - 128 - 1 at the layer's head dim (64) for ALiBi (its
-    key term as a mask) and for T5 (a far constant). The layouts table times the kernel at those rows."""
+    key term as a mask) and for T5 (a far constant), plain SDPA's calls beside them and each case's time
+    outside the kernel. The layouts table times the kernel at those rows."""
     done = subprocess.run(
         [sys.executable, "-m", "posenc.benchmarks.bench_split", "--part", "kernel", "--sizes", "300",
          "--repeats", "1", "--threads", "1"],
@@ -34,6 +35,8 @@ def test_the_kernel_part_names_the_far_part_s_calls_and_the_layouts():
         "| alibi causal | 300 | forward | far part | 1×8×171×64 | 1 |",
         "| alibi causal | 300 | backward | far part | 1×8×171×64 | 1 |",
         "| t5 causal | 300 | forward | far part | 1×8×171×64 | 1 |",
+        "| t5 causal | 300 | both | outside the flash kernel | — | — |",
+        "| plain causal SDPA | 300 | backward | every row (SDPA) | 1×8×300×64 | 1 |",
         "| 1×8×171 | backward | D=64, key term as a [1, H, 1, n] mask (near_far) |",
         "| 1×8×171 | forward | D=65, rows on 64 bytes |",
         "| 1×8×171 | forward | D=64 (plain SDPA) | ",

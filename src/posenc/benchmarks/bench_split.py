@@ -223,6 +223,7 @@ def _print_kernel_part(lengths: list[int], repeats: int) -> None:
     for length in lengths:
         params = {"length": length, "train": True}
         cases = {label: build_case(f"{label}|split", params) for label in ("alibi causal", "t5 causal")}
+        cases["plain causal SDPA"] = build_case("alibi causal|sdpa", params)
         calls += split_kernel.call_rows(cases, length)
         layouts += split_kernel.layout_rows(length, HEADS, repeats)
     print(f"The split's calls of the CPU flash kernel (one fwd+bwd, torch.profiler); {machine()}\n")

@@ -7,9 +7,9 @@ SDPA has 64. How much that costs is a property of the CPU and its BLAS (the kern
 with a 65-wide edge), not of posenc's code, so this part prints two tables a session on any
 machine can read:
 
-* **calls**: one forward+backward of the split for ALiBi and T5 (causal) under
-  :mod:`torch.profiler`, the flash kernel's calls grouped by operator and query shape: how many,
-  their time, their share of the whole call;
+* **calls**: one forward+backward of the split for ALiBi and T5 (causal), and of plain causal SDPA
+  beside them, under :mod:`torch.profiler`: the flash kernel's calls grouped by operator and query
+  shape (how many, their time, their share of the whole call), then the time outside the kernel;
 * **layouts**: the flash kernel alone at the far part's shape, forward and backward timed apart and
   interleaved, for the layouts the far part could take: ``D = 64`` (what SDPA runs), ``D = 65`` with
   dense rows (each row starting anywhere in a cache line), ``D = 65`` with rows starting on 64-byte
@@ -77,18 +77,41 @@ def flash_calls(call: Callable[[], object]) -> tuple[list[tuple[str, tuple[int, 
     return rows, whole
 
 
+def _share(ms: float, whole: float) -> str:
+    return f"{ms / whole:.0%}" if whole else "—"
+
+
+def _part(rows: int, length: int) -> str:
+    if rows == length:
+        return "every row (SDPA)"
+    return "far part" if rows == length - NEAR_BLOCK - 1 else "near band / edge"
+
+
 def call_rows(cases: dict[str, Callable[[], object]], length: int) -> list[list[str]]:
-    """Rows of the calls table for each ``label -> forward+backward callable`` at ``length``."""
+    """Rows of the calls table for each ``label -> forward+backward callable`` at ``length``, each case
+    closed by the time spent outside the flash kernel (the merges, copies and the explicit backward)."""
     rows = []
     for label, call in cases.items():
         call()  # warm-up: allocations and the first-call set-up stay out of the profile
         groups, whole = flash_calls(call)
         for kind, shape, count, ms in groups:
-            part = "far part" if shape[-2] == length - NEAR_BLOCK - 1 else "near band / edge"
             rows.append(
-                [label, str(length), kind, part, "×".join(map(str, shape)), str(count), f"{ms:.0f}",
-                 f"{ms / whole:.0%}" if whole else "—"]
+                [label, str(length), kind, _part(shape[-2], length), "×".join(map(str, shape)), str(count),
+                 f"{ms:.0f}", _share(ms, whole)]
             )  # fmt: skip
+        outside = max(0.0, whole - sum(ms for *_, ms in groups))
+        rows.append(
+            [
+                label,
+                str(length),
+                "both",
+                "outside the flash kernel",
+                "—",
+                "—",
+                f"{outside:.0f}",
+                _share(outside, whole),
+            ]
+        )
     return rows
 
 
