@@ -6,11 +6,19 @@ import subprocess
 import sys
 
 
+def _bench_split(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    """``python -m posenc.benchmarks.bench_split ARGS`` in a fresh process, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "posenc.benchmarks.bench_split", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_split_bench_prints_its_rows():
-    done = subprocess.run(
-        [sys.executable, "-m", "posenc.benchmarks.bench_split", "--sizes", "300", "--repeats", "1",
-         "--encodings", "alibi causal", "--window", "64", "--documents", "3"],
-        capture_output=True, text=True, timeout=300,
+    done = _bench_split(
+        "--sizes", "300", "--repeats", "1", "--encodings", "alibi causal", "--window", "64", "--documents", "3"
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     for row in (
@@ -25,11 +33,7 @@ def test_the_kernel_part_names_the_far_part_s_calls_and_the_layouts():
     """The far part runs the flash kernel on rows L - 128 - 1 at the layer's head dim (64) for ALiBi (its
     key term as a mask) and for T5 (a far constant), plain SDPA's calls beside them and each case's time
     outside the kernel. The layouts table times the kernel at those rows."""
-    done = subprocess.run(
-        [sys.executable, "-m", "posenc.benchmarks.bench_split", "--part", "kernel", "--sizes", "300",
-         "--repeats", "1", "--threads", "1"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = _bench_split("--part", "kernel", "--sizes", "300", "--repeats", "1", "--threads", "1")
     assert done.returncode == 0, done.stderr
     for row in (
         "| alibi causal | 300 | forward | far part | 1×8×171×64 | 1 |",
@@ -47,10 +51,8 @@ def test_the_kernel_part_names_the_far_part_s_calls_and_the_layouts():
 def test_an_unknown_encoding_label_is_refused_by_name():
     """A label the bias part does not know (``alibi`` for ``alibi causal``) exits 2 naming it and the
     labels there are, instead of being timed as a mask case under that name."""
-    done = subprocess.run(
-        [sys.executable, "-m", "posenc.benchmarks.bench_split", "--part", "bias", "--sizes", "300",
-         "--repeats", "1", "--encodings", "alibi,t5 causal"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    done = _bench_split(
+        "--part", "bias", "--sizes", "300", "--repeats", "1", "--encodings", "alibi,t5 causal", timeout=120
+    )
     assert done.returncode == 2, done.stdout
     assert "--encodings: unknown ['alibi']" in done.stderr and "alibi causal" in done.stderr

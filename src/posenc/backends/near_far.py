@@ -173,8 +173,8 @@ def _far_operands(plan: _NearFar, side: str, q: Tensor, k: Tensor, v: Tensor, co
 
     A far constant shifts the log-sum-exp by itself. A separable bias's key term ``col − col_c``
     (``c`` the middle key) reaches the kernel as a broadcast mask (or the extra head dimension of a
-    trained term's backward); its row term and ``col_c`` shift the log-sum-exp. Precision of the one centre: a far logit carries the rounding of ``col_j − col_c``,
-    about ``eps·|col_j − col_c|``. For ALiBi that error is weighted by ``exp(−m·(i − j))`` with
+    trained term's backward); its row term and ``col_c`` shift the log-sum-exp. Precision of the one
+    centre: a far logit carries the rounding of ``col_j − col_c``, about ``eps·|col_j − col_c|``. For ALiBi that error is weighted by ``exp(−m·(i − j))`` with
     ``i − j > block``, so it stays below ``eps·L / (e·block)``. A key term that is not linear in the
     position (FoX's cumulative log forget gates) has no such bound where the gates are near 1 on both
     sides of a steep drop: there the error is ``eps`` times the drop between the key and the middle.
