@@ -548,6 +548,7 @@ def _study_pretrained(
     ``given``: the options given on the command line."""
     from ..experiments.cluster.shards import parse_shard
     from ..experiments.study.hf_study import run_study, study_summary
+    from ..experiments.study.reading import verdict_table
     from ..viz.folder import write_figures
 
     try:
@@ -563,8 +564,13 @@ def _study_pretrained(
                 log=bars.log,
                 figures=write_figures,
             )
+        verdict = verdict_table(settings, records)
+        if verdict is not None:
+            print_table(rich_table(verdict))
         print_table(rich_table(study_summary(settings, records)))
-        print_line(f"results: {out / 'results.jsonl'}, {out / 'extrapolation.png'}")
+        print_line(
+            f"results: {out / 'results.jsonl'}, {out / 'comparisons.jsonl'}, {out / 'extrapolation.png'}"
+        )
     except (ValueError, FileNotFoundError) as err:
         print_error(str(err))
         raise typer.Exit(2) from err
@@ -572,7 +578,9 @@ def _study_pretrained(
 
 @app.command("compare")
 def compare(
-    run_dir: Path = typer.Argument(..., help="an experiment folder (posenc extrapolate --out)"),
+    run_dir: Path = typer.Argument(
+        ..., help="an experiment folder (posenc extrapolate --out), or a study folder (--hf-model)"
+    ),
     a: str = typer.Argument(..., help="a row of its table: an encoding, or a variant such as 'rope + yarn'"),
     b: str = typer.Argument(..., help="the row to compare A with"),
     fit_threshold: float | None = typer.Option(
@@ -581,15 +589,20 @@ def compare(
 ) -> None:
     """Whether A beats B beyond the training length L, paired by seed: the mean per-seed difference
     of the score beyond L with its 95% Student's t interval; "cannot tell" when it contains 0. Rows
-    that did not fit are not compared."""
+    that did not fit are not compared. On a study folder: A − B per perplexity bucket (paired t over
+    the windows) and per retrieval cell (McNemar's exact test on the same prompts), Holm-corrected."""
     from ..experiments.results.compare import compare_rows
+    from ..experiments.study.paired import compare_variants, is_study_folder
 
     try:
-        comparison = compare_rows(run_dir, a, b, fit_threshold)
+        if is_study_folder(run_dir):
+            lines = compare_variants(run_dir, a, b)
+        else:
+            lines = compare_rows(run_dir, a, b, fit_threshold).lines()
     except (ValueError, FileNotFoundError) as err:
         print_error(str(err))
         raise typer.Exit(2) from err
-    for line in comparison.lines():
+    for line in lines:
         print_line(line)
 
 

@@ -104,6 +104,44 @@ def test_passkey_accuracy_is_greedy_exact_match(model_dir, tmp_path, monkeypatch
         assert [c["depth"] for c in record["by_depth"]] == [[0.0, 0.0], [0.5, 0.5], [1.0, 1.0]]
 
 
+def test_each_prompts_outcome_is_kept_and_the_variants_are_paired_on_the_same_prompts(
+    model_dir, tmp_path, monkeypatch
+):
+    """Issue 58, item 2: the first variant reads every key, the second none; every cell keeps each
+    prompt's outcome and key, the keys are the same for both variants, and comparisons.jsonl holds
+    McNemar's exact test on them (scipy's binomial test: 0 of 8 discordant prompts go the other way)."""
+    scipy_stats = pytest.importorskip("scipy.stats")
+    from posenc.experiments.study.paired import study_comparisons
+
+    _, tokenizer = _load(model_dir)
+    calls = []
+
+    def answer(model, ids, steps, stop=None):  # right for the first variant's 8 prompts only
+        calls.append(1)
+        key = int(re.search(r"pass key is (\d+)", tokenizer.decode(ids[0].tolist())).group(1))
+        return tokenizer(f" {key if len(calls) <= 8 else key + 1}.", add_special_tokens=False)["input_ids"]
+
+    monkeypatch.setattr(hf_study, "greedy_answer", answer)
+    out = tmp_path / "out"
+    records, settings = run_study(
+        model_dir, out, task="text-passkey", lengths=[100], depths="0,1", eval_examples=4,
+        variants=["none", "yarn:2"],
+    )  # fmt: skip
+    first, second = records
+    assert first["hits"] == 8 and second["hits"] == 0
+    for a, b in zip(first["by_depth"], second["by_depth"]):
+        assert a["outcomes"] == [1, 1, 1, 1] and b["outcomes"] == [0, 0, 0, 0]
+        assert a["keys"] == b["keys"] and len(set(a["keys"])) == 4
+    written = [json.loads(line) for line in (out / "comparisons.jsonl").read_text().splitlines()]
+    assert written == json.loads(json.dumps(study_comparisons(settings, records)))
+    every = next(c for c in written if c["depth"] == "all")
+    assert every["test"] == "mcnemar_exact" and every["n"] == 8 and every["mean_diff"] == 1.0
+    assert every["p"] == pytest.approx(scipy_stats.binomtest(8, 8, 0.5).pvalue) and every["separated"]
+    per_depth = [c for c in written if c["depth"] != "all"]
+    assert [c["p"] for c in per_depth] == pytest.approx([scipy_stats.binomtest(4, 4, 0.5).pvalue] * 2)
+    assert not any(c["separated"] for c in per_depth)  # 4 prompts cannot separate at 5%: p = 0.125
+
+
 def _counting(monkeypatch, model_dir):
     """Patch the study's loader so every full model forward is counted."""
     model, tokenizer = _load(model_dir)
@@ -437,6 +475,8 @@ def test_merge_takes_two_folders_whose_shared_units_differ_only_in_timings(study
     _write_lines(again / "runs.jsonl", runs)
     summary = merge_folders(tmp_path / "merged", [study, again])
     assert summary.missing == [] and summary.runs == len(runs)
+    # The paired tests over the merged units, as the one folder's own.
+    assert _lines(tmp_path / "merged" / "comparisons.jsonl") == _lines(study / "comparisons.jsonl")
     assert summary.duplicates == len(_lines(study / "results.jsonl"))
     assert _lines(tmp_path / "merged" / "runs.jsonl") == _lines(study / "runs.jsonl")  # the first's kept
 
@@ -476,6 +516,9 @@ def test_the_report_of_a_complete_study_has_its_table_and_no_missing_shard(study
     assert "incomplete" not in page and 'id="missing"' not in page
     table = re.search(r'<table id="summary">(.*?)</table>', page, re.S)
     assert table, "no verdict table"
+    paired = re.search(r'<table id="paired">(.*?)</table>', page, re.S)
+    assert paired and paired.start() < table.start(), "the paired verdict comes first"
+    assert "<code>passkey 100</code>" in paired.group(1) and "cannot test" in paired.group(1)
     for label in ("tiny-llama", "tiny-llama + yarn"):
         assert f"<code>{label}</code>" in table.group(1)
     assert "passkey 100" in table.group(1) and "ppl 2x" in table.group(1)

@@ -1,7 +1,8 @@
 """Perplexity by position over several windows with a 95% interval across them, and the verdict
-(posenc.experiments.study.reading; issue 45, item 4): the interval from the t formula written out
-here (t_{0.975, 2} = 4.302652729911275, hand-checked in a table), how far a variant reads and which
-variants cannot be ranked, on hand-made records and on a tiny random Llama."""
+(posenc.experiments.study.reading; issues 45 item 4 and 58 item 2): the interval from the t formula
+written out here (t_{0.975, 2} = 4.302652729911275, hand-checked in a table), how far a variant reads
+(the paired difference from the in-context NLL, window by window) on hand-made records and on a tiny
+random Llama."""
 
 from __future__ import annotations
 
@@ -10,69 +11,90 @@ import math
 import pytest
 import torch
 
-from posenc.experiments.study.reading import READ_MARGIN, rank_groups, reads_to, verdict_notes
+from posenc.experiments.study.reading import READ_MARGIN, reads_to, verdict_notes, verdict_table
 
 T_975_2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom
 CONTEXT = 64
 
 
-def _bucket(lo, hi, value, interval=None, nll=None, tokens=32, label="m"):
-    return {
+def _bucket(lo, hi, value, interval=None, nll=None, tokens=32, label="m", window_nll=None):
+    record = {
         "encoding": label,
         "metric": "perplexity",
         "bucket": [lo, hi],
         "length": hi,
         "value": value,
-        "nll": math.log(value) if nll is None else nll,
+        "nll": (math.log(value) if value > 0 else 0.0) if nll is None else nll,
         "tokens": tokens,
         "interval": interval,
     }
+    if window_nll is not None:
+        record.update(window_nll=list(window_nll), window=2 * CONTEXT, examples=len(window_nll))
+        record["nll"] = sum(window_nll) / len(window_nll)
+        record["value"] = math.exp(record["nll"])
+    return record
 
 
-def test_reads_to_is_the_last_bucket_within_the_margin_of_the_in_context_perplexity():
+def _upper(diffs):
+    """The 95% upper end of the paired t interval over three windows, written out."""
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    return mean + T_975_2 * sd / math.sqrt(3)
+
+
+def test_reads_to_is_the_last_bucket_whose_paired_difference_stays_within_the_margin():
     assert READ_MARGIN == 0.10
+    limit = math.log(1.1)
+    inside = [2.0, 2.4, 2.2]  # each window's in-context NLL
+    near = [v + d for v, d in zip(inside, (0.02, 0.05, 0.03))]  # small, steady: read
+    noisy = [v + d for v, d in zip(inside, (-0.05, 0.09, 0.01))]  # mean 0.017 but spread: upper > limit
+    later = [v + 0.01 for v in inside]  # within again, but past a bucket that is not
+    assert _upper([0.02, 0.05, 0.03]) <= limit < _upper([-0.05, 0.09, 0.01])
     records = [
-        _bucket(32, 64, 10.0),
-        _bucket(64, 96, 10.5, [10.0, 10.9]),  # upper 10.9 <= 11
-        _bucket(96, 128, 10.6, [10.0, 11.2]),  # upper 11.2 > 11: not read, though its mean is
-        _bucket(128, 160, 10.0, [9.9, 10.1]),  # within again, but past a bucket that is not
+        _bucket(32, 64, 0.0, window_nll=inside),
+        _bucket(64, 96, 0.0, window_nll=near),
+        _bucket(96, 128, 0.0, window_nll=noisy),
+        _bucket(128, 160, 0.0, window_nll=later),
     ]
-    assert reads_to(records, 10.0, CONTEXT) == 96
-    assert reads_to(records, 9.0, CONTEXT) == CONTEXT  # the first bucket past c already too high
-    assert reads_to(records, 10.5, CONTEXT) == 160
-    # One window: the value itself is the bound.
+    reference = math.exp(sum(inside) / 3)
+    assert reads_to(records, reference, CONTEXT, inside=inside) == 96
+    # Without the noisy bucket it reads on to 160: its spread alone stopped it (its mean is within).
+    assert reads_to([*records[:2], records[3]], reference, CONTEXT, inside=inside) == 160
+    # The first bucket past c already too far: c itself.
+    far = [_bucket(64, 96, 0.0, window_nll=[v + 0.2 for v in inside])]
+    assert reads_to(far, reference, CONTEXT, inside=inside) == CONTEXT
+    # One window: the difference itself is the bound.
     assert reads_to([_bucket(64, 96, 10.9), _bucket(96, 128, 11.1)], 10.0, CONTEXT) == 96
 
 
-def test_variants_whose_intervals_overlap_are_not_ranked():
-    rows = {
-        "c": _bucket(96, 128, 4.5, [4.0, 5.0]),
-        "a": _bucket(96, 128, 1.5, [1.0, 2.0]),
-        "b": _bucket(96, 128, 2.5, [1.9, 3.0]),  # overlaps a
-        "d": _bucket(96, 128, 4.9, [4.8, 5.2]),  # overlaps c
-        "e": _bucket(96, 128, 9.0, None),
-    }
-    assert rank_groups(rows) == [["a", "b"], ["c", "d"], ["e"]]
-
-
-def test_the_verdict_names_each_variants_reach_and_the_unranked():
+def test_the_verdict_names_each_variants_reach_and_orders_only_what_the_paired_test_separates():
     settings = {
         "train_len": CONTEXT,
+        "hf_model": "m",
         "encodings": ["m", "m + yarn"],
         "variant_names": {"m": "none", "m + yarn": "yarn"},
         "eval_examples": 3,
     }
+    inside = [2.0, 2.4, 2.2]
     records = [
-        _bucket(32, 64, 10.0, label="m"),
-        _bucket(64, 96, 30.0, [25.0, 35.0], label="m"),
-        _bucket(32, 64, 12.0, label="m + yarn"),  # its own in-context ppl is not the reference
-        _bucket(64, 96, 10.8, [10.5, 10.95], label="m + yarn"),
+        _bucket(32, 64, 0.0, label="m", window_nll=inside),
+        _bucket(64, 96, 0.0, label="m", window_nll=[v + 1.0 + d for v, d in zip(inside, (0.0, 0.1, 0.05))]),
+        # its own in-context NLL is not the reference
+        _bucket(32, 64, 0.0, label="m + yarn", window_nll=[v + 0.3 for v in inside]),
+        _bucket(
+            64, 96, 0.0, label="m + yarn", window_nll=[v + d for v, d in zip(inside, (0.02, 0.04, 0.03))]
+        ),
     ]
     notes = " ".join(verdict_notes(settings, records))
     assert "m reads to 64 (1x)" in notes and "m + yarn reads to 96 (1.5x)" in notes
-    assert "m + yarn < m" in notes
-    overlapping = [*records[:3], _bucket(64, 96, 26.0, [24.0, 28.0], label="m + yarn")]
-    assert "m + yarn ≈ m" in " ".join(verdict_notes(settings, overlapping))
+    table = verdict_table(settings, records)
+    assert table.rows[0][:2] == ["ppl 1.5x (64, 96]", "yarn < m"]
+    # The same means with windows that disagree: the paired test cannot tell.
+    noisy = [
+        *records[:3],
+        _bucket(64, 96, 0.0, label="m + yarn", window_nll=[v + d for v, d in zip(inside, (2.0, 0.1, 0.9))]),
+    ]
+    assert verdict_table(settings, noisy).rows[0][1] == "yarn ≈ m"
 
 
 def test_the_verdict_says_why_it_cannot_tell_a_reach():
@@ -123,4 +145,5 @@ def test_the_study_interval_is_the_t_interval_of_the_window_means(tmp_path):
     assert record["window_nll"] == pytest.approx(means.tolist(), rel=1e-5)
     table = hf_study.study_summary(settings, records)
     assert f"[{math.exp(mean - half):.2f}, {math.exp(mean + half):.2f}]" in table.rows[0][-1]
-    assert any("reads to" in note for note in table.notes)
+    verdict = hf_study.verdict_table(settings, records)
+    assert any("reads to" in note for note in verdict.notes)

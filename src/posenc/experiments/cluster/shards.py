@@ -48,6 +48,7 @@ from ..results.records import (
     read_records,
     read_run_records,
 )
+from ..study.paired import write_comparisons
 from ..study.plan import missing_units
 from ..train import ExperimentConfig, RunSpec
 from .sharding import Shard, parse_shard
@@ -297,6 +298,8 @@ def merge_folders(
             atomic_write_text(out / RUNS_FILE, "".join(json.dumps(record) + "\n" for record in runs))
         atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
         write_outputs(out, records, figures)
+        if study:  # the paired tests over the merged units (the shards' own saw only theirs)
+            write_comparisons(out, settings, records)
     if config is None:
         return MergeSummary(out, len(records), duplicates, missing_units(settings, runs), len(runs))
     missing = missing_runs(config.task, config.encodings, config.seeds, records)

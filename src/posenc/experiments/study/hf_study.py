@@ -95,6 +95,7 @@ from ..tasks.text import (
 )
 from .hf_methods import apply_variant
 from .hf_scaling import check_hf_folder, check_positions, model_label
+from .paired import write_comparisons
 from .plan import (
     CORPORA,
     STUDY_TASKS,
@@ -107,7 +108,7 @@ from .plan import (
     study_units,
     unit_id,
 )
-from .reading import bucket_interval, verdict_notes
+from .reading import bucket_interval, verdict_table
 
 __all__ = [
     "CORPORA",
@@ -213,6 +214,7 @@ def run_study(
         if not (out / "results.jsonl").exists():
             atomic_write_text(out / "results.jsonl", "")
         write_outputs(out, records, figures)
+        write_comparisons(out, settings, records)
     return records, settings
 
 
@@ -418,11 +420,13 @@ def _needle_cells(
     tick: Callable[[], None],
 ) -> list[dict[str, Any]]:
     """A needle's exact match at ``length`` per depth (the heat map's cells), each with its count of
-    hits and its 95% Wilson interval; ``tick()`` after each trial."""
+    hits, its 95% Wilson interval, and each trial's outcome (1 right, 0 wrong) and key, which every
+    variant shares (the trial's random stream depends on the seed, length, depth and trial only);
+    ``tick()`` after each trial."""
     examples, seed = settings["eval_examples"], settings["seeds"][0]
     cells = []
     for index, depth in enumerate(settings["depths"] or []):
-        hits = 0
+        outcomes, keys = [], []
         for trial in range(examples):
             rng = random.Random(f"{needle.salt}{seed}-{length}-{depth}-{trial}")
             ids, expected = needle.prompt(tokenizer, length, depth, rng)
@@ -432,8 +436,10 @@ def _needle_cells(
                 needle.steps,
                 stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
             )
-            hits += answer_is_right(tokenizer.decode(answer), expected)
+            outcomes.append(int(answer_is_right(tokenizer.decode(answer), expected)))
+            keys.append(expected)
             tick()
+        hits = sum(outcomes)
         cells.append(
             {
                 "bucket": index,
@@ -442,6 +448,9 @@ def _needle_cells(
                 "examples": examples,
                 "hits": hits,
                 "interval": list(wilson_interval(hits, examples)),
+                # Per prompt, in trial order: what McNemar's test pairs across variants (.paired).
+                "outcomes": outcomes,
+                "keys": keys,
             }
         )
     return cells
@@ -491,7 +500,11 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
             f"{' and '.join(needles)}: hits/trials at each length (every depth) and over all, with the 95% "
             "Wilson interval of the exact match",
         )
-    notes += verdict_notes(settings, records)
+    if verdict_table(settings, records) is not None:
+        notes += (
+            "the paired verdict, how far each variant reads and which the tests separate: the table "
+            "before this one, and comparisons.jsonl",
+        )
     missing = _missing_units(settings, records)
     if missing:
         shown = ", ".join(f"{label} @ {length}" for label, length in missing)

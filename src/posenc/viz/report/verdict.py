@@ -21,7 +21,8 @@ HEADING = "Which encodings extrapolate beyond L, and how sure"
 
 def render(view: FolderView) -> str:
     if view.study_table is not None:
-        table = _study_table(view.study_table)
+        paired = "" if view.study_verdict is None else _study_table(view.study_verdict, "paired")
+        table = paired + _study_table(view.study_table)
     elif view.summary is not None:
         table = _fit_table(view.summary, view.ranking, view.why_unranked)
     else:
@@ -29,10 +30,12 @@ def render(view: FolderView) -> str:
     return _lede(view) + table + lead_figure(view)
 
 
-def _study_table(table: SummaryTable) -> str:
-    """A context-extension study's table as the command line prints it: one row per variant, no
-    ranking (a pretrained model has no seeds to pair and no fit to check)."""
-    head = "<th>variant</th>" + "".join(f'<th class="num">{html.escape(c)}</th>' for c in table.columns[1:])
+def _study_table(table: SummaryTable, id: str = "summary") -> str:
+    """A context-extension study's table as the command line prints it: its paired verdict (``id``
+    ``paired``: one row per bucket or retrieval length) first, then one row per variant."""
+    head = f"<th>{html.escape(table.columns[0])}</th>" + "".join(
+        f'<th class="num">{html.escape(c)}</th>' for c in table.columns[1:]
+    )
     body = "".join(
         f"<tr><td><code>{html.escape(row[0])}</code></td>"
         + "".join(f'<td class="num">{html.escape(cell)}</td>' for cell in row[1:])
@@ -40,8 +43,9 @@ def _study_table(table: SummaryTable) -> str:
         for row in table.rows
     )
     notes = "".join(f'<p class="note">{html.escape(note)}</p>' for note in table.notes)
+    caption = "" if id == "summary" else f"<caption>{html.escape(table.title)}</caption>"
     return (
-        f'<div class="scroll"><table id="summary"><thead><tr>{head}</tr></thead>'
+        f'<div class="scroll"><table id="{id}">{caption}<thead><tr>{head}</tr></thead>'
         f'<tbody>{body}</tbody></table></div><div class="notes">{notes}</div>'
     )
 

@@ -28,6 +28,7 @@ from ...experiments.results.records import (
 )
 from ...experiments.results.summary import SummaryTable, summary_table
 from ...experiments.study.hf_study import study_summary
+from ...experiments.study.reading import verdict_table
 from ...experiments.tasks.catalog import TASKS, Metric
 from ...experiments.train import ExperimentConfig
 from ...experiments.variants import row_labels
@@ -74,6 +75,9 @@ class FolderView:
     #: A context-extension study's table (perplexity by position, passkey by length: the table
     #: ``posenc extrapolate --hf-model M --task text`` prints), or None for other folders.
     study_table: SummaryTable | None = None
+    #: A study's paired verdict (:func:`posenc.experiments.study.reading.verdict_table`), shown first;
+    #: None for other folders and for a study with nothing past its context to compare.
+    study_verdict: SummaryTable | None = None
 
     @property
     def headline(self) -> Metric | None:
@@ -130,6 +134,7 @@ def read_folder(directory: str | Path) -> FolderView:
         why_unranked=why,
         missing=missing_units_note(settings, runs) if study else _missing(settings, records),
         study_table=_study_table(settings, raw) if study else None,
+        study_verdict=verdict_table(settings, raw) if study else None,
     )
 
 
