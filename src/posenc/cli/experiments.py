@@ -299,6 +299,14 @@ _SHARD_HELP = (
 )
 
 
+#: ``--tuning-windows``' help (``posenc extrapolate`` and ``posenc submit``).
+TUNING_WINDOWS_HELP = (
+    "--hf-model study with a grid in --eval-variants (self_extend:group_size=2|4|8): K of the --eval-examples "
+    "windows, drawn with the seed before any score, choose each grid's setting; every reported number and "
+    "paired test reads the other windows (at least 2)"
+)
+
+
 def extrapolate(
     ctx: typer.Context,
     out: Path = typer.Option(
@@ -317,6 +325,7 @@ def extrapolate(
         help="--hf-model --task text/text-passkey/text-multikey: needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)",
     ),
     longppl: bool = typer.Option(False, "--longppl", help=_LONGPPL_HELP),
+    tuning_windows: int = typer.Option(0, help=TUNING_WINDOWS_HELP),
     preset: str | None = typer.Option(None, help=_PRESET_HELP),
     shard: str | None = typer.Option(None, help=_SHARD_HELP),
     **options: Any,
@@ -340,6 +349,10 @@ def extrapolate(
         print_error(f"--longppl applies to --hf-model with --task {study_tasks_text()}")
         raise typer.Exit(2)
     options["longppl"] = longppl
+    options["tuning_windows"] = tuning_windows
+    if tuning_windows and not study:
+        print_error(f"--tuning-windows applies to --hf-model with --task {study_tasks_text()}")
+        raise typer.Exit(2)
     if hf_model is not None and (preset is not None or (shard is not None and not study)):
         print_error("--preset and --shard train models; they do not apply to --hf-model (but to --task text)")
         raise typer.Exit(2)
@@ -530,6 +543,7 @@ def study_options(
         "corpus": None if corpus is None else str(corpus),
         "variants": parse_variants(options["eval_variants"]),
         "longppl": bool(options.get("longppl", False)),
+        "tuning_windows": int(options.get("tuning_windows", 0)),
     }
 
 

@@ -12,6 +12,7 @@ import typer
 from .app import app, print_error, print_line
 from .experiments import (
     CONFIG_OPTIONS,
+    TUNING_WINDOWS_HELP,
     config_from_options,
     given_options,
     hf_model_forms,
@@ -86,6 +87,7 @@ def submit_command(
     lengths: str | None = typer.Option(None, help="--hf-model: the passkey's prompt lengths (extrapolate's)"),
     depths: str | None = typer.Option(None, help="--hf-model: the passkey's needle depths (extrapolate's)"),
     longppl: bool = typer.Option(False, "--longppl", help="--hf-model: also LongPPL (extrapolate's)"),
+    tuning_windows: int = typer.Option(0, help="--hf-model: " + TUNING_WINDOWS_HELP),
     **options: Any,
 ) -> None:
     """Run the experiment on a Slurm cluster: the (encoding x seed) grid as one job array (task i
@@ -99,13 +101,12 @@ def submit_command(
     passed = _passed_args(ctx, preset, threads, device)
     try:
         scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
-        if longppl and hf_model is None:
-            raise ValueError("--longppl applies to --hf-model (the context-extension study)")
+        options.update(longppl=longppl, tuning_windows=tuning_windows)
         if hf_model is not None:
-            options["longppl"] = longppl
             study = (lengths, depths, given_options(ctx))
             configs, passed = _study_submission(hf_model, study, preset, passed, options)
         else:
+            _refuse_study_options(options)
             # submit checks each task's folder itself (check_experiment), so only the configs here
             configs = config if preset is None else preset_configs(ctx, preset, config)
         done = submit(
@@ -180,6 +181,12 @@ def _print_submission(done: Submission, *, studied: bool, preset: str | None) ->
     print_line(f"watch: squeue --jobs {jobs}; rerun this command if a task fails")
 
 
+def _refuse_study_options(options: dict[str, Any]) -> None:
+    """The study's own options given to a submission that trains: refused by name."""
+    if options["longppl"] or options["tuning_windows"]:
+        raise ValueError("--longppl and --tuning-windows apply to --hf-model (the context-extension study)")
+
+
 def _study_submission(
     hf_model: str,
     study: tuple[str | None, str | None, set[str]],
@@ -205,6 +212,7 @@ def _study_submission(
     extra += [] if lengths is None else ["--lengths", lengths]
     extra += [] if depths is None else ["--depths", depths]
     extra += ["--longppl"] if options.get("longppl") else []
+    extra += ["--tuning-windows", str(options["tuning_windows"])] if options.get("tuning_windows") else []
     return grid, [*extra, *passed]
 
 

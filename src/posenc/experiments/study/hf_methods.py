@@ -41,6 +41,7 @@ from ...encodings.rope_scaling import LENGTH_DEPENDENT
 from .hf_scaling import VARIANTS as SCALINGS
 from .hf_scaling import apply_scaling, kept_model_keys, ntk_parameters, rope_parameters_for
 from .hf_scaling import parse_variants as parse_scalings
+from .sweep import expand_grid
 
 __all__ = [
     "METHODS",
@@ -262,7 +263,8 @@ def variant_parameters(item: str, config: Any, context: int, eval_len: int) -> d
 
 def parse_variants(text: str | None) -> list[str]:
     """``"none,yarn:4,self_extend:group_size=4,neighbor_window=512"`` -> its items: a comma-separated
-    ``OPTION=VALUE`` continues the method item before it. Scalings are checked as
+    ``OPTION=VALUE`` continues the method item before it; a grid item (``|`` between values,
+    :func:`.sweep.expand_grid`) stays one item, each of its settings checked. Scalings are checked as
     :func:`.hf_scaling.parse_variants` checks them, methods' options by :func:`parse_method`."""
     items: list[str] = []
     for token in (t.strip() for t in (text or "none").split(",")):
@@ -276,11 +278,11 @@ def parse_variants(text: str | None) -> list[str]:
             items[-1] += ("," if ":" in items[-1] else ":") + token
         elif token:
             items.append(token)
-    for item in items:
-        if item.partition(":")[0] in METHODS:
-            parse_method(item)
+    for setting in (s for item in items for s in expand_grid(item)):  # a grid's every setting
+        if setting.partition(":")[0] in METHODS:
+            parse_method(setting)
         else:
-            parse_scalings(item)
+            parse_scalings(setting)
     return items or ["none"]
 
 

@@ -109,6 +109,7 @@ from .plan import (
     unit_id,
 )
 from .reading import bucket_interval, verdict_table
+from .sweep import held_out
 
 __all__ = [
     "CORPORA",
@@ -152,6 +153,7 @@ def run_study(
     corpus: str | None = None,
     variants: Sequence[str] | None = None,
     longppl: bool = False,
+    tuning_windows: int = 0,
     shard: Any = None,
     device: str = "cpu",
     report: Callable[[str, str, int, int, str], None] | None = None,
@@ -173,6 +175,7 @@ def run_study(
         corpus=corpus,
         variants=variants,
         longppl=longppl,
+        tuning_windows=tuning_windows,
     ).plan
     model, tokenizer, _ = load_model(model_ref)
     settings, scalings, labels = plan.settings, plan.scalings, plan.labels
@@ -464,6 +467,8 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
     (``(c, 1.5c]`` and ``(1.5c, 2c]``), then each needle's exact match per length (and over all),
     as ``hits/trials [95% Wilson interval]``."""
     context, eval_len = settings["train_len"], settings["eval_len"]
+    scored = records  # as written: the verdict below restricts them itself
+    records, _ = held_out(settings, records)  # with --tuning-windows: the held-out windows' numbers
     names = _bucket_names(settings)
     needles = [part for part in TASK_PARTS[settings["task"]] if part in NEEDLES]
     lengths = settings["lengths"] if needles else []
@@ -485,7 +490,8 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
     )
     notes = (
         f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
-        f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens",
+        f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens"
+        + _held_out_words(settings),
     )
     if settings.get("longppl"):
         short = settings["longppl"]
@@ -500,7 +506,7 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
             f"{' and '.join(needles)}: hits/trials at each length (every depth) and over all, with the 95% "
             "Wilson interval of the exact match",
         )
-    if verdict_table(settings, records) is not None:
+    if verdict_table(settings, scored) is not None:
         notes += (
             "the paired verdict, how far each variant reads and which the tests separate: the table "
             "before this one, and comparisons.jsonl",
@@ -513,6 +519,13 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
             "run); passkey all is shown only for a row with every length",
         )
     return SummaryTable(title, columns, rows, notes)
+
+
+def _held_out_words(settings: dict[str, Any]) -> str:
+    """``, the 4 held out (windows [0, 3] tuned the grids)`` with ``--tuning-windows``, else nothing."""
+    tuning = settings.get("tuning_windows") or []
+    held = settings["eval_examples"] - len(tuning)
+    return f", the {held} held out (windows {tuning} tuned the grids)" if tuning else ""
 
 
 def _bucket_names(settings: dict[str, Any]) -> dict[tuple[int, int], str]:

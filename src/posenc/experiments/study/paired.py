@@ -38,6 +38,7 @@ from typing import Any
 
 from ..results.records import atomic_write_text
 from ..results.stats import PairedTest, holm, mcnemar_exact, paired_t
+from .sweep import decided
 
 __all__ = [
     "ALPHA",
@@ -171,7 +172,10 @@ def retrieval_comparisons(settings: dict[str, Any], records: list[dict[str, Any]
 
 
 def study_comparisons(settings: dict[str, Any], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every paired comparison of a study's records: perplexity buckets, then retrieval cells."""
+    """Every paired comparison of a study's records: perplexity buckets, then retrieval cells. With
+    ``--tuning-windows``, on the held-out windows only, and of each grid only its chosen setting
+    (:func:`.sweep.decided`)."""
+    records, _ = decided(settings, records)
     return perplexity_comparisons(settings, records) + retrieval_comparisons(settings, records)
 
 

@@ -15,6 +15,7 @@ from ...pretrained.loading import causal_lm_class_name, load_config, reference_t
 from ..results.records import RUNS_FILE, read_records
 from .hf_methods import parse_variants, variant_parameters
 from .hf_scaling import check_hf_folder, model_label
+from .sweep import expand_grid, is_grid, split_windows
 
 __all__ = [
     "CORPORA",
@@ -110,12 +111,41 @@ def parse_depths(text: str | Sequence[float] | None) -> list[float]:
 
 
 def expand_variants(variants: Sequence[str]) -> list[str]:
-    """A factor sweep ``NAME:F1/F2/F3`` -> ``NAME:F1, NAME:F2, NAME:F3``; other items as they are."""
+    """A factor sweep ``NAME:F1/F2/F3`` -> ``NAME:F1, NAME:F2, NAME:F3`` (one row each, none chosen);
+    a grid (``|``, :func:`.sweep.expand_grid`) -> its settings; other items as they are."""
     out: list[str] = []
     for variant in variants:
         name, _, factors = variant.partition(":")
-        out += [f"{name}:{f.strip()}" for f in factors.split("/")] if "/" in factors else [variant]
+        if is_grid(variant):
+            out += expand_grid(variant)
+        else:
+            out += [f"{name}:{f.strip()}" for f in factors.split("/")] if "/" in factors else [variant]
     return list(dict.fromkeys(out))
+
+
+def _sweeps(
+    variants: Sequence[str], tuning_windows: int, eval_examples: int, seed: int, task: str
+) -> dict[str, Any]:
+    """The settings' ``sweeps`` (grid item -> its settings) and ``tuning_windows`` (the tuning
+    windows' indices); ``ValueError`` naming ``--tuning-windows`` where a grid has no split to be
+    chosen on, or a split has no grid or no perplexity windows."""
+    sweeps = {item: expand_grid(item) for item in variants if is_grid(item)}
+    if not isinstance(tuning_windows, int) or isinstance(tuning_windows, bool) or tuning_windows < 0:
+        raise ValueError(f"--tuning-windows must be a whole number >= 0, got {tuning_windows!r}")
+    if sweeps and not tuning_windows:
+        raise ValueError(
+            f"--eval-variants {next(iter(sweeps))!r} is a grid: give --tuning-windows K, the windows its setting "
+            "is chosen on (the rest are held out for every reported number and test)"
+        )
+    if tuning_windows and not sweeps:
+        raise ValueError(
+            "--tuning-windows chooses a grid's setting: give a grid in --eval-variants (OPTION=A|B)"
+        )
+    if tuning_windows and not runs_lm(task):
+        raise ValueError(
+            f"--tuning-windows splits perplexity windows: give --task text or text-lm, not {task}"
+        )
+    return {"sweeps": sweeps, "tuning_windows": split_windows(eval_examples, tuning_windows, seed)}
 
 
 def default_lengths(context: int, eval_len: int) -> list[int]:
@@ -193,13 +223,16 @@ def plan_study(
     corpus: str | None = None,
     variants: Sequence[str] | None = None,
     longppl: bool = False,
+    tuning_windows: int = 0,
 ) -> StudyPlan:
     """The plan of the study of the model whose HF ``config`` (and ``AutoModelForCausalLM`` class
     name) is given; :func:`run_study` and ``posenc submit`` both use it. ``ValueError`` names the
     option at fault."""
     depth_list, seeds = _check_trials(task, depths, eval_examples, seeds)
     context, eval_len, length_list = _study_lengths(config, model_ref, task, eval_len, lengths)
-    variant_list = expand_variants(parse_variants(",".join(variants) if variants else None))
+    items = parse_variants(",".join(variants) if variants else None)
+    sweeps = _sweeps(items, tuning_windows, eval_examples, seeds[0], task)
+    variant_list = expand_variants(items)
     scalings = {v: variant_parameters(v, config, context, eval_len) for v in variant_list}
     if not getattr(config, "rope_parameters", None) and any(scalings.values()):
         raise ValueError(f"--eval-variants: {model_class} has no rope_parameters to scale")
@@ -222,6 +255,8 @@ def plan_study(
         "seeds": seeds,
         "steps": 0,
     }
+    if sweeps["sweeps"]:  # absent otherwise: a folder from before grids keeps its settings
+        settings.update(sweeps)
     if longppl:
         settings["longppl"] = longppl_settings(task, context, eval_len)
     return StudyPlan(settings, study_units(variant_list, settings["lengths"]), scalings, labels)
@@ -346,7 +381,11 @@ def study_command(settings: dict[str, Any], out: str | Path) -> str:
     words += ["--eval-examples", str(settings["eval_examples"])]
     if settings.get("longppl"):
         words.append("--longppl")
+    if settings.get("tuning_windows"):
+        words += ["--tuning-windows", str(len(settings["tuning_windows"]))]
     if list(settings["seeds"]) != [0]:
         words += ["--seeds", ",".join(str(seed) for seed in settings["seeds"])]
-    words += ["--eval-variants", ",".join(settings["variant_names"].values()), "--out", str(out)]
+    grid_of = {m: grid for grid, members in (settings.get("sweeps") or {}).items() for m in members}
+    items = dict.fromkeys(grid_of.get(v, v) for v in settings["variant_names"].values())  # rows' order
+    words += ["--eval-variants", ",".join(items), "--out", str(out)]
     return shlex.join(words)

@@ -28,6 +28,7 @@ from ..results.records import seed_interval
 from ..results.stats import paired_t
 from ..results.summary import SummaryTable
 from .paired import ALPHA, ranked_order, study_comparisons
+from .sweep import Choice, decided, unchosen
 
 __all__ = [
     "INTERVAL_KIND",
@@ -162,6 +163,78 @@ def _shortened(comparison: dict[str, Any]) -> dict[str, Any]:
     return {**comparison, "a": _short(comparison["a"]), "b": _short(comparison["b"])}
 
 
+def _sweep_notes(
+    settings: dict[str, Any],
+    choices: list[Choice],
+    comparisons: list[dict[str, Any]],
+    records: list[dict[str, Any]],
+) -> tuple[str, ...]:
+    """With ``--tuning-windows``: which windows tuned, each grid's chosen setting with its tuning
+    score beside the next, and the recommendation at the longest bucket (held out) with its paired
+    difference against the next best."""
+    tuning = settings.get("tuning_windows") or []
+    if not tuning:
+        return ()
+    held = settings["eval_examples"] - len(tuning)
+    notes = [
+        f"sweeps: chosen on the {len(tuning)} tuning window(s) {tuning} (mean NLL past the context); every number "
+        f"above and every test on the other {held} held-out window(s)"
+    ]
+    for choice in choices:
+        scores = ", ".join(f"{_short(label)} {score:.4f}" for label, score in choice.scores)
+        notes.append(f"{choice.grid}: chose {_short(choice.chosen)} (tuning NLL: {scores})")
+    ppl = [c for c in comparisons if c["task"] == "text-lm"]
+    if ppl:
+        last = max(tuple(c["bucket"]) for c in ppl)
+        family = [c for c in ppl if tuple(c["bucket"]) == last]
+        means = {
+            r["encoding"]: r["nll"]
+            for r in records
+            if r.get("metric") == "perplexity" and tuple(r["bucket"]) == last
+        }
+        best, *rest = sorted(means, key=means.get)
+        if rest:
+            pair = next(c for c in family if {c["a"], c["b"]} == {best, rest[0]})
+            sign = 1.0 if pair["a"] == best else -1.0
+            low, high = (
+                sorted(sign * v for v in pair["interval"]) if pair["interval"] else (math.nan, math.nan)
+            )
+            verdict = "separated" if pair["separated"] else "the test cannot tell them apart"
+            notes.append(
+                f"recommended at ({last[0]}, {last[1]}]: {_short(best)} (held-out NLL {means[best]:.4f}); against the next "
+                f"best, {_short(rest[0])}: {sign * pair['mean_diff']:+.4f} NLL [{low:+.4f}, {high:+.4f}], "
+                f"p_holm {pair['p_holm'] if pair['p_holm'] is None else format(pair['p_holm'], '.2g')}: {verdict}"
+            )
+    return tuple(notes)
+
+
+def _ppl_rows(
+    context: int, comparisons: list[dict[str, Any]], records: list[dict[str, Any]]
+) -> list[list[str]]:
+    """The verdict's rows of the perplexity buckets past the context."""
+    ppl = [c for c in comparisons if c["task"] == "text-lm"]
+    scored = [r for r in records if r.get("metric") == "perplexity"]
+    rows = []
+    for bucket in sorted({tuple(r["bucket"]) for r in scored if r["bucket"][1] > context}):
+        family = [c for c in ppl if tuple(c["bucket"]) == bucket]
+        means = {r["encoding"]: r["nll"] for r in scored if tuple(r["bucket"]) == bucket}
+        name = f"ppl {bucket[1] / context:g}x ({bucket[0]}, {bucket[1]}]"
+        rows.append(_verdict_row(name, family, means, lower=True))
+    return rows
+
+
+def _needle_rows(comparisons: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[list[str]]:
+    """The verdict's rows of the retrieval lengths (every depth)."""
+    needles = [c for c in comparisons if c["task"] != "text-lm" and c["depth"] == "all"]
+    scored = [r for r in records if r.get("metric") == "exact_match"]
+    rows = []
+    for task, length in sorted({(r["task"], r["length"]) for r in scored}):
+        family = [c for c in needles if (c["task"], c["length"]) == (task, length)]
+        means = {r["encoding"]: r["value"] for r in scored if (r["task"], r["length"]) == (task, length)}
+        rows.append(_verdict_row(f"{task.removeprefix('text-')} {length}", family, means, lower=False))
+    return rows
+
+
 def verdict_table(settings: dict[str, Any], records: list[dict[str, Any]]) -> SummaryTable | None:
     """The paired verdict, shown before the study's table: one row per perplexity bucket past the
     context and per retrieval length (every depth), the variants best first (``<``/``>`` only where
@@ -169,31 +242,9 @@ def verdict_table(settings: dict[str, Any], records: list[dict[str, Any]]) -> Su
     pairs with their difference, interval and ``p_holm``; notes on how far each variant reads. None
     when the records hold no perplexity past the context and no retrieval."""
     context = settings["train_len"]
-    comparisons = study_comparisons(settings, records)
-    rows = []
-    ppl = [c for c in comparisons if c["task"] == "text-lm"]
-    buckets = {
-        tuple(r["bucket"]) for r in records if r.get("metric") == "perplexity" and r["bucket"][1] > context
-    }
-    for bucket in sorted(buckets):
-        family = [c for c in ppl if tuple(c["bucket"]) == bucket]
-        means = {
-            r["encoding"]: r["nll"]
-            for r in records
-            if r.get("metric") == "perplexity" and tuple(r["bucket"]) == bucket
-        }
-        name = f"ppl {bucket[1] / context:g}x ({bucket[0]}, {bucket[1]}]"
-        rows.append(_verdict_row(name, family, means, lower=True))
-    needles = [c for c in comparisons if c["task"] != "text-lm" and c["depth"] == "all"]
-    cells = {(r["task"], r["length"]) for r in records if r.get("metric") == "exact_match"}
-    for task, length in sorted(cells):
-        family = [c for c in needles if (c["task"], c["length"]) == (task, length)]
-        means = {
-            r["encoding"]: r["value"]
-            for r in records
-            if r.get("metric") == "exact_match" and (r["task"], r["length"]) == (task, length)
-        }
-        rows.append(_verdict_row(f"{task.removeprefix('text-')} {length}", family, means, lower=False))
+    comparisons = study_comparisons(settings, records)  # held-out windows, chosen settings
+    records, choices = decided(settings, records)
+    rows = _ppl_rows(context, comparisons, records) + _needle_rows(comparisons, records)
     if not rows:
         return None
     title = f"{Path(str(settings.get('hf_model', 'the model'))).name}: paired verdict (best first)"
@@ -202,7 +253,14 @@ def verdict_table(settings: dict[str, Any], records: list[dict[str, Any]]) -> Su
         f"test on the same prompts (every depth of the length); Holm over the pairs of each row, separated at "
         f"p_holm < {ALPHA:g}; < (>) only where every variant on the left is separated from every one on the "
         "right; the records: comparisons.jsonl",
-        *verdict_notes(settings, records),
+        *verdict_notes(
+            {
+                **settings,
+                "encodings": [e for e in settings["encodings"] if e not in unchosen(settings, choices)],
+            },
+            records,
+        ),
+        *_sweep_notes(settings, choices, comparisons, records),
     )
     return SummaryTable(title, ["where", "best first", "separated (a − b [95%], p_holm)"], rows, notes)
 
