@@ -217,7 +217,8 @@ def eval_variants_help() -> str:
         f"{base}. With --hf-model also the piecewise-RoPE methods, c the model's context and E --eval-len: "
         f"{methods}; NAME:OPTION=VALUE,OPTION=VALUE overrides them (self_extend:group_size=4 or "
         "dca:chunk_size=96,local_size=16), and scaling=linear|ntk|yarn with factor=F replaces the model's "
-        "own RoPE scaling inside the method"
+        "own RoPE scaling inside the method; OPTION=A|B|C (or yarn:2|3) is a grid, one row per setting, "
+        "chosen with --tuning-windows"
     )
 
 
