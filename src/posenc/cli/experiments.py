@@ -308,6 +308,13 @@ TUNING_WINDOWS_HELP = (
 )
 
 
+#: ``--dtype``' help (``posenc extrapolate`` and ``posenc submit``).
+DTYPE_HELP = (
+    "--hf-model study: the precision of the model's weights and activations, float32 (exact, the default), "
+    "bfloat16 or float16; the NLL is taken in float32 and the rotary tables stay float32"
+)
+
+
 def extrapolate(
     ctx: typer.Context,
     out: Path = typer.Option(
@@ -327,6 +334,7 @@ def extrapolate(
     ),
     longppl: bool = typer.Option(False, "--longppl", help=_LONGPPL_HELP),
     tuning_windows: int = typer.Option(0, help=TUNING_WINDOWS_HELP),
+    dtype: str = typer.Option("float32", help=DTYPE_HELP),
     preset: str | None = typer.Option(None, help=_PRESET_HELP),
     shard: str | None = typer.Option(None, help=_SHARD_HELP),
     **options: Any,
@@ -350,9 +358,9 @@ def extrapolate(
         print_error(f"--longppl applies to --hf-model with --task {study_tasks_text()}")
         raise typer.Exit(2)
     options["longppl"] = longppl
-    options["tuning_windows"] = tuning_windows
-    if tuning_windows and not study:
-        print_error(f"--tuning-windows applies to --hf-model with --task {study_tasks_text()}")
+    options.update(tuning_windows=tuning_windows, dtype=dtype)
+    if (tuning_windows or dtype != "float32") and not study:
+        print_error(f"--tuning-windows and --dtype apply to --hf-model with --task {study_tasks_text()}")
         raise typer.Exit(2)
     if hf_model is not None and (preset is not None or (shard is not None and not study)):
         print_error("--preset and --shard train models; they do not apply to --hf-model (but to --task text)")
@@ -545,6 +553,7 @@ def study_options(
         "variants": parse_variants(options["eval_variants"]),
         "longppl": bool(options.get("longppl", False)),
         "tuning_windows": int(options.get("tuning_windows", 0)),
+        "dtype": str(options.get("dtype", "float32")),
     }
 
 

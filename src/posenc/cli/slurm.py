@@ -12,6 +12,7 @@ import typer
 from .app import app, print_error, print_line
 from .experiments import (
     CONFIG_OPTIONS,
+    DTYPE_HELP,
     TUNING_WINDOWS_HELP,
     config_from_options,
     given_options,
@@ -88,6 +89,7 @@ def submit_command(
     depths: str | None = typer.Option(None, help="--hf-model: the passkey's needle depths (extrapolate's)"),
     longppl: bool = typer.Option(False, "--longppl", help="--hf-model: also LongPPL (extrapolate's)"),
     tuning_windows: int = typer.Option(0, help="--hf-model: " + TUNING_WINDOWS_HELP),
+    dtype: str = typer.Option("float32", help=DTYPE_HELP),
     **options: Any,
 ) -> None:
     """Run the experiment on a Slurm cluster: the (encoding x seed) grid as one job array (task i
@@ -101,7 +103,7 @@ def submit_command(
     passed = _passed_args(ctx, preset, threads, device)
     try:
         scheduler = SlurmOptions(partition, time, cpus, mem, gpus, account, nodes, nproc_per_node)
-        options.update(longppl=longppl, tuning_windows=tuning_windows)
+        options.update(longppl=longppl, tuning_windows=tuning_windows, dtype=dtype)
         if hf_model is not None:
             study = (lengths, depths, given_options(ctx))
             configs, passed = _study_submission(hf_model, study, preset, passed, options)
@@ -183,8 +185,10 @@ def _print_submission(done: Submission, *, studied: bool, preset: str | None) ->
 
 def _refuse_study_options(options: dict[str, Any]) -> None:
     """The study's own options given to a submission that trains: refused by name."""
-    if options["longppl"] or options["tuning_windows"]:
-        raise ValueError("--longppl and --tuning-windows apply to --hf-model (the context-extension study)")
+    if options["longppl"] or options["tuning_windows"] or options["dtype"] != "float32":
+        raise ValueError(
+            "--longppl, --tuning-windows and --dtype apply to --hf-model (the context-extension study)"
+        )
 
 
 def _study_submission(
@@ -213,6 +217,7 @@ def _study_submission(
     extra += [] if depths is None else ["--depths", depths]
     extra += ["--longppl"] if options.get("longppl") else []
     extra += ["--tuning-windows", str(options["tuning_windows"])] if options.get("tuning_windows") else []
+    extra += ["--dtype", options["dtype"]] if options.get("dtype", "float32") != "float32" else []
     return grid, [*extra, *passed]
 
 

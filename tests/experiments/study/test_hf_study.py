@@ -516,6 +516,9 @@ def test_the_report_of_a_complete_study_has_its_table_and_no_missing_shard(study
     assert "incomplete" not in page and 'id="missing"' not in page
     table = re.search(r'<table id="summary">(.*?)</table>', page, re.S)
     assert table, "no verdict table"
+    from posenc.experiments.study.precision import cpu_description
+
+    assert f"in float32 on {cpu_description()['cpu']}" in page  # the machine beside the numbers
     paired = re.search(r'<table id="paired">(.*?)</table>', page, re.S)
     assert paired and paired.start() < table.start(), "the paired verdict comes first"
     assert "<code>passkey 100</code>" in paired.group(1) and "cannot test" in paired.group(1)

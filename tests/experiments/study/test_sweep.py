@@ -199,13 +199,14 @@ def test_a_sweep_runs_chooses_on_tuning_windows_and_reports_held_out(tmp_path):
     assert "--tuning-windows" in words and "none,rerope:window=16|32" in " ".join(words)
 
 
+@pytest.mark.parametrize("option", [["--tuning-windows", "2"], ["--dtype", "bfloat16"]])
 @pytest.mark.parametrize("command", ["extrapolate", "submit"])
-def test_tuning_windows_on_a_run_that_trains_is_refused_by_name(command, tmp_path):
+def test_the_study_options_on_a_run_that_trains_are_refused_by_name(command, option, tmp_path):
     from typer.testing import CliRunner
 
     from posenc.cli.app import app, load_command_modules
 
     load_command_modules()
-    result = CliRunner().invoke(app, [command, "--tuning-windows", "2", "--out", str(tmp_path / "x")])
-    assert result.exit_code == 2 and "--tuning-windows" in result.output and "--hf-model" in result.output
+    result = CliRunner().invoke(app, [command, *option, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and option[0] in result.output and "--hf-model" in result.output
     assert not (tmp_path / "x").exists()

@@ -108,6 +108,7 @@ from .plan import (
     study_units,
     unit_id,
 )
+from .precision import cast_weights, check_dtype_runs, cpu_description, study_dtype
 from .reading import bucket_interval, verdict_table
 from .sweep import held_out
 
@@ -154,6 +155,7 @@ def run_study(
     variants: Sequence[str] | None = None,
     longppl: bool = False,
     tuning_windows: int = 0,
+    dtype: str = "float32",
     shard: Any = None,
     device: str = "cpu",
     report: Callable[[str, str, int, int, str], None] | None = None,
@@ -164,19 +166,11 @@ def run_study(
     out = Path(out)
     # Planned from the config before the weights load (seconds to minutes): a bad option fails at
     # once, and the plan is the one posenc submit makes for the same command.
-    plan = study_grid(
-        model_ref,
-        task=task,
-        eval_len=eval_len,
-        lengths=lengths,
-        depths=depths,
-        eval_examples=eval_examples,
-        seeds=seeds,
-        corpus=corpus,
-        variants=variants,
-        longppl=longppl,
-        tuning_windows=tuning_windows,
-    ).plan
+    options = dict(task=task, eval_len=eval_len, lengths=lengths, depths=depths, eval_examples=eval_examples)
+    options.update(seeds=seeds, corpus=corpus, variants=variants, longppl=longppl)
+    plan = study_grid(model_ref, **options, tuning_windows=tuning_windows, dtype=dtype).plan
+    torch_device = resolve_device(device, Distributed())
+    check_dtype_runs(dtype, torch_device)  # before the weights load
     model, tokenizer, _ = load_model(model_ref)
     settings, scalings, labels = plan.settings, plan.scalings, plan.labels
     check_positions(model, settings["eval_len"], model_ref)  # on the CPU it loaded on, before .to(device)
@@ -184,14 +178,14 @@ def run_study(
     text_ids = _study_inputs(tokenizer, settings, corpus)
     units = plan.units
     mine = units if shard is None else shard_units(units, shard.index, shard.count)
-    torch_device = resolve_device(device, Distributed())
-    model.to(torch_device)
+    cast_weights(model, torch_device, study_dtype(dtype))  # the rotary tables stay float32
     progress = report or (lambda *args: None)
     say = log or (lambda line: None)
     with folder_lock(out):
         check_hf_folder(out, settings)
         out.mkdir(parents=True, exist_ok=True)
         runtime = {"device": str(torch_device), "shard": None if shard is None else str(shard)}
+        runtime.update(cpu_description())  # the machine every timing and precision figure ran on
         atomic_write_text(
             out / "config.json", json.dumps({"experiment": settings, "runtime": runtime}, indent=2) + "\n"
         )
@@ -491,7 +485,8 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
     notes = (
         f"ppl <=N: positions (previous bound, N]; 1.5x: ({context}, {3 * context // 2}], 2x: "
         f"({3 * context // 2}, {2 * context}]; from {settings['eval_examples']} window(s) of {eval_len} tokens"
-        + _held_out_words(settings),
+        + _held_out_words(settings)
+        + f"; weights and activations in {settings.get('dtype', 'float32')}",
     )
     if settings.get("longppl"):
         short = settings["longppl"]

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ...pretrained.loading import causal_lm_class_name, load_config, reference_text
 from ..results.records import RUNS_FILE, read_records
 from .hf_methods import parse_variants, variant_parameters
 from .hf_scaling import check_hf_folder, model_label
+from .precision import study_dtype
 from .sweep import expand_grid, is_grid, split_windows
 
 __all__ = [
@@ -224,6 +227,7 @@ def plan_study(
     variants: Sequence[str] | None = None,
     longppl: bool = False,
     tuning_windows: int = 0,
+    dtype: str = "float32",
 ) -> StudyPlan:
     """The plan of the study of the model whose HF ``config`` (and ``AutoModelForCausalLM`` class
     name) is given; :func:`run_study` and ``posenc submit`` both use it. ``ValueError`` names the
@@ -257,6 +261,8 @@ def plan_study(
     }
     if sweeps["sweeps"]:  # absent otherwise: a folder from before grids keeps its settings
         settings.update(sweeps)
+    if study_dtype(dtype) != torch.float32:  # likewise: a float32 folder from before keeps its settings
+        settings["dtype"] = dtype
     if longppl:
         settings["longppl"] = longppl_settings(task, context, eval_len)
     return StudyPlan(settings, study_units(variant_list, settings["lengths"]), scalings, labels)
@@ -383,6 +389,8 @@ def study_command(settings: dict[str, Any], out: str | Path) -> str:
         words.append("--longppl")
     if settings.get("tuning_windows"):
         words += ["--tuning-windows", str(len(settings["tuning_windows"]))]
+    if settings.get("dtype"):
+        words += ["--dtype", str(settings["dtype"])]
     if list(settings["seeds"]) != [0]:
         words += ["--seeds", ",".join(str(seed) for seed in settings["seeds"])]
     grid_of = {m: grid for grid, members in (settings.get("sweeps") or {}).items() for m in members}

@@ -70,7 +70,20 @@ def _lede(view: FolderView) -> str:
         parts.append(f"{settings['steps']} steps")
     if view.headline is not None:
         parts.append(f"scored by {html.escape(view.headline.label)}")
+    if view.study:
+        parts.append(_machine(view))
     return f'<p class="lede">{" · ".join(parts)}</p>'
+
+
+def _machine(view: FolderView) -> str:
+    """A study's precision and the CPU it ran on, with the ISA that decides its speed (``config.json``'s
+    ``runtime``; a folder from before says "CPU not recorded")."""
+    runtime = view.config.get("runtime") or {}
+    dtype = html.escape(str(view.settings.get("dtype", "float32")))
+    if not runtime.get("cpu"):
+        return f"in {dtype}, CPU not recorded"
+    isa = ", ".join(runtime.get("isa") or []) or "no AVX-512 or AMX"
+    return f"in {dtype} on {html.escape(str(runtime['cpu']))} ({html.escape(isa)})"
 
 
 def _count(n: int, noun: str) -> str:
