@@ -54,13 +54,14 @@ from __future__ import annotations
 from ._attention import ATTN_IMPLEMENTATION, attention_forward, register
 from ._bias_models import use_posenc_attention
 from ._common import last_backend
-from ._swap import set_rope_scaling, swap_encoding, switch_rope_pairing_
+from ._swap import rope_layer_types, set_rope_scaling, swap_encoding, switch_rope_pairing_
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
     "attention_forward",
     "last_backend",
     "register",
+    "rope_layer_types",
     "set_rope_scaling",
     "swap_encoding",
     "switch_rope_pairing_",

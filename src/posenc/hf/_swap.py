@@ -369,6 +369,12 @@ def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Mo
     ``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``, ...). A model whose encoding
     was swapped by :func:`swap_encoding` is refused: give the scaling in its posenc spec instead.
 
+    A model with RoPE per layer type (HF's ``config.rope_parameters`` keyed by ``config.layer_types``:
+    Gemma 3, Olmo 3, ...) takes the same per-type form: ``{"full_attention": {"rope_type": "linear",
+    "factor": 8.0}}`` scales the global layers only (Gemma 3's own long-context recipe), and the types
+    not given keep their RoPE. One flat dict on such a model, a per-type dict on a model without layer
+    types, or a type the model does not have is refused by name.
+
     The parameters are checked first (posenc's own RoPE scaling reads them: an unknown ``rope_type``, a
     missing or out-of-range option is a ValueError naming the key), and the new rotary embedding is
     built from a copy of the config: on any error the model and its config are left as they were.
@@ -380,23 +386,8 @@ def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Mo
         raise ValueError(
             "set_rope_scaling: this model's encoding was swapped; put the scaling in the posenc spec"
         )
-    if not isinstance(rope_parameters, dict) or "rope_type" not in rope_parameters:
-        raise ValueError(
-            f"set_rope_scaling: rope_parameters must be a dict with a rope_type, got {rope_parameters!r}"
-        )
     config = model.config
-    merged = {"rope_theta": config.rope_parameters.get("rope_theta"), **rope_parameters}
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    try:  # posenc's RoPE reads the same dict: its checks name the key at fault
-        build(
-            "rope",
-            head_dim=head_dim,
-            rope_parameters=merged,
-            max_position_embeddings=getattr(config, "max_position_embeddings", None),
-        )
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"set_rope_scaling: {err}") from err
+    merged = _merged_rope_parameters(model, rope_parameters)
     old = decoder.rotary_emb
     trial = copy.deepcopy(config)
     trial.rope_parameters = merged
@@ -408,6 +399,88 @@ def set_rope_scaling(model: nn.Module, rope_parameters: dict[str, Any]) -> nn.Mo
             f"{type(err).__name__}: {err}"
         ) from err
     config.rope_parameters = merged
-    device = old.inv_freq.device if hasattr(old, "inv_freq") else next(model.parameters()).device
+    device = next((b.device for b in old.buffers()), next(model.parameters()).device)
     decoder.rotary_emb = type(old)(config=config).to(device)
     return model
+
+
+def rope_layer_types(config: Any) -> list[str] | None:
+    """The layer types of a model whose ``rope_parameters`` are given per type (Gemma 3, Olmo 3), in
+    order of first appearance; None for a model with one RoPE for every layer."""
+    types = list(dict.fromkeys(getattr(config, "layer_types", None) or []))
+    params = getattr(config, "rope_parameters", None)
+    if not (types and isinstance(params, dict)):
+        return None
+    # A type may have no RoPE at all (None: Beam's full-attention layers are NoPE).
+    keyed = all(t in params and (params[t] is None or isinstance(params[t], dict)) for t in types)
+    return types if keyed and any(isinstance(params[t], dict) for t in types) else None
+
+
+def _merged_rope_parameters(model: nn.Module, rope_parameters: Any) -> dict[str, Any]:
+    """The model's new ``rope_parameters``: each given dict over its own ``rope_theta``, per layer
+    type where the model has types; checked by posenc's RoPE (a ValueError naming the key)."""
+    config, family = model.config, type(model).__name__
+    per_type = isinstance(rope_parameters, dict) and bool(rope_parameters)
+    per_type = per_type and all(isinstance(v, dict) for v in rope_parameters.values())
+    types = rope_layer_types(config)
+    own = config.rope_parameters
+    if types is None and isinstance(own, dict) and own and all(isinstance(v, dict) for v in own.values()):
+        raise ValueError(
+            f"set_rope_scaling: {family} keeps RoPE per part ({', '.join(own)}), not per layer type; "
+            "posenc cannot rescale it: load the model with the scaling in its config"
+        )
+    if types is None:
+        if per_type:
+            raise ValueError(
+                f"set_rope_scaling: {family} has one RoPE for every layer (no layer_types with rope_parameters "
+                f"per type); give one dict with a rope_type, not one per {', '.join(rope_parameters)}"
+            )
+        return _checked_rope(model, rope_parameters, config.rope_parameters, "")
+    if not per_type:
+        raise ValueError(
+            f"set_rope_scaling: {family} has RoPE per layer type ({', '.join(types)}); give a dict per type to "
+            "scale, e.g. {'full_attention': {'rope_type': 'linear', 'factor': 8.0}} (Gemma 3 scales its global "
+            "layers only); the types not given keep their RoPE"
+        )
+    unknown = [t for t in rope_parameters if t not in types]
+    if unknown:
+        raise ValueError(
+            f"set_rope_scaling: {family} has no layer type {', '.join(map(repr, unknown))}; its types: {', '.join(types)}"
+        )
+    bare = [t for t in rope_parameters if config.rope_parameters[t] is None]
+    if bare:
+        raise ValueError(
+            f"set_rope_scaling: {family}'s {', '.join(map(repr, bare))} layers have no RoPE to scale (NoPE); "
+            f"scale the types with RoPE: {', '.join(t for t in types if t not in bare)}"
+        )
+    merged = {t: None if own[t] is None else dict(own[t]) for t in types}
+    for layer_type, given in rope_parameters.items():
+        merged[layer_type] = _checked_rope(
+            model, given, config.rope_parameters[layer_type], f"[{layer_type!r}]"
+        )
+    return merged
+
+
+def _checked_rope(model: nn.Module, given: Any, own: dict[str, Any], where: str) -> dict[str, Any]:
+    """``given`` over the model's own ``rope_theta``, checked by posenc's RoPE (``where``: the layer
+    type, in messages)."""
+    if not isinstance(given, dict) or "rope_type" not in given:
+        raise ValueError(
+            f"set_rope_scaling: rope_parameters{where} must be a dict with a rope_type, got {given!r}"
+        )
+    config = model.config
+    merged = {"rope_theta": own.get("rope_theta"), **given}
+    try:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    except Exception:  # per-layer head sizes (Gemma 4): HF's own build below checks the scaling
+        return merged
+    try:  # posenc's RoPE reads the same dict: its checks name the key at fault
+        build(
+            "rope",
+            head_dim=head_dim,
+            rope_parameters=merged,
+            max_position_embeddings=getattr(config, "max_position_embeddings", None),
+        )
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"set_rope_scaling{where}: {err}") from err
+    return merged

@@ -39,7 +39,13 @@ from torch import nn
 from ...encodings.registry import build
 from ...encodings.rope_scaling import LENGTH_DEPENDENT
 from .hf_scaling import VARIANTS as SCALINGS
-from .hf_scaling import apply_scaling, kept_model_keys, ntk_parameters, rope_parameters_for
+from .hf_scaling import (
+    apply_scaling,
+    kept_model_keys,
+    ntk_parameters,
+    rope_parameters_for,
+    scaled_layer_types,
+)
 from .hf_scaling import parse_variants as parse_scalings
 from .sweep import expand_grid
 
@@ -182,6 +188,12 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
     refusal a ``ValueError`` naming ``--eval-variants``, the item and the option."""
     name, given = parse_method(item)
     original = dict(getattr(config, "rope_parameters", None) or {})
+    if scaled_layer_types(config, f"--eval-variants {item!r}") is not None:
+        raise ValueError(
+            f"--eval-variants {item!r}: {type(config).__name__} has RoPE per layer type (sliding and full "
+            f"attention); {name} is not applied to its full-attention layers yet: a scaling (linear, ntk, yarn) "
+            "rescales those layers only"
+        )
     if not original:
         raise ValueError(
             f"--eval-variants {item!r}: {type(config).__name__} has no RoPE (rope_parameters) for {name} to "

@@ -18,6 +18,7 @@ from ...pretrained.loading import MODELS
 from ..results.records import experiment_settings, load_config
 
 __all__ = [
+    "GLOBAL_LAYER_TYPES",
     "HF_TASKS",
     "VARIANTS",
     "apply_scaling",
@@ -28,6 +29,7 @@ __all__ = [
     "ntk_parameters",
     "parse_variants",
     "rope_parameters_for",
+    "scaled_layer_types",
 ]
 
 #: Tasks ``--hf-model`` scores a pretrained model on as the trained experiments score theirs (the
@@ -127,8 +129,11 @@ def apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original:
     variant of Llama 3.1 scales its raw frequencies, not with llama3's band options attached (which
     ``linear`` does not read and RoPE scaling refuses).
     """
-    from ...hf import set_rope_scaling
+    from ...hf import rope_layer_types, set_rope_scaling
 
+    if rope_layer_types(model.config) is not None:
+        _apply_per_layer_type(model, parameters, original)
+        return
     if parameters is None:
         if original and getattr(model.config, "rope_parameters", None) != original:
             set_rope_scaling(model, dict(original))
@@ -136,6 +141,51 @@ def apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original:
     if parameters.get("rope_type") == "ntk":
         parameters = ntk_parameters(model.config, original, parameters["factor"])
     set_rope_scaling(model, {**kept_model_keys(original), **parameters})
+
+
+#: The layer types a scaling rescales on a model with RoPE per layer type: its full-attention (global)
+#: layers, as Gemma 3 (linear x8) and Olmo 3 (YaRN) extend theirs. A sliding-window layer keeps its
+#: RoPE: it never sees a distance past its window, which lies inside the trained context.
+GLOBAL_LAYER_TYPES = ("full_attention",)
+
+
+def scaled_layer_types(config: Any, where: str) -> list[str] | None:
+    """The layer types a scaling variant rescales on the model of HF ``config``: None for a model with
+    one RoPE for every layer (all of it), else its :data:`GLOBAL_LAYER_TYPES` that have RoPE;
+    ``ValueError`` naming ``where`` and the family when it has none."""
+    from ...hf import rope_layer_types
+
+    types = rope_layer_types(config)
+    if types is None:
+        return None
+    scaled = [t for t in types if t in GLOBAL_LAYER_TYPES and config.rope_parameters[t] is not None]
+    if not scaled:
+        raise ValueError(
+            f"{where}: {type(config).__name__} has RoPE per layer type ({', '.join(types)}) but no full-attention "
+            "layers with RoPE to scale; a scaling cannot be applied to it"
+        )
+    return scaled
+
+
+def _apply_per_layer_type(
+    model: nn.Module, parameters: dict[str, Any] | None, original: dict[str, Any]
+) -> None:
+    """:func:`apply_scaling` on a model with RoPE per layer type: the scaling on its full-attention
+    layers only (:func:`scaled_layer_types`), each over its own base; every type's own back for ``none``."""
+    from ...hf import set_rope_scaling
+
+    if parameters is None:
+        if model.config.rope_parameters != original:
+            set_rope_scaling(model, {t: dict(p) for t, p in original.items() if p is not None})
+        return
+    entry = {}
+    for layer_type in scaled_layer_types(model.config, "--eval-variants") or []:
+        own = original[layer_type]
+        given = parameters
+        if parameters.get("rope_type") == "ntk":
+            given = ntk_parameters(model.config, own, parameters["factor"])
+        entry[layer_type] = {**kept_model_keys(own), **given}
+    set_rope_scaling(model, entry)
 
 
 def kept_model_keys(original: dict[str, Any]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import torch
 from ...pretrained.loading import causal_lm_class_name, load_config, reference_text
 from ..results.records import RUNS_FILE, read_records
 from .hf_methods import parse_variants, variant_parameters
-from .hf_scaling import check_hf_folder, model_label
+from .hf_scaling import check_hf_folder, model_label, scaled_layer_types
 from .precision import study_dtype
 from .sweep import expand_grid, is_grid, split_windows
 
@@ -240,6 +240,7 @@ def plan_study(
     scalings = {v: variant_parameters(v, config, context, eval_len) for v in variant_list}
     if not getattr(config, "rope_parameters", None) and any(scalings.values()):
         raise ValueError(f"--eval-variants: {model_class} has no rope_parameters to scale")
+    scaled_types = scaled_layer_types(config, "--eval-variants") if any(scalings.values()) else None
     name = model_label(model_ref)
     labels = {v: name if v == "none" else f"{name} + {v}" for v in variant_list}
     settings = {
@@ -261,6 +262,8 @@ def plan_study(
     }
     if sweeps["sweeps"]:  # absent otherwise: a folder from before grids keeps its settings
         settings.update(sweeps)
+    if scaled_types is not None:  # a hybrid model: the scalings rescale these layers only
+        settings["scaled_layer_types"] = scaled_types
     if study_dtype(dtype) != torch.float32:  # likewise: a float32 folder from before keeps its settings
         settings["dtype"] = dtype
     if longppl:
