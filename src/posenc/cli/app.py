@@ -24,6 +24,7 @@ COMMAND_ORDER = (
     "show",
     "plot",
     "extrapolate",
+    "study",
     "compare",
     "merge",
     "report",
@@ -138,6 +139,7 @@ def print_line(message: str) -> None:
 #: Modules that add sub-commands to :data:`app` when imported (skipped if not present yet).
 COMMAND_MODULES = [
     "posenc.cli.experiments",
+    "posenc.cli.study",
     "posenc.cli.slurm",
     "posenc.cli.plots",
     "posenc.cli.bench",

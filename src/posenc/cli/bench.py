@@ -73,6 +73,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "HF generate with a static cache and torch.compile: sdpa vs attn_implementation='posenc' (and eager)",
     ),
+    "study-dtype": (
+        "bench_study_dtype",
+        [],
+        "the study's perplexity forward in float32 and bfloat16 on a fetched model (default smollm2-135m), CPU and ISA named",
+    ),
     "gpu": (
         "bench_gpu",
         [],

@@ -300,6 +300,13 @@ _SHARD_HELP = (
 )
 
 
+#: What ``extrapolate --hf-model`` with a study task (and ``submit --hf-model``) says: the study has
+#: its own command and words now; this form keeps working.
+STUDY_MOVED = (
+    "the context-extension study is `posenc study MODEL` now (--windows for --eval-examples, --variants for "
+    "--eval-variants, --tasks for --task); `extrapolate --hf-model` keeps running it"
+)
+
 #: ``--tuning-windows``' help (``posenc extrapolate`` and ``posenc submit``).
 TUNING_WINDOWS_HELP = (
     "--hf-model study with a grid in --eval-variants (self_extend:group_size=2|4|8): K of the --eval-examples "
@@ -370,6 +377,7 @@ def extrapolate(
 
         torch.set_num_threads(threads)  # one process evaluates: the threads are its own
     if study:
+        console.print(f"[yellow]note:[/yellow] {STUDY_MOVED}", soft_wrap=True)
         with quiet_hf_progress():
             _study_pretrained(
                 hf_model, out, device, progress, shard, lengths, depths, options, given_options(ctx)

@@ -13,6 +13,7 @@ from .app import app, print_error, print_line
 from .experiments import (
     CONFIG_OPTIONS,
     DTYPE_HELP,
+    STUDY_MOVED,
     TUNING_WINDOWS_HELP,
     config_from_options,
     given_options,
@@ -210,6 +211,7 @@ def _study_submission(
             f"posenc submit --hf-model runs the context-extension study: --task {', '.join(STUDY_TASKS)}, "
             f"not {options['task']!r} (run that evaluation with posenc extrapolate --hf-model)"
         )
+    print_line(f"note: {STUDY_MOVED}; submit --hf-model submits it as a job array")
     lengths, depths, given = study
     grid = study_grid(hf_model, **study_options(lengths, depths, options, given))
     extra = ["--hf-model", hf_model]

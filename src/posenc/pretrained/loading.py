@@ -20,6 +20,7 @@ GGUF loader)::
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -50,6 +51,7 @@ __all__ = [
     "converted_dir",
     "fetch",
     "fetch_command",
+    "hub_folder",
     "load",
     "load_config",
     "model_path",
@@ -58,11 +60,36 @@ __all__ = [
 ]
 
 
+#: A hub id (``HuggingFaceTB/SmolLM2-135M``): what HF's ``from_pretrained`` takes beside a folder.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def hub_folder(model: str | Path) -> Path | None:
+    """The local snapshot folder of a hub id that is no fetched model's name and no path here, as HF's
+    ``from_pretrained`` resolves it (huggingface_hub's cache: ``HF_HUB_CACHE``; downloaded unless
+    ``HF_HUB_OFFLINE=1``); None for any other ``model``. ``FileNotFoundError`` naming the id when it
+    cannot be had (offline and not cached, or no such repository)."""
+    text = str(model)
+    if text in MODELS or Path(text).exists() or not _HUB_ID.match(text):
+        return None
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(text))
+    except Exception as err:  # huggingface_hub's offline, missing-entry and repository errors alike
+        raise FileNotFoundError(
+            f"model {text}: read as a hub id, but it is not in the HF cache here and cannot be downloaded "
+            f"({type(err).__name__}: {err}); give a fetched model's name ({', '.join(MODELS)}), a .gguf "
+            "file or an HF folder, or download it first"
+        ) from err
+
+
 def load(model: str | Path, *, dtype: Any = None, log: Any = None) -> tuple[Any, Any]:
     """``(model, tokenizer)`` loaded by HF transformers, in eval mode.
 
     Args:
-        model: a fetched model's name (``smollm2-135m``), a ``.gguf`` file or an HF folder.
+        model: a fetched model's name (``smollm2-135m``), a ``.gguf`` file, an HF folder, or a hub id
+            (``HuggingFaceTB/SmolLM2-135M``, :func:`hub_folder`).
         dtype: the weights' dtype (GGUF weights are dequantized to it); default float32.
         log: called with a line of progress (``print``), or None.
 
@@ -78,6 +105,7 @@ def load(model: str | Path, *, dtype: Any = None, log: Any = None) -> tuple[Any,
     import torch
 
     dtype = torch.float32 if dtype is None else dtype
+    model = hub_folder(model) or model
     if str(model) in MODELS:
         return _load_fetched(MODELS[str(model)], dtype, log or (lambda line: None))
     path = Path(model)
@@ -105,6 +133,7 @@ def load_config(model: str | Path, *, causal: bool = True) -> Any:
         from transformers import AutoConfig
     except ImportError as err:  # pragma: no cover - the real extra is missing
         raise ImportError("reading a model's config needs transformers: pip install 'posenc[real]'") from err
+    model = hub_folder(model) or model
     if str(model) in MODELS and MODELS[str(model)].form != "gguf":
         config = AutoConfig.from_pretrained(str(convert(str(model))))
         if causal:

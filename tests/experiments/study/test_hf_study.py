@@ -402,7 +402,7 @@ def test_the_report_of_a_study_folder_reproduces_it(model_dir, corpus, tmp_path)
     assert "trained on sizes" not in page and 'id="diagnostics"' not in page
     command = html.unescape(re.search(r'<pre id="command"><code>(.*?)</code>', page, re.S).group(1))
     words = shlex.split(command)
-    assert words[:2] == ["posenc", "extrapolate"] and words[words.index("--out") + 1] == str(out)
+    assert words[:2] == ["posenc", "study"] and words[words.index("--out") + 1] == str(out)
     words[words.index("--out") + 1] = str(tmp_path / "again")
     again = CliRunner().invoke(app, [*words[1:], "--no-progress"])
     assert again.exit_code == 0, again.output

@@ -156,6 +156,7 @@ def run_study(
     longppl: bool = False,
     tuning_windows: int = 0,
     dtype: str = "float32",
+    trials: int | None = None,
     shard: Any = None,
     device: str = "cpu",
     report: Callable[[str, str, int, int, str], None] | None = None,
@@ -168,7 +169,7 @@ def run_study(
     # once, and the plan is the one posenc submit makes for the same command.
     options = dict(task=task, eval_len=eval_len, lengths=lengths, depths=depths, eval_examples=eval_examples)
     options.update(seeds=seeds, corpus=corpus, variants=variants, longppl=longppl)
-    plan = study_grid(model_ref, **options, tuning_windows=tuning_windows, dtype=dtype).plan
+    plan = study_grid(model_ref, **options, tuning_windows=tuning_windows, dtype=dtype, trials=trials).plan
     torch_device = resolve_device(device, Distributed())
     check_dtype_runs(dtype, torch_device)  # before the weights load
     model, tokenizer, _ = load_model(model_ref)
@@ -278,7 +279,7 @@ def _run_unit(
     do_lm = runs_lm(task) and length == settings["eval_len"]
     needles = [part for part in TASK_PARTS[task] if part in NEEDLES]
     depths = settings["depths"] or []
-    total = (examples if do_lm else 0) + examples * len(depths) * len(needles)
+    total = (examples if do_lm else 0) + _trials(settings) * len(depths) * len(needles)
     base = {
         "run": unit_id(variant, length),
         "encoding": label,
@@ -407,6 +408,12 @@ def _bucket_records(
     return records
 
 
+def _trials(settings: dict[str, Any]) -> int:
+    """The needle prompts per (length, depth) cell: ``--trials``, else one per ``--windows`` (as
+    folders from before ``--trials`` ran them)."""
+    return int(settings.get("trials", settings["eval_examples"]))
+
+
 def _needle_cells(
     needle: Needle,
     model: nn.Module,
@@ -420,7 +427,7 @@ def _needle_cells(
     hits, its 95% Wilson interval, and each trial's outcome (1 right, 0 wrong) and key, which every
     variant shares (the trial's random stream depends on the seed, length, depth and trial only);
     ``tick()`` after each trial."""
-    examples, seed = settings["eval_examples"], settings["seeds"][0]
+    examples, seed = _trials(settings), settings["seeds"][0]
     cells = []
     for index, depth in enumerate(settings["depths"] or []):
         outcomes, keys = [], []

@@ -228,11 +228,14 @@ def plan_study(
     longppl: bool = False,
     tuning_windows: int = 0,
     dtype: str = "float32",
+    trials: int | None = None,
 ) -> StudyPlan:
     """The plan of the study of the model whose HF ``config`` (and ``AutoModelForCausalLM`` class
     name) is given; :func:`run_study` and ``posenc submit`` both use it. ``ValueError`` names the
     option at fault."""
     depth_list, seeds = _check_trials(task, depths, eval_examples, seeds)
+    if trials is not None and (isinstance(trials, bool) or not isinstance(trials, int) or trials < 1):
+        raise ValueError(f"--trials must be a positive integer, got {trials!r}")
     context, eval_len, length_list = _study_lengths(config, model_ref, task, eval_len, lengths)
     items = parse_variants(",".join(variants) if variants else None)
     sweeps = _sweeps(items, tuning_windows, eval_examples, seeds[0], task)
@@ -262,6 +265,8 @@ def plan_study(
     }
     if sweeps["sweeps"]:  # absent otherwise: a folder from before grids keeps its settings
         settings.update(sweeps)
+    if trials is not None and runs_needles(task):  # the needle prompts per cell, apart from the windows
+        settings["trials"] = trials
     if scaled_types is not None:  # a hybrid model: the scalings rescale these layers only
         settings["scaled_layer_types"] = scaled_types
     if study_dtype(dtype) != torch.float32:  # likewise: a float32 folder from before keeps its settings
@@ -292,7 +297,9 @@ def _check_trials(
     """:func:`plan_study`'s ``task``, ``depths``, ``seeds`` and ``eval_examples`` checked (in that
     order): the needle depths and the one seed."""
     if task not in STUDY_TASKS:
-        raise ValueError(f"the text study's tasks are {', '.join(STUDY_TASKS)}, not {task!r}")
+        raise ValueError(
+            f"--task {task!r}: the text study's tasks are {', '.join(STUDY_TASKS)}, not {task!r}"
+        )
     depth_list = parse_depths(depths if depths is None or isinstance(depths, str) else list(depths))
     seed_list = [0] if seeds is None else list(seeds)
     if len(seed_list) != 1:
@@ -369,25 +376,20 @@ def study_grid(model_ref: str | Path, **options: Any) -> StudyGrid:
 
 
 def study_command(settings: dict[str, Any], out: str | Path) -> str:
-    """The ``posenc extrapolate`` command that plans the study of ``settings`` (a study folder's
+    """The ``posenc study`` command that plans the study of ``settings`` (a study folder's
     ``config.json`` ``experiment``) into ``out``: what a report shows to reproduce the folder."""
     import shlex
 
-    words = [
-        "posenc",
-        "extrapolate",
-        "--hf-model",
-        str(settings["hf_model"]),
-        "--task",
-        str(settings["task"]),
-    ]
+    words = ["posenc", "study", str(settings["hf_model"]), "--tasks", str(settings["task"])]
     words += ["--eval-len", str(settings["eval_len"])]
     if runs_needles(settings["task"]):
         words += ["--lengths", ",".join(str(n) for n in settings["lengths"])]
         words += ["--depths", ",".join(f"{d:g}" for d in settings["depths"])]
     if settings.get("corpus") is not None:
         words += ["--corpus", str(settings["corpus"])]
-    words += ["--eval-examples", str(settings["eval_examples"])]
+    words += ["--windows", str(settings["eval_examples"])]
+    if settings.get("trials") is not None:
+        words += ["--trials", str(settings["trials"])]
     if settings.get("longppl"):
         words.append("--longppl")
     if settings.get("tuning_windows"):
@@ -395,8 +397,8 @@ def study_command(settings: dict[str, Any], out: str | Path) -> str:
     if settings.get("dtype"):
         words += ["--dtype", str(settings["dtype"])]
     if list(settings["seeds"]) != [0]:
-        words += ["--seeds", ",".join(str(seed) for seed in settings["seeds"])]
+        words += ["--seed", str(settings["seeds"][0])]
     grid_of = {m: grid for grid, members in (settings.get("sweeps") or {}).items() for m in members}
     items = dict.fromkeys(grid_of.get(v, v) for v in settings["variant_names"].values())  # rows' order
-    words += ["--eval-variants", ",".join(items), "--out", str(out)]
+    words += ["--variants", ",".join(items), "--out", str(out)]
     return shlex.join(words)

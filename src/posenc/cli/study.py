@@ -1,0 +1,134 @@
+"""``posenc study MODEL``: the context-extension study of a trained model, in its own words
+(:class:`posenc.experiments.study.config.StudyConfig`); ``extrapolate --hf-model`` with a study task
+still runs it, with a message naming this command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from .app import app, print_error, print_line
+from .experiments import DTYPE_HELP, TUNING_WINDOWS_HELP, console, print_table, quiet_hf_progress, rich_table
+
+if TYPE_CHECKING:
+    from ..experiments.study.config import StudyConfig
+
+__all__ = ["in_study_words", "run_and_print", "study"]
+
+#: The study's checks name the options of ``extrapolate --hf-model``, which ran it first; this command's
+#: own names for the same options.
+STUDY_WORDS = {
+    "--eval-variants": "--variants",
+    "--eval-examples": "--windows",
+    "--task ": "--tasks ",
+    "--seeds": "--seed",
+}
+
+
+def in_study_words(message: str) -> str:
+    """``message`` with the options named as ``posenc study`` names them."""
+    for old, new in STUDY_WORDS.items():
+        message = message.replace(old, new)
+    return message
+
+
+@app.command("study")
+def study(
+    model: str = typer.Argument(
+        ..., help="a fetched model's name (posenc models), a .gguf file, an HF folder, or a hub id (org/name)"
+    ),
+    tasks: str = typer.Option(
+        "text", help="text (perplexity and the passkey), text-lm, text-passkey or text-multikey"
+    ),
+    variants: str = typer.Option(
+        "none",
+        help="ways past the context: none, linear, ntk, dynamic, yarn[:F], self_extend, rerope, leaky_rerope, dca "
+        "(METHOD:OPTION=VALUE,...; OPTION=A|B is a grid chosen on --tuning-windows)",
+    ),
+    eval_len: int | None = typer.Option(None, help="perplexity windows' length in tokens (default 2c)"),
+    lengths: str | None = typer.Option(None, help="needle prompt lengths (default c/2, c, 1.5c, 2c)"),
+    depths: str | None = typer.Option(None, help="needle depths in [0, 1] (default 0,0.25,0.5,0.75,1)"),
+    windows: int = typer.Option(1, min=1, help="perplexity windows, evenly spaced over the corpus"),
+    trials: int | None = typer.Option(
+        None, min=1, help="needle prompts per (length, depth) cell (default --windows)"
+    ),
+    tuning_windows: int = typer.Option(0, min=0, help=TUNING_WINDOWS_HELP),
+    dtype: str = typer.Option("float32", help=DTYPE_HELP),
+    seed: int = typer.Option(0, help="draws the needles' keys and the tuning windows"),
+    corpus: str | None = typer.Option(
+        None, help="evaluation text: a file, or python-reference (the default)"
+    ),
+    longppl: bool = typer.Option(False, "--longppl", help="also LongPPL, the model its own evaluator"),
+    out: Path | None = typer.Option(
+        None, help="the study folder (default runs/study/<model>); a rerun resumes"
+    ),
+    shard: str | None = typer.Option(
+        None, help="i/n: run every n-th (variant, length) unit; posenc merge joins"
+    ),
+    threads: int | None = typer.Option(None, min=1, help="torch threads (default: torch's own, every core)"),
+    device: str = typer.Option("cpu", help="cpu, cuda or auto"),
+    progress: bool = typer.Option(True, help="show progress bars"),
+) -> None:
+    """Score a trained model past its context under each variant, on the same windows and prompts,
+    and decide between them with paired tests (the verdict table first, then perplexity by position
+    and retrieval by length); writes results.jsonl, comparisons.jsonl, config.json and figures."""
+    from ..experiments.study.config import StudyConfig, split_items, variant_items
+
+    try:
+        config = StudyConfig(
+            model=model,
+            tasks=tasks,
+            variants=variant_items(variants),
+            eval_len=eval_len,
+            lengths=split_items(lengths, int, "--lengths"),
+            depths=split_items(depths, float, "--depths"),
+            windows=windows,
+            trials=trials,
+            tuning_windows=tuning_windows,
+            dtype=dtype,
+            seed=seed,
+            corpus=corpus,
+            longppl=longppl,
+        )
+    except ValueError as err:
+        print_error(in_study_words(str(err)))
+        raise typer.Exit(2) from err
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    with quiet_hf_progress():
+        run_and_print(config, out or config.default_out(), device, progress, shard)
+
+
+def run_and_print(config: StudyConfig, out: Path, device: str, progress: bool, shard: str | None) -> None:
+    """Run (or resume) the study of ``config`` into ``out`` and print its verdict and its table;
+    a bad option or file ends the command with its message (exit 2)."""
+    from ..experiments.cluster.shards import parse_shard
+    from ..experiments.study.hf_study import run_study, study_summary
+    from ..experiments.study.reading import verdict_table
+    from ..viz.folder import write_figures
+    from .experiments import _ProgressBars
+
+    try:
+        with _ProgressBars(console, progress) as bars:
+            records, settings = run_study(
+                str(config.model),
+                out,
+                **config.run_options(),
+                shard=None if shard is None else parse_shard(shard),
+                device=device,
+                report=bars.report,
+                log=bars.log,
+                figures=write_figures,
+            )
+    except (ValueError, FileNotFoundError) as err:
+        print_error(in_study_words(str(err)))
+        raise typer.Exit(2) from err
+    verdict = verdict_table(settings, records)
+    if verdict is not None:
+        print_table(rich_table(verdict))
+    print_table(rich_table(study_summary(settings, records)))
+    print_line(f"results: {out / 'results.jsonl'}, {out / 'comparisons.jsonl'}, {out / 'extrapolation.png'}")
