@@ -77,6 +77,7 @@ from ..results.records import RUNS_FILE, atomic_write_text, read_records, wilson
 from ..results.summary import SummaryTable
 
 # Imported by name, so _run_unit looks them up here (a test replaces hf_study.greedy_answer).
+from ..tasks.haystack import VT_HOPS, json_kv_prompt, json_kv_right, vt_prompt, vt_right, vt_trial
 from ..tasks.longppl import KEY_GAP, KEY_LOSS, key_tokens, long_ppl, short_context_nll
 from ..tasks.text import (
     FILLER,
@@ -325,10 +326,12 @@ class Needle:
     many tokens the answer may take."""
 
     task: str
-    prompt: Callable[[Any, int, float, random.Random], tuple[list[int], int]]
+    prompt: Callable[[Any, int, float, random.Random], tuple[list[int], Any]]
     steps: int
     #: The trial's random stream is named ``f"{salt}{seed}-{length}-{depth}-{trial}"``.
     salt: str = ""
+    #: ``right(answer text, expected) -> bool``: the passkey's exact match of the first digits by default.
+    right: Callable[[str, Any], bool] = answer_is_right
 
 
 def _passkey_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -> tuple[list[int], int]:
@@ -341,10 +344,21 @@ def _multikey_trial(tokenizer: Any, length: int, depth: float, rng: random.Rando
     return multikey_prompt(tokenizer, length, depth, needles, distractor_depths)[0], needles[0][1]
 
 
+def _vt_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -> tuple[list[int], list[str]]:
+    names, value = vt_trial(rng)
+    return vt_prompt(tokenizer, length, depth, names, value)[0], names
+
+
+def _json_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -> tuple[list[int], str]:
+    return json_kv_prompt(tokenizer, length, depth, rng)
+
+
 #: The needle tasks by :data:`.plan.TASK_PARTS` name.
 NEEDLES: dict[str, Needle] = {
     "passkey": Needle("text-passkey", _passkey_trial, KEY_DIGITS + 2),
     "multikey": Needle("text-multikey", _multikey_trial, VALUE_DIGITS + 3, salt="multikey-"),
+    "vt": Needle("text-vt", _vt_trial, 8 * (VT_HOPS + 1), salt="vt-", right=vt_right),
+    "jsonkv": Needle("text-jsonkv", _json_trial, 40, salt="jsonkv-", right=json_kv_right),
 }
 
 
@@ -408,6 +422,14 @@ def _bucket_records(
     return records
 
 
+def _stop(needle: Needle, tokenizer: Any) -> Callable[[list[int]], bool] | None:
+    """When a greedy answer is complete: a run of digits and one more character for the number needles;
+    a line break for the others (a list of names, a UUID), or their step budget."""
+    if needle.right is answer_is_right:
+        return lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None
+    return lambda tokens: "\n" in tokenizer.decode(tokens).lstrip()
+
+
 def _trials(settings: dict[str, Any]) -> int:
     """The needle prompts per (length, depth) cell: ``--trials``, else one per ``--windows`` (as
     folders from before ``--trials`` ran them)."""
@@ -435,12 +457,9 @@ def _needle_cells(
             rng = random.Random(f"{needle.salt}{seed}-{length}-{depth}-{trial}")
             ids, expected = needle.prompt(tokenizer, length, depth, rng)
             answer = greedy_answer(
-                model,
-                torch.tensor([ids], device=device),
-                needle.steps,
-                stop=lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None,
+                model, torch.tensor([ids], device=device), needle.steps, stop=_stop(needle, tokenizer)
             )
-            outcomes.append(int(answer_is_right(tokenizer.decode(answer), expected)))
+            outcomes.append(int(needle.right(tokenizer.decode(answer), expected)))
             keys.append(expected)
             tick()
         hits = sum(outcomes)

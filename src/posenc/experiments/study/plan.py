@@ -46,13 +46,17 @@ __all__ = [
 
 #: The study's tasks (``text`` runs perplexity and the passkey; ``text-multikey`` the passkey and,
 #: beside it on the same lengths and depths, RULER's multi-key needle).
-STUDY_TASKS = ("text", "text-lm", "text-passkey", "text-multikey")
-#: What each task runs: perplexity by position (``lm``) and which needles, by task.
+STUDY_TASKS = ("text", "text-lm", "text-passkey", "text-multikey", "text-vt", "text-jsonkv", "text-retrieval")
+#: What each task runs: perplexity by position (``lm``) and which needles, by task (``vt``: RULER's
+#: variable tracking; ``jsonkv``: HELMET's JSON key-value retrieval, :mod:`..tasks.haystack`).
 TASK_PARTS: dict[str, tuple[str, ...]] = {
     "text": ("lm", "passkey"),
     "text-lm": ("lm",),
     "text-passkey": ("passkey",),
     "text-multikey": ("passkey", "multikey"),
+    "text-vt": ("vt",),
+    "text-jsonkv": ("jsonkv",),
+    "text-retrieval": ("passkey", "multikey", "vt", "jsonkv"),
 }
 
 
