@@ -134,3 +134,26 @@ def test_the_studys_scaling_variants_rescale_the_global_layers_only_as_hf_loaded
         ValueError, match=r"'self_extend'.*RoPE per layer type.*not applied to its full-attention"
     ):
         method_parameters("self_extend", model.config, 64, 128)
+
+
+@pytest.mark.parametrize("rope_type", ["yarn", "llama3"])
+def test_a_scaling_without_its_pretraining_length_takes_the_configs_as_hf_does(rope_type):
+    """Issue 62 item 11: HF's standardize_rope_params fills original_max_position_embeddings from the
+    config for llama3, yarn and longrope; set_rope_scaling refused that dict where HF loads it."""
+    extra = {"low_freq_factor": 1.0, "high_freq_factor": 4.0} if rope_type == "llama3" else {}
+    given = {"rope_type": rope_type, "factor": 4.0, **extra}
+    base = {k: v for k, v in TINY.items() if k != "sliding_window"}
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**base)).eval()
+    theta = model.config.rope_parameters["rope_theta"]
+    loaded = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(**base, rope_parameters={"rope_theta": theta, **given})
+    ).eval()
+    loaded.load_state_dict(model.state_dict())
+    assert (
+        loaded.config.rope_parameters["original_max_position_embeddings"] == TINY["max_position_embeddings"]
+    )
+    posenc_hf.set_rope_scaling(model, dict(given))
+    assert model.config.rope_parameters["original_max_position_embeddings"] == TINY["max_position_embeddings"]
+    ids = torch.randint(0, 128, (1, 50))
+    torch.testing.assert_close(_logits(model, ids), _logits(loaded, ids), rtol=0, atol=1e-6)

@@ -461,6 +461,10 @@ def _merged_rope_parameters(model: nn.Module, rope_parameters: Any) -> dict[str,
     return merged
 
 
+#: The rope types whose pretraining length HF fills in from the config when a dict leaves it out.
+_PRETRAINING_LENGTH_TYPES = ("llama3", "yarn", "longrope")
+
+
 def _checked_rope(model: nn.Module, given: Any, own: dict[str, Any], where: str) -> dict[str, Any]:
     """``given`` over the model's own ``rope_theta``, checked by posenc's RoPE (``where``: the layer
     type, in messages)."""
@@ -470,6 +474,10 @@ def _checked_rope(model: nn.Module, given: Any, own: dict[str, Any], where: str)
         )
     config = model.config
     merged = {"rope_theta": own.get("rope_theta"), **given}
+    if merged["rope_type"] in _PRETRAINING_LENGTH_TYPES and "original_max_position_embeddings" not in merged:
+        # HF's standardize_rope_params: the pretraining length defaults to the config's own.
+        length = getattr(config, "original_max_position_embeddings", None) or config.max_position_embeddings
+        merged["original_max_position_embeddings"] = length
     try:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     except Exception:  # per-layer head sizes (Gemma 4): HF's own build below checks the scaling

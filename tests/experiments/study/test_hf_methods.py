@@ -133,8 +133,14 @@ def test_a_method_is_the_encoding_swapped_in_with_the_models_base_and_undone_aft
     original = dict(model.config.rope_parameters)
     want = _logits(model, ids)
     # group_size 1 and leaky_factor 1 are plain RoPE: HF's own logits (only with the model's base 5000).
-    for item in ("self_extend:group_size=1,neighbor_window=4", "leaky_rerope:window=4,leaky_factor=1"):
-        apply_variant(model, method_parameters(item, model.config, CONTEXT, 150), original)
+    # The study refuses them by name (they would be the model's row under a method's name), so the
+    # entries are written out here.
+    for name, options in (
+        ("self_extend", {"group_size": 1, "neighbor_window": 4}),
+        ("leaky_rerope", {"window": 4, "leaky_factor": 1.0}),
+    ):
+        entry = {"method": name, "encoding": name, "options": options, "rope_parameters": original}
+        apply_variant(model, entry, original)
         torch.testing.assert_close(_logits(model, ids), want, rtol=1e-9, atol=1e-9)
     # The default Self-Extend at E = 150: w_n = 16, G = ceil((150 - 16) / 48) = 3, base 5000.
     apply_variant(model, method_parameters("self_extend", model.config, CONTEXT, 150), original)
@@ -155,7 +161,7 @@ def test_a_method_is_the_encoding_swapped_in_with_the_models_base_and_undone_aft
 
 
 def test_the_study_runs_a_method_row_beside_the_model(model_dir, corpus, tmp_path):
-    variants = ["self_extend:group_size=1,neighbor_window=4", "none", "rerope"]
+    variants = ["self_extend:group_size=2,neighbor_window=32", "none", "rerope"]
     records, settings = run_study(
         model_dir,
         tmp_path / "out",
@@ -166,14 +172,15 @@ def test_the_study_runs_a_method_row_beside_the_model(model_dir, corpus, tmp_pat
         variants=variants,
     )
     assert settings["encodings"] == [
-        "tiny-llama-5000 + self_extend:group_size=1,neighbor_window=4",
+        "tiny-llama-5000 + self_extend:group_size=2,neighbor_window=32",
         "tiny-llama-5000",
         "tiny-llama-5000 + rerope",
     ]
     assert settings["variants"]["tiny-llama-5000 + rerope"]["options"] == {"window": 32}
     by = {(r["encoding"].partition(" + ")[2], r["length"]): r["value"] for r in records}
-    for hi in (8, 64, 96, 128):
-        assert by[(variants[0], hi)] == pytest.approx(by[("", hi)], rel=1e-5)  # G = 1: plain RoPE
+    for hi in (8, 16, 24, 32):  # every distance below the neighbour window 32: plain RoPE's numbers
+        assert by[(variants[0], hi)] == pytest.approx(by[("", hi)], rel=1e-5)
+    assert by[(variants[0], 128)] != pytest.approx(by[("", 128)], rel=1e-6)  # grouped past it
     # The rerope row is the model swapped to rerope:window=c/2 with its base, scored directly.
     import posenc.hf
     from posenc.pretrained.loading import load
@@ -314,3 +321,39 @@ def test_the_lm_task_refuses_the_same_before_any_weight_loads(
             model_dir, tmp_path / "out", task="lm", eval_len=128, variants=["none", item]
         )
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("item", "eval_len", "message"),
+    [
+        (
+            "self_extend:group_size=1",
+            2 * CONTEXT,
+            r"group_size=1 moves no position, so self_extend is plain RoPE; give a group_size above 1",
+        ),
+        (
+            "leaky_rerope:leaky_factor=1",
+            2 * CONTEXT,
+            r"leaky_factor=1 moves no position, so leaky_rerope is plain RoPE",
+        ),
+        (
+            "self_extend",
+            CONTEXT,
+            r"group_size=1 moves no position.*\(derived: --eval-len is within the model's context",
+        ),
+        ("leaky_rerope", CONTEXT, r"leaky_factor=1 moves no position.*derived"),
+    ],
+)
+def test_a_method_setting_that_moves_no_position_is_refused_by_its_option(item, eval_len, message):
+    """Issue 62 item 7: these rows were the model's own numbers under a method's name."""
+    with pytest.raises(ValueError, match=message):
+        method_parameters(item, _config(), CONTEXT, eval_len)
+    method_parameters(item.replace("=1", "=2"), _config(), CONTEXT, 2 * CONTEXT)  # one step up is a method
+
+
+def test_an_unknown_variant_lists_every_scaling_and_every_method():
+    with pytest.raises(
+        ValueError,
+        match=r"'longrope'.*none, linear, ntk, dynamic, yarn.*self_extend, rerope, leaky_rerope, dca",
+    ):
+        parse_variants("none,longrope")

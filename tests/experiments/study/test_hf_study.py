@@ -352,8 +352,10 @@ def test_submit_refuses_what_a_study_cannot_take(model_dir, corpus, tmp_path):
         "--dry-run",
     ]
     lm = CliRunner().invoke(app, [*base, "--task", "lm"])
-    assert lm.exit_code == 2 and "--task text, text-lm, text-passkey, text-multikey, not 'lm'" in " ".join(
-        lm.output.split()
+    assert (
+        lm.exit_code == 2
+        and "--task text, text-lm, text-passkey, text-multikey, text-vt, text-jsonkv, text-retrieval, not 'lm'"
+        in " ".join(lm.output.split())
     )
     workers = CliRunner().invoke(app, [*base, "--task", "text", "--workers", "2"])
     assert workers.exit_code == 2 and "each array task of a study runs one process" in " ".join(

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
@@ -114,6 +114,8 @@ class Method:
     derive: Callable[[int, int, dict[str, Any]], dict[str, Any]]
     below_eval_len: tuple[str, ...]
     defaults: str
+    #: Option values at which the method changes no position (plain RoPE): refused by name.
+    plain_at: dict[str, float] = field(default_factory=dict)
 
 
 #: Every method ``--eval-variants`` takes beside the scalings, by name.
@@ -124,6 +126,7 @@ METHODS: dict[str, Method] = {
         _self_extend,
         ("neighbor_window",),
         "neighbor_window c/4, group_size the smallest G with (c - w_n)G + w_n >= E",
+        {"group_size": 1},
     ),
     "rerope": Method("rerope", {"window": int, "log_scale_length": int}, _rerope, ("window",), "window c/2"),
     "leaky_rerope": Method(
@@ -132,6 +135,7 @@ METHODS: dict[str, Method] = {
         _leaky_rerope,
         ("window",),
         "window c/2, leaky_factor the smallest whole k with w + (E - w)/k <= c",
+        {"leaky_factor": 1.0},
     ),
     "dca": Method(
         "dca",
@@ -205,6 +209,7 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
     except ValueError as err:
         raise ValueError(f"--eval-variants {item!r}: {err}") from None
     _check_below(item, name, options, eval_len)
+    _check_not_plain(item, name, options, given)
     rope = _method_rope(item, name, given, original, config, context, eval_len)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     try:
@@ -221,6 +226,22 @@ def _check_below(item: str, name: str, options: dict[str, Any], eval_len: int) -
             raise ValueError(
                 f"--eval-variants {item!r}: {key}={options[key]} is not below --eval-len {eval_len}, so {name} "
                 f"is plain RoPE over every window; give a {key} below {eval_len}"
+            )
+
+
+def _check_not_plain(item: str, name: str, options: dict[str, Any], given: dict[str, Any]) -> None:
+    """Refuse a setting at which the method moves no position (``group_size=1``, ``leaky_factor=1``):
+    its row would be the model's own under the method's name."""
+    for key, plain in METHODS[name].plain_at.items():
+        if key in options and options[key] == plain:  # below it: the encoding's own range check names it
+            how = (
+                ""
+                if key in given
+                else " (derived: --eval-len is within the model's context; give a longer one)"
+            )
+            raise ValueError(
+                f"--eval-variants {item!r}: {key}={options[key]:g} moves no position, so {name} is plain RoPE"
+                f"{how}; give a {key} above {plain:g}"
             )
 
 
@@ -291,7 +312,13 @@ def parse_variants(text: str | None) -> list[str]:
         elif token:
             items.append(token)
     for setting in (s for item in items for s in expand_grid(item)):  # a grid's every setting
-        if setting.partition(":")[0] in METHODS:
+        name = setting.partition(":")[0]
+        if name not in METHODS and name not in SCALINGS:
+            raise ValueError(
+                f"--eval-variants {setting!r}: choose from the scalings {', '.join(SCALINGS)} (NAME:FACTOR) and the "
+                f"methods {', '.join(METHODS)} (NAME:OPTION=VALUE,...)"
+            )
+        if name in METHODS:
             parse_method(setting)
         else:
             parse_scalings(setting)
