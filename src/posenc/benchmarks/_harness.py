@@ -34,8 +34,11 @@ def machine() -> str:
                 break
     except OSError:
         pass
+    from ..experiments.study.precision import cpu_description
+
+    isa = ", ".join(cpu_description()["isa"]) or "no AVX2, AVX-512 or AMX"
     return (
-        f"{os.cpu_count()} CPUs ({model}), torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs ({model}; {isa}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}"
     )
 

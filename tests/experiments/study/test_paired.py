@@ -350,7 +350,7 @@ def test_write_comparisons_writes_every_record_and_replaces_an_older_file(tmp_pa
 # ---------------------------------------------------------------------------- the committed study
 
 
-@pytest.mark.parametrize("part", ["2x", "4x-passkey"])
+@pytest.mark.parametrize("part", ["2x", "4x-passkey", "dtype-sign/float32", "dtype-sign/bfloat16"])
 def test_the_committed_comparisons_equal_scipy_on_the_committed_records(part):
     folder = COMMITTED / part
     records = [
