@@ -114,6 +114,33 @@ BAD_FOLDERS = {
     "no model_type": ('{"hidden_size": 4}', True, ["names no model_type"]),
     "unknown architecture": ('{"model_type": "no-such-arch"}', True, ["'no-such-arch'", "does not know"]),
     "no weights": ('{"model_type": "llama"}', False, ["a config.json but no weights", *WEIGHT_FILES]),
+    # Issue 62 items 4 and 5: configs HF refuses (or takes in silence), each named by its field.
+    "no heads": (
+        '{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 0}',
+        True,
+        ["num_attention_heads 0", "at least 1 attention head"],
+    ),
+    "heads that do not split the width": (
+        '{"model_type": "llama", "hidden_size": 64, "num_attention_heads": 3}',
+        True,
+        ["hidden_size 64 is not a multiple of num_attention_heads 3"],
+    ),
+    "an unknown rope_type": (
+        '{"model_type": "llama", "rope_parameters": {"rope_type": "bogus", "rope_theta": 10000.0}}',
+        True,
+        ["rope_parameters.rope_type 'bogus' is no RoPE type"],
+    ),
+    "a per-type unknown rope_type": (
+        '{"model_type": "gemma3_text", "rope_parameters": {"full_attention": {"rope_type": "bogus"}, '
+        '"sliding_attention": {"rope_type": "default"}}}',
+        True,
+        ["rope_parameters['full_attention'].rope_type 'bogus'"],
+    ),
+    "no context": (
+        '{"model_type": "llama", "max_position_embeddings": 0}',
+        True,
+        ["max_position_embeddings 0: a context below 1 position"],
+    ),
 }
 
 

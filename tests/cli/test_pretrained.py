@@ -35,3 +35,29 @@ def test_the_fetch_command_fetches_then_converts_each_model(tmp_path, fake_fetch
     assert converted == ["fake"]
     unknown = CliRunner().invoke(app, ["models", "fetch", "llama-7b"])
     assert unknown.exit_code == 2 and "choose from" in unknown.output
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file"])
+def test_a_models_folder_that_is_a_file_is_named_before_any_download(tmp_path, monkeypatch, where):
+    """Issue 62 item 3: a bad POSENC_MODELS ended `models fetch` in a traceback."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app, load_command_modules
+    from posenc.pretrained import catalog
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder")
+    folder = blocker if where == "a file" else blocker / "models" / "inner"
+    monkeypatch.setenv("POSENC_MODELS", str(folder))
+    monkeypatch.setattr(catalog, "_download", lambda *a, **k: pytest.fail("downloaded before the check"))
+    load_command_modules()
+    result = CliRunner().invoke(app, ["models", "fetch", "smollm2-135m", "--no-convert"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and text.startswith("error: POSENC_MODELS=")
+    assert f"{folder} is not a folder" in text and "Traceback" not in text
+    if where == "under a file":
+        assert f"({blocker}, above it, is a file)" in text
+    # A folder whose parents are missing is made.
+    monkeypatch.setenv("POSENC_MODELS", str(tmp_path / "new" / "deep" / "models"))
+    assert catalog.writable_models_dir() == tmp_path / "new" / "deep" / "models"
+    assert (tmp_path / "new" / "deep" / "models").is_dir()

@@ -50,6 +50,9 @@ def fetch_models(
             fetch(name, force=force, log=print_line)
             if convert:
                 convert_model(name, log=print_line)
+        except ValueError as err:  # a bad $POSENC_MODELS: named, before any download
+            print_error(str(err))
+            raise typer.Exit(2) from err
         except (RuntimeError, ImportError) as err:
             print_error(str(err))
             raise typer.Exit(1) from err

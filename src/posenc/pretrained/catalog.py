@@ -39,6 +39,7 @@ __all__ = [
     "fetch_command",
     "model_path",
     "models_dir",
+    "writable_models_dir",
 ]
 
 #: The environment variable naming the folder that holds fetched models.
@@ -206,6 +207,29 @@ def models_dir() -> Path:
     return Path(configured).expanduser() if configured else Path.home() / ".cache" / "posenc" / "models"
 
 
+def writable_models_dir() -> Path:
+    """:func:`models_dir`, checked before anything is downloaded: ``ValueError`` naming
+    ``$POSENC_MODELS`` and the path when it is a file, lies under a file, or cannot be created."""
+    folder = models_dir()
+    where = f"{MODELS_ENV}={os.environ[MODELS_ENV]}" if os.environ.get(MODELS_ENV) else "the models folder"
+    existing = folder
+    while not existing.exists() and existing.parent != existing:
+        existing = existing.parent
+    if not existing.is_dir():
+        inside = "" if existing == folder else f" ({existing}, above it, is a file)"
+        raise ValueError(
+            f"{where}: {folder} is not a folder{inside}; set {MODELS_ENV} to a folder, or unset it for "
+            "~/.cache/posenc/models"
+        )
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise ValueError(
+            f"{where}: {folder} cannot be created ({err.strerror}); set {MODELS_ENV} to a writable folder"
+        ) from err
+    return folder
+
+
 def fetch_command(names: list[str] | None = None) -> str:
     """The shell command that fetches ``names`` (default: every model)."""
     return "posenc models fetch" + ("" if names is None else " " + " ".join(names))
@@ -265,7 +289,7 @@ def fetch(name: str, *, force: bool = False, log: Any = print) -> Path:
     in a scratch path beside its target and renamed into place only once verified.
     """
     spec = _spec(name)
-    target = models_dir() / spec.filename
+    target = writable_models_dir() / spec.filename
     if not force and _verified(spec, target):
         log(f"{spec.name}: {target} already fetched (sha256 checked)")
         return target

@@ -177,13 +177,59 @@ def _folder_config(folder: Path) -> Any:
         raise InspectError(
             f"{path}: names no model_type; expected an HF config (save_pretrained writes model_type)"
         )
+    _check_fields(path, raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw)
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     try:
         return AutoConfig.from_pretrained(str(folder))
-    except (ValueError, KeyError) as err:
+    except Exception as err:  # HF's validators raise their own types (ZeroDivisionError, StrictDataclass...)
+        if raw["model_type"] in CONFIG_MAPPING:
+            raise InspectError(
+                f"{path}: transformers {_transformers_version()} refuses this {raw['model_type']} config "
+                f"({type(err).__name__}: {err}); fix the field it names"
+            ) from err
         raise InspectError(
             f"{path}: model_type {raw['model_type']!r} is an architecture transformers "
             f"{_transformers_version()} does not know, so posenc inspect cannot read it ({err})"
         ) from err
+
+
+def _check_fields(path: Path, raw: dict[str, Any]) -> None:
+    """The fields ``posenc inspect`` reads, checked by name before HF reads them (HF answers some with
+    a bare ``ZeroDivisionError``, and takes an unknown ``rope_type`` or a context of 0 in silence)."""
+    heads, width = raw.get("num_attention_heads"), raw.get("hidden_size")
+    if heads is not None and (not isinstance(heads, int) or heads < 1):
+        raise InspectError(f"{path}: num_attention_heads {heads!r}: a model needs at least 1 attention head")
+    if isinstance(heads, int) and isinstance(width, int) and not raw.get("head_dim") and width % heads:
+        raise InspectError(
+            f"{path}: hidden_size {width} is not a multiple of num_attention_heads {heads} (and no head_dim "
+            "is given): the heads cannot split the width"
+        )
+    context = raw.get("max_position_embeddings")
+    if context is not None and (not isinstance(context, int) or context < 1):
+        raise InspectError(
+            f"{path}: max_position_embeddings {context!r}: a context below 1 position; give the training context"
+        )
+    _check_rope_types(path, raw.get("rope_parameters") or raw.get("rope_scaling"))
+
+
+def _check_rope_types(path: Path, parameters: Any) -> None:
+    """Each ``rope_type`` of ``rope_parameters`` (flat or per layer type) one HF knows."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if not isinstance(parameters, dict):
+        return
+    nested = all(isinstance(v, dict) or v is None for v in parameters.values()) and parameters
+    for where, entry in parameters.items() if nested else [("", parameters)]:
+        if not isinstance(entry, dict):
+            continue
+        kind = entry.get("rope_type", entry.get("type", "default"))
+        if kind != "default" and kind not in ROPE_INIT_FUNCTIONS:
+            field = f"rope_parameters[{where!r}].rope_type" if where else "rope_parameters.rope_type"
+            raise InspectError(
+                f"{path}: {field} {kind!r} is no RoPE type transformers {_transformers_version()} knows "
+                f"({', '.join(['default', *ROPE_INIT_FUNCTIONS])})"
+            )
 
 
 def _folder_weights(folder: Path) -> Weights:
