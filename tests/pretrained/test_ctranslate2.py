@@ -406,3 +406,28 @@ def test_the_output_folder_appears_whole_or_not_at_all(tmp_path, tiny, monkeypat
     assert [p.name for p in models.iterdir()] == ["tiny.hf"]
     assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()
     assert oct(out.stat().st_mode & 0o777) != oct(0o700)  # not mkdtemp's private mode
+
+
+@pytest.mark.parametrize(
+    ("lang_ids", "shown"),
+    [(["en", 3], "'en'"), ([2.5], "2.5"), ([10_000], "10000"), ([True], "True"), ("3", "'3'")],
+)
+def test_token_ids_that_are_not_whole_ids_in_the_vocabulary_are_named(tmp_path, tiny, lang_ids, shown):
+    """Issue 62 item 6: Python's own int() message came out, naming neither the file nor the field."""
+    source = write_whisper_folder(tmp_path / "ct2", tiny)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, "lang_ids": lang_ids}))
+    with pytest.raises(
+        ValueError,
+        match=rf"config.json: lang_ids holds {re.escape(shown)}; it must be a list of whole token ids in \[0, 27\)",
+    ):
+        ct2.convert_whisper(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_vocabulary_that_is_not_utf8_is_named(tmp_path, tiny):
+    source = write_whisper_folder(tmp_path / "ct2", tiny)
+    (source / "vocabulary.txt").write_bytes(b"a\n\xff\xfe\n")
+    with pytest.raises(ValueError, match=r"vocabulary.txt: not UTF-8 text \(byte 2: invalid start byte\)"):
+        ct2.convert_whisper(source, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

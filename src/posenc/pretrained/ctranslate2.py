@@ -245,8 +245,28 @@ class _Variables:
 
 def _vocabulary(path: Path) -> list[str]:
     """``vocabulary.txt``: one token a line, line ``i`` the token of id ``i``."""
-    lines = path.read_text(encoding="utf-8").split("\n")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path}: not UTF-8 text (byte {err.start}: {err.reason}); a CTranslate2 vocabulary.txt is one "
+            "UTF-8 token a line"
+        ) from None
     return lines[:-1] if lines and lines[-1] == "" else lines
+
+
+def _check_token_ids(values: Any, key: str, size: int, path: Path) -> None:
+    """``config.json``'s ``key``: a list of whole token ids inside the vocabulary, else named."""
+    bad = (
+        [values]
+        if not isinstance(values, list)
+        else [v for v in values if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < size]
+    )
+    if bad:
+        raise ValueError(
+            f"{path}: {key} holds {bad[0]!r}; it must be a list of whole token ids in [0, {size}) (the "
+            "vocabulary's size)"
+        )
 
 
 def _token_id(vocabulary: list[str], token: str, path: Path) -> int:
@@ -281,6 +301,7 @@ def _whisper_config(
                 f"{folder / 'config.json'}: no {key!r}; a CTranslate2 Whisper config.json lists "
                 "lang_ids, suppress_ids and suppress_ids_begin"
             )
+        _check_token_ids(ct2_config[key], key, len(vocabulary), folder / "config.json")
     embeddings = variables["decoder/embeddings/weight"]
     if len(vocabulary) != embeddings.shape[0]:
         raise ValueError(
