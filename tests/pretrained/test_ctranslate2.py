@@ -431,3 +431,26 @@ def test_a_vocabulary_that_is_not_utf8_is_named(tmp_path, tiny):
     with pytest.raises(ValueError, match=r"vocabulary.txt: not UTF-8 text \(byte 2: invalid start byte\)"):
         ct2.convert_whisper(source, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_a_killed_conversions_scratch_is_removed_by_the_next(tmp_path, tiny):
+    """Issue 62 item 2 for convert_whisper: its scratch folder beside the output, left by a killed run."""
+    import socket
+    import subprocess
+    import sys
+
+    from posenc.pretrained.catalog import OWNER_FILE
+
+    source = write_whisper_folder(tmp_path / "ct2", tiny)
+    out = tmp_path / "models" / "tiny.hf"
+    out.parent.mkdir(parents=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    left = out.parent / ".tiny.hf-killed"
+    left.mkdir()
+    (left / OWNER_FILE).write_text(f"{dead.stdout.strip()} {socket.gethostname()}\n")
+    lines: list[str] = []
+    ct2.convert_whisper(source, out, log=lines.append)
+    assert not left.exists() and f"removed {left}: the scratch folder of a run that was killed" in lines
+    assert sorted(p.name for p in out.parent.iterdir()) == ["tiny.hf"] and not (out / OWNER_FILE).exists()

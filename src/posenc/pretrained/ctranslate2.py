@@ -41,6 +41,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .catalog import OWNER_FILE, claim_scratch, remove_dead_scratch
+
 __all__ = [
     "FORMAT_VERSION",
     "WHISPER_FILES",
@@ -557,7 +559,8 @@ def convert_whisper(source: str | Path, out: str | Path, *, log: Callable[[str],
     config = _whisper_config(variables, ct2_config, vocabulary, source)
     weights = _whisper_state_dict(variables, config)
     out.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    remove_dead_scratch(out.parent, f".{out.name}-", say)
+    scratch = claim_scratch(Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent)))
     try:
         _save_model(config, weights, scratch)
         _generation_config(config, ct2_config, vocabulary, source).save_pretrained(scratch)
@@ -567,6 +570,7 @@ def convert_whisper(source: str | Path, out: str | Path, *, log: Callable[[str],
             feature_size=config.num_mel_bins,
             chunk_length=config.max_source_positions * 2 * hop // rate,
         ).save_pretrained(scratch)
+        (scratch / OWNER_FILE).unlink()  # the folder is the model's now, not a run's scratch
         _replace(scratch, out)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
