@@ -190,11 +190,13 @@ def task_help() -> str:
 
 
 def hf_model_forms() -> str:
-    """What ``--hf-model`` takes, for its help (the fetchable models by name, from the catalog)."""
+    """What ``--hf-model`` takes, for its help: the fetchable causal LMs by name (from the catalog; the
+    encoders and Whisper it refuses are left out)."""
     from ..pretrained.catalog import MODELS
 
+    causal = [name for name, spec in MODELS.items() if spec.architecture.endswith("ForCausalLM")]
     return (
-        f"an HF folder (save_pretrained), a fetched model's name ({', '.join(MODELS)}; posenc models "
+        f"an HF folder (save_pretrained), a fetched causal LM's name ({', '.join(causal)}; posenc models "
         "fetch) or a .gguf file"
     )
 
