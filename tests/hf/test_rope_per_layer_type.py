@@ -102,8 +102,8 @@ def test_a_type_without_rope_is_refused_by_name():
 def test_the_studys_scaling_variants_rescale_the_global_layers_only_as_hf_loaded_with_them():
     """The study's yarn and ntk variants on a Gemma 3: its full-attention layers scaled, each over its own
     base, the sliding ones untouched; equal to HF's model loaded with that per-type config; ``none``
-    puts every type back; a piecewise method is refused by name, from the config alone."""
-    from posenc.experiments.study.hf_methods import apply_variant, method_parameters
+    puts every type back."""
+    from posenc.experiments.study.hf_methods import apply_variant
     from posenc.experiments.study.hf_scaling import ntk_parameters
     from posenc.experiments.study.plan import plan_study
 
@@ -130,10 +130,41 @@ def test_the_studys_scaling_variants_rescale_the_global_layers_only_as_hf_loaded
         model.config, "Gemma3ForCausalLM", "tiny-gemma", task="text-lm", variants=["none", "yarn"]
     )
     assert plan.settings["scaled_layer_types"] == ["full_attention"]
-    with pytest.raises(
-        ValueError, match=r"'self_extend'.*RoPE per layer type.*not applied to its full-attention"
-    ):
-        method_parameters("self_extend", model.config, 64, 128)
+
+
+def test_a_method_on_a_hybrid_model_acts_on_its_full_attention_layers_and_keeps_the_window_layers_rope():
+    """Self-Extend on a Gemma 3: the full-attention layers get the method over their own base (1e6), the
+    sliding layers their own RoPE (base 1e4); at a setting that moves no position (written out: the study
+    refuses it by name) the logits are HF's own, with the real setting they are HF's inside the
+    neighbour window and differ past it; ``none`` puts the model back exactly."""
+    from posenc.encodings.rope import RoPE
+    from posenc.experiments.study.hf_methods import apply_variant, method_parameters
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(_config("gemma3_text")).eval()
+    original = copy.deepcopy(model.config.rope_parameters)
+    ids = torch.randint(0, 128, (1, 100))
+    hf = _logits(model, ids)
+    entry = method_parameters("self_extend:group_size=2,neighbor_window=16", model.config, 64, 128)
+    assert entry["rope_parameters"]["rope_theta"] == original["full_attention"]["rope_theta"]
+    assert entry["kept_rope"] == {"sliding_attention": original["sliding_attention"]}
+    plain = {**entry, "options": {"group_size": 1, "neighbor_window": 16}}
+    apply_variant(model, plain, original)
+    torch.testing.assert_close(_logits(model, ids), hf, rtol=0, atol=1e-5)
+    apply_variant(model, entry, original)
+    for layer, layer_type in zip(model.model.layers, TYPES):
+        encoding = layer.self_attn.posenc_encoding
+        if layer_type == "sliding_attention":
+            base = original["sliding_attention"]["rope_theta"]  # inv_freq[1] = base^(-2/d), d = 16
+            assert isinstance(encoding, RoPE)
+            assert float(encoding.tables.inv_freq[1]) == pytest.approx(base ** (-2 / 16), rel=1e-6)
+        else:
+            assert not isinstance(encoding, RoPE)
+    got = _logits(model, ids)
+    torch.testing.assert_close(got[:, :16], hf[:, :16], rtol=0, atol=1e-5)
+    assert not torch.allclose(got[:, 40:], hf[:, 40:], atol=1e-3)
+    apply_variant(model, None, original)
+    torch.testing.assert_close(_logits(model, ids), hf, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("rope_type", ["yarn", "llama3"])

@@ -192,12 +192,10 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
     refusal a ``ValueError`` naming ``--eval-variants``, the item and the option."""
     name, given = parse_method(item)
     original = dict(getattr(config, "rope_parameters", None) or {})
-    if scaled_layer_types(config, f"--eval-variants {item!r}") is not None:
-        raise ValueError(
-            f"--eval-variants {item!r}: {type(config).__name__} has RoPE per layer type (sliding and full "
-            f"attention); {name} is not applied to its full-attention layers yet: a scaling (linear, ntk, yarn) "
-            "rescales those layers only"
-        )
+    scaled = scaled_layer_types(config, f"--eval-variants {item!r}")
+    per_type = dict(original) if scaled is not None else None
+    if scaled is not None:  # a hybrid model: the method on its full-attention layers, over their RoPE
+        original = dict(per_type[scaled[0]])
     if not original:
         raise ValueError(
             f"--eval-variants {item!r}: {type(config).__name__} has no RoPE (rope_parameters) for {name} to "
@@ -216,7 +214,14 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
         build(METHODS[name].encoding, head_dim=head_dim, rope_parameters=dict(rope), **options)
     except (ValueError, TypeError) as err:
         raise ValueError(f"--eval-variants {item!r}: {err}") from None
-    return {"method": name, "encoding": METHODS[name].encoding, "options": options, "rope_parameters": rope}
+    entry = {"method": name, "encoding": METHODS[name].encoding, "options": options, "rope_parameters": rope}
+    if scaled is not None and per_type is not None:
+        # The window layers keep their own RoPE (a window never reaches past the trained context).
+        entry["layer_types"] = list(config.layer_types)
+        entry["kept_rope"] = {
+            t: p for t, p in per_type.items() if t not in scaled and t in config.layer_types
+        }
+    return entry
 
 
 def _check_below(item: str, name: str, options: dict[str, Any], eval_len: int) -> None:
@@ -334,8 +339,9 @@ def _decoder(model: nn.Module) -> nn.Module:
 
 def apply_method(model: nn.Module, entry: dict[str, Any]) -> None:
     """Swap method ``entry`` (:func:`method_parameters`) into ``model`` with
-    :func:`posenc.hf.swap_encoding`, one encoding per layer; the model's own rotary embedding and
-    attention implementation are kept, so :func:`restore_rotary` undoes it."""
+    :func:`posenc.hf.swap_encoding`, one encoding per layer (on a hybrid model, the method on the
+    full-attention layers and each window layer's own RoPE on the others); the model's own rotary
+    embedding and attention implementation are kept, so :func:`restore_rotary` undoes it."""
     from ...hf import swap_encoding
 
     decoder = _decoder(model)
@@ -343,16 +349,27 @@ def apply_method(model: nn.Module, entry: dict[str, Any]) -> None:
         model.__dict__["_posenc_study_rotary"] = (decoder.rotary_emb, model.config._attn_implementation)
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kept, types = entry.get("kept_rope") or {}, entry.get("layer_types") or [None] * len(decoder.layers)
     encodings = [
-        build(
+        _kept_encoding(kept[layer_type], head_dim)
+        if layer_type in kept
+        else build(
             entry["encoding"],
             head_dim=head_dim,
             rope_parameters=dict(entry["rope_parameters"]),
             **entry["options"],
         )
-        for _ in decoder.layers
+        for layer_type in types
     ]
     swap_encoding(model, encodings)  # type: ignore[arg-type]
+
+
+def _kept_encoding(rope_parameters: dict[str, Any] | None, head_dim: int) -> Any:
+    """A window layer's own position encoding on a hybrid model: its RoPE as HF defines it (NoPE
+    where its type has none)."""
+    if rope_parameters is None:
+        return build("nope")
+    return build("rope", head_dim=head_dim, rope_parameters=dict(rope_parameters))
 
 
 def restore_rotary(model: nn.Module) -> None:
