@@ -258,8 +258,8 @@ def compare_variants(folder: str | Path, a: str, b: str) -> list[str]:
         if c["p"] is None:
             lines.append(f"  {where}: {c['note']}")
             continue
-        low, high = sorted(flip * v for v in c["interval"])
-        diff = flip * c["mean_diff"]
+        low, high = sorted(flip * v + 0.0 for v in c["interval"])  # + 0.0: no "-0.0000" for a zero
+        diff = flip * c["mean_diff"] + 0.0
         better = (diff < 0) == (c["metric"] == "nll")
         verdict = ("A better" if better else "B better") if c["separated"] else "cannot tell"
         unit = " NLL" if c["metric"] == "nll" else " exact match"
