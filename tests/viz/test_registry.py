@@ -71,3 +71,19 @@ def test_every_registered_encoding_has_a_default_figure() -> None:
         assert figures, f"{name} has no figure"
         if enc.kind is Kind.BIAS:
             assert "bias" in figures, f"BIAS encoding {name} lacks the generic bias heatmap"
+
+
+@pytest.mark.parametrize("name", ["slopes", "profile"])
+def test_a_profile_of_more_heads_than_it_draws_says_so(name):
+    """Issue 62 item 10: `posenc plot alibi:num_heads=12` drew 8 of 12 heads without a note."""
+    import matplotlib.pyplot as plt
+
+    for heads, max_heads, words in (
+        (12, 8, "the first 8 of 12 heads (--max-heads draws more)"),
+        (6, 8, "6 heads"),
+    ):
+        fig = make_figure(build_example(f"alibi:num_heads={heads}"), name, PlotOptions(max_heads=max_heads))
+        titles = [fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes]
+        assert any(words in " ".join(title.split()) for title in titles), titles  # titles wrap
+        assert len(fig.axes[0].get_lines()) == min(heads, max_heads)
+        plt.close(fig)

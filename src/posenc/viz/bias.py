@@ -98,7 +98,9 @@ def _profile(enc: PositionalEncoding, length: int) -> tuple[np.ndarray, np.ndarr
     return distance, row
 
 
-def _draw_profile(ax, enc: PositionalEncoding, options: PlotOptions, labels: list[str] | None = None) -> None:
+def _draw_profile(ax, enc: PositionalEncoding, options: PlotOptions, labels: list[str] | None = None) -> str:
+    """Draw the per-head profile on ``ax``; returns which heads it drew, in words ("8 heads", or
+    "the first 8 of 12 heads (--max-heads draws more)")."""
     distance, row = _profile(enc, options.length_or(PROFILE_LENGTH))
     heads = min(row.shape[0], options.max_heads)
     colors = [f"C{h % 10}" for h in range(heads)]
@@ -109,14 +111,18 @@ def _draw_profile(ax, enc: PositionalEncoding, options: PlotOptions, labels: lis
     ax.set_ylabel("bias")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, ncols=2)
+    total = row.shape[0]
+    return (
+        f"the first {heads} of {total} heads (--max-heads draws more)" if heads < total else f"{heads} heads"
+    )
 
 
 @figure(Kind.BIAS, "profile")
 def bias_profile(enc: PositionalEncoding, options: PlotOptions) -> Figure:
     """Per-head bias of the last query against its distance to each earlier key."""
     fig = new_figure(8, 5)
-    _draw_profile(fig.subplots(), enc, options)
-    set_title(fig, f"{describe(enc)}: bias against distance")
+    shown = _draw_profile(fig.subplots(), enc, options)
+    set_title(fig, f"{describe(enc)}: bias against distance, {shown}")
     return fig
 
 
@@ -128,8 +134,10 @@ def alibi_slopes_figure(enc: PositionalEncoding, options: PlotOptions) -> Figure
     slopes = F.alibi_slopes(enc.num_heads).double().numpy()
     fig = new_figure(12, 5)
     line_ax, slope_ax = fig.subplots(1, 2, width_ratios=(2, 1))
-    _draw_profile(line_ax, enc, options, [f"head {h}: m = 2^{np.log2(m):.3g}" for h, m in enumerate(slopes)])
-    line_ax.set_title("bias of the last query against distance")
+    shown = _draw_profile(
+        line_ax, enc, options, [f"head {h}: m = 2^{np.log2(m):.3g}" for h, m in enumerate(slopes)]
+    )
+    line_ax.set_title(f"bias of the last query against distance, {shown}")
     slope_ax.bar(np.arange(len(slopes)), slopes, color=[f"C{h % 10}" for h in range(len(slopes))])
     slope_ax.set_xticks(np.arange(len(slopes)))
     slope_ax.set_yscale("log", base=2)
