@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -25,20 +24,13 @@ import torch
 
 
 def machine() -> str:
-    """``nproc``, CPU model, torch version and threads: the line every table is labelled with."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """``nproc``, CPU model and ISA, torch version and threads: the line every table is labelled with."""
     from ..experiments.study.precision import cpu_description
 
-    isa = ", ".join(cpu_description()["isa"]) or "no AVX2, AVX-512 or AMX"
+    cpu = cpu_description()
+    isa = ", ".join(cpu["isa"]) or "no AVX2, AVX-512 or AMX"
     return (
-        f"{os.cpu_count()} CPUs ({model}; {isa}), torch {torch.__version__}, "
+        f"{os.cpu_count()} CPUs ({cpu['cpu']}; {isa}), torch {torch.__version__}, "
         f"{torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.1f}"
     )
 

@@ -13,84 +13,27 @@ the parameters of :func:`extrapolate` itself, placed among the generated ones by
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from ..experiments.study.hf_scaling import HF_TASKS
 from ..experiments.tasks.catalog import TASKS
 from ..experiments.train import ExperimentConfig
 from .app import app, console, print_error, print_line
+from .output import ProgressBars, print_table, quiet_hf_progress, rich_table
+from .study import DTYPE_HELP, STUDY_MOVED, TUNING_WINDOWS_HELP, run_and_print
 
 if TYPE_CHECKING:
-    from ..experiments.results.summary import SummaryTable
+    pass
 
 _DEFAULT = ExperimentConfig()
-
-
-class _ProgressBars:
-    """Rich progress bars for :func:`~posenc.experiments.run_experiment`'s callbacks: one bar for
-    training and one for evaluation per run; log lines printed above them."""
-
-    def __init__(self, console: Console, enabled: bool) -> None:
-        self.enabled = enabled
-        self.bars: dict[tuple[str, str], Any] = {}
-        self.progress = Progress(
-            TextColumn("{task.description:<28}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TextColumn("{task.fields[note]}"),
-            console=console,
-            disable=not enabled,
-        )
-
-    def __enter__(self) -> _ProgressBars:
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
-
-    def log(self, message: str) -> None:
-        self.progress.console.print(message, style="cyan", markup=False, highlight=False, soft_wrap=True)
-
-    def report(self, label: str, phase: str, done: int, total: int, note: str) -> None:
-        if not self.enabled:
-            return
-        key = (label, phase)
-        if key not in self.bars:
-            self.bars[key] = self.progress.add_task(f"{phase:<5} {label}", total=total, note=note)
-        self.progress.update(self.bars[key], completed=done, total=total, note=note)
-
-
-def print_table(table: Table) -> None:
-    """Print ``table``; into a file or pipe at its natural width (nothing there wraps lines), on a
-    terminal at the terminal's."""
-    width = None
-    if not console.is_terminal:
-        width = max(console.width, console.measure(table).maximum)
-    console.print(table, width=width, crop=width is None)
-
-
-def rich_table(summary: SummaryTable) -> SummaryTable:
-    """What :func:`print_table` draws for a summary: the :class:`~posenc.experiments.results.summary.SummaryTable`
-    itself, a Rich renderable that splits its columns into tables as wide as the terminal, so a
-    number is never cut to ``4…`` (:meth:`~posenc.experiments.results.summary.SummaryTable.rich_tables`).
-
-    Every piece is plain text, never Rich markup: the note ``[low, high]: 95% ...`` and a cell
-    ``63.3% [4.5%, 100%]`` print as written."""
-    return summary
 
 
 # ---------------------------------------------------------------------------- options from the config
@@ -302,28 +245,6 @@ _SHARD_HELP = (
 )
 
 
-#: What ``extrapolate --hf-model`` with a study task (and ``submit --hf-model``) says: the study has
-#: its own command and words now; this form keeps working.
-STUDY_MOVED = (
-    "the context-extension study is `posenc study MODEL` now (--windows for --eval-examples, --variants for "
-    "--eval-variants, --tasks for --task); `extrapolate --hf-model` keeps running it"
-)
-
-#: ``--tuning-windows``' help (``posenc extrapolate`` and ``posenc submit``).
-TUNING_WINDOWS_HELP = (
-    "--hf-model study with a grid in --eval-variants (self_extend:group_size=2|4|8): K of the --eval-examples "
-    "windows, drawn with the seed before any score, choose each grid's setting; every reported number and "
-    "paired test reads the other windows (at least 2)"
-)
-
-
-#: ``--dtype``' help (``posenc extrapolate`` and ``posenc submit``).
-DTYPE_HELP = (
-    "--hf-model study: the precision of the model's weights and activations, float32 (exact, the default), "
-    "bfloat16 or float16; the NLL is taken in float32 and the rotary tables stay float32"
-)
-
-
 def extrapolate(
     ctx: typer.Context,
     out: Path = typer.Option(
@@ -421,7 +342,7 @@ def _train_on_task(
         planned = [(config, out)] if preset is None else _preset_plan(ctx, preset, config, out)
         writer = Distributed.from_env().rank == 0  # under torchrun only rank 0 shows progress and results
         for one, folder in planned:
-            with _ProgressBars(console, progress and writer) as bars:
+            with ProgressBars(console, progress and writer) as bars:
                 records = run_experiment(
                     one,
                     folder,
@@ -479,25 +400,6 @@ def preset_configs(ctx: typer.Context, name: str, config: ExperimentConfig) -> l
     return apply_preset(name, config, explicit, task=config.task if "task" in given else None)
 
 
-@contextlib.contextmanager
-def quiet_hf_progress() -> Iterator[None]:
-    """HF transformers' own tqdm bars ("Loading weights", "Writing model shards") off inside the
-    block, and as they were after it: ``--hf-model`` shows its own progress, and HF's bars printed
-    into its output. Without transformers, nothing to do."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        yield
-        return
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _evaluate_hf_model(
     hf_model: Path, out: Path, device: str, progress: bool, options: dict[str, Any]
 ) -> None:
@@ -509,7 +411,7 @@ def _evaluate_hf_model(
     try:
         if options["encodings"] != ",".join(_DEFAULT.encodings):
             raise ValueError("--encodings does not apply to --hf-model (the model brings its own encoding)")
-        with _ProgressBars(console, progress) as bars:
+        with ProgressBars(console, progress) as bars:
             records, settings = evaluate_hf_model(
                 hf_model,
                 out,
@@ -578,36 +480,14 @@ def _study_pretrained(
     options: dict[str, Any],
     given: set[str],
 ) -> None:
-    """``--hf-model M --task text``: the context-extension study (:mod:`posenc.experiments.study.hf_study`);
-    ``given``: the options given on the command line."""
-    from ..experiments.cluster.shards import parse_shard
-    from ..experiments.study.hf_study import run_study, study_summary
-    from ..experiments.study.reading import verdict_table
-    from ..viz.folder import write_figures
-
+    """``--hf-model M --task text``: the context-extension study, as ``posenc study`` runs it
+    (:func:`posenc.cli.study.run_and_print`); ``given``: the options given on the command line."""
     try:
         study = study_options(lengths, depths, options, given)
-        with _ProgressBars(console, progress) as bars:
-            records, settings = run_study(
-                str(hf_model),
-                out,
-                **study,
-                shard=None if shard is None else parse_shard(shard),
-                device=device,
-                report=bars.report,
-                log=bars.log,
-                figures=write_figures,
-            )
-        verdict = verdict_table(settings, records)
-        if verdict is not None:
-            print_table(rich_table(verdict))
-        print_table(rich_table(study_summary(settings, records)))
-        print_line(
-            f"results: {out / 'results.jsonl'}, {out / 'comparisons.jsonl'}, {out / 'extrapolation.png'}"
-        )
-    except (ValueError, FileNotFoundError) as err:
+    except ValueError as err:
         print_error(str(err))
         raise typer.Exit(2) from err
+    run_and_print(str(hf_model), study, out, device, progress, shard)
 
 
 @app.command("compare")

@@ -12,9 +12,6 @@ import typer
 from .app import app, print_error, print_line
 from .experiments import (
     CONFIG_OPTIONS,
-    DTYPE_HELP,
-    STUDY_MOVED,
-    TUNING_WINDOWS_HELP,
     config_from_options,
     given_options,
     hf_model_forms,
@@ -23,6 +20,7 @@ from .experiments import (
     study_tasks_text,
     with_config_options,
 )
+from .study import DTYPE_HELP, STUDY_MOVED, TUNING_WINDOWS_HELP
 
 if TYPE_CHECKING:
     from ..experiments.cluster.slurm import Submission

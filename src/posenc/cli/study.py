@@ -4,18 +4,37 @@ still runs it, with a message naming this command."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 import typer
 
-from .app import app, print_error, print_line
-from .experiments import DTYPE_HELP, TUNING_WINDOWS_HELP, console, print_table, quiet_hf_progress, rich_table
+from .app import app, console, print_error, print_line
+from .output import ProgressBars, print_table, quiet_hf_progress, rich_table
 
-if TYPE_CHECKING:
-    from ..experiments.study.config import StudyConfig
+__all__ = ["DTYPE_HELP", "STUDY_MOVED", "TUNING_WINDOWS_HELP", "in_study_words", "run_and_print", "study"]
 
-__all__ = ["in_study_words", "run_and_print", "study"]
+#: What ``extrapolate --hf-model`` with a study task (and ``submit --hf-model``) says: the study has
+#: its own command and words now; this form keeps working.
+STUDY_MOVED = (
+    "the context-extension study is `posenc study MODEL` now (--windows for --eval-examples, --variants for "
+    "--eval-variants, --tasks for --task); `extrapolate --hf-model` keeps running it"
+)
+
+#: ``--tuning-windows``' help (``posenc study``, ``extrapolate`` and ``submit``).
+TUNING_WINDOWS_HELP = (
+    "--hf-model study with a grid in --eval-variants (self_extend:group_size=2|4|8): K of the --eval-examples "
+    "windows, drawn with the seed before any score, choose each grid's setting; every reported number and "
+    "paired test reads the other windows (at least 2)"
+)
+
+
+#: ``--dtype``' help (``posenc study``, ``extrapolate`` and ``submit``).
+DTYPE_HELP = (
+    "--hf-model study: the precision of the model's weights and activations, float32 (exact, the default), "
+    "bfloat16 or float16; the NLL is taken in float32 and the rotary tables stay float32"
+)
 
 #: The study's checks name the options of ``extrapolate --hf-model``, which ran it first; this command's
 #: own names for the same options.
@@ -100,24 +119,40 @@ def study(
 
         torch.set_num_threads(threads)
     with quiet_hf_progress():
-        run_and_print(config, out or config.default_out(), device, progress, shard)
+        run_and_print(
+            str(config.model),
+            config.run_options(),
+            out or config.default_out(),
+            device,
+            progress,
+            shard,
+            in_study_words,
+        )
 
 
-def run_and_print(config: StudyConfig, out: Path, device: str, progress: bool, shard: str | None) -> None:
-    """Run (or resume) the study of ``config`` into ``out`` and print its verdict and its table;
-    a bad option or file ends the command with its message (exit 2)."""
+def run_and_print(
+    model: str,
+    options: dict[str, Any],
+    out: Path,
+    device: str,
+    progress: bool,
+    shard: str | None,
+    words: Callable[[str], str] = str,
+) -> None:
+    """Run (or resume) the study of ``model`` into ``out`` (``options``:
+    :func:`~posenc.experiments.study.hf_study.run_study`'s) and print its verdict and its table; a
+    bad option or file ends the command with its message in the command's ``words`` (exit 2)."""
     from ..experiments.cluster.shards import parse_shard
     from ..experiments.study.hf_study import run_study, study_summary
     from ..experiments.study.reading import verdict_table
     from ..viz.folder import write_figures
-    from .experiments import _ProgressBars
 
     try:
-        with _ProgressBars(console, progress) as bars:
+        with ProgressBars(console, progress) as bars:
             records, settings = run_study(
-                str(config.model),
+                model,
                 out,
-                **config.run_options(),
+                **options,
                 shard=None if shard is None else parse_shard(shard),
                 device=device,
                 report=bars.report,
@@ -125,7 +160,7 @@ def run_and_print(config: StudyConfig, out: Path, device: str, progress: bool, s
                 figures=write_figures,
             )
     except (ValueError, FileNotFoundError) as err:
-        print_error(in_study_words(str(err)))
+        print_error(words(str(err)))
         raise typer.Exit(2) from err
     verdict = verdict_table(settings, records)
     if verdict is not None:

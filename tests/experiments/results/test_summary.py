@@ -11,6 +11,7 @@ from rich.console import Console
 
 from _study import _record
 from posenc.cli import experiments as experiments_cli
+from posenc.cli import output as output_cli
 from posenc.experiments import ExperimentConfig, summary_table
 from posenc.experiments.results.summary import INTERVAL_NOTE, SummaryTable
 
@@ -19,7 +20,7 @@ def test_the_interval_note_and_bracketed_cells_print_whole_on_a_terminal(monkeyp
     """Rich read "[low, high]" as a markup tag and printed the note as ": 95% Student's t ..."."""
     buffer = io.StringIO()
     terminal = Console(file=buffer, force_terminal=True, width=250, color_system=None)
-    monkeypatch.setattr(experiments_cli, "console", terminal)
+    monkeypatch.setattr(output_cli, "console", terminal)  # print_table's module (re-exported by experiments)
     summary = SummaryTable(
         title="copy: exact match by length [bold]x[/bold] (3 seeds)",
         columns=["encoding", "mean 17..48"],

@@ -24,6 +24,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 from _tiny_hf import TEXT, save_tiny_llama  # noqa: E402
 from posenc.cli import experiments as experiments_cli  # noqa: E402
+from posenc.cli import output as output_cli  # noqa: E402
 from posenc.cli.app import app, load_command_modules  # noqa: E402
 from posenc.experiments.cluster.shards import Shard, merge_folders  # noqa: E402
 from posenc.experiments.results.records import (  # noqa: E402
@@ -585,6 +586,7 @@ def test_the_study_table_on_a_wide_terminal_is_one_table(study):
 def test_posenc_extrapolate_prints_the_study_table_whole_at_80_columns(model_dir, study, monkeypatch):
     terminal = Console(file=io.StringIO(), force_terminal=True, width=80, color_system=None)
     monkeypatch.setattr(experiments_cli, "console", terminal)
+    monkeypatch.setattr(output_cli, "console", terminal)  # where the tables are printed
     settings = json.loads((study / "config.json").read_text())["experiment"]
     args = ["extrapolate", "--hf-model", str(model_dir), "--task", "text", "--corpus", settings["corpus"]]
     args += ["--lengths", "100", "--depths", "0.5", "--eval-examples", "1", "--eval-variants", "none,yarn"]

@@ -145,5 +145,5 @@ def test_the_study_interval_is_the_t_interval_of_the_window_means(tmp_path):
     assert record["window_nll"] == pytest.approx(means.tolist(), rel=1e-5)
     table = hf_study.study_summary(settings, records)
     assert f"[{math.exp(mean - half):.2f}, {math.exp(mean + half):.2f}]" in table.rows[0][-1]
-    verdict = hf_study.verdict_table(settings, records)
+    verdict = verdict_table(settings, records)
     assert any("reads to" in note for note in verdict.notes)

@@ -5,7 +5,6 @@ onto). The folder's ``config.json`` keeps the plan's settings (:mod:`.plan`), as
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,9 +69,6 @@ class StudyConfig:
     def default_out(self) -> Path:
         """``runs/study/<model's name>``: where ``posenc study`` writes without ``--out``."""
         return Path("runs") / "study" / Path(str(self.model)).name.removesuffix(".gguf")
-
-    def replace(self, **changes: Any) -> StudyConfig:
-        return dataclasses.replace(self, **changes)
 
 
 def split_items(text: str | None, cast: type, option: str) -> tuple[Any, ...] | None:

@@ -193,7 +193,7 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
     name, given = parse_method(item)
     original = dict(getattr(config, "rope_parameters", None) or {})
     scaled = scaled_layer_types(config, f"--eval-variants {item!r}")
-    per_type = dict(original) if scaled is not None else None
+    per_type = original
     if scaled is not None:  # a hybrid model: the method on its full-attention layers, over their RoPE
         original = dict(per_type[scaled[0]])
     if not original:
@@ -215,7 +215,7 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
     except (ValueError, TypeError) as err:
         raise ValueError(f"--eval-variants {item!r}: {err}") from None
     entry = {"method": name, "encoding": METHODS[name].encoding, "options": options, "rope_parameters": rope}
-    if scaled is not None and per_type is not None:
+    if scaled is not None:
         # The window layers keep their own RoPE (a window never reaches past the trained context).
         entry["layer_types"] = list(config.layer_types)
         entry["kept_rope"] = {

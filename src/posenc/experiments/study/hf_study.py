@@ -110,7 +110,7 @@ from .plan import (
     unit_id,
 )
 from .precision import cast_weights, check_dtype_runs, cpu_description, study_dtype
-from .reading import bucket_interval, verdict_table
+from .reading import bucket_interval, has_verdict
 from .sweep import held_out
 
 __all__ = [
@@ -332,6 +332,9 @@ class Needle:
     salt: str = ""
     #: ``right(answer text, expected) -> bool``: the passkey's exact match of the first digits by default.
     right: Callable[[str, Any], bool] = answer_is_right
+    #: Greedy decoding stops once the answer so far matches this: a run of digits and one more
+    #: character for the number needles; a line break after some text for the others.
+    stop_at: str = r"\d+\D"
 
 
 def _passkey_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -> tuple[list[int], int]:
@@ -357,8 +360,10 @@ def _json_trial(tokenizer: Any, length: int, depth: float, rng: random.Random) -
 NEEDLES: dict[str, Needle] = {
     "passkey": Needle("text-passkey", _passkey_trial, KEY_DIGITS + 2),
     "multikey": Needle("text-multikey", _multikey_trial, VALUE_DIGITS + 3, salt="multikey-"),
-    "vt": Needle("text-vt", _vt_trial, 8 * (VT_HOPS + 1), salt="vt-", right=vt_right),
-    "jsonkv": Needle("text-jsonkv", _json_trial, 40, salt="jsonkv-", right=json_kv_right),
+    "vt": Needle("text-vt", _vt_trial, 8 * (VT_HOPS + 1), salt="vt-", right=vt_right, stop_at=r"\S[^\n]*\n"),
+    "jsonkv": Needle(
+        "text-jsonkv", _json_trial, 40, salt="jsonkv-", right=json_kv_right, stop_at=r"\S[^\n]*\n"
+    ),
 }
 
 
@@ -422,14 +427,6 @@ def _bucket_records(
     return records
 
 
-def _stop(needle: Needle, tokenizer: Any) -> Callable[[list[int]], bool] | None:
-    """When a greedy answer is complete: a run of digits and one more character for the number needles;
-    a line break for the others (a list of names, a UUID), or their step budget."""
-    if needle.right is answer_is_right:
-        return lambda tokens: re.search(r"\d+\D", tokenizer.decode(tokens)) is not None
-    return lambda tokens: "\n" in tokenizer.decode(tokens).lstrip()
-
-
 def _trials(settings: dict[str, Any]) -> int:
     """The needle prompts per (length, depth) cell: ``--trials``, else one per ``--windows`` (as
     folders from before ``--trials`` ran them)."""
@@ -457,7 +454,10 @@ def _needle_cells(
             rng = random.Random(f"{needle.salt}{seed}-{length}-{depth}-{trial}")
             ids, expected = needle.prompt(tokenizer, length, depth, rng)
             answer = greedy_answer(
-                model, torch.tensor([ids], device=device), needle.steps, stop=_stop(needle, tokenizer)
+                model,
+                torch.tensor([ids], device=device),
+                needle.steps,
+                stop=lambda tokens: re.search(needle.stop_at, tokenizer.decode(tokens)) is not None,
             )
             outcomes.append(int(needle.right(tokenizer.decode(answer), expected)))
             keys.append(expected)
@@ -487,7 +487,7 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
     (``(c, 1.5c]`` and ``(1.5c, 2c]``), then each needle's exact match per length (and over all),
     as ``hits/trials [95% Wilson interval]``."""
     context, eval_len = settings["train_len"], settings["eval_len"]
-    scored = records  # as written: the verdict below restricts them itself
+    verdict = has_verdict(settings, records)
     records, _ = held_out(settings, records)  # with --tuning-windows: the held-out windows' numbers
     names = _bucket_names(settings)
     needles = [part for part in TASK_PARTS[settings["task"]] if part in NEEDLES]
@@ -527,7 +527,7 @@ def study_summary(settings: dict[str, Any], records: list[dict[str, Any]]) -> An
             f"{' and '.join(needles)}: hits/trials at each length (every depth) and over all, with the 95% "
             "Wilson interval of the exact match",
         )
-    if verdict_table(settings, scored) is not None:
+    if verdict:
         notes += (
             "the paired verdict, how far each variant reads and which the tests separate: the table "
             "before this one, and comparisons.jsonl",

@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..results.records import atomic_write_text
+from ..results.records import atomic_write_text, experiment_settings, load_config, read_results
 from ..results.stats import PairedTest, holm, mcnemar_exact, paired_t
 from .sweep import decided
 
@@ -225,8 +225,6 @@ def _resolve(label: str, settings: dict[str, Any], records: list[dict[str, Any]]
 
 def is_study_folder(folder: str | Path) -> bool:
     """Whether ``folder``'s ``config.json`` is a context-extension study's (False without one)."""
-    from ..results.records import experiment_settings, load_config
-
     path = Path(folder) / "config.json"
     return path.is_file() and bool(experiment_settings(load_config(Path(folder))).get("study"))
 
@@ -235,8 +233,6 @@ def compare_variants(folder: str | Path, a: str, b: str) -> list[str]:
     """``posenc compare STUDY A B``: one line per bucket and retrieval cell where both variants were
     scored, with A − B, its 95% interval, ``p``, ``p_holm`` (Holm over the bucket's or cell's pairs
     of every variant) and the verdict, "A better", "B better" or "cannot tell"."""
-    from ..results.records import experiment_settings, load_config, read_results
-
     folder = Path(folder)
     records = read_results(folder)
     settings = experiment_settings(load_config(folder))

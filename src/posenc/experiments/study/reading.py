@@ -27,13 +27,14 @@ from typing import Any
 from ..results.records import seed_interval
 from ..results.stats import paired_t
 from ..results.summary import SummaryTable
-from .paired import ALPHA, ranked_order, study_comparisons
+from .paired import ALPHA, perplexity_comparisons, ranked_order, retrieval_comparisons
 from .sweep import Choice, decided, unchosen
 
 __all__ = [
     "INTERVAL_KIND",
     "READ_MARGIN",
     "bucket_interval",
+    "has_verdict",
     "inside_window_nll",
     "reads_to",
     "reference_perplexity",
@@ -235,18 +236,27 @@ def _needle_rows(comparisons: list[dict[str, Any]], records: list[dict[str, Any]
     return rows
 
 
+def has_verdict(settings: dict[str, Any], records: list[dict[str, Any]]) -> bool:
+    """Whether :func:`verdict_table` has a row: perplexity past the context, or any retrieval."""
+    context = settings["train_len"]
+    return any(
+        (r.get("metric") == "perplexity" and r["bucket"][1] > context) or r.get("metric") == "exact_match"
+        for r in records
+    )
+
+
 def verdict_table(settings: dict[str, Any], records: list[dict[str, Any]]) -> SummaryTable | None:
     """The paired verdict, shown before the study's table: one row per perplexity bucket past the
     context and per retrieval length (every depth), the variants best first (``<``/``>`` only where
     the Holm-corrected paired tests separate them, ``≈`` where they cannot tell) and the separated
     pairs with their difference, interval and ``p_holm``; notes on how far each variant reads. None
     when the records hold no perplexity past the context and no retrieval."""
-    context = settings["train_len"]
-    comparisons = study_comparisons(settings, records)  # held-out windows, chosen settings
-    records, choices = decided(settings, records)
-    rows = _ppl_rows(context, comparisons, records) + _needle_rows(comparisons, records)
-    if not rows:
+    if not has_verdict(settings, records):
         return None
+    records, choices = decided(settings, records)  # held-out windows, chosen settings
+    comparisons = perplexity_comparisons(settings, records) + retrieval_comparisons(settings, records)
+    context = settings["train_len"]
+    rows = _ppl_rows(context, comparisons, records) + _needle_rows(comparisons, records)
     title = f"{Path(str(settings.get('hf_model', 'the model'))).name}: paired verdict (best first)"
     notes = (
         f"ppl: paired t over the windows of each variant's mean NLL in the bucket; retrieval: McNemar's exact "

@@ -25,6 +25,8 @@ import string
 import uuid
 from typing import Any
 
+from .text import _encode, filler_tokens
+
 __all__ = [
     "JSON_QUESTION",
     "VT_HOPS",
@@ -47,25 +49,8 @@ JSON_PREAMBLE = "Extract the value corresponding to the specified key in the JSO
 JSON_QUESTION = 'Key: "{key}"\nCorresponding value:'
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 def _prefix(tokenizer: Any) -> list[int]:
     return list(tokenizer("", add_special_tokens=True)["input_ids"])
-
-
-def _filler(tokenizer: Any, count: int) -> tuple[list[int], list[int]]:
-    """``count`` tokens of the passkey's filler sentences and the sentence boundaries within them."""
-    from .text import FILLER
-
-    sentences = [_encode(tokenizer, " " + s) for s in FILLER]
-    filler: list[int] = []
-    boundaries = [0]
-    while len(filler) < count:
-        filler += sentences[(len(boundaries) - 1) % len(sentences)]
-        boundaries.append(len(filler))
-    return filler[:count], [b for b in boundaries if b <= count]
 
 
 # ---------------------------------------------------------------------------- variable tracking
@@ -96,7 +81,7 @@ def vt_prompt(
         raise ValueError(
             f"a variable-tracking prompt needs at least {length - room} tokens, got length {length}"
         )
-    filler, boundaries = _filler(tokenizer, room)
+    filler, boundaries = filler_tokens(tokenizer, room)
     fractions = [depth + (1.0 - depth) * i / len(texts) for i in range(len(texts))]
     places = []
     for fraction in fractions:  # each at the boundary nearest its fraction, never before the previous one
@@ -155,7 +140,7 @@ def json_kv_prompt(tokenizer: Any, length: int, depth: float, rng: random.Random
         if rest >= 0 or not others:
             break
         others = others[:-1]
-    filler, _ = _filler(tokenizer, max(rest, 0))
+    filler, _ = filler_tokens(tokenizer, max(rest, 0))
     return prefix + filler + preamble + body + key_question, asked[1]
 
 

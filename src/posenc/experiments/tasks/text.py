@@ -36,6 +36,7 @@ __all__ = [
     "QUESTION",
     "VALUE_DIGITS",
     "answer_is_right",
+    "filler_tokens",
     "greedy_answer",
     "multikey_prompt",
     "multikey_trial",
@@ -137,14 +138,7 @@ def passkey_prompt(tokenizer: Any, length: int, depth: float, key: int) -> tuple
     filler_len = length - len(prefix) - len(needle) - len(question)
     if filler_len < 0:
         raise ValueError(f"a passkey prompt needs at least {length - filler_len} tokens, got length {length}")
-    sentences = [encode(" " + s) for s in FILLER]
-    filler: list[int] = []
-    boundaries = [0]
-    while len(filler) < filler_len:
-        filler += sentences[(len(boundaries) - 1) % len(sentences)]
-        boundaries.append(len(filler))
-    filler = filler[:filler_len]
-    boundaries = [b for b in boundaries if b <= filler_len]
+    filler, boundaries = filler_tokens(tokenizer, filler_len)
     at = min(boundaries, key=lambda b: (abs(b - depth * filler_len), b))
     ids = prefix + filler[:at] + needle + filler[at:] + question
     return ids, len(prefix) + at
@@ -181,6 +175,18 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
+def filler_tokens(tokenizer: Any, count: int) -> tuple[list[int], list[int]]:
+    """``count`` tokens of the :data:`FILLER` sentences, repeated in order and cut at ``count``, and
+    the sentence boundaries within them (0 included): where a needle may be placed."""
+    sentences = [_encode(tokenizer, " " + s) for s in FILLER]
+    filler: list[int] = []
+    boundaries = [0]
+    while len(filler) < count:
+        filler += sentences[(len(boundaries) - 1) % len(sentences)]
+        boundaries.append(len(filler))
+    return filler[:count], [b for b in boundaries if b <= count]
+
+
 def multikey_prompt(
     tokenizer: Any, length: int, depth: float, needles: list[tuple[str, int]], distractor_depths: list[float]
 ) -> tuple[list[int], int]:
@@ -196,14 +202,7 @@ def multikey_prompt(
         raise ValueError(
             f"a multi-key prompt needs at least {length - filler_len} tokens, got length {length}"
         )
-    sentences = [_encode(tokenizer, " " + s) for s in FILLER]
-    filler: list[int] = []
-    boundaries = [0]
-    while len(filler) < filler_len:
-        filler += sentences[(len(boundaries) - 1) % len(sentences)]
-        boundaries.append(len(filler))
-    filler = filler[:filler_len]
-    free = [b for b in boundaries if b <= filler_len]
+    filler, free = filler_tokens(tokenizer, filler_len)
     places = []
     for fraction in [depth, *distractor_depths]:
         at = min(free, key=lambda b: (abs(b - fraction * filler_len), b)) if free else filler_len
