@@ -12,7 +12,6 @@ from torch import nn
 
 import posenc
 from posenc.backends import NoBackendError
-from posenc.layers.decode import StaticDecodeStep
 from posenc.layers.patterns import LayerSpec
 
 
@@ -202,8 +201,8 @@ def test_wide_heads_decode_as_the_full_call_and_the_decode_step():
         full = layer(x)
         cache = posenc.KVCache(max_length=12)
         steps = [layer(x[:, :5], cache=cache)]
-        step = StaticDecodeStep(layer, cache)
-        steps += [step(x[:, t : t + 1], step.next_position()) for t in range(5, 9)]
+        with cache.fixed_shapes():
+            steps += [layer(x[:, t : t + 1], cache=cache) for t in range(5, 9)]
     torch.testing.assert_close(torch.cat(steps, dim=1), full, rtol=1e-10, atol=1e-10)
 
 
@@ -293,15 +292,15 @@ def test_cached_decoding_equals_the_twin(cache_options):
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-12, atol=1e-12)
 
 
-def test_static_decode_step_and_cross_attention():
+def test_fixed_shape_steps_and_cross_attention():
     shared, twin = _pair("rope", causal=True)
     shared.eval(), twin.eval()
     x = torch.randn(2, 12, KV_E, dtype=torch.float64)
     with torch.no_grad():
         cache = posenc.KVCache(max_length=16)
         shared(x[:, :8], cache=cache)
-        step = StaticDecodeStep(shared, cache)
-        steps = torch.cat([step(x[:, t : t + 1], step.next_position()) for t in range(8, 12)], 1)
+        with cache.fixed_shapes():
+            steps = torch.cat([shared(x[:, t : t + 1], cache=cache) for t in range(8, 12)], 1)
         torch.testing.assert_close(steps, twin(x)[:, 8:], rtol=1e-12, atol=1e-12)
     cross_shared, cross_twin = _pair("rope")
     context = torch.randn(2, 9, KV_E, dtype=torch.float64)

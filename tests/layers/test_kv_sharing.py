@@ -16,9 +16,9 @@ import pytest
 import torch
 
 import posenc
-from posenc.layers.decode import StaticDecodeStep
 from posenc.layers.kv_sharing import KVDonorAttention, KVSharedAttention, link_kv_sharing
 from posenc.layers.patterns import LayerSpec, layer_pattern
+from posenc.layers.step import fixed_shape_layer_problems
 
 V, E, H, HKV, W = 17, 32, 4, 2, 3
 
@@ -302,8 +302,9 @@ def test_a_shared_layer_reads_only_its_donors_keys_of_this_forward():
         donor(x, cache=posenc.KVCache())  # the donor runs with another cache
         with pytest.raises(ValueError, match="ran with another cache"):
             model.blocks[3].attn(x, cache=cache)
-    with pytest.raises(ValueError, match="kv_shared=True are not served"):
-        StaticDecodeStep(model.blocks[3].attn, posenc.KVCache(max_length=16))
+    assert any("overrides the layer's steps" in p for p in fixed_shape_layer_problems(model.blocks[3].attn))
+    with pytest.raises(ValueError, match="layer 3: KVSharedAttention overrides the layer's steps"):
+        model.eval().generate(_tokens(), 3, compiled=True)
 
 
 def test_a_copied_model_links_its_own_layers():

@@ -226,7 +226,7 @@ def dispatch_state(backend: str = "auto") -> tuple:
     or the one :func:`use_backend` forces), the registry's generation (any :func:`register_backend`,
     :func:`use_backend` or :func:`~posenc.backends.dispatch.set_priority` bumps it) and the CPU order
     as it stands. Equal states and equal requests get the same backend: a caller that remembers a
-    choice keys it on this (:mod:`posenc.layers.plain_step`)."""
+    choice keys it on this (:mod:`posenc.layers.step`)."""
     return (requested_backend(backend), _memo.generation(), listed_order("cpu"))
 
 

@@ -14,7 +14,7 @@ hybrid cache), the last two when fetched (``posenc models fetch``).
 ``lm`` is posenc's own model at gpt-fast's rule: a :class:`~posenc.TransformerLM` of the ``llama4``
 sizes (4 layers, width 256, 8 heads, 4 KV heads, RoPE, vocabulary 1000; its GELU MLP of width 768
 has the FLOPs of Llama's SwiGLU of width 512) generating with ``generate(compiled=True)`` (the
-prompt eagerly, then one compiled :class:`~posenc.layers.decode.ModelDecodeStep` per token), against
+prompt eagerly, then the model's own forward compiled on fixed-shape steps), against
 the ``llama4`` HF model with sdpa, a static cache and ``torch.compile``; both checked to give their
 own eager path's tokens (different weights: not each other's).
 

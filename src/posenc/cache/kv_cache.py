@@ -24,7 +24,8 @@ cache's retention is ``recent_tokens``.
 
 from __future__ import annotations
 
-import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -41,6 +42,7 @@ from .entry import (
     context_key,
     rotation_dropped,
 )
+from .slots import SlotState, fixed_shape_problems
 
 __all__ = [
     "CacheFullError",
@@ -120,7 +122,7 @@ class KVCache:
             )
         self.recent_tokens, self.sink_tokens, self.max_length = recent_tokens, sink_tokens, max_length
         self._entries: dict[tuple[int, bool], KVCacheEntry] = {}
-        self._steps: dict[int, weakref.ref] = {}  # layer_idx -> the StaticDecodeStep writing its buffers
+        self._slots: dict[int, SlotState] = {}  # inside fixed_shapes(): layer_idx -> its slot state
 
     @property
     def streaming(self) -> bool:
@@ -148,22 +150,71 @@ class KVCache:
         self._entries[(layer_idx, cross)] = entry
 
     def reset(self) -> None:
+        if self._slots:
+            raise ValueError("KVCache.reset() inside fixed_shapes(): leave the with-block first")
         self._entries.clear()
-        self._steps.clear()
 
-    def attach_step(self, layer_idx: int, step: Any) -> None:
-        """Note that ``step`` (a :class:`~posenc.layers.decode.StaticDecodeStep`) writes the buffers of layer
-        ``layer_idx``: the layer refuses eager calls while ``step.unsynced()`` says why."""
-        self._steps[layer_idx] = weakref.ref(step)
+    # ------------------------------------------------------------------ fixed shapes (posenc.cache.slots)
+    @contextmanager
+    def fixed_shapes(self) -> Iterator[KVCache]:
+        """Decode in fixed shapes (:mod:`posenc.cache.slots`): inside the block, a one-token call of a
+        layer writes its key and value at the next slot of the preallocated buffers and attends over
+        every slot (the unwritten ones masked), so ``torch.compile(fullgraph=True)`` of the layer or
+        the model traces one graph for every step. Needs ``KVCache(max_length=N)`` holding a prompt
+        of every self-attention layer (run it through the layer or model first); leaving the block
+        records the tokens written. Other calls, :meth:`reset` and a nested block are refused."""
+        self._start_fixed_shapes()
+        try:
+            yield self
+        finally:
+            states, self._slots = self._slots, {}
+            for state in states.values():
+                state.entry.set_length(state.length())
 
-    def _check_steps_synced(self, layer_idx: int) -> None:
-        ref = self._steps.get(layer_idx)
-        reason = None if ref is None or ref() is None else ref().unsynced()
-        if reason:
+    def _start_fixed_shapes(self) -> None:
+        if self.max_length is None or self.streaming:
             raise ValueError(
-                f"cache: the self-attention entry of layer_idx={layer_idx}: {reason}; call sync() on that "
-                "StaticDecodeStep before the layer's next eager call"
+                "KVCache.fixed_shapes() needs a preallocated, non-streaming cache: KVCache(max_length=N)"
             )
+        if self._slots:
+            raise ValueError("KVCache.fixed_shapes(): the cache is already inside a fixed_shapes() block")
+        entries = {idx: entry for (idx, cross), entry in self._entries.items() if not cross}
+        if not entries:
+            raise ValueError(
+                "KVCache.fixed_shapes(): the cache holds no self-attention entry; run the prompt "
+                "through the layer or model first"
+            )
+        for idx, entry in entries.items():
+            problems = fixed_shape_problems(entry)
+            if problems:
+                raise ValueError(
+                    f"KVCache.fixed_shapes(): the entry of layer_idx={idx} cannot be decoded in fixed "
+                    f"shapes: {'; '.join(problems)}; decode it with the growing path (outside the block)"
+                )
+        self._slots = {idx: SlotState.start(entry) for idx, entry in entries.items()}
+
+    def slot_state(self, layer_idx: int) -> SlotState | None:
+        """Layer ``layer_idx``'s :class:`~posenc.cache.slots.SlotState` inside :meth:`fixed_shapes`, else None."""
+        return self._slots.get(layer_idx) if self._slots else None
+
+    @property
+    def in_fixed_shapes(self) -> bool:
+        """Whether a :meth:`fixed_shapes` block is open."""
+        return bool(self._slots)
+
+    def rewind(self, length: int) -> None:
+        """Inside :meth:`fixed_shapes`: forget every layer's tokens after the first ``length`` (a
+        rejected speculative draft, a benchmark's next repeat); the next step writes slot ``length``
+        at the position after the token before it."""
+        if not self._slots:
+            raise ValueError("KVCache.rewind() works inside fixed_shapes() only")
+        for idx, state in self._slots.items():
+            written = state.length()
+            if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= written:
+                raise ValueError(
+                    f"KVCache.rewind: length must be an int in [0, {written}] (layer_idx={idx}), got {length!r}"
+                )
+            state.continue_from(length)
 
     def __repr__(self) -> str:
         layers = sorted({idx for idx, _ in self._entries})
@@ -182,8 +233,12 @@ class KVCache:
     ) -> KVCacheEntry | None:
         """``layer``'s entry, after checking that ``layer`` wrote it, in its current form, for this
         batch on ``device`` (and, in cross-attention, from the same ``context`` tensor); None if empty."""
-        if not cross:
-            self._check_steps_synced(layer.layer_idx)
+        if self._slots:
+            raise ValueError(
+                f"cache: layer_idx={layer.layer_idx} was called inside KVCache.fixed_shapes() with more "
+                "than one token per row, another argument, or a layer the block cannot serve; inside "
+                "the block a call is one new token of each row and nothing else: leave the block first"
+            )
         entry = self.get(layer.layer_idx, cross=cross)
         if entry is None:
             return None

@@ -14,7 +14,7 @@ from ..backends.parts.softcap import check_softcap
 from ..backends.run import attend
 from ..encodings.base import FiniteMark, Kind, checks_values
 from ..kernels.position_ranges import counting_positions
-from ..layers import plain_step
+from ..layers import step
 from ..masks.attention_mask import AttentionMask
 from ._common import BACKEND, NOPE, note_backend, transformers_module
 from ._masks import note_window_keyword, posenc_mask
@@ -144,7 +144,8 @@ def attention_forward(
     plain = None
     if attention_mask is None and query.shape[2] == 1 and s_aux is None and position_bias is None:
         plain = _plain_call(module, query, key, value, dropout, scaling, kwargs)
-        if plain is not None and plain == plain_step.remembered(module):
+        known = step.remembered(module)  # the decode plan HF's full call taught (posenc.layers.step)
+        if plain is not None and known is not None and known.key == plain:
             out = _plain_decode(module, query, key, value, scaling)
             if out is not None:
                 return out, None
@@ -186,7 +187,7 @@ def attention_forward(
     )
     note_backend(name)
     if plain is not None:  # served on sdpa with finite values: the next call of it is plain
-        plain_step.remember(module, plain if name == "sdpa" and mark is not None and mark.finite else None)
+        step.remember(module, plain if name == "sdpa" and mark is not None and mark.finite else None)
     return out.transpose(1, 2).contiguous(), weights
 
 
@@ -238,7 +239,7 @@ def _plain_call(
     scaling: float | None,
     kwargs: dict[str, Any],
 ) -> tuple | None:
-    """The signature (:func:`posenc.layers.plain_step.signature`) of a plain decode call, else None:
+    """The signature (:func:`posenc.layers.step.signature`) of a plain decode call, else None:
     one query on CPU without gradients, HF's positions already in q and k, no mask, bias, sinks,
     soft-cap, window, dropout, weights or paged cache (the caller has checked the query count, the
     mask, the sinks and the bias). Its call fields: the shapes but the key count, the dtypes and the
@@ -263,7 +264,7 @@ def _plain_call(
     if type(scale) is not float:
         return None
     keys = (k_shape[0], k_shape[1], k_shape[3], v_shape[0], v_shape[1], v_shape[3])
-    return plain_step.signature((query.shape, *keys, query.dtype, key.dtype, value.dtype, scale))
+    return step.signature((query.shape, *keys, query.dtype, key.dtype, value.dtype, scale))
 
 
 def _plain_decode(
@@ -273,8 +274,8 @@ def _plain_decode(
 
     It serves only a step linked to the module's last call (:func:`_linked`: that call found its
     keys finite, this one has exactly one more, and the key before it equals the last call's final
-    key), tests q and the new key and value for nan (:func:`posenc.layers.plain_step.fresh_finite`),
-    and runs sdpa as its backend does (:func:`posenc.layers.plain_step.attend`). Anything else
+    key), tests q and the new key and value for nan (:func:`posenc.layers.step.fresh_finite`),
+    and runs sdpa as its backend does (:func:`posenc.layers.step.attend_plain`). Anything else
     returns None, having changed nothing: the full path then links, checks and dispatches as usual
     (a nan goes to a backend that propagates it).
     """
@@ -283,13 +284,13 @@ def _plain_decode(
     if not _linked(previous, key, past):
         return None
     new_key = key.narrow(2, past, 1)
-    finite, block = plain_step.fresh_finite(query, new_key, value.narrow(2, past, 1))
+    finite, block = step.fresh_finite(query, new_key, value.narrow(2, past, 1))
     if not finite:
         return None
     # The new last key, from the block (a copy of it that nobody else holds): the next call's link.
     tail = new_key.clone() if block is None else block.narrow(1, query.shape[1], key.shape[1])
     previous.length, previous.tail = past + 1, tail
-    out = plain_step.attend(query, key, value, query.shape[-1] ** -0.5 if scaling is None else scaling)
+    out = step.attend_plain(query, key, value, query.shape[-1] ** -0.5 if scaling is None else scaling)
     note_backend("sdpa")
     return out.transpose(1, 2).contiguous()
 

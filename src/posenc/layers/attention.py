@@ -35,7 +35,6 @@ from .inputs import (
     check_sizes,
 )
 from .patterns import LayerSpec, TemperatureForm, layer_temperature
-from .plain_step import layer_signature, layer_step, remember_layer, remembered
 from .positions import (
     Step,
     checked_positions,
@@ -45,6 +44,7 @@ from .positions import (
     step_positions,
     temperature_factors,
 )
+from .step import plan_for, run
 
 __all__ = ["AttentionInputs", "MultiheadAttention"]
 
@@ -234,14 +234,37 @@ class MultiheadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
     ) -> Tensor | tuple[Tensor, Tensor]:
-        signature = None
-        plain = context is None and context_positions is None and key_padding_mask is None
-        if plain and attn_mask is None and document_ids is None and prefix_len is None and group_ids is None:
-            signature = None if need_weights or cache is None else layer_signature(self, x, cache)
-            if signature is not None and signature == remembered(self):  # (posenc.layers.plain_step)
-                out = layer_step(self, x, positions, cache)
-                if out is not None:
-                    return out
+        call = {
+            "context": context,
+            "positions": positions,
+            "context_positions": context_positions,
+            "key_padding_mask": key_padding_mask,
+            "attn_mask": attn_mask,
+            "document_ids": document_ids,
+            "prefix_len": prefix_len,
+            "group_ids": group_ids,
+            "need_weights": need_weights,
+        }
+        return run(plan_for(self, x, cache, call), self, x, cache, call)
+
+    def full_step(
+        self,
+        x: Tensor,
+        cache: KVCache | None,
+        *,
+        context: Tensor | None = None,
+        positions: Tensor | None = None,
+        context_positions: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        document_ids: Tensor | None = None,
+        prefix_len: int | Tensor | None = None,
+        group_ids: Tensor | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """The full plan's tensor work (:mod:`posenc.layers.step`): every argument checked, positions,
+        projections and the encoding, the cache, the mask, and the backend the dispatcher picks.
+        Returns ``(out [B, Tq, E], weights or None)``."""
         check_input(x, "x", self.embed_dim, self.q_proj.weight)
         check_projections(self.q_proj.weight, k_proj=self.k_proj, v_proj=self.v_proj, out_proj=self.out_proj)
         given = {"context": context, "positions": positions, "context_positions": context_positions}
@@ -255,10 +278,8 @@ class MultiheadAttention(nn.Module):
             inputs = self._cross_inputs(x, context, positions, context_positions, key_padding_mask, cache)
         mask = self._mask(inputs, attn_mask, prefix_len, group_ids, self_attention=context is None)
         out, weights = self._attend(inputs, mask, cache, need_weights, cross=context is not None)
-        if signature is not None:
-            remember_layer(self, signature, self.last_backend, cache)
         out = self.out_proj(out.transpose(1, 2).reshape(batch, q_len, self.num_heads * self.head_dim))
-        return (out, weights) if need_weights else out
+        return out, weights
 
     def default_positions(
         self,

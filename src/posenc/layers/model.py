@@ -48,6 +48,7 @@ from .attention import MultiheadAttention
 from .kv_sharing import KVDonorAttention, KVSharedAttention, kv_donors, link_kv_sharing
 from .patterns import LayerSpec, layer_pattern, mark_kv_shared
 from .positions import embed_positions, step_positions
+from .step import compiled_next_logits, fixed_shape_layer_problems, next_logits
 
 __all__ = ["TransformerBlock", "TransformerEncoder", "TransformerLM"]
 
@@ -338,6 +339,9 @@ class _Stack(nn.Module):
             return step_positions(None, batch, length, key_padding_mask, document_ids, tokens.device)
         if not isinstance(cache, KVCache):
             raise ValueError(f"cache must be a posenc.KVCache, got {type(cache).__name__}")
+        state = cache.slot_state(self.blocks[0].attn.layer_idx)
+        if state is not None and length == 1 and key_padding_mask is None and document_ids is None:
+            return state.positions()  # fixed shapes: the slot's position, read from tensors only
         # every layer's entry has seen the same tokens (a window evicts, and counts what it evicted)
         entry = cache.read(self.blocks[0].attn, cross=False, batch=batch, device=tokens.device)
         return step_positions(
@@ -471,12 +475,15 @@ class TransformerLM(_Stack):
         tokens. When every row has produced ``eos_token`` the loop stops early (rows are then
         shorter than ``T0 + max_new_tokens``).
 
-        ``compiled=True`` runs the prompt eagerly, then every new token as one
-        :class:`~posenc.layers.decode.ModelDecodeStep` (fixed shapes over the preallocated cache)
-        under ``torch.compile(fullgraph=True)``: compiled on the first call (seconds), reused by
-        every later call with the same batch, prompt length and ``max_new_tokens``. The same tokens
-        as the eager path; a model the step cannot serve (windows, KV sharing, content encodings) is
-        refused with the reasons, never silently run eagerly.
+        ``compiled=True`` runs the prompt eagerly, then every new token through the model's own
+        forward in fixed shapes (``KVCache.fixed_shapes()``: each token written at its slot of the
+        preallocated cache, every slot attended, the unwritten ones masked), that forward under
+        ``torch.compile(fullgraph=True)`` (:func:`~posenc.layers.step.compiled_next_logits`): the
+        first call compiles (about a minute on a small CPU), later calls reuse the graph, with
+        batch and length dynamic after the first change. The same tokens as the eager path. A model
+        the fixed shapes cannot serve (windows, chunks, sinks, KV sharing, content encodings) is
+        refused with the reasons and ``compiled=False`` to pass; past torch's recompile limit
+        (many models in one process) it warns once and decodes the same steps eagerly.
         """
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
@@ -491,8 +498,6 @@ class TransformerLM(_Stack):
             return self._greedy(prompt, max_new_tokens, use_cache, eos_token)
 
     def _greedy_compiled(self, prompt: Tensor, max_new_tokens: int, eos_token: int | None) -> Tensor:
-        from .decode import ModelDecodeStep, compiled_decode
-
         if max_new_tokens == 0:
             return prompt
         was_training = self.training
@@ -500,19 +505,40 @@ class TransformerLM(_Stack):
         try:
             cache = KVCache(max_length=prompt.shape[1] + max_new_tokens)
             token = self(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)
-            step, decode = ModelDecodeStep(self, cache), compiled_decode()
             new = [token]
             finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-            for _ in range(max_new_tokens - 1):
-                if eos_token is not None:
-                    finished |= token[:, 0] == eos_token
-                    if bool(finished.all()):
-                        break
-                token = decode(step, token, step.next_position()).argmax(dim=-1, keepdim=True)
-                new.append(token)
+            self._check_fixed_shapes()
+            with cache.fixed_shapes():
+                for i in range(max_new_tokens - 1):
+                    if eos_token is not None:
+                        finished |= token[:, 0] == eos_token
+                        if bool(finished.all()):
+                            break
+                    # the first step runs eagerly: every check of the plan raises as posenc's own error
+                    logits = (
+                        next_logits(self, token, cache)
+                        if i == 0
+                        else compiled_next_logits(self, token, cache)
+                    )
+                    token = logits.argmax(dim=-1, keepdim=True)
+                    new.append(token)
         finally:
             self.train(was_training)
         return torch.cat([prompt, *new], dim=1)
+
+    def _check_fixed_shapes(self) -> None:
+        """Refuse, with every reason, a model whose layers cannot decode in fixed shapes."""
+        problems = [
+            f"layer {i}: {problem}"
+            for i, block in enumerate(self.blocks)
+            for problem in fixed_shape_layer_problems(block.attn)
+        ]
+        if problems:
+            raise ValueError(
+                "generate(compiled=True) decodes in fixed shapes, which this model's layers do not allow: "
+                + "; ".join(problems)
+                + "; pass compiled=False to decode it eagerly"
+            )
 
     def _greedy(self, prompt: Tensor, max_new_tokens: int, use_cache: bool, eos_token: int | None) -> Tensor:
         was_training = self.training

@@ -18,7 +18,6 @@ from posenc.backends import SOFTCAP_REASON, AttentionRequest, backend_limits, ge
 from posenc.backends.flex import flex_bias_attention
 from posenc.backends.run import attend
 from posenc.examples import build_example
-from posenc.layers.decode import StaticDecodeStep
 from posenc.masks.attention_mask import AttentionMask
 
 HEADS, KV_HEADS, HEAD_DIM, CAP = 4, 2, 8, 0.7
@@ -207,7 +206,7 @@ def test_cached_decoding_equals_the_full_pass(encoding):
 
 
 @pytest.mark.parametrize("encoding", ["rope", "alibi"])
-def test_static_decode_step_caps(encoding):
+def test_fixed_shape_steps_cap(encoding):
     layer = (
         posenc.MultiheadAttention(HEADS * HEAD_DIM, HEADS, encoding, causal=True, softcap=CAP).double().eval()
     )
@@ -216,8 +215,8 @@ def test_static_decode_step_caps(encoding):
         full = layer(x)
         cache = posenc.KVCache(max_length=16)
         layer(x[:, :8], cache=cache)
-        step = StaticDecodeStep(layer, cache)
-        steps = [step(x[:, t : t + 1], step.next_position()) for t in range(8, 12)]
+        with cache.fixed_shapes():
+            steps = [layer(x[:, t : t + 1], cache=cache) for t in range(8, 12)]
     torch.testing.assert_close(torch.cat(steps, 1), full[:, 8:], **TIGHT)
 
 

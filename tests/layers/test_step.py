@@ -1,11 +1,11 @@
-"""The eager layer's plain decode step (``posenc.layers.plain_step``): one token through
-``MultiheadAttention`` with a ``KVCache`` under ``torch.no_grad``, no mask, whose signature the full path
-served on sdpa, runs without building a request; the HF bridge runs the same nan test and kernel.
+"""The decode plan of ``posenc.layers.step``: one token through ``MultiheadAttention`` with a
+``KVCache`` under ``torch.no_grad``, no mask, whose signature the full path served on sdpa, runs
+without building a request; the HF bridge runs the same nan test and kernel.
 
 It must give the full path's outputs and cache bit for bit for every registered encoding it serves
 (and serve none it cannot), send a nan in the new token to a backend that propagates it without
 writing anything first, keep every cache check (another layer's entry, a switched channel layout,
-an unsynced StaticDecodeStep), and follow a changed setting (scale, backend, priority, dtype, mode)
+an open fixed_shapes() block), and follow a changed setting (scale, backend, priority, dtype, mode)
 on the next call. The expected values come from the same layer with the plain step switched off.
 """
 
@@ -19,28 +19,26 @@ import pytest
 import torch
 
 import posenc
-import posenc.layers.attention as attention_module
 from _contract import EMBED, HEADS, NAMES, _x, make_layer, nan_hook
 from posenc.backends import dispatch_state, register_backend
 from posenc.backends.dispatch import PRIORITY, set_priority
 from posenc.backends.parts import query_blocks as _query_blocks
 from posenc.encodings.base import Kind
 from posenc.encodings.rope import switch_rope_pairing_
-from posenc.layers import plain_step
-from posenc.layers.decode import StaticDecodeStep
+from posenc.layers import step as plain_step
 
 PLAIN_KINDS = (Kind.ABSOLUTE, Kind.ROTARY)
 
 
 def _full_path(monkeypatch) -> None:
     """Switch the plain step off: every call builds its request (the reference)."""
-    monkeypatch.setattr(attention_module, "layer_signature", lambda *a: None)
+    monkeypatch.setattr(plain_step, "decode_key", lambda *a: None)
 
 
 def _served(monkeypatch) -> list[bool]:
     """One entry per call the plain step served (returned an output for)."""
     served: list[bool] = []
-    real = plain_step.layer_step
+    real = plain_step._decode_step
 
     def counting(*args):
         out = real(*args)
@@ -48,7 +46,7 @@ def _served(monkeypatch) -> list[bool]:
             served.append(True)
         return out
 
-    monkeypatch.setattr(attention_module, "layer_step", counting)
+    monkeypatch.setattr(plain_step, "_decode_step", counting)
     return served
 
 
@@ -239,7 +237,8 @@ def test_a_cast_layer_refuses_the_old_dtype_by_name():
 
 
 def test_the_cache_checks_still_run(monkeypatch):
-    """Another layer's entry, a switched q/k channel order and unsynced static steps are refused."""
+    """Another layer's entry, a switched q/k channel order and a call of another form inside an open
+    fixed_shapes() block are refused."""
     layer, cache = _prefilled()
     other = make_layer("rope", causal=True)  # layer_idx 0 too: it must not read layer's entry
     with torch.no_grad():
@@ -251,12 +250,14 @@ def test_the_cache_checks_still_run(monkeypatch):
             layer(_x(1, 1), cache=cache)
     layer, cache = _prefilled()
     with torch.no_grad():
-        step = StaticDecodeStep(layer, cache)
-        step(_x(1, 1), step.next_position())
-        with pytest.raises(ValueError, match="sync"):
+        with cache.fixed_shapes():
             layer(_x(1, 1), cache=cache)
+            with pytest.raises(ValueError, match=r"fixed_shapes\(\): a step takes x and positions only"):
+                layer(_x(1, 1), cache=cache, need_weights=True)
+            with pytest.raises(ValueError, match="one token per step"):
+                layer(_x(1, 2), cache=cache)
         served = _served(monkeypatch)
-        step.sync()  # the synced tokens were never tested for nan: the next call is a full one
+        # the block's tokens were never tested for nan: the next call is a full one
         layer(_x(1, 1), cache=cache)
         assert served == []
         layer(_x(1, 1), cache=cache)
@@ -297,7 +298,7 @@ def test_kv_sharing_layers_keep_the_full_path(monkeypatch):
     with monkeypatch.context() as full:
         _full_path(full)
         assert torch.equal(lm.generate(prompt, 6), tokens)
-    assert not plain_step._plain_class(type(lm.blocks[-1].attn))
+    assert not plain_step._runs_own_steps(type(lm.blocks[-1].attn))
 
 
 def test_the_full_path_chooses_sdpa_at_every_key_count(monkeypatch):
@@ -331,7 +332,7 @@ def test_positions_on_another_device_or_out_of_range_are_refused_by_name():
 
 
 # ----------------------------------------------------------------------------
-# One plain decode step for the eager layer and the HF bridge (``posenc.layers.plain_step``).
+# One plain decode step for the eager layer and the HF bridge (``posenc.layers.step``).
 
 
 SRC = pathlib.Path(posenc.__file__).parent
@@ -339,7 +340,7 @@ SRC = pathlib.Path(posenc.__file__).parent
 
 def _count_calls(monkeypatch) -> dict[str, int]:
     """Count calls of the shared step's nan test and kernel, by whichever caller."""
-    calls = {"fresh_finite": 0, "attend": 0}
+    calls = {"fresh_finite": 0, "attend_plain": 0}
     for name in calls:
         real = getattr(plain_step, name)
 
@@ -378,7 +379,7 @@ def test_the_eager_layer_s_plain_steps_run_the_shared_nan_test_and_kernel(monkey
         assert plain_step.remembered(layer) is not None
         for _ in range(3):
             layer(torch.randn(1, 1, 32), cache=cache)
-    assert calls == {"fresh_finite": 3, "attend": 3}
+    assert calls == {"fresh_finite": 3, "attend_plain": 3}
 
 
 def test_the_hf_bridge_s_plain_steps_run_the_same_nan_test_and_kernel(monkeypatch):
@@ -402,7 +403,7 @@ def test_the_hf_bridge_s_plain_steps_run_the_same_nan_test_and_kernel(monkeypatc
             model(ids[:, t : t + 1], past_key_values=cache, use_cache=True)
     attention = model.model.layers[0].self_attn
     assert plain_step.remembered(attention) is not None
-    assert calls == {"fresh_finite": 2 * 3, "attend": 2 * 3}
+    assert calls == {"fresh_finite": 2 * 3, "attend_plain": 2 * 3}
 
 
 def test_the_dispatcher_state_changes_with_everything_that_changes_a_choice():
@@ -433,7 +434,7 @@ def test_a_layer_remembers_only_a_call_served_on_sdpa_with_finite_values():
     assert plain_step.remembered(layer) is None
 
 
-@pytest.mark.parametrize("module", ["layers/plain_step.py", "hf/_attention.py", "layers/attention.py"])
+@pytest.mark.parametrize("module", ["layers/step.py", "hf/_attention.py", "layers/attention.py"])
 def test_no_caller_of_the_plain_step_reads_the_dispatcher_s_memo(module):
     imported = _imports(SRC / module)
     assert not any(name.endswith("memo") or ".memo." in name for name in imported), imported
