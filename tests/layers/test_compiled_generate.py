@@ -57,7 +57,7 @@ def test_what_the_fixed_shapes_cannot_serve_is_refused_with_the_reason():
         windowed.generate(tokens, 3, compiled=True)
     shaw = _model("shaw")
     with pytest.raises(
-        ValueError, match=r"'shaw' computes logits .*pass compiled=False to decode it eagerly"
+        ValueError, match=r"'shaw' \(content\) computes logits .*pass compiled=False to decode it eagerly"
     ):
         shaw.generate(tokens, 3, compiled=True)
     with pytest.raises(ValueError, match="use_cache=True"):

@@ -13,7 +13,7 @@ import torch
 
 import posenc
 from _contract import EMBED, HEADS, _randomize, make_encoding
-from posenc.layers.step import SLOT_PATTERN
+from posenc.layers.step import PATTERN_READS, SERVES
 
 NAMES = posenc.available()
 
@@ -382,9 +382,19 @@ def _refused_patterns():
         "temperature": posenc.layers.patterns.QueryTemperature(),
         "kv_shared": True,
     }
-    names = [f.name for f in fields(posenc.layers.patterns.LayerSpec) if f.name not in SLOT_PATTERN]
+    served = SERVES["slots"]["pattern"]
+    names = [f.name for f in fields(posenc.layers.patterns.LayerSpec) if f.name not in served]
     assert sorted(names) == sorted(values), "a new pattern field: say here how the step refuses it"
     return list(values.items())
+
+
+def test_every_pattern_field_has_a_reader_or_is_served_by_both_plans():
+    """A LayerSpec field that neither short plan reads off the layer would be served silently."""
+    from dataclasses import fields
+
+    always = set(SERVES["decode"]["pattern"]) & set(SERVES["slots"]["pattern"])
+    names = {f.name for f in fields(posenc.layers.patterns.LayerSpec)}
+    assert names == always | set(PATTERN_READS), names ^ (always | set(PATTERN_READS))
 
 
 @pytest.mark.parametrize(("name", "value"), _refused_patterns())

@@ -18,7 +18,7 @@ import torch
 import posenc
 from posenc.layers.kv_sharing import KVDonorAttention, KVSharedAttention, link_kv_sharing
 from posenc.layers.patterns import LayerSpec, layer_pattern
-from posenc.layers.step import fixed_shape_layer_problems
+from posenc.layers.step import layer_problems
 
 V, E, H, HKV, W = 17, 32, 4, 2, 3
 
@@ -302,8 +302,10 @@ def test_a_shared_layer_reads_only_its_donors_keys_of_this_forward():
         donor(x, cache=posenc.KVCache())  # the donor runs with another cache
         with pytest.raises(ValueError, match="ran with another cache"):
             model.blocks[3].attn(x, cache=cache)
-    assert any("overrides the layer's steps" in p for p in fixed_shape_layer_problems(model.blocks[3].attn))
-    with pytest.raises(ValueError, match="layer 3: KVSharedAttention overrides the layer's steps"):
+    assert "layers with kv_shared='KVSharedAttention' are not served" in layer_problems(
+        model.blocks[3].attn, "slots"
+    )
+    with pytest.raises(ValueError, match="layer 3: layers with kv_shared='KVSharedAttention'"):
         model.eval().generate(_tokens(), 3, compiled=True)
 
 

@@ -48,7 +48,7 @@ from .attention import MultiheadAttention
 from .kv_sharing import KVDonorAttention, KVSharedAttention, kv_donors, link_kv_sharing
 from .patterns import LayerSpec, layer_pattern, mark_kv_shared
 from .positions import embed_positions, step_positions
-from .step import compiled_next_logits, fixed_shape_layer_problems, next_logits
+from .step import compiled_next_logits, layer_problems, next_logits
 
 __all__ = ["TransformerBlock", "TransformerEncoder", "TransformerLM"]
 
@@ -531,7 +531,7 @@ class TransformerLM(_Stack):
         problems = [
             f"layer {i}: {problem}"
             for i, block in enumerate(self.blocks)
-            for problem in fixed_shape_layer_problems(block.attn)
+            for problem in layer_problems(block.attn, "slots")
         ]
         if problems:
             raise ValueError(

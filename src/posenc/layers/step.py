@@ -35,7 +35,7 @@ threshold).
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal, Protocol
 
 import torch
@@ -49,21 +49,21 @@ from ..cache.kv_cache import CacheFullError, KVCache, check_in_place_write
 from ..cache.slots import SlotState
 from ..encodings.base import Kind, PositionalEncoding, checks_values
 from ..masks.attention_mask import AttentionMask, WrittenSlotsMask
-from .patterns import LayerSpec
 from .positions import arange_positions, checked_positions, embed_positions
 
 __all__ = [
     "FULL",
+    "PATTERN_READS",
+    "SERVES",
     "SLOTS",
     "SLOT_BACKEND",
-    "SLOT_PATTERN",
     "Projections",
     "StepPlan",
     "attend_plain",
     "compiled_next_logits",
     "decode_key",
-    "fixed_shape_layer_problems",
     "fresh_finite",
+    "layer_problems",
     "next_logits",
     "plan_for",
     "remember",
@@ -219,7 +219,7 @@ def remembered(owner: nn.Module) -> StepPlan | None:
 def decode_key(layer: Projections, x: object, cache: object) -> tuple | None:
     """The signature of a plain decode call of ``layer`` on ``x`` with ``cache`` (the module
     docstring), else None. The caller has checked that no other argument was given."""
-    if not _plain_input(x, cache) or plain_layer_problem(layer) is not None:
+    if not _plain_input(x, cache) or layer_problems(layer, "decode"):
         return None
     weight = layer.q_proj.weight
     call = (x.shape, x.dtype, x.device, weight.dtype, weight.device, id(layer.encoding))
@@ -246,34 +246,51 @@ _REPLACED_STEPS = ("full_step", "_self_inputs", "_new_keys", "_cache_entry", "_m
 _OWN_STEPS: dict[type, bool] = {}
 
 
-def plain_layer_problem(layer: Projections, *, served: tuple[str, ...] = ()) -> str | None:
-    """Why ``layer``'s attention is not plain (None: it is): a window, chunk, sinks, cap, temperature,
-    K = V (unless named in ``served``) or training dropout, an encoding that computes logits or reads
-    token states, or a class that overrides the layer's own steps."""
-    if not _runs_own_steps(type(layer)):
-        return f"{type(layer).__name__} overrides the layer's steps (a KV-shared layer)"
-    pattern = {
-        "window": layer.window,
-        "chunk": layer.chunk,
-        "sinks": layer.sinks,
-        "softcap": layer.softcap,
-        "query_temperature": layer.query_temperature,
-        "value_from_key": layer.value_from_key or None,
-    }
-    for name, value in pattern.items():
-        if value is not None and name not in served:
-            shown = True if name in ("sinks", "query_temperature") else value
-            return f"layers with {name}={shown!r} are not served"
+#: What each short plan serves of a layer's :attr:`~posenc.MultiheadAttention.pattern` (every other
+#: field must keep its plain value) and of the encodings' kinds. A pattern field is read off the layer
+#: through :data:`PATTERN_READS`; a field added to ``LayerSpec`` without a reader there fails
+#: ``tests/layers/test_fixed_shapes.py``.
+SERVES = {
+    "decode": {"pattern": ("encoding", "head_dim", "num_kv_heads"), "kinds": (Kind.ABSOLUTE, Kind.ROTARY)},
+    "slots": {
+        "pattern": ("encoding", "head_dim", "num_kv_heads", "softcap", "value_from_key"),
+        "kinds": (Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS),
+    },
+}
+#: The layer attribute behind each pattern field a short plan may refuse (``kv_shared``: the class).
+PATTERN_READS = {
+    "window": lambda layer: layer.window,
+    "chunk": lambda layer: layer.chunk,
+    "sinks": lambda layer: True if layer.sinks is not None else None,
+    "temperature": lambda layer: True if layer.query_temperature is not None else None,
+    "softcap": lambda layer: layer.softcap,
+    "value_from_key": lambda layer: True if layer.value_from_key else None,
+    "kv_shared": lambda layer: None if _runs_own_steps(type(layer)) else True,
+}
+
+
+def layer_problems(layer: Projections, form: Literal["decode", "slots"]) -> list[str]:
+    """Why ``layer`` cannot take the ``form`` plan whatever the call (empty: it can): the one list
+    both short plans read (:data:`SERVES`). A pattern field it does not serve (a window, chunk,
+    sinks, a query temperature, a cap or K = V for the decode plan, a KV-shared layer: a class that
+    overrides the layer's own steps), training with dropout, an encoding of another kind or one that
+    reads the input, and for the slots plan a layer that is not causal."""
+    served = SERVES[form]
+    problems = []
+    if form == "slots" and not layer.causal:
+        problems.append("the layer must be causal (each step sees the tokens before it)")
+    for name, read in PATTERN_READS.items():
+        if name not in served["pattern"] and read(layer) is not None:
+            shown = type(layer).__name__ if name == "kv_shared" else read(layer)
+            problems.append(f"layers with {name}={shown!r} are not served")
     if layer.training and layer.dropout > 0:
-        return f"the layer is in training mode with dropout={layer.dropout}; call layer.eval()"
+        problems.append(f"the layer is in training mode with dropout={layer.dropout}; call layer.eval()")
     encoding = layer.encoding
-    if encoding.kind not in (Kind.ABSOLUTE, Kind.ROTARY) and not (
-        "bias" in served and encoding.kind is Kind.BIAS
-    ):
-        return f"{encoding.name!r} ({encoding.kind.value}) computes logits from q/k or acts on them"
-    if encoding.input_dependent:
-        return f"{encoding.name!r} computes its bias from the input"
-    return None
+    if encoding.kind not in served["kinds"]:
+        problems.append(f"{encoding.name!r} ({encoding.kind.value}) computes logits from q/k")
+    elif encoding.input_dependent:
+        problems.append(f"{encoding.name!r} computes its bias from the input")
+    return problems
 
 
 def _runs_own_steps(cls: type) -> bool:
@@ -371,7 +388,7 @@ def slot_problems(layer: Projections, x: object, cache: KVCache, call: dict, bar
     given = [name for name in CALL_ARGUMENTS if call.get(name) is not None]
     given += ["need_weights"] if call.get("need_weights") else []
     problems = [f"a step takes x and positions only, got {', '.join(given)}"] if not bare else []
-    problems += fixed_shape_layer_problems(layer)
+    problems += layer_problems(layer, "slots")
     state = cache.slot_state(layer.layer_idx)
     if state is None:
         problems.append(
@@ -386,35 +403,6 @@ def slot_problems(layer: Projections, x: object, cache: KVCache, call: dict, bar
         problems.append(f"x must be [B={want[0]}, 1, E={want[2]}], {_x_problem(x, want)}")
     if state.entry.writer_id != id(layer):
         problems.append(f"the entry of layer_idx={layer.layer_idx} was written by {state.entry.writer}")
-    return problems
-
-
-#: The fields of a layer's :attr:`~posenc.MultiheadAttention.pattern` a fixed-shape step serves; a
-#: layer whose pattern sets any other (a window, chunk, sinks, a query temperature, KV sharing, or a
-#: field added later) is refused by name.
-SLOT_PATTERN = ("encoding", "softcap", "head_dim", "num_kv_heads", "value_from_key")
-#: The other fields and their plain values (read once: ``dataclasses.fields`` is not traced by dynamo).
-_UNSERVED_PATTERN = tuple(
-    (f.name, getattr(LayerSpec(), f.name)) for f in fields(LayerSpec) if f.name not in SLOT_PATTERN
-)
-
-
-def fixed_shape_layer_problems(layer: Projections) -> list[str]:
-    """Why ``layer`` cannot decode in fixed shapes whatever the call (empty: it can): a causal layer
-    whose pattern sets nothing but :data:`SLOT_PATTERN`, not in training with dropout, whose
-    encoding is rotary, absolute or a position-only bias, running the layer's own steps."""
-    problems = [] if layer.causal else ["the layer must be causal (each step sees the tokens before it)"]
-    if not _runs_own_steps(type(layer)):
-        problems.append(f"{type(layer).__name__} overrides the layer's steps (a KV-shared layer)")
-    pattern = layer.pattern
-    for name, plain in _UNSERVED_PATTERN:
-        if getattr(pattern, name) != plain:
-            problems.append(f"layers with {name}={getattr(pattern, name)!r} are not served")
-    if layer.training and layer.dropout > 0:
-        problems.append(f"the layer is in training mode with dropout={layer.dropout}; call layer.eval()")
-    encoding = layer.encoding
-    if encoding.kind is Kind.CONTENT or encoding.input_dependent:
-        problems.append(f"{encoding.name!r} computes logits from q/k or the input")
     return problems
 
 
