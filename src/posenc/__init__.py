@@ -22,7 +22,7 @@ from .encodings.base import (
     RotaryEncoding,
 )
 from .encodings.registry import available, build, get_class, register
-from .encodings.rope import switch_rope_pairing_
+from .encodings.rope_pairing import switch_rope_pairing_
 from .layers.attention import MultiheadAttention
 from .layers.mla import LatentCache, MultiLatentAttention
 

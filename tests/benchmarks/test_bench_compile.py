@@ -1,4 +1,4 @@
-"""The compiled-generation benchmark (posenc.benchmarks.bench_compile) prints its rows for posenc's own
+"""The compiled-generation benchmark (posenc.benchmarks.decoding.bench_compile) prints its rows for posenc's own
 model against HF's Llama (compiling is slow: ``slow``), and refuses a model it does not know by name."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 @pytest.mark.slow
 def test_compile_bench_prints_its_rows():
     done = subprocess.run(
-        [sys.executable, "-m", "posenc.benchmarks.bench_compile", "--models", "lm", "--prompt", "16",
+        [sys.executable, "-m", "posenc.benchmarks.decoding.bench_compile", "--models", "lm", "--prompt", "16",
          "--new", "4", "--repeats", "1"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -29,7 +29,7 @@ def test_compile_bench_prints_its_rows():
 
 def test_compile_bench_names_an_unknown_model():
     done = subprocess.run(
-        [sys.executable, "-m", "posenc.benchmarks.bench_compile", "--models", "llama5"],
+        [sys.executable, "-m", "posenc.benchmarks.decoding.bench_compile", "--models", "llama5"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode != 0 and "--models: unknown ['llama5']" in done.stderr

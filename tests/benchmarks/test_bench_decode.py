@@ -1,4 +1,4 @@
-"""The decode benchmark (posenc.benchmarks.bench_decode) prints the step, split and generation tables."""
+"""The decode benchmark (posenc.benchmarks.decoding.bench_decode) prints the step, split and generation tables."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 @pytest.mark.hf
 def test_decode_bench_prints_the_step_split_and_generation_tables(capsys, monkeypatch):
-    from posenc.benchmarks import bench_decode
+    from posenc.benchmarks.decoding import bench_decode
 
     monkeypatch.setattr(
         "sys.argv",

@@ -1,4 +1,4 @@
-"""``posenc bench gpu`` (:mod:`posenc.benchmarks.bench_gpu`) run on the CPU: every section's code
+"""``posenc bench gpu`` (:mod:`posenc.benchmarks.gpu.bench_gpu`) run on the CPU: every section's code
 but the CUDA calls, on small sizes. The exactness verdicts are checked against errors injected
 here, and the sections' rows against what each section promises."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from posenc.backends import available_backends
-from posenc.benchmarks import bench_gpu
+from posenc.benchmarks.gpu import bench_gpu
 
 pytestmark = pytest.mark.hf  # the generate section drives an HF Llama
 

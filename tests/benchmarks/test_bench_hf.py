@@ -1,4 +1,4 @@
-"""The HF benchmark (posenc.benchmarks.bench_hf) on tiny random models: the three implementations timed on
+"""The HF benchmark (posenc.benchmarks.decoding.bench_hf) on tiny random models: the three implementations timed on
 each mask, T5 stacks three ways, and the Gemma 3 table's rows agreeing."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 
 @pytest.mark.hf
 def test_hf_bench_times_the_three_implementations_on_each_mask(capsys, monkeypatch):
-    from posenc.benchmarks import bench_hf
+    from posenc.benchmarks.decoding import bench_hf
 
     monkeypatch.setattr(
         "sys.argv", ["bench_hf", "--sizes", "32", "--window", "8", "--documents", "2", "--repeats", "1"]
@@ -24,7 +24,7 @@ def test_hf_bench_times_the_three_implementations_on_each_mask(capsys, monkeypat
 
 @pytest.mark.hf
 def test_hf_bench_times_t5_stacks_three_ways(capsys, monkeypatch):
-    from posenc.benchmarks import bench_hf
+    from posenc.benchmarks.decoding import bench_hf
 
     monkeypatch.setattr("sys.argv", ["bench_hf", "--sizes", "40", "--repeats", "1", "--tables", "t5"])
     bench_hf.main()
@@ -48,7 +48,7 @@ def test_hf_bench_gemma3_table_rows_agree_on_a_tiny_random_gemma3(tmp_path, caps
     import torch
     import transformers
 
-    from posenc.benchmarks import bench_hf
+    from posenc.benchmarks.decoding import bench_hf
 
     torch.manual_seed(0)
     config = transformers.Gemma3TextConfig(

@@ -1,4 +1,4 @@
-"""The GPU benchmark's exactness section (posenc.benchmarks._gpu_exactness): a backend off by more than eager
+"""The GPU benchmark's exactness section (posenc.benchmarks.gpu._gpu_exactness): a backend off by more than eager
 is a failure and fails the run; a nan is never within tolerance."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from posenc.benchmarks import _gpu_exactness, _gpu_timing, bench_gpu
+from posenc.benchmarks.gpu import _gpu_exactness, _gpu_timing, bench_gpu
 
 pytestmark = pytest.mark.hf  # the generate section drives an HF Llama
 

@@ -1,4 +1,4 @@
-"""The GPU benchmark's error measures (posenc.benchmarks._gpu_timing): a gradient that is zero in exact
+"""The GPU benchmark's error measures (posenc.benchmarks.gpu._gpu_timing): a gradient that is zero in exact
 arithmetic is not divided by its rounding."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.benchmarks import _gpu_timing
+from posenc.benchmarks.gpu import _gpu_timing
 
 pytestmark = pytest.mark.hf  # the generate section drives an HF Llama
 

@@ -9,7 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from posenc.benchmarks import _hf_generate  # noqa: E402
+from posenc.benchmarks.decoding import _hf_generate  # noqa: E402
 
 
 def _tiny_llama():

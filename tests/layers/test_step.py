@@ -24,7 +24,7 @@ from posenc.backends import dispatch_state, register_backend
 from posenc.backends.dispatch import PRIORITY, set_priority
 from posenc.backends.parts import query_blocks as _query_blocks
 from posenc.encodings.base import Kind
-from posenc.encodings.rope import switch_rope_pairing_
+from posenc.encodings.rope_pairing import switch_rope_pairing_
 from posenc.layers import step as plain_step
 
 PLAIN_KINDS = (Kind.ABSOLUTE, Kind.ROTARY)

@@ -58,18 +58,18 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         "HoPE, FoPE, ComRoPE, LieRE, STRING, GRAPE, GRAPE-A, PaTH, M-RoPE: auto vs eager at 2048 and 8192, 1 thread",
     ),
     "hf": (
-        "bench_hf",
+        "decoding.bench_hf",
         [],
         "HF eager / sdpa vs attn_implementation='posenc' on HF's masks; BLOOM and T5 via use_posenc_attention"
         " (Gemma-3-270M prefill: --args '--tables gemma3'; SmolLM2-135M generate: --args '--tables smollm2')",
     ),
     "decode": (
-        "bench_decode",
+        "decoding.bench_decode",
         [],
         "decode steps vs the plain loop (growing, preallocated, compiled); HF Llama and TransformerLM generate",
     ),
     "compile": (
-        "bench_compile",
+        "decoding.bench_compile",
         [],
         "HF generate with a static cache and torch.compile: sdpa vs attn_implementation='posenc' (and eager)",
     ),
@@ -79,7 +79,7 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         "the study's perplexity forward in float32 and bfloat16 on a fetched model (default smollm2-135m), CPU and ISA named",
     ),
     "gpu": (
-        "bench_gpu",
+        "gpu.bench_gpu",
         [],
         "on a CUDA device: every encoding x backend x dtype against float64 eager, flex vs SDPA, RoPE, HF generate",
     ),

@@ -73,8 +73,10 @@ def study(
     trials: int | None = typer.Option(
         None, min=1, help="needle prompts per (length, depth) cell (default --windows)"
     ),
-    tuning_windows: int = typer.Option(0, min=0, help=TUNING_WINDOWS_HELP),
-    dtype: str = typer.Option("float32", help=DTYPE_HELP),
+    tuning_windows: int = typer.Option(
+        0, min=0, help=in_study_words(TUNING_WINDOWS_HELP).replace("--hf-model study with a grid", "A grid")
+    ),
+    dtype: str = typer.Option("float32", help=in_study_words(DTYPE_HELP).replace("--hf-model study: t", "T")),
     seed: int = typer.Option(0, help="draws the needles' keys and the tuning windows"),
     corpus: str | None = typer.Option(
         None, help="evaluation text: a file, or python-reference (the default)"

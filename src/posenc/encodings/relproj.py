@@ -9,7 +9,7 @@ projections). The bias of query ``i`` on key ``j`` is
 with ``i − j`` counted in tokens of the sequence (cached ones included). Inkling's global layers also
 multiply the bias by the log temperature of their queries, ``1 + a · ln(max((i + 1) / n, 1))``
 (``log_scaling_alpha``, ``log_scaling_n_floor``: give the layer the same
-:class:`~posenc.layers.patterns.LogQueryTemperature`). Equal to HF ``InklingRelativeLogits`` (``r_proj``
+:class:`~posenc.layers.temperature.LogQueryTemperature`). Equal to HF ``InklingRelativeLogits`` (``r_proj``
 without bias, ``proj``) and to x-transformers ``RelativeProjPositionalBias`` (``bias=True``,
 ``distance_bank``), with copied weights.
 

@@ -24,7 +24,7 @@ name               what changes at evaluation                                   
 longest evaluated one, so the default factor stretches the trained positions over the evaluated
 ones. The RoPE variants set the scaling options of every layer whose encoding takes them (the
 registry's typed options decide, so M-RoPE takes them too) and replace any scaling it was trained
-with; the temperature is posenc's :class:`~posenc.layers.patterns.QueryTemperature` (Llama 4's form, with
+with; the temperature is posenc's :class:`~posenc.layers.temperature.QueryTemperature` (Llama 4's form, with
 ``floor_scale = T``), so it leaves every position below ``T`` unchanged and applies to any encoding.
 A variant that applies to none of an encoding's layers is refused before anything is written.
 """

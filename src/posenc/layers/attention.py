@@ -9,7 +9,6 @@ its position rules :mod:`posenc.layers.positions`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal, overload
 
 import torch
@@ -21,9 +20,10 @@ from ..cache.carried_keys import check_carrying_cache, input_transform, store_ca
 from ..cache.kv_cache import KVCache, KVCacheEntry, context_key, token_states_with_cache
 from ..encodings.base import Kind, LayerContext, PositionalEncoding, TokenStates
 from ..encodings.registry import build_for_layer
-from ..encodings.rope import register_rope_user
+from ..encodings.rope_pairing import register_rope_user
 from ..masks.attention_mask import AttentionMask
 from .inputs import (
+    AttentionInputs,
     check_attn_mask,
     check_devices,
     check_group_ids,
@@ -34,7 +34,7 @@ from .inputs import (
     check_scale,
     check_sizes,
 )
-from .patterns import LayerSpec, TemperatureForm, layer_temperature
+from .patterns import LayerSpec
 from .positions import (
     Step,
     checked_positions,
@@ -45,27 +45,9 @@ from .positions import (
     temperature_factors,
 )
 from .step import plan_for, run
+from .temperature import TemperatureForm, layer_temperature
 
-__all__ = ["AttentionInputs", "MultiheadAttention"]
-
-
-@dataclass
-class AttentionInputs:
-    """What one call attends with: ``q [B, H, Tq, D]``, ``k``/``v [B, Hkv, Tk, D]`` (the cached keys
-    first) and their positions, with what the mask and the backend read about the keys."""
-
-    q: Tensor
-    k: Tensor
-    v: Tensor
-    q_pos: Tensor
-    k_pos: Tensor
-    #: keys cached before this call's (self-attention; the causal mask's offset)
-    past: int = 0
-    padding: Tensor | None = None
-    documents: Tensor | None = None
-    states: TokenStates | None = None
-    #: this layer's self-attention entry as read before the call (None: none, or cross-attention)
-    entry: KVCacheEntry | None = None
+__all__ = ["AttentionInputs", "MultiheadAttention"]  # (AttentionInputs: posenc.layers.inputs)
 
 
 class MultiheadAttention(nn.Module):
@@ -93,12 +75,12 @@ class MultiheadAttention(nn.Module):
             ``s = q·k·scale`` becomes ``softcap * tanh(s / softcap)`` before the softmax (a BIAS
             encoding's bias and the masks are added after the cap); None (default) for none. Served
             by the eager, blocked, relative and flex backends, not by sdpa or the exact splits.
-        query_temperature: a :class:`~posenc.layers.patterns.QueryTemperature` (Llama 4's NoPE layers:
+        query_temperature: a :class:`~posenc.layers.temperature.QueryTemperature` (Llama 4's NoPE layers:
             queries at position ``p`` are scaled by ``log1p(floor((p + 1) / floor_scale)) *
-            attn_scale + 1``) or :class:`~posenc.layers.patterns.LogQueryTemperature` (Inkling's global
+            attn_scale + 1``) or :class:`~posenc.layers.temperature.LogQueryTemperature` (Inkling's global
             layers: ``1 + alpha * ln(max((p + 1) / n_floor, 1))``), applied after the encoding acts;
-            or :class:`~posenc.layers.patterns.LearnedLogTemperature` (Mistral Large 4: the layer builds
-            its own :class:`~posenc.layers.patterns.LogPositionQueryScaling`, per-head learned
+            or :class:`~posenc.layers.temperature.LearnedLogTemperature` (Mistral Large 4: the layer builds
+            its own :class:`~posenc.layers.temperature.LogPositionQueryScaling`, per-head learned
             ``s_h · ln(p + 1) + b_h``, parameters ``query_temperature.scale`` / ``.bias``).
         pattern: this layer's entry of a model's pattern (a :class:`~posenc.layers.patterns.LayerSpec`):
             its window, chunk, sinks, temperature, softcap and value_from_key, given instead of those six
@@ -126,7 +108,7 @@ class MultiheadAttention(nn.Module):
     reference path when the backend does not produce them).
     """
 
-    #: :func:`~posenc.encodings.rope.switch_rope_pairing_` may permute this layer's q/k projection
+    #: :func:`~posenc.encodings.rope_pairing.switch_rope_pairing_` may permute this layer's q/k projection
     #: rows (``q_proj``, ``k_proj``, ``num_heads``, ``num_kv_heads``, ``head_dim``, ``encoding``,
     #: ``qk_layout``); read by that function, so the encodings never import the layer.
     permutes_rope_channels = True

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import math
 import numbers
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from ..backends.parts.softcap import check_softcap
-from .patterns import LayerSpec, TemperatureForm
+from ..cache.kv_cache import KVCacheEntry
+from ..encodings.base import TokenStates
+from .patterns import LayerSpec
+from .temperature import TemperatureForm
 
 __all__ = [
+    "AttentionInputs",
     "check_attn_mask",
     "check_devices",
     "check_group_ids",
@@ -30,6 +35,25 @@ __all__ = [
     "check_sizes",
     "check_span",
 ]
+
+
+@dataclass
+class AttentionInputs:
+    """What one call attends with: ``q [B, H, Tq, D]``, ``k``/``v [B, Hkv, Tk, D]`` (the cached keys
+    first) and their positions, with what the mask and the backend read about the keys."""
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    q_pos: Tensor
+    k_pos: Tensor
+    #: keys cached before this call's (self-attention; the causal mask's offset)
+    past: int = 0
+    padding: Tensor | None = None
+    documents: Tensor | None = None
+    states: TokenStates | None = None
+    #: this layer's self-attention entry as read before the call (None: none, or cross-attention)
+    entry: KVCacheEntry | None = None
 
 
 def check_sizes(embed_dim: int, num_heads: int, num_kv_heads: int | None, head_dim: int | None = None) -> int:
@@ -130,7 +154,7 @@ def check_pattern(
         raise ValueError(f"value_from_key must be True or False (K = V, Gemma 4), got {value_from_key!r}")
     if query_temperature is not None and not isinstance(query_temperature, TemperatureForm):
         raise ValueError(
-            "query_temperature must be a posenc.layers.patterns.QueryTemperature (Llama 4), LogQueryTemperature "
+            "query_temperature must be a posenc.layers.temperature.QueryTemperature (Llama 4), LogQueryTemperature "
             f"(Inkling) or LearnedLogTemperature (Mistral Large 4), got {query_temperature!r}"
         )
     return window, chunk, sinks, query_temperature, check_softcap(softcap), value_from_key

@@ -51,12 +51,13 @@ from ..backends.run import attend
 from ..cache.kv_cache import CacheFullError, CacheStamp, TimeAxis, check_in_place_write
 from ..encodings.base import LayerContext, PositionalEncoding
 from ..encodings.registry import build, build_for_layer
-from ..encodings.rope import RoPE, register_rope_user
+from ..encodings.rope import RoPE
+from ..encodings.rope_pairing import register_rope_user
 from ..encodings.rope_scaling import RopeScaling
 from ..masks.attention_mask import AttentionMask
 from .inputs import check_scale
-from .patterns import TemperatureForm, layer_temperature
 from .positions import default_positions, padding_with_cache, temperature_factors
+from .temperature import TemperatureForm, layer_temperature
 
 __all__ = ["LatentCache", "MultiLatentAttention", "mla_softmax_scale"]
 
@@ -250,7 +251,7 @@ class MultiLatentAttention(nn.Module):
         scale: logit scale; default :func:`mla_softmax_scale` (HF's, YaRN mscale included).
         query_temperature: a position-dependent query scale applied to the whole query (content and
             rotary channels) after the rotation, as a :class:`~posenc.MultiheadAttention` takes it:
-            :class:`~posenc.layers.patterns.LearnedLogTemperature` is Mistral Large 4's learned
+            :class:`~posenc.layers.temperature.LearnedLogTemperature` is Mistral Large 4's learned
             ``s_h · ln(p + 1) + b_h`` (HF ``MistralLarge4TextSoftmaxScaling``; the layer's own
             ``query_temperature.scale`` / ``.bias``, HF's ``softmax_scaling.scale`` / ``.bias``).
         layer_idx: key of this layer's entry in a shared :class:`LatentCache`.

@@ -45,10 +45,10 @@ from ..encodings.base import Kind, LayerContext, PositionalEncoding, checks_valu
 from ..encodings.registry import build_for_layer, resolve
 from ..encodings.spec import Spec
 from .attention import MultiheadAttention
+from .generate import greedy
 from .kv_sharing import KVDonorAttention, KVSharedAttention, kv_donors, link_kv_sharing
 from .patterns import LayerSpec, layer_pattern, mark_kv_shared
 from .positions import embed_positions, step_positions
-from .step import compiled_next_logits, layer_problems, next_logits
 
 __all__ = ["TransformerBlock", "TransformerEncoder", "TransformerLM"]
 
@@ -479,104 +479,15 @@ class TransformerLM(_Stack):
         forward in fixed shapes (``KVCache.fixed_shapes()``: each token written at its slot of the
         preallocated cache, every slot attended, the unwritten ones masked), that forward under
         ``torch.compile(fullgraph=True)`` (:func:`~posenc.layers.step.compiled_next_logits`): the
-        first call compiles (about a minute on a small CPU), later calls reuse the graph, with
+        first call compiles (seconds for a small model, minutes for a deep one), later calls reuse the graph, with
         batch and length dynamic after the first change. The same tokens as the eager path. A model
         the fixed shapes cannot serve (windows, chunks, sinks, KV sharing, content encodings) is
         refused with the reasons and ``compiled=False`` to pass; past torch's recompile limit
         (many models in one process) it warns once and decodes the same steps eagerly.
         """
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        _check_prompt(prompt)
-        if not self.causal:
-            raise ValueError("generate needs a causal model (causal=True)")
-        if compiled and not use_cache:
-            raise ValueError("generate: compiled=True decodes over the cache; leave use_cache=True")
-        with torch.no_grad():
-            if compiled:
-                return self._greedy_compiled(prompt, max_new_tokens, eos_token)
-            return self._greedy(prompt, max_new_tokens, use_cache, eos_token)
-
-    def _greedy_compiled(self, prompt: Tensor, max_new_tokens: int, eos_token: int | None) -> Tensor:
-        if max_new_tokens == 0:
-            return prompt
-        was_training = self.training
-        self.eval()
-        try:
-            cache = KVCache(max_length=prompt.shape[1] + max_new_tokens)
-            token = self(prompt, cache=cache)[:, -1].argmax(dim=-1, keepdim=True)
-            new = [token]
-            finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-            self._check_fixed_shapes()
-            with cache.fixed_shapes():
-                for i in range(max_new_tokens - 1):
-                    if eos_token is not None:
-                        finished |= token[:, 0] == eos_token
-                        if bool(finished.all()):
-                            break
-                    # the first step runs eagerly: every check of the plan raises as posenc's own error
-                    logits = (
-                        next_logits(self, token, cache)
-                        if i == 0
-                        else compiled_next_logits(self, token, cache)
-                    )
-                    token = logits.argmax(dim=-1, keepdim=True)
-                    new.append(token)
-        finally:
-            self.train(was_training)
-        return torch.cat([prompt, *new], dim=1)
-
-    def _check_fixed_shapes(self) -> None:
-        """Refuse, with every reason, a model whose layers cannot decode in fixed shapes."""
-        problems = [
-            f"layer {i}: {problem}"
-            for i, block in enumerate(self.blocks)
-            for problem in layer_problems(block.attn, "slots")
-        ]
-        if problems:
-            raise ValueError(
-                "generate(compiled=True) decodes in fixed shapes, which this model's layers do not allow: "
-                + "; ".join(problems)
-                + "; pass compiled=False to decode it eagerly"
-            )
-
-    def _greedy(self, prompt: Tensor, max_new_tokens: int, use_cache: bool, eos_token: int | None) -> Tensor:
-        was_training = self.training
-        self.eval()
-        tokens = prompt
-        # Preallocated for the whole sequence: each step writes its keys in place (no concatenation).
-        cache = KVCache(max_length=prompt.shape[1] + max_new_tokens) if use_cache else None
-        step_input = prompt
-        finished = torch.zeros(prompt.shape[0], dtype=torch.bool, device=prompt.device)
-        try:
-            for _ in range(max_new_tokens):
-                logits = self(step_input, cache=cache) if use_cache else self(tokens)
-                next_token = logits[:, -1].argmax(dim=-1, keepdim=True)
-                tokens = torch.cat([tokens, next_token], dim=1)
-                step_input = next_token
-                if eos_token is not None:
-                    finished |= next_token[:, 0] == eos_token
-                    if bool(finished.all()):
-                        break
-        finally:
-            self.train(was_training)
-        return tokens
-
-
-def _check_prompt(prompt: object) -> None:
-    """``generate`` continues the last token of every row: ``prompt`` must be ``[B, T >= 1]`` ids."""
-    ok = isinstance(prompt, Tensor) and prompt.dim() == 2 and prompt.shape[1] >= 1
-    if ok and not prompt.dtype.is_floating_point and prompt.dtype != torch.bool:
-        return  # the ids' range is checked with the tokens of the first forward
-    if not isinstance(prompt, Tensor):
-        got, hint = type(prompt).__name__, "pass torch.tensor([[ids...]])"
-    elif prompt.dim() == 1:
-        got, hint = f"shape {tuple(prompt.shape)}", "for one sequence pass prompt[None] ([1, T])"
-    elif prompt.dim() == 2 and prompt.shape[1] == 0:
-        got, hint = f"shape {tuple(prompt.shape)}", "give every row at least one token (a BOS id)"
-    else:
-        got, hint = f"shape {tuple(prompt.shape)} {prompt.dtype}", "pass integer token ids [B, T]"
-    raise ValueError(f"generate: prompt must be integer token ids [B, T >= 1], got {got}; {hint}")
+        return greedy(
+            self, prompt, max_new_tokens, use_cache=use_cache, eos_token=eos_token, compiled=compiled
+        )
 
 
 class TransformerEncoder(_Stack):

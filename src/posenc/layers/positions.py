@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..encodings.base import PositionalEncoding, checks_values
 from ..kernels.position_ranges import arange_positions
-from .patterns import TemperatureForm
+from .temperature import TemperatureForm
 
 if TYPE_CHECKING:
     from ..cache.entry import KVCacheEntry
@@ -285,7 +285,7 @@ def prefix_lengths(prefix_len: int | Tensor, batch: int, k_len: int, device: tor
 
 def temperature_factors(temperature: TemperatureForm, positions: Tensor) -> Tensor:
     """Query scales ``[B|1, 1, T, 1]`` (float32) of ``temperature`` at ``positions [B|1, T]``
-    (:meth:`~posenc.layers.patterns.TemperatureForm.factors`)."""
+    (:meth:`~posenc.layers.temperature.TemperatureForm.factors`)."""
     return temperature.factors(positions)
 
 

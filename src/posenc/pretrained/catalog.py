@@ -43,7 +43,9 @@ __all__ = [
     "fetch_command",
     "model_path",
     "models_dir",
+    "publish_folder",
     "remove_dead_scratch",
+    "replace_folder",
     "writable_models_dir",
 ]
 
@@ -442,3 +444,30 @@ _ASSEMBLERS = {
     "zip-folder": _assemble_zip_folder,
     "ctranslate2": _assemble_ctranslate2,
 }
+
+
+def publish_folder(scratch: Path) -> None:
+    """Give the folder and its files the permissions a plain ``mkdir`` and ``open`` would (``mkdtemp``
+    makes the folder private, and HF writes its weights so too)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    scratch.chmod(0o777 & ~umask)
+    for path in scratch.iterdir():
+        path.chmod(0o666 & ~umask)
+
+
+def replace_folder(scratch: Path, out: Path) -> None:
+    """Rename ``scratch`` to ``out``; an ``out`` already there is moved aside first and removed after."""
+    publish_folder(scratch)
+    if not out.exists():
+        scratch.rename(out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
+    out.rename(aside / out.name)
+    try:
+        scratch.rename(out)
+    except OSError:
+        (aside / out.name).rename(out)  # put the old folder back
+        raise
+    finally:
+        shutil.rmtree(aside, ignore_errors=True)

@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from .catalog import OWNER_FILE, claim_scratch, remove_dead_scratch
+from .catalog import OWNER_FILE, claim_scratch, remove_dead_scratch, replace_folder
 
 __all__ = [
     "FORMAT_VERSION",
@@ -571,37 +571,8 @@ def convert_whisper(source: str | Path, out: str | Path, *, log: Callable[[str],
             chunk_length=config.max_source_positions * 2 * hop // rate,
         ).save_pretrained(scratch)
         (scratch / OWNER_FILE).unlink()  # the folder is the model's now, not a run's scratch
-        _replace(scratch, out)
+        replace_folder(scratch, out)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)
         raise
     say(f"whisper: converted in {time.perf_counter() - start:.1f} s -> {out}")
-
-
-def _publish(scratch: Path) -> None:
-    """Give the folder and its files the permissions a plain ``mkdir`` and ``open`` would (``mkdtemp``
-    makes the folder private, and HF writes its weights so too)."""
-    import os
-
-    umask = os.umask(0)
-    os.umask(umask)
-    scratch.chmod(0o777 & ~umask)
-    for path in scratch.iterdir():
-        path.chmod(0o666 & ~umask)
-
-
-def _replace(scratch: Path, out: Path) -> None:
-    """Rename ``scratch`` to ``out``; an ``out`` already there is moved aside first and removed after."""
-    _publish(scratch)
-    if not out.exists():
-        scratch.rename(out)
-        return
-    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}-old-", dir=out.parent))
-    out.rename(aside / out.name)
-    try:
-        scratch.rename(out)
-    except OSError:
-        (aside / out.name).rename(out)  # put the old folder back
-        raise
-    finally:
-        shutil.rmtree(aside, ignore_errors=True)

@@ -120,3 +120,14 @@ def test_a_hub_id_is_read_from_the_hf_cache_offline(model_dir, tmp_path):
     assert lines[1].startswith(
         "refused: model tiny-org/not-there: read as a hub id, but it is not in the HF cache"
     )
+
+
+def test_the_study_s_help_speaks_its_own_words():
+    """Its --tuning-windows and --dtype help named extrapolate's options (--hf-model, --eval-variants,
+    --eval-examples), which ``posenc study`` does not take."""
+    result = _invoke("study", "--help")
+    assert result.exit_code == 0
+    words = " ".join(result.output.split())
+    for foreign in ("--hf-model", "--eval-variants", "--eval-examples"):
+        assert foreign not in words, foreign
+    assert "--variants" in words and "--windows" in words

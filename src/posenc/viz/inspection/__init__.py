@@ -133,4 +133,4 @@ def write_inspection(inspection: Inspection, out: str | Path) -> Path:
     """Write the page of ``inspection`` into the folder ``out`` (see :mod:`.page`); returns the page."""
     from .page import write_folder
 
-    return write_folder(inspection, Path(out))
+    return write_folder(inspection, Path(out), FAMILIES)

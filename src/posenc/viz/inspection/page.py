@@ -15,6 +15,7 @@ import io
 import json
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -126,10 +127,9 @@ def _family_section(family, found: list, label: str, folder: Path) -> str:
     return "".join(parts)
 
 
-def render_page(inspection: Inspection, figures: Path) -> str:
-    """The HTML page of ``inspection``; its figures are also written into the folder ``figures``."""
-    from . import FAMILIES
-
+def render_page(inspection: Inspection, figures: Path, families: Sequence) -> str:
+    """The HTML page of ``inspection``; its figures are also written into the folder ``figures``.
+    ``families``: the family sections in the page's order (each with ``ID``, ``HEADING``, ...)."""
     view = inspection.view
     architectures = ", ".join(getattr(view.config, "architectures", None) or []) or "none named"
     title = html.escape(f"posenc inspect: {view.label}")
@@ -140,7 +140,7 @@ def render_page(inspection: Inspection, figures: Path) -> str:
         f"</section>"
         f'<section id="agreement"><h2>The config against the weights</h2>{_checks(inspection.checks)}</section>'
     )
-    for family in FAMILIES:
+    for family in families:
         found = inspection.findings.get(family.ID)
         if found:
             content = _family_section(family, found, view.label, figures)
@@ -169,9 +169,9 @@ def _check_target(out: Path) -> None:
         )
 
 
-def write_folder(inspection: Inspection, out: Path) -> Path:
+def write_folder(inspection: Inspection, out: Path, families: Sequence) -> Path:
     """Write ``index.html``, ``inspect.json`` and ``figures/`` into ``out`` all at once (a temporary
-    folder beside it, renamed); returns ``out/index.html``."""
+    folder beside it, renamed); returns ``out/index.html``. ``families``: as :func:`render_page`."""
     _check_target(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -183,7 +183,7 @@ def write_folder(inspection: Inspection, out: Path) -> Path:
     try:
         figures = scratch / "figures"
         figures.mkdir()
-        (scratch / "index.html").write_text(render_page(inspection, figures), encoding="utf-8")
+        (scratch / "index.html").write_text(render_page(inspection, figures, families), encoding="utf-8")
         text = json.dumps(inspection.numbers(), indent=1, default=str)
         (scratch / MARKER).write_text(text + "\n", encoding="utf-8")
         scratch.chmod(0o755)

@@ -17,7 +17,7 @@ Three tables, every case side by side with its baseline in this process, repeats
    ``attn_implementation`` eager, sdpa and posenc; and ``posenc.TransformerLM`` of the same sizes
    (RoPE, 4 kv heads, d_ff 1024) with its ``generate`` (preallocated cache). Tokens per second.
 
-    python -m posenc.benchmarks.bench_decode [--caches 256,4096] [--steps 64] [--repeats 5]
+    python -m posenc.benchmarks.decoding.bench_decode [--caches 256,4096] [--steps 64] [--repeats 5]
         [--prompt 64] [--new 64] [--tables layer,split,generate] [--no-compile] [--threads N]
 """
 
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 import posenc
 from posenc.benchmarks._harness import machine, markdown_table
-from posenc.benchmarks._hf_generate import STEP_HEADER, step_rows, time_steps
+from posenc.benchmarks.decoding._hf_generate import STEP_HEADER, step_rows, time_steps
 
 EMBED, HEADS = 256, 8
 HEAD_DIM = EMBED // HEADS

@@ -23,10 +23,10 @@ converted folder of ``gemma3-270m`` (``posenc models fetch gemma3-270m``, then o
 ``posenc.pretrained.loading.load``) or ``--gemma-model DIR``; absent, the table says so and is skipped.
 
 ``--tables smollm2`` (not run by default) times greedy ``generate`` of the trained SmolLM2-135M, HF
-sdpa against posenc, same tokens checked (:mod:`posenc.benchmarks._hf_generate`; ``--prompt`` and
+sdpa against posenc, same tokens checked (:mod:`posenc.benchmarks.decoding._hf_generate`; ``--prompt`` and
 ``--new`` tokens, ``--repeats`` interleaved).
 
-    python -m posenc.benchmarks.bench_hf [--sizes 2048,4096] [--window 512] [--documents 8] [--repeats 3]
+    python -m posenc.benchmarks.decoding.bench_hf [--sizes 2048,4096] [--window 512] [--documents 8] [--repeats 3]
         [--tables mistral,bloom,t5,gemma3,smollm2] [--threads N] [--gemma-sizes 4096,16384] [--gemma-repeats 1]
         [--prompt 64] [--new 32]
 """
@@ -53,7 +53,7 @@ from posenc.benchmarks._harness import (
     markdown_table,
     memory_cell,
 )
-from posenc.benchmarks._hf_generate import smollm2_table
+from posenc.benchmarks.decoding._hf_generate import smollm2_table
 
 HIDDEN, HEADS = 512, 8
 IMPLEMENTATIONS = ("eager", "sdpa", "posenc")

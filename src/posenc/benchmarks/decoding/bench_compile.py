@@ -18,7 +18,7 @@ prompt eagerly, then the model's own forward compiled on fixed-shape steps), aga
 the ``llama4`` HF model with sdpa, a static cache and ``torch.compile``; both checked to give their
 own eager path's tokens (different weights: not each other's).
 
-    python -m posenc.benchmarks.bench_compile [--models llama4,smollm2,gemma3,lm] [--prompt 64] [--new 48]
+    python -m posenc.benchmarks.decoding.bench_compile [--models llama4,smollm2,gemma3,lm] [--prompt 64] [--new 48]
         [--repeats 3] [--threads 1]
 """
 

@@ -24,10 +24,10 @@ under 8 minutes on one H100 with start-up). Five sections:
    tokens per second, and whether the tokens are the same.
 5. **Compiled HF generate**: the same Llama and prompt, each implementation's copy with its forward
    compiled (``torch.compile``) and a static cache (``cache_implementation="static"``), the fastest
-   HF generation: prefill and per-token times apart (:func:`posenc.benchmarks.bench_compile.measure`),
+   HF generation: prefill and per-token times apart (:func:`posenc.benchmarks.decoding.bench_compile.measure`),
    tokens/s against sdpa, the same tokens checked.
 
-    python -m posenc.benchmarks.bench_gpu [--device cuda] [--json gpu.json] [--budget 420] [--quick]
+    python -m posenc.benchmarks.gpu.bench_gpu [--device cuda] [--json gpu.json] [--budget 420] [--quick]
         [--encodings rope,t5] [--backends flex,sdpa] [--sections exactness,flex,rope,generate,compiled]
 
 On a CPU (``--device cpu``) every section runs the same code but the CUDA calls (synchronising the
@@ -50,10 +50,10 @@ from torch import Tensor
 
 import posenc
 from posenc.backends import NoBackendError, available_backends
-from posenc.benchmarks._gpu_exactness import HEAD_DIM, exactness, exactness_table
-from posenc.benchmarks._gpu_timing import Budget, interleaved_times, peak_mb, timed
 from posenc.benchmarks._harness import machine, markdown_table
-from posenc.benchmarks.bench_decode import generation_llama
+from posenc.benchmarks.decoding.bench_decode import generation_llama
+from posenc.benchmarks.gpu._gpu_exactness import HEAD_DIM, exactness, exactness_table
+from posenc.benchmarks.gpu._gpu_timing import Budget, interleaved_times, peak_mb, timed
 from posenc.examples import build_example
 
 SECTIONS = ("exactness", "flex", "rope", "generate", "compiled")
@@ -298,7 +298,7 @@ def generate_table(result: dict[str, Any]) -> str:
 
 def hf_compiled_generate(device: torch.device, new: int, repeats: int, budget: Budget) -> dict[str, Any]:
     """Section 5: the Llama of section 4 with a static cache and a compiled forward, sdpa against posenc."""
-    from posenc.benchmarks.bench_compile import measure
+    from posenc.benchmarks.decoding.bench_compile import measure
 
     if budget.spent():
         return {"note": "time budget spent"}

@@ -1,5 +1,5 @@
 """Section 1 of ``bench_gpu``: every registered encoding on every backend of the device and dtype,
-output and gradients against float64 eager on the CPU (see :mod:`posenc.benchmarks.bench_gpu`)."""
+output and gradients against float64 eager on the CPU (see :mod:`posenc.benchmarks.gpu.bench_gpu`)."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from torch import Tensor
 
 import posenc
 from posenc.backends import NoBackendError, available_backends
-from posenc.benchmarks._gpu_timing import Budget, gradients_error, relative_error
 from posenc.benchmarks._harness import markdown_table
+from posenc.benchmarks.gpu._gpu_timing import Budget, gradients_error, relative_error
 from posenc.examples import build_example
 
 __all__ = ["HEADS", "HEAD_DIM", "TOLERANCE", "Check", "exactness", "exactness_table"]
 
-#: Relative error allowed per dtype in the exactness section (see :mod:`posenc.benchmarks.bench_gpu`).
+#: Relative error allowed per dtype in the exactness section (see :mod:`posenc.benchmarks.gpu.bench_gpu`).
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 4e-2}
 HEADS, HEAD_DIM = 4, 64
 
