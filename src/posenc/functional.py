@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .encodings.alibi import alibi_slopes
 from .encodings.axial_rope import axial_rope_cos_sin
+from .encodings.clipped_rope import clip_inv_freq, clip_pairs_past
 from .encodings.comrope import (
     apply_block_rotation,
     apply_power_rotation,
@@ -79,6 +80,8 @@ __all__ = [
     "axial_rope_cos_sin",
     "block_rotations",
     "cayley_orthogonal",
+    "clip_inv_freq",
+    "clip_pairs_past",
     "comrope_generators",
     "convert_rope_pairing",
     "cope_interpolate",
