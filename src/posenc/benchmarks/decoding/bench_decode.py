@@ -150,7 +150,9 @@ def compiled_case(layer, prompt: torch.Tensor, xs: torch.Tensor, max_length: int
         cache.rewind(prompt.shape[1])
         return cache
 
-    return Case("posenc fixed shapes, compiled", setup, lambda c, i: compiled(xs[i], cache=c))
+    case = Case("posenc fixed shapes, compiled", setup, lambda c, i: compiled(xs[i], cache=c))
+    case.block = block  # held: a context manager's generator left to the collector would close the block
+    return case
 
 
 # ---------------------------------------------------------------------------- table 1
