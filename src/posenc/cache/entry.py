@@ -203,6 +203,8 @@ class KVCacheEntry(CacheStamp):
     # [B] int64: the real (unpadded) tokens among the evicted ones, once a padded key was evicted
     # (None: every evicted token was real); positions count the real tokens before each new one
     evicted_real: Tensor | None = None
+    # [B] int64: what KVCache.shift_keys added to the positions of every later token (None: nothing)
+    shift: Tensor | None = None
     token_state: Tensor | None = None  # [B, S, T]: an input-dependent bias's states of the keys (FoX)
     token_index: Tensor | None = None  # [T] int64: the keys' indices among all tokens seen
     finite: FiniteMark = field(default_factory=FiniteMark)  # set once every stored k and v is seen finite

@@ -309,6 +309,7 @@ class KVCache:
             stored.evicted = 0 if entry is None else entry.evicted
         stored.padding, stored.document_ids = padding, document_ids
         stored.evicted_real = None if entry is None else entry.evicted_real
+        stored.shift = None if entry is None else entry.shift
         if states is not None:
             stored.token_state, stored.token_index = states.k, states.k_index
         # A full buffer kept only the window's keys (k holds every key): the rest leave with them.
@@ -368,6 +369,21 @@ class KVCache:
     def _check_in_place(self, entry: KVCacheEntry | None, k: Tensor, v: Tensor) -> None:
         held = None if entry is None or entry.axes is None else entry.k
         check_in_place_write(f"KVCache(max_length={self.max_length})", "KVCache()", "keys", held, k, v)
+
+    def shift_keys(self, layer: CacheWriter, delta: int | Tensor, *, start: int = 0) -> None:
+        """Move ``layer``'s cached keys from slot ``start`` on to their positions plus ``delta`` (an int,
+        or ``[B]`` int64 per sequence), and every later token's default position with them: context
+        shifting and a prefix reused at another offset (:func:`posenc.cache.shift.shift_keys`)."""
+        from .shift import shift_keys  # (the shift reads the encoding's rotation; kept beside the cache)
+
+        if self._slots:
+            raise ValueError("KVCache.shift_keys inside fixed_shapes(): leave the with-block first")
+        if self.streaming:
+            raise ValueError(
+                "KVCache.shift_keys: a streaming KVCache (recent_tokens=...) assigns positions inside the "
+                "cache at every step; there is nothing to shift"
+            )
+        shift_keys(self, layer, delta, start=start)
 
     def checked_keys(
         self, layer_idx: int, previous: KVCacheEntry | None, *, cross: bool

@@ -197,6 +197,9 @@ class PositionalEncoding(nn.Module):
       :class:`BiasEncoding` for a class that declares :meth:`BiasEncoding.input_bias` (FoX), and by
       :class:`ContentEncoding` for one that declares :meth:`ContentEncoding.input_transform` (PaTH),
       read by the layer, the cache and the request before any backend runs.
+    * ``shifts_by_rotation``: True when the rotation of a position composes, ``R(p + Δ) = R(Δ) R(p)``,
+      so cached rotated keys move to new positions by rotating them by ``Δ`` alone
+      (``KVCache.shift_keys``; RoPE with fixed frequencies).
     * ``example_options``: options for the contract tests' small layer (head size 16).
     * ``option_ranges``: the documented range of each numeric option, checked at build time.
     * ``layer_sizes`` / :meth:`layer_defaults`: the options a layer supplies (:class:`LayerContext`).
@@ -222,6 +225,7 @@ class PositionalEncoding(nn.Module):
     #: Why this encoding takes whole positions only (shown when real-valued ones are refused).
     integer_positions_reason: ClassVar[str] = ""
     self_attention_only: ClassVar[bool] = False
+    shifts_by_rotation: ClassVar[bool] = False
     #: True when the bias depends on the layer input, not on positions alone: derived from a BIAS
     #: class's :meth:`BiasEncoding.input_bias` declaration (FoX) or a CONTENT class's
     #: :meth:`ContentEncoding.input_transform` (PaTH), never set by hand.

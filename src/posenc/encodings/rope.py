@@ -254,6 +254,7 @@ class RoPE(RotaryEncoding):
     option_groups = {"scaling": scaling_group(RopeScaling.OPTIONS)}
     derived_buffers = ("tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True
+    shifts_by_rotation = True  # fixed frequencies: R(p + Δ) = R(Δ) R(p) (not for dynamic or longrope)
 
     def __init__(
         self,

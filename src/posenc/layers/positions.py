@@ -141,6 +141,8 @@ def read_step(
     padding = padding_with_cache(key_padding_mask, (past, entry.padding), batch, q_len, evicted)
     docs = documents_with_cache(document_ids, (past, entry.document_ids), batch, q_len, device)
     positions = self_attention_positions(q_len, past, evicted, padding, docs, device, entry.evicted_real)
+    if entry.shift is not None:  # KVCache.shift_keys moved the keys, and the tokens after them
+        positions = positions + entry.shift[:, None]
     return Step(past, padding, docs, positions)
 
 

@@ -358,6 +358,7 @@ def _decode_step(layer: Projections, x: Tensor, positions: Tensor | None, cache:
         or entry.document_ids is not None
         or entry.evicted_real is not None
         or entry.token_state is not None
+        or entry.shift is not None
     ):
         return None
     encoding = layer.encoding
