@@ -406,7 +406,7 @@ class MultiheadAttention(nn.Module):
         :attr:`last_backend`); the cache says how many of the keys it already knows finite."""
         q = inputs.q
         if self.query_temperature is not None:
-            q = q * temperature_factors(self.query_temperature, inputs.q_pos).to(q.dtype)
+            q = q * self._query_scale(inputs, mask).to(q.dtype)
         known, mark = (
             (0, None) if cache is None else cache.checked_keys(self.layer_idx, inputs.entry, cross=cross)
         )
@@ -431,6 +431,13 @@ class MultiheadAttention(nn.Module):
         )
         self.__dict__["last_backend"] = name  # a plain attribute: nn.Module's __setattr__ costs a step 1%
         return out, weights
+
+    def _query_scale(self, inputs: AttentionInputs, mask: AttentionMask) -> Tensor:
+        """The query temperature's scale ``[B|1, 1|H, Tq, 1]``: of the queries' positions, or, for SSMax,
+        of the number of keys each query sees (counted from ``mask``)."""
+        if self.query_temperature.reads_visible_keys:
+            return self.query_temperature.factors_from_counts(mask.visible_keys())
+        return temperature_factors(self.query_temperature, inputs.q_pos)
 
     def _check_context(
         self,

@@ -298,6 +298,11 @@ class MultiLatentAttention(nn.Module):
         dtype: torch.dtype | None = None,
     ) -> None:
         super().__init__()
+        if getattr(query_temperature, "reads_visible_keys", False):
+            raise ValueError(
+                "MultiLatentAttention: query_temperature SSMax (counted from the mask) is served by "
+                "posenc.MultiheadAttention; give this layer a position-dependent form"
+            )
         if query_temperature is not None and not isinstance(query_temperature, TemperatureForm):
             raise ValueError(
                 "MultiLatentAttention: query_temperature must be a posenc.layers.patterns TemperatureForm "

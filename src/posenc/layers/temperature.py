@@ -19,7 +19,9 @@ __all__ = [
     "LogPositionQueryScaling",
     "LogQueryTemperature",
     "QueryTemperature",
+    "SSMaxTemperature",
     "TemperatureForm",
+    "VisibleKeysScaling",
     "layer_temperature",
 ]
 
@@ -27,11 +29,22 @@ __all__ = [
 class TemperatureForm:
     """A position-dependent query scale (a layer's ``query_temperature``): queries at position ``p``
     are multiplied by :meth:`factors` after the encoding acts. Llama 4's floored form is
-    :class:`QueryTemperature`, Inkling's continuous one :class:`LogQueryTemperature`."""
+    :class:`QueryTemperature`, Inkling's continuous one :class:`LogQueryTemperature`.
+
+    A form that sets :attr:`reads_visible_keys` (SSMax) scales each query by the number of keys it
+    attends to, which the layer counts from the call's mask (:meth:`factors_from_counts`)."""
+
+    #: True when the scale reads the number of keys each query sees, not its position.
+    reads_visible_keys: bool = False
 
     def factors(self, positions: Tensor) -> Tensor:
         """The scale of each query: ``positions [B|1, T]`` (integers) -> ``[B|1, 1, T, 1]`` float32
         (``[B|1, H, T, 1]`` for a per-head form)."""
+        raise NotImplementedError
+
+    def factors_from_counts(self, counts: Tensor) -> Tensor:
+        """The scale of each query from the number of keys it sees, ``counts [B|1, H|1, T]`` ->
+        ``[B|1, H, T, 1]`` (forms that set :attr:`reads_visible_keys`)."""
         raise NotImplementedError
 
     def for_layer(self, num_heads: int, *, device=None, dtype=None) -> TemperatureForm:
@@ -183,6 +196,78 @@ class LearnedLogTemperature(TemperatureForm):
     def factors(self, positions: Tensor) -> Tensor:
         """The untrained scale, 1 at every position (``[B|1, 1, T, 1]``); a layer uses its module's."""
         return torch.ones(*positions.shape, dtype=torch.float32, device=positions.device)[:, None, :, None]
+
+
+class VisibleKeysScaling(nn.Module, TemperatureForm):
+    """Scalable-Softmax (SSMax, Nakanishi 2025, arXiv 2501.19399) as a query scale: each query's logits
+    are multiplied by ``s_h · ln n + b_h``, where ``n`` is the number of keys the query attends to (the
+    keys its mask lets through: ``p + 1`` under a causal mask, counted from each packed document's
+    start, ``min(p + 1, W)`` in a window, the real keys of a padded row), and ``s_h`` (and ``b_h``,
+    with ``bias``) are learned per head. The paper's form without the bias; axolotl's
+    ``scaled_softmax_attn`` (``score · (s · log n + b)``) and OLMo-core's with it.
+
+    Parameters: :attr:`scale` ``[H]`` (initialised to ``scale_init``, the paper's 0.43 by default) and,
+    with ``bias``, :attr:`bias` ``[H]`` (zeros). A layer builds it from :class:`SSMaxTemperature`."""
+
+    reads_visible_keys = True
+
+    def __init__(
+        self, num_heads: int, scale_init: float = 0.43, bias: bool = False, *, device=None, dtype=None
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = nn.Parameter(torch.full((num_heads,), float(scale_init), device=device, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(num_heads, device=device, dtype=dtype)) if bias else None
+        self._declaration = SSMaxTemperature(scale_init, bias)
+
+    def factors(self, positions: Tensor) -> Tensor:
+        raise ValueError(
+            "SSMax scales by the number of keys each query sees, which the layer counts from its mask "
+            "(factors_from_counts); it has no scale by position alone"
+        )
+
+    def factors_from_counts(self, counts: Tensor) -> Tensor:
+        """``s_h · ln n + b_h`` as ``[B|1, H, T, 1]`` for ``counts [B|1, H|1, T]`` (float32, or float64
+        for a float64 module). A query that sees no key gets 0 (its row is empty anyway)."""
+        dtype = torch.promote_types(self.scale.dtype, torch.float32)
+        log_n = torch.log(counts.to(dtype).clamp_min(1.0))
+        scale = self.scale.to(device=counts.device, dtype=dtype)[None, :, None]
+        out = scale * log_n
+        if self.bias is not None:
+            out = out + self.bias.to(device=counts.device, dtype=dtype)[None, :, None]
+        return out[..., None]
+
+    def declared(self) -> TemperatureForm:
+        return self._declaration
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}, bias={self.bias is not None}"
+
+
+@dataclass(frozen=True)
+class SSMaxTemperature(TemperatureForm):
+    """The declaration of SSMax (:class:`VisibleKeysScaling`): each layer that takes it builds its own
+    module for its number of heads, ``s_h = scale_init`` and, with ``bias``, ``b_h = 0``."""
+
+    scale_init: float = 0.43
+    bias: bool = False
+    reads_visible_keys = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.scale_init, bool) or not isinstance(self.scale_init, (int, float)):
+            raise ValueError(f"SSMaxTemperature: scale_init must be a number, got {self.scale_init!r}")
+        if not math.isfinite(self.scale_init):
+            raise ValueError(f"SSMaxTemperature: scale_init must be finite, got {self.scale_init}")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"SSMaxTemperature: bias must be True or False, got {self.bias!r}")
+
+    def for_layer(self, num_heads: int, *, device=None, dtype=None) -> TemperatureForm:
+        return VisibleKeysScaling(num_heads, self.scale_init, self.bias, device=device, dtype=dtype)
+
+    def factors_from_counts(self, counts: Tensor) -> Tensor:
+        return VisibleKeysScaling(1, self.scale_init, self.bias, device=counts.device).factors_from_counts(
+            counts
+        )
 
 
 def layer_temperature(

@@ -253,6 +253,22 @@ class AttentionMask:
             self._memo["dense"] = self.rows(0, self.q_len)
         return self._memo["dense"]
 
+    def visible_keys(self, block: int = 512) -> Tensor:
+        """``[B|1, H|1, Tq]`` int64: how many keys each query may attend to (a user's float mask hides
+        none: its values are finite), counted ``block`` query rows at a time (memory ``O(block · Tk)``)."""
+        counts = []
+        for i0 in range(0, self.q_len, block):
+            i1 = min(i0 + block, self.q_len)
+            allowed = self.rows(i0, i1)
+            if allowed is None:
+                counts.append(torch.full((1, 1, i1 - i0), self.k_len, dtype=torch.int64, device=self.device))
+            else:
+                counts.append(allowed.sum(dim=-1, dtype=torch.int64))
+        if not counts:
+            return torch.zeros(1, 1, 0, dtype=torch.int64, device=self.device)
+        shape = torch.broadcast_shapes(*(c.shape[:2] for c in counts))
+        return torch.cat([c.expand(*shape, -1) for c in counts], dim=-1)
+
     def additive_rows(self, i0: int, i1: int, k0: int = 0, k1: int | None = None) -> Tensor | None:
         """The user's float mask for rows ``i0:i1`` and keys ``k0:k1``, or None."""
         if self.additive is None:
