@@ -56,6 +56,7 @@ from .encodings.shaw import shaw_relative_index, shaw_relative_logits, shaw_rela
 from .encodings.sinusoidal import sinusoidal
 from .encodings.sinusoidal2d import grid_row_col, sinusoidal_2d
 from .encodings.string_rope import apply_string, cayley_orthogonal, string_init_freqs
+from .encodings.string_shift import string_shift_position_maps
 from .encodings.t5 import t5_bucket
 from .encodings.vit_rope import (
     dinov3_augment_coords,
@@ -143,6 +144,7 @@ __all__ = [
     "skew_exp",
     "skew_part",
     "string_init_freqs",
+    "string_shift_position_maps",
     "t5_bucket",
     "videorope_grid_ids",
     "videorope_position_ids",

@@ -22,6 +22,7 @@ from posenc.experiments.study import hf_study  # noqa: E402
 from posenc.experiments.study.hf_methods import (  # noqa: E402
     METHODS,
     apply_variant,
+    default_options,
     method_parameters,
     parse_variants,
 )
@@ -109,7 +110,7 @@ def test_a_method_item_keeps_its_comma_separated_options():
         "dca",
         "rerope:window=3",
     ]
-    assert set(METHODS) == {"self_extend", "rerope", "leaky_rerope", "dca"}
+    assert set(METHODS) == {"self_extend", "rerope", "leaky_rerope", "string_shift", "dca"}
 
 
 # ---------------------------------------------------------------------------- on the model
@@ -158,6 +159,24 @@ def test_a_method_is_the_encoding_swapped_in_with_the_models_base_and_undone_aft
     )
     apply_variant(model, None, original)
     torch.testing.assert_close(_logits(model, ids), want, rtol=0, atol=0)
+
+
+def test_string_shift_is_swapped_in_with_its_defaults_from_the_context():
+    """At c = 64, E = 150: window min(128, 64/8) = 8, shift max(0.33·150, 150 - 64 + 8) = 94."""
+    import posenc.hf
+
+    ids = torch.randint(0, 420, (1, 150), generator=torch.Generator().manual_seed(2))
+    model = _tiny()
+    original = dict(model.config.rope_parameters)
+    want = _logits(model, ids)
+    entry = method_parameters("string_shift", model.config, CONTEXT, 150)
+    assert entry["options"] == {"window": 8, "shift": 94}
+    apply_variant(model, entry, original)
+    reference = posenc.hf.swap_encoding(_tiny(), f"string_shift:shift=94,window=8,base={THETA}")
+    got = _logits(model, ids)
+    torch.testing.assert_close(got, _logits(reference, ids), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(got[:, :94], want[:, :94], rtol=1e-7, atol=1e-7)  # no pair past the shift yet
+    assert (got[:, 94:] - want[:, 94:]).abs().max() > 1e-4
 
 
 def test_the_study_runs_a_method_row_beside_the_model(model_dir, corpus, tmp_path):
@@ -354,6 +373,17 @@ def test_a_method_setting_that_moves_no_position_is_refused_by_its_option(item, 
 def test_an_unknown_variant_lists_every_scaling_and_every_method():
     with pytest.raises(
         ValueError,
-        match=r"'longrope'.*none, linear, ntk, dynamic, yarn.*self_extend, rerope, leaky_rerope, dca",
+        match=r"'longrope'.*none, linear, ntk, dynamic, yarn.*self_extend, rerope, leaky_rerope, string_shift, dca",
     ):
         parse_variants("none,longrope")
+
+
+def test_string_shift_s_defaults_keep_every_relative_position_inside_the_context():
+    """The reference's 0.33 of the length and local window 128, or a larger shift when the largest
+    relative position ``E - 1 - S + W`` would pass the context."""
+    assert default_options("string_shift", 8192, 16384, {}) == {"window": 128, "shift": 8320}
+    assert default_options("string_shift", 8192, 8192, {}) == {"window": 128, "shift": 2703}
+    options = default_options("string_shift", 64, 128, {})
+    assert 128 - 1 - options["shift"] + options["window"] <= 64 - 1
+    with pytest.raises(ValueError, match="plain RoPE"):
+        default_options("string_shift", 64, 128, {"shift": 8, "window": 8})

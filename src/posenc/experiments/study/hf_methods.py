@@ -96,6 +96,16 @@ def _leaky_rerope(context: int, eval_len: int, given: dict[str, Any]) -> dict[st
     return {"window": window, "leaky_factor": max(1, math.ceil((eval_len - window) / (context - window)))}
 
 
+def _string_shift(context: int, eval_len: int, given: dict[str, Any]) -> dict[str, Any]:
+    window = given.get("window", min(128, context // 8))
+    # the reference's 0.33 of the length, or more: the largest relative position E - 1 - S + W
+    # stays inside the context
+    shift = given.get("shift", max(int(0.33 * eval_len), eval_len - context + window))
+    if shift == window:
+        raise ValueError(f"shift={shift} equals window: every pair keeps RoPE's positions (plain RoPE)")
+    return {"window": window, "shift": shift}
+
+
 def _dca(context: int, eval_len: int, given: dict[str, Any]) -> dict[str, Any]:
     return {
         "chunk_size": given.get("chunk_size", 3 * context // 4),
@@ -136,6 +146,13 @@ METHODS: dict[str, Method] = {
         ("window",),
         "window c/2, leaky_factor the smallest whole k with w + (E - w)/k <= c",
         {"leaky_factor": 1.0},
+    ),
+    "string_shift": Method(
+        "string_shift",
+        {"shift": int, "window": int, "log_scale_length": int},
+        _string_shift,
+        ("shift",),
+        "window min(128, c/8), shift max(0.33 E, E - c + window)",
     ),
     "dca": Method(
         "dca",
