@@ -104,6 +104,8 @@ COMPILED = {
     "llama-alibi": lambda: _swapped("llama", "alibi"),
     "llama-yarn": lambda: _swapped("llama", SPECS[0]),
     "gemma3-hybrid": lambda: _model("gemma3"),  # sliding and global layers, HF's static hybrid cache
+    # tt-xla 3688 (reported 2026): a window cache recompiled on every decode step of compiled generation
+    "tt_xla_3688-mistral-sliding-window": lambda: _model("mistral"),
 }
 
 

@@ -7,6 +7,9 @@ named after it, each against a reference that does not share the code under test
 - cactus 688: half-precision angles at position 100,000 and beyond.
 - Soup 793: a RoPE scaling set after the model is loaded.
 - pie 603: partial RoPE's frequencies taken from the head size instead of the rotary width.
+- tt-xla 3688: a window cache recompiling every decode step of compiled HF generation: in
+  ``tests/hf/test_static_cache.py`` (``test_compiled_static_generation_traces_once``, the case
+  ``tt_xla_3688-mistral-sliding-window``: a second compiled ``generate`` traces nothing).
 """
 
 from __future__ import annotations
