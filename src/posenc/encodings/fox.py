@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .base import BiasEncoding, InputBias, TokenStates
-from .registry import at_least, greater_than, register
+from .registry import Range, at_least, greater_than, register
 
 __functional__ = ["fox_bias", "fox_bias_at", "fox_states"]
 
@@ -98,7 +98,14 @@ class FoX(BiasEncoding):
     """Forgetting Transformer (Lin et al. 2025): per-head forget gates from the input, bias c_i - c_j."""
 
     layer_sizes = ("num_heads", "dim")
-    option_ranges = {"num_heads": at_least(1), "dim": at_least(1), "post_log_scale": greater_than(0)}
+    option_ranges = {
+        "num_heads": at_least(1),
+        "dim": at_least(1),
+        "post_log_scale": greater_than(0),
+        "bias_init": Range(
+            low=-1e4, high=1e4
+        ),  # a gate logit: sigmoid saturates long before, float32 overflows past
+    }
     shift_invariant = True
     self_attention_only = True
     noncausal_options = {"mode": "bidirectional"}

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .base import BiasEncoding
-from .registry import at_least, register
+from .base import BiasEncoding, check_table_size
+from .registry import Range, at_least, register
 
 __functional__ = ["log_distance"]
 
@@ -67,7 +67,7 @@ class MLPBias(BiasEncoding):
         "num_heads": at_least(1),
         "dim": at_least(1),
         "hidden_dim": at_least(1),
-        "depth": at_least(1),
+        "depth": Range(low=1, high=64),  # each depth is a module: 100,000 of them took minutes to build
     }
     shift_invariant = True
 
@@ -88,6 +88,7 @@ class MLPBias(BiasEncoding):
         hidden = hidden_dim if hidden_dim is not None else dim // 4
         if hidden <= 0:
             raise ValueError(f"mlp_bias: hidden_dim must be positive, got hidden_dim={hidden} (dim={dim})")
+        check_table_size("mlp_bias", "hidden_dim", hidden, hidden * hidden * max(depth - 1, 1))
         self.num_heads, self.hidden_dim, self.depth = num_heads, hidden, depth
         self.log_distance, self.norm = log_distance, norm
         self.linears = nn.ModuleList(

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from ..kernels.rope import RotaryTables
 from .base import RotaryEncoding
-from .registry import at_least, greater_than, register
+from .registry import Range, at_least, greater_than, register
 from .rope import apply_cos_sin
 
 __functional__ = [
@@ -241,7 +241,7 @@ class DINOv3RoPE(RotaryEncoding):
         "grid_height": at_least(1),
         "base": greater_than(1),
         "prefix_tokens": at_least(0),
-        "shift": at_least(0),
+        "shift": Range(low=0, high=1e4),  # coordinates live in [-1, 1]; past float32's range the draw failed
         "jitter": at_least(1),
         "rescale": at_least(1),
     }

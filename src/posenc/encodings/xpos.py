@@ -32,7 +32,7 @@ from torch import Tensor
 
 from ..kernels.rope import RotaryTables
 from .base import RotaryEncoding
-from .registry import at_least, greater_than, register
+from .registry import Range, at_least, greater_than, register
 from .rope import apply_cos_sin, check_pairing, rope_cos_sin, rope_inv_freq
 
 __functional__ = ["xpos_zeta", "apply_xpos"]
@@ -101,8 +101,10 @@ class XPos(RotaryEncoding):
     option_ranges = {
         "head_dim": at_least(2),
         "base": greater_than(1),
-        "scale_base": greater_than(0),
-        "gamma": greater_than(0),
+        # upper bounds where the scale still computes: a larger B or γ overflowed the exponent or
+        # divided by zero instead of naming the option (the option fuzzer's finds)
+        "scale_base": Range(low=0, high=1e9, low_inclusive=False),
+        "gamma": Range(low=0, high=1e3, low_inclusive=False),
     }
     derived_buffers = ("zeta", "tables.inv_freq", "tables.cos", "tables.sin")
     shift_invariant = True

@@ -1,0 +1,68 @@
+"""A fuzzer over every registered encoding's declared options (issue 62 item 8): spec strings with one
+option set to a value drawn from in-range numbers, edges, out-of-range numbers, wrong types, nan,
+inf and huge values, built into a layer and run once. Each either works or fails with a
+``ValueError``/``TypeError`` that names the option (or the encoding): never another exception, and
+never a table or module so large it takes minutes.
+
+The values it found, kept below as regression cases: xPos's ``gamma`` and ``scale_base`` at 1e30 and
+1e308 (a division by zero, an overflow, a nan cast to int), FoX's ``bias_init`` at 1e308 (a float32
+overflow), DINOv3's ``shift`` at 1e308 (a random draw out of range), ``mlp_bias``'s ``hidden_dim``
+at 100,000 (an allocation of 40 GB) and ``depth`` at 100,000 (minutes of modules).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import posenc
+from posenc.encodings.registry import get_class, options
+
+NAMES = posenc.available()
+TEXT_VALUES = ["nan", "inf", "-inf", "1e308", "-1e308", "1e30", "0", "-1", "1", "2", "0.5", "-0.5",
+               "abc", "true", "none", "[1,2]", "1.5", "100000", "-100000", "7", "16", "33"]  # fmt: skip
+VALUES = st.one_of(st.sampled_from(TEXT_VALUES), st.integers(-5, 40).map(str))
+
+
+def _spec(name: str, option: str, value: str) -> str:
+    given = {**get_class(name).example_options, option: value}
+    return name + ":" + ",".join(f"{k}={v}" for k, v in given.items())
+
+
+def _works_or_names_the_option(name: str, option: str, value: str) -> None:
+    spec = _spec(name, option, value)
+    try:
+        layer = posenc.MultiheadAttention(32, 2, spec, causal=True)
+        with torch.no_grad():
+            layer(torch.randn(1, 5, 32))
+    except (ValueError, TypeError) as error:
+        assert option in str(error) or name in str(error), f"{spec}: {error}"
+    except Exception as error:  # the point: no other exception may escape
+        raise AssertionError(f"{spec}: {type(error).__name__}: {error}") from error
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(NAMES), data=st.data())
+def test_every_option_value_works_or_is_refused_by_name(name, data):
+    declared = [option for option in options(name) if option != "head_dim"]
+    if declared:
+        _works_or_names_the_option(name, data.draw(st.sampled_from(declared)), data.draw(VALUES))
+
+
+@pytest.mark.parametrize(
+    ("name", "option", "value"),
+    [
+        ("xpos", "gamma", "1e30"),
+        ("xpos", "gamma", "1e308"),
+        ("xpos", "scale_base", "1e308"),
+        ("fox", "bias_init", "1e308"),
+        ("dinov3_rope", "shift", "1e308"),
+        ("mlp_bias", "hidden_dim", "100000"),
+        ("mlp_bias", "depth", "100000"),
+    ],
+)
+def test_what_the_fuzzer_found_is_refused_by_name(name, option, value):
+    with pytest.raises(ValueError, match=option):
+        posenc.MultiheadAttention(32, 2, _spec(name, option, value), causal=True)
