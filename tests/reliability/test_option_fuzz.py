@@ -66,3 +66,62 @@ def test_every_option_value_works_or_is_refused_by_name(name, data):
 def test_what_the_fuzzer_found_is_refused_by_name(name, option, value):
     with pytest.raises(ValueError, match=option):
         posenc.MultiheadAttention(32, 2, _spec(name, option, value), causal=True)
+
+
+# ---------------------------------------------------------------------------- the CLI's options
+class _Checked(Exception):
+    """Raised where ``posenc extrapolate`` would start training: every check has passed."""
+
+
+def _extrapolate_options() -> list[str]:
+    """``posenc extrapolate``'s options that take a value, but the folder, the model study and presets."""
+    import typer.main
+
+    from posenc.cli.app import app, load_command_modules
+
+    load_command_modules()
+    command = typer.main.get_command(app).commands["extrapolate"]
+    skip = {"--out", "--hf-model", "--preset", "--shard", "--device", "--workers"}
+    return [
+        param.opts[0]
+        for param in command.params
+        if param.opts and param.opts[0].startswith("--") and not param.is_flag and param.opts[0] not in skip
+    ]
+
+
+EXTRAPOLATE = _extrapolate_options()
+
+
+@settings(max_examples=120, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(option=st.sampled_from(EXTRAPOLATE), value=VALUES)
+def test_every_extrapolate_option_works_or_exits_2_naming_it(
+    option, value, tmp_path_factory, monkeypatch_module
+):
+    """Run to the point where training would start (``plan_runs`` replaced): the command's checks
+    either pass or end in exit 2 with a message that names the option, never a traceback."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    out = tmp_path_factory.mktemp("fuzz")
+    result = CliRunner().invoke(app, ["extrapolate", "--out", str(out), "--no-progress", option, value])
+    if isinstance(result.exception, _Checked):
+        return
+    words = " ".join(result.output.split())
+    name = option.lstrip("-")
+    assert result.exit_code == 2, f"{option} {value}: exit {result.exit_code}, {result.exception!r}\n{words}"
+    assert option in words or name in words or name.replace("-", "_") in words, f"{option} {value}: {words}"
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    import posenc.experiments.runner as runner
+
+    patch = pytest.MonkeyPatch()
+
+    def checked(*args, **kwargs):
+        raise _Checked
+
+    patch.setattr(runner, "plan_runs", checked)
+    yield patch
+    patch.undo()
