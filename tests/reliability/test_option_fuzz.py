@@ -81,7 +81,15 @@ def _extrapolate_options() -> list[str]:
 
     load_command_modules()
     command = typer.main.get_command(app).commands["extrapolate"]
-    skip = {"--out", "--hf-model", "--preset", "--shard", "--device", "--workers"}
+    skip = {
+        "--out",
+        "--hf-model",
+        "--preset",
+        "--shard",
+        "--device",
+        "--workers",
+        "--threads",
+    }  # (threads: process-wide)
     return [
         param.opts[0]
         for param in command.params
@@ -125,3 +133,67 @@ def monkeypatch_module():
     patch.setattr(runner, "plan_runs", checked)
     yield patch
     patch.undo()
+
+
+def _study_options() -> list[str]:
+    import typer.main
+
+    from posenc.cli.app import app, load_command_modules
+
+    load_command_modules()
+    command = typer.main.get_command(app).commands["study"]
+    skip = {"--out", "--shard", "--device", "--corpus", "--threads"}  # (threads: process-wide)
+    return [
+        param.opts[0]
+        for param in command.params
+        if param.opts and param.opts[0].startswith("--") and not param.is_flag and param.opts[0] not in skip
+    ]
+
+
+STUDY = _study_options()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    pytest.importorskip("transformers")
+    pytest.importorskip("tokenizers")
+    from _tiny_hf import save_tiny_llama
+
+    return save_tiny_llama(tmp_path_factory.mktemp("hf") / "tiny-llama", 64)
+
+
+@pytest.fixture(scope="module")
+def study_stopped_at_the_weights():
+    import posenc.experiments.study.hf_study as hf_study
+
+    patch = pytest.MonkeyPatch()
+
+    def checked(*args, **kwargs):
+        raise _Checked
+
+    patch.setattr(hf_study, "load_model", checked)
+    yield patch
+    patch.undo()
+
+
+@pytest.mark.hf
+@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(option=st.sampled_from(STUDY), value=VALUES)
+def test_every_study_option_works_or_exits_2_naming_it(
+    option, value, tiny_model, tmp_path_factory, study_stopped_at_the_weights
+):
+    """``posenc study`` on a tiny model, run to where the weights would load: the checks pass, or the
+    command exits 2 with a message naming the option in its own words."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    out = tmp_path_factory.mktemp("fuzz-study")
+    args = ["study", str(tiny_model), "--out", str(out), "--no-progress", option, value]
+    result = CliRunner().invoke(app, args)
+    if isinstance(result.exception, _Checked):
+        return
+    words = " ".join(result.output.split())
+    name = option.lstrip("-")
+    assert result.exit_code == 2, f"{option} {value}: exit {result.exit_code}, {result.exception!r}\n{words}"
+    assert option in words or name in words or name.replace("-", "_") in words, f"{option} {value}: {words}"
