@@ -197,3 +197,20 @@ def test_every_study_option_works_or_exits_2_naming_it(
     name = option.lstrip("-")
     assert result.exit_code == 2, f"{option} {value}: exit {result.exit_code}, {result.exception!r}\n{words}"
     assert option in words or name in words or name.replace("-", "_") in words, f"{option} {value}: {words}"
+
+
+@pytest.mark.parametrize("value", TEXT_VALUES)
+def test_inspect_and_models_fetch_refuse_what_they_cannot_read_by_name(value, tmp_path):
+    """``posenc inspect VALUE`` and ``posenc models fetch VALUE`` with a value that is no model: exit 2
+    and an ``error:`` line naming it (nothing downloaded), never a traceback."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app, load_command_modules
+
+    load_command_modules()
+    # (after "--": a value that starts with "-" is the argument, not an option)
+    for args in (["inspect", "--out", str(tmp_path / "page"), "--", value], ["models", "fetch", "--", value]):
+        result = CliRunner().invoke(app, args)
+        words = " ".join(result.output.split())
+        assert result.exit_code == 2, f"{args}: exit {result.exit_code}, {result.exception!r}\n{words}"
+        assert "error" in words.lower() and value in words, f"{args}: {words}"
