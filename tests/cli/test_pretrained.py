@@ -61,3 +61,28 @@ def test_a_models_folder_that_is_a_file_is_named_before_any_download(tmp_path, m
     monkeypatch.setenv("POSENC_MODELS", str(tmp_path / "new" / "deep" / "models"))
     assert catalog.writable_models_dir() == tmp_path / "new" / "deep" / "models"
     assert (tmp_path / "new" / "deep" / "models").is_dir()
+
+
+@pytest.mark.parametrize(
+    ("missing", "names"), [("gguf", ["smollm2-135m"]), ("transformers", ["whisper-base"])]
+)
+def test_a_conversion_without_the_real_extra_is_refused_before_any_download(monkeypatch, missing, names):
+    """Issue 62 item 10: the tour's fetch downloaded 253 MB of Gemma, then stopped on HF's "Please install
+    torch and gguf>=0.10.0"; the extra is checked first (and --no-convert downloads without it)."""
+    import importlib.util
+
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app, load_command_modules
+    from posenc.pretrained import catalog
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a)
+    )
+    monkeypatch.setattr(catalog, "_download", lambda *a, **k: pytest.fail("downloaded before the check"))
+    load_command_modules()
+    result = CliRunner().invoke(app, ["models", "fetch", *names])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, text
+    assert f"needs {missing} (the real extra)" in text and ".[real]" in text and "--no-convert" in text

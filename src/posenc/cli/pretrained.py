@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from posenc.cli.app import app, console, print_error, print_line
-from posenc.pretrained.loading import MODELS, fetch, models_dir
+from posenc.pretrained.loading import MODELS, fetch, missing_for_conversion, models_dir
 from posenc.pretrained.loading import convert as convert_model
 
 models_app = typer.Typer(
@@ -44,6 +44,13 @@ def fetch_models(
     unknown = [name for name in chosen if name not in MODELS]
     if unknown:
         print_error(f"unknown model(s) {', '.join(unknown)}: choose from {', '.join(MODELS)}")
+        raise typer.Exit(2)
+    missing = missing_for_conversion(chosen) if convert else []
+    if missing:
+        print_error(
+            f"converting {', '.join(chosen)} to HF folders needs {', '.join(missing)} (the real extra): "
+            'pip install -e ".[real]" first, or pass --no-convert to download only; nothing was downloaded'
+        )
         raise typer.Exit(2)
     for name in chosen:
         try:

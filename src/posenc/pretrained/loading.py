@@ -302,6 +302,19 @@ def converted_dir(name: str) -> Path:
     return models_dir() / f"{spec.name}.hf"
 
 
+#: The packages each converted form needs (the ``real`` extra's), by form.
+_CONVERSION_NEEDS = {"gguf": ("transformers", "gguf"), "ctranslate2": ("transformers",)}
+
+
+def missing_for_conversion(names: list[str]) -> list[str]:
+    """The packages that converting the models ``names`` needs and this environment lacks (checked
+    before any download: a fetch that downloaded 250 MB and then stopped on an import helps no one)."""
+    import importlib.util
+
+    needed = {p for name in names for p in _CONVERSION_NEEDS.get(_spec(name).form, ())}
+    return sorted(p for p in needed if importlib.util.find_spec(p) is None)
+
+
 def convert(name: str, *, log: Any = None) -> Path:
     """The HF folder of the fetched model ``name``, converting its GGUF or CTranslate2 file first when
     the folder is absent or was converted from another file (see :func:`load`); a model fetched as an
