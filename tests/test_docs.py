@@ -139,3 +139,14 @@ def test_the_checker_reports_a_missing_section_and_a_missing_file():
     ]
     assert {"1", "4", "4.2", "7.5.3"} <= sections_of(_read(ROOT / "docs" / "conventions.md"))
     assert OUTSIDE_NOTES.search("see " + "REFERENCE" + ".md §4") and not OUTSIDE_NOTES.search("the reference")
+
+
+def test_the_docs_extra_installs_a_formatter_for_the_api_signatures():
+    """Issue 62 item 10: without black or ruff, mkdocstrings prints every signature of the API
+    reference as one unwrapped line (``separate_signature`` formats with whichever is installed)."""
+    import tomllib
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    docs = pyproject["project"]["optional-dependencies"]["docs"]
+    assert any(requirement.startswith(("ruff", "black")) for requirement in docs), docs
+    assert "separate_signature: true" in (ROOT / "mkdocs.yml").read_text()
