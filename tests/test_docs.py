@@ -150,3 +150,26 @@ def test_the_docs_extra_installs_a_formatter_for_the_api_signatures():
     docs = pyproject["project"]["optional-dependencies"]["docs"]
     assert any(requirement.startswith(("ruff", "black")) for requirement in docs), docs
     assert "separate_signature: true" in (ROOT / "mkdocs.yml").read_text()
+
+
+def test_every_doctest_example_sits_in_an_examples_section():
+    """Issue 62 item 10: a ``>>>`` line outside an ``Examples:`` section renders as a run-together
+    Markdown quote in the API reference; inside one, mkdocstrings shows it as code."""
+    import ast
+
+    misplaced = []
+    for path in sorted((ROOT / "src" / "posenc").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            doc = ast.get_docstring(node, clean=True)
+            if not doc or ">>>" not in doc:
+                continue
+            section = None
+            for line in doc.splitlines():
+                if line and not line.startswith(" "):
+                    section = line.rstrip(":") if line.endswith(":") else None
+                if line.lstrip().startswith(">>>") and section != "Examples":
+                    misplaced.append(f"{path.relative_to(ROOT)}: {line.strip()[:40]}")
+    assert misplaced == []

@@ -1,8 +1,9 @@
 """posenc: positional encodings for Transformers, exact, with one attention layer for all of them.
 
->>> import posenc
->>> enc = posenc.build("t5", num_heads=8, num_buckets=32, max_distance=128, bidirectional=True)
->>> attn = posenc.MultiheadAttention(512, 8, encoding="rope:base=500000", causal=True)
+Examples:
+    >>> import posenc
+    >>> enc = posenc.build("t5", num_heads=8, num_buckets=32, max_distance=128, bidirectional=True)
+    >>> attn = posenc.MultiheadAttention(512, 8, encoding="rope:base=500000", causal=True)
 """
 
 from __future__ import annotations

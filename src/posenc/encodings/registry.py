@@ -461,11 +461,12 @@ def _split(spec: str | Spec) -> tuple[str, dict[str, Any]]:
 def build(spec: str | Spec | PositionalEncoding, /, **options_: Any) -> PositionalEncoding:
     """Build an encoding from a name or spec string plus keyword options.
 
-    >>> enc = build("t5", num_heads=8, num_buckets=32, max_distance=128, bidirectional=True)
-    >>> enc = build("rope:base=500000")  # head_dim is set by the first layer that takes it
-
     A :class:`PositionalEncoding` instance is returned as it is (options must then be empty).
     Raises ``ValueError`` for unknown names, unknown options, and values of the wrong type.
+
+    Examples:
+        >>> enc = build("t5", num_heads=8, num_buckets=32, max_distance=128, bidirectional=True)
+        >>> enc = build("rope:base=500000")  # head_dim is set by the first layer that takes it
     """
     if isinstance(spec, PositionalEncoding):
         if options_:

@@ -1,13 +1,14 @@
 """Length-generalization experiments: synthetic tasks, a byte LM, training, resume and DDP.
 
->>> from posenc.experiments import ExperimentConfig, run_experiment
->>> run_experiment(ExperimentConfig(encodings=["alibi", "learned"], steps=200), "runs/demo")  # doctest: +SKIP
-
 The harness writes a results folder and draws nothing: figures come from :mod:`posenc.viz`, which
 reads the folder (``figures=posenc.viz.folder.write_figures`` draws them as the folder is
 written). Progress arrives through plain callbacks (``report=``, ``log=``; silent by default); the
 command line ``posenc extrapolate`` (:mod:`posenc.cli.experiments`) draws them with Rich, which only
 the ``cli`` extra installs, and wires the harness to the figures.
+
+Examples:
+    >>> from posenc.experiments import ExperimentConfig, run_experiment
+    >>> run_experiment(ExperimentConfig(encodings=["alibi", "learned"], steps=200), "runs/demo")  # doctest: +SKIP
 """
 
 from __future__ import annotations
