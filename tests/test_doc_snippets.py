@@ -329,3 +329,51 @@ def test_a_failing_block_is_reported_with_its_page_and_line(tmp_path, monkeypatc
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     with pytest.raises(pytest.fail.Exception, match=r"page\.md: the Python block at line 5 fails"):
         run_page("page.md")
+
+
+def _free_names(code: str) -> set[str]:
+    """The names ``code`` reads that it neither binds nor imports (nor Python builds in)."""
+    import builtins
+
+    tree = ast.parse(code)
+    bound = set(dir(builtins))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            bound |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            bound.add(node.id)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    return read - bound
+
+
+def _needs(code: str) -> set[str]:
+    """The names a block's first line declares it takes from elsewhere: ``# needs: a, b from ...``."""
+    first = code.lstrip().splitlines()[0] if code.strip() else ""
+    match = re.match(r"#\s*needs:\s*(.*)", first)
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", match.group(1))) if match else set()
+
+
+def test_every_block_runs_alone_or_says_what_it_needs():
+    """Issue 62 item 10: docs/decoding.md's StaticDecodeStep block raised NameError run alone. A block
+    a reader copies by itself either binds every name it reads or names what it takes in a first
+    line ``# needs: ...``."""
+    silent = []
+    for page in PAGES:
+        for block in python_blocks(page):
+            if block.no_run is not None:
+                continue
+            missing = _free_names(block.code) - _needs(block.code)
+            if missing:
+                silent.append(f"{page}:{block.line} reads {sorted(missing)}")
+    assert silent == []
+
+
+def test_the_free_name_reader_sees_what_a_block_takes_from_elsewhere():
+    assert _free_names("import torch\ny = torch.ones(2) + x\nfor i in range(3):\n    z = i") == {"x"}
+    assert _needs("# needs: model, ids from the first example\nmodel(ids)") >= {"model", "ids"}
