@@ -22,6 +22,7 @@ from .encodings.comrope import (
 from .encodings.cope import cope_interpolate, cope_positions
 from .encodings.dca import dca_position_maps
 from .encodings.deberta import deberta_att_span, deberta_log_bucket, deberta_relative_index
+from .encodings.dpe import dpe_group_of_pairs, dpe_position_maps
 from .encodings.fire import fire_input
 from .encodings.fope import apply_fope, fope_cos_sin, fope_init_coefficients, fope_inv_freq, fope_series
 from .encodings.fox import fox_bias, fox_bias_at, fox_states
@@ -96,6 +97,8 @@ __all__ = [
     "dinov3_cos_sin",
     "dinov3_patch_coords",
     "dinov3_rope_inv_freq",
+    "dpe_group_of_pairs",
+    "dpe_position_maps",
     "fire_input",
     "fope_cos_sin",
     "fope_init_coefficients",

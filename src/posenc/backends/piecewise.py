@@ -308,8 +308,8 @@ def piecewise_attention(req: AttentionRequest, block: int = BAND_BLOCK, size: in
     q_maps, q_index = _distinct([q_at for q_at, _ in maps])
     k_maps, k_index = _distinct([k_at for _, k_at in maps])
     turns = _Rotations(
-        [enc.rope.cos_sin(at) for at in q_maps],
-        [enc.rope.cos_sin(at) for at in k_maps],
+        [enc.cos_sin(at) for at in q_maps],
+        [enc.cos_sin(at) for at in k_maps],
         enc.rope.pairing,
         req.num_heads // req.k.shape[1],
     )
@@ -324,7 +324,7 @@ def _plan_reasons(req: AttentionRequest) -> list[str]:
     enc = req.encoding
     if not isinstance(enc, PiecewiseRoPE):
         return [
-            f"serves the piecewise-RoPE families (rerope, leaky_rerope, self_extend, dca) only, not {enc.name}"
+            f"serves the piecewise-RoPE families (rerope, leaky_rerope, self_extend, string_shift, dca, dpe) only, not {enc.name}"
         ]
     causal = req.mask.is_plain_causal or (req.mask.is_trivial and req.q_len == 1)  # one token: both
     if not causal or req.q_len != req.k_len:

@@ -19,6 +19,7 @@ from torch.autograd.function import once_differentiable
 
 from ..encodings.base import Kind
 from . import AttentionRequest, register_backend
+from .parts.denormals import flushed_denormals
 from .parts.flash import (
     NONFINITE_REASON,
     cpu_flash_limit,
@@ -100,16 +101,25 @@ class SdpaBackend:
                 mask = mask.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
             out = _FlashWithSinks.apply(q, k, v, request.sinks, mask, plain_causal, request.scale)
             return request.mask.zero_empty_rows(out), None
-        out = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=mask,
-            dropout_p=request.dropout_p,
-            is_causal=plain_causal,
-            scale=request.scale,
-            enable_gqa=q.shape[1] != k.shape[1],
+        # A float mask far below the row maximum (ALiBi's) sends the kernel into denormals: flushed in
+        # the forward; the backward autograd runs later, outside posenc's call (the split backends
+        # run theirs through the flash kernel, flushed too).
+        work = (
+            0
+            if mask is None or torch.compiler.is_compiling()
+            else q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
         )
+        with flushed_denormals(work, q.device):
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=mask,
+                dropout_p=request.dropout_p,
+                is_causal=plain_causal,
+                scale=request.scale,
+                enable_gqa=q.shape[1] != k.shape[1],
+            )
         return request.mask.zero_empty_rows(out), None
 
 

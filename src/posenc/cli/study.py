@@ -64,7 +64,7 @@ def study(
     variants: str = typer.Option(
         "none",
         help="ways past the context: none, linear, ntk, dynamic, yarn[:F], self_extend, rerope, leaky_rerope, "
-        "string_shift, dca "
+        "string_shift, dca, dpe "
         "(METHOD:OPTION=VALUE,...; OPTION=A|B is a grid chosen on --tuning-windows)",
     ),
     eval_len: int | None = typer.Option(None, help="perplexity windows' length in tokens (default 2c)"),

@@ -224,9 +224,14 @@ class PiecewiseRoPE(ContentEncoding):
         """The query scaling ``[B|1, Tq]`` (float64) of ``log_scale_length``, or None when it is off."""
         return log_query_scale(q_pos, self.log_scale_length)
 
+    def cos_sin(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Float32 ``cos``/``sin`` ``[B|1, T, d_r/2]`` of one position map (RoPE's tables; a family whose
+        maps hold more than one position per token, as DPE's, reads them here)."""
+        return self.rope.cos_sin(positions)
+
     def rotated(self, x: Tensor, positions: Tensor) -> Tensor:
-        """``x [B, H, T, D]`` rotated by RoPE at ``positions [B|1, T]`` (whole or real-valued)."""
-        cos, sin = self.rope.cos_sin(positions)
+        """``x [B, H, T, D]`` rotated by RoPE at the position map ``positions`` (whole or real-valued)."""
+        cos, sin = self.cos_sin(positions)
         return apply_cos_sin(x, cos, sin, self.rope.pairing)
 
     def logits(

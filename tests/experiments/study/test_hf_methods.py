@@ -110,7 +110,7 @@ def test_a_method_item_keeps_its_comma_separated_options():
         "dca",
         "rerope:window=3",
     ]
-    assert set(METHODS) == {"self_extend", "rerope", "leaky_rerope", "string_shift", "dca"}
+    assert set(METHODS) == {"self_extend", "rerope", "leaky_rerope", "string_shift", "dca", "dpe"}
 
 
 # ---------------------------------------------------------------------------- on the model
@@ -177,6 +177,62 @@ def test_string_shift_is_swapped_in_with_its_defaults_from_the_context():
     torch.testing.assert_close(got, _logits(reference, ids), rtol=1e-9, atol=1e-9)
     torch.testing.assert_close(got[:, :94], want[:, :94], rtol=1e-7, atol=1e-7)  # no pair past the shift yet
     assert (got[:, 94:] - want[:, 94:]).abs().max() > 1e-4
+
+
+def _ramp_factors(head_dim, base, context, eval_len, window, groups=8):
+    """DPE's derived factors restated: group g's slowest pair turns r = c·θ/(2π) times in the
+    context; YaRN's ramp (β = 32, α = 1) between 1 and Self-Extend's reach."""
+    reach = math.ceil((eval_len - window) / (context - window))
+    pairs = head_dim // 2
+    size = pairs // groups
+    out = []
+    for g in range(groups):
+        slowest = (g + 1) * size - 1
+        turns = context / (2 * math.pi * base ** (2 * slowest / head_dim))
+        share = 0.0 if turns >= 32 else 1.0 if turns <= 1 else (32 - turns) / 31
+        out.append(math.ceil(round(1 + (reach - 1) * share, 9)))
+    return out
+
+
+def test_dpe_s_factors_follow_yarn_s_ramp_over_each_group_s_slowest_pair():
+    config = _config()
+    config.hidden_size, config.num_attention_heads, config.head_dim = 512, 8, 64
+    config.rope_parameters = {"rope_theta": 100000.0, "rope_type": "default"}
+    entry = method_parameters("dpe", config, 8192, 16384)
+    want = _ramp_factors(64, 100000.0, 8192, 16384, 1024)
+    assert entry["options"] == {"window": 1024, "factors": want}
+    assert want[0] == 1 and want[-1] == 3 and len(set(want)) == 3  # extrapolated, ramped, interpolated
+    given = method_parameters("dpe:factors=2/8/2/8,window=100", config, 8192, 16384)
+    assert given["options"] == {"window": 100, "factors": [2, 8, 2, 8]}
+
+
+@pytest.mark.parametrize(
+    "item,message",
+    [
+        ("dpe:factors=1/1", "moves no position"),
+        ("dpe:factors=2/x", "factors must be whole numbers joined by /"),
+        ("dpe:factors=2/2/2", "factors has 3 entries"),
+        ("dpe:window=150", "window=150 is not below --eval-len 150"),
+    ],
+)
+def test_dpe_s_bad_items_are_refused_by_name(item, message):
+    with pytest.raises(ValueError, match=message):
+        method_parameters(item, _tiny().config, CONTEXT, 150)
+
+
+def test_dpe_is_swapped_in_with_its_derived_factors():
+    import posenc.hf
+
+    ids = torch.randint(0, 420, (1, 150), generator=torch.Generator().manual_seed(3))
+    model = _tiny()
+    original = dict(model.config.rope_parameters)
+    entry = method_parameters("dpe", model.config, CONTEXT, 150)
+    factors = _ramp_factors(16, THETA, CONTEXT, 150, 8)
+    assert entry["options"] == {"window": 8, "factors": factors}
+    apply_variant(model, entry, original)
+    spec = f"dpe:window=8,factors={'|'.join(map(str, factors))},base={THETA}"
+    reference = posenc.hf.swap_encoding(_tiny(), spec)
+    torch.testing.assert_close(_logits(model, ids), _logits(reference, ids), rtol=1e-9, atol=1e-9)
 
 
 def test_the_study_runs_a_method_row_beside_the_model(model_dir, corpus, tmp_path):
@@ -373,7 +429,7 @@ def test_a_method_setting_that_moves_no_position_is_refused_by_its_option(item, 
 def test_an_unknown_variant_lists_every_scaling_and_every_method():
     with pytest.raises(
         ValueError,
-        match=r"'longrope'.*none, linear, ntk, dynamic, yarn.*self_extend, rerope, leaky_rerope, string_shift, dca",
+        match=r"'longrope'.*none, linear, ntk, dynamic, yarn.*self_extend, rerope, leaky_rerope, string_shift, dpe, dca",
     ):
         parse_variants("none,longrope")
 

@@ -175,6 +175,41 @@ def test_a_rerun_skips_finished_units(model_dir, corpus, tmp_path, monkeypatch):
     assert sorted(map(json.dumps, third)) == sorted(map(json.dumps, first))
 
 
+def test_variants_added_to_a_study_run_only_their_units_and_pair_with_the_rest(
+    model_dir, corpus, tmp_path, monkeypatch
+):
+    options = dict(task="text-lm", eval_examples=2, corpus=corpus)
+    whole, _ = run_study(model_dir, tmp_path / "whole", variants=["none", "yarn", "ntk"], **options)
+    calls = _counting(monkeypatch, model_dir)  # one model object from here: each run restores its RoPE
+    run_study(model_dir, tmp_path / "out", variants=["none", "yarn"], **options)
+    calls.clear()
+    grown, settings = run_study(model_dir, tmp_path / "out", variants=["none", "yarn", "ntk"], **options)
+    assert len(calls) == 2  # the added variant's two windows, nothing else
+    assert sorted(map(json.dumps, grown)) == sorted(map(json.dumps, whole))
+    assert settings["encodings"][-1] == "tiny-llama + ntk"
+    pairs = {(r["a"], r["b"]) for r in _lines(tmp_path / "out" / "comparisons.jsonl")}
+    assert ("tiny-llama + yarn", "tiny-llama + ntk") in pairs or (
+        "tiny-llama + ntk",
+        "tiny-llama + yarn",
+    ) in pairs
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        dict(variants=["none", "ntk"]),  # yarn dropped
+        dict(variants=["ntk", "none", "yarn"]),  # added before the saved ones
+        dict(variants=["none", "yarn:3"]),  # a saved variant's parameters changed
+        dict(variants=["none", "yarn", "ntk"], eval_examples=3),  # another setting with it
+    ],
+)
+def test_a_study_folder_refuses_anything_but_added_variants(model_dir, corpus, tmp_path, change):
+    options = dict(task="text-lm", eval_examples=2, corpus=corpus, variants=["none", "yarn"])
+    run_study(model_dir, tmp_path / "out", **options)
+    with pytest.raises(ValueError, match=r"holds another experiment.*variants added after its own"):
+        run_study(model_dir, tmp_path / "out", **{**options, **change})
+
+
 def test_shards_merged_equal_one_run(model_dir, corpus, tmp_path):
     options = dict(task="text", lengths=[100, 128], depths="0.5", eval_examples=1, corpus=corpus)
     options["variants"] = ["none", "ntk", "linear:1.5/3"]

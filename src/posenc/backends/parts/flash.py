@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from ...seams import cpu_flash_drift
+from .denormals import flushed_denormals
 
 __all__ = [
     "FLASH_DTYPES",
@@ -96,16 +97,17 @@ def flash_forward(
 
     Inputs pass through :func:`kernel_layout` first (a copy only when the last stride is not 1).
     Looked up at call time, so importing a backend never needs the op (:func:`cpu_flash_available`
-    guards the calls)."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        kernel_layout(q),
-        kernel_layout(k),
-        kernel_layout(v),
-        dropout_p,
-        is_causal,
-        attn_mask=_mask_layout(attn_mask),
-        scale=scale,
-    )
+    guards the calls). Runs with denormals flushed (:mod:`.denormals`) when the call is large."""
+    with flushed_denormals(_work(q, k), q.device):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            kernel_layout(q),
+            kernel_layout(k),
+            kernel_layout(v),
+            dropout_p,
+            is_causal,
+            attn_mask=_mask_layout(attn_mask),
+            scale=scale,
+        )
 
 
 def flash_backward(
@@ -122,19 +124,28 @@ def flash_backward(
     scale: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``aten::_scaled_dot_product_flash_attention_for_cpu_backward``: ``(dq, dk, dv)``, each shaped
-    like its input (dense). Inputs pass through :func:`kernel_layout` as in :func:`flash_forward`."""
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        kernel_layout(grad_out),
-        kernel_layout(q),
-        kernel_layout(k),
-        kernel_layout(v),
-        kernel_layout(out),
-        logsumexp,
-        dropout_p,
-        is_causal,
-        attn_mask=_mask_layout(attn_mask),
-        scale=scale,
-    )
+    like its input (dense). Inputs pass through :func:`kernel_layout` as in :func:`flash_forward`,
+    and denormals are flushed as there."""
+    with flushed_denormals(_work(q, k), q.device):
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            kernel_layout(grad_out),
+            kernel_layout(q),
+            kernel_layout(k),
+            kernel_layout(v),
+            kernel_layout(out),
+            logsumexp,
+            dropout_p,
+            is_causal,
+            attn_mask=_mask_layout(attn_mask),
+            scale=scale,
+        )
+
+
+def _work(q: Tensor, k: Tensor) -> int:
+    """A call's size in logits (0 under ``torch.compile``: the flush is an eager-mode call)."""
+    if torch.compiler.is_compiling():
+        return 0
+    return q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]
 
 
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -17,6 +17,11 @@ method              defaults
 ``leaky_rerope``    ``window = c/2`` and the smallest whole ``leaky_factor k`` that keeps
                     the largest relative position ``w + (E - w)/k`` at most ``c``
 ``dca``             ChunkLlama's ``chunk_size = 3c/4`` and ``local_size = c/8``
+``dpe``             ``window = c/8`` (the reference's 1024 on 8k Llama 3) and one factor per
+                    group of 8 (or fewer) equal groups of pairs, from YaRN's ramp over the
+                    group's slowest pair (:func:`dpe_factors`): 1 where it turns at least 32
+                    times in the context, Self-Extend's ``G`` where it turns at most once,
+                    rounded up in between; ``factors=A/B/...`` gives them
 ==================  ======================================================================
 
 Every method keeps the model's own RoPE (``rope_parameters``: its base, rotary width and fixed
@@ -30,13 +35,14 @@ model's own) is refused. Everything is checked from the model's config, before a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from torch import nn
 
 from ...encodings.registry import build
+from ...encodings.rope import rope_inv_freq
 from ...encodings.rope_scaling import LENGTH_DEPENDENT
 from .hf_scaling import VARIANTS as SCALINGS
 from .hf_scaling import (
@@ -54,6 +60,7 @@ __all__ = [
     "Method",
     "apply_variant",
     "default_options",
+    "dpe_factors",
     "method_parameters",
     "parse_method",
     "parse_variants",
@@ -65,7 +72,7 @@ __all__ = [
 _SCALING_OPTIONS = {"scaling": str, "factor": float}
 
 
-def _self_extend(context: int, eval_len: int, given: dict[str, Any]) -> dict[str, Any]:
+def _self_extend(context: int, eval_len: int, given: dict[str, Any], wavelengths=()) -> dict[str, Any]:
     window = given.get("neighbor_window", context // 4)
     if "group_size" in given:
         return {"neighbor_window": window}
@@ -80,11 +87,11 @@ def _self_extend(context: int, eval_len: int, given: dict[str, Any]) -> dict[str
     }
 
 
-def _rerope(context: int, eval_len: int, given: dict[str, Any]) -> dict[str, Any]:
+def _rerope(context: int, eval_len: int, given: dict[str, Any], wavelengths=()) -> dict[str, Any]:
     return {"window": given.get("window", context // 2)}
 
 
-def _leaky_rerope(context: int, eval_len: int, given: dict[str, Any]) -> dict[str, Any]:
+def _leaky_rerope(context: int, eval_len: int, given: dict[str, Any], wavelengths=()) -> dict[str, Any]:
     window = given.get("window", context // 2)
     if "leaky_factor" in given:
         return {"window": window}
@@ -96,7 +103,7 @@ def _leaky_rerope(context: int, eval_len: int, given: dict[str, Any]) -> dict[st
     return {"window": window, "leaky_factor": max(1, math.ceil((eval_len - window) / (context - window)))}
 
 
-def _string_shift(context: int, eval_len: int, given: dict[str, Any]) -> dict[str, Any]:
+def _string_shift(context: int, eval_len: int, given: dict[str, Any], wavelengths=()) -> dict[str, Any]:
     window = given.get("window", min(128, context // 8))
     # the reference's 0.33 of the length, or more: the largest relative position E - 1 - S + W
     # stays inside the context
@@ -106,11 +113,58 @@ def _string_shift(context: int, eval_len: int, given: dict[str, Any]) -> dict[st
     return {"window": window, "shift": shift}
 
 
-def _dca(context: int, eval_len: int, given: dict[str, Any]) -> dict[str, Any]:
+def _dca(context: int, eval_len: int, given: dict[str, Any], wavelengths=()) -> dict[str, Any]:
     return {
         "chunk_size": given.get("chunk_size", 3 * context // 4),
         "local_size": given.get("local_size", context // 8),
     }
+
+
+def _reach_factor(context: int, eval_len: int, window: int, what: str) -> int:
+    """Self-Extend's smallest group size whose reach ``(c - w)·G + w`` covers ``eval_len``."""
+    if window >= context:
+        raise ValueError(
+            f"{what}={window} is not below the model's context {context}, so no factor reaches further; "
+            f"give a smaller {what}"
+        )
+    return max(1, math.ceil((eval_len - window) / (context - window)))
+
+
+def dpe_factors(wavelengths: Sequence[float], context: int, reach: int, groups: int = 8) -> list[int]:
+    """DPE's factors without the reference's per-group needle test: the rotary pairs (``wavelengths``,
+    fastest first) split into ``groups`` equal groups (fewer when ``groups`` does not divide them: the
+    largest count that does), and each group's factor read off YaRN's ramp at its slowest pair, whose
+    turns in the context are ``r = c / λ``: ``1`` (extrapolated, every phase trained) where
+    ``r >= 32``, ``reach`` (interpolated as Self-Extend) where ``r <= 1``, and
+    ``ceil(1 + (reach - 1)(32 - r) / 31)`` between (YaRN's ``β = 32``, ``α = 1``)."""
+    pairs = len(wavelengths)
+    count = max(g for g in range(1, min(groups, pairs) + 1) if pairs % g == 0)
+    size = pairs // count
+    factors = []
+    for g in range(count):
+        turns = context / max(wavelengths[g * size : (g + 1) * size])
+        ramp = min(1.0, max(0.0, (32 - turns) / 31))
+        factors.append(math.ceil(1 + (reach - 1) * ramp - 1e-9))
+    return factors
+
+
+def _dpe(context: int, eval_len: int, given: dict[str, Any], wavelengths=()) -> dict[str, Any]:
+    window = given.get("window", context // 8)
+    if "factors" in given:
+        factors = given["factors"]
+    else:
+        factors = dpe_factors(wavelengths, context, _reach_factor(context, eval_len, window, "window"))
+    if all(f == 1 for f in factors):
+        how = "" if "factors" in given else " (derived: --eval-len is within the model's context)"
+        raise ValueError(
+            f"factors={factors} moves no position, so dpe is plain RoPE{how}; give a factor above 1"
+        )
+    return {"window": window, "factors": factors}
+
+
+def _factor_list(text: str) -> list[int]:
+    """``"2/8/2/8"`` -> ``[2, 8, 2, 8]`` (a study item separates a list's values by ``/``: ``|`` is a grid)."""
+    return [int(part) for part in text.split("/")]
 
 
 @dataclass(frozen=True)
@@ -154,6 +208,13 @@ METHODS: dict[str, Method] = {
         ("shift",),
         "window min(128, c/8), shift max(0.33 E, E - c + window)",
     ),
+    "dpe": Method(
+        "dpe",
+        {"window": int, "factors": _factor_list},
+        _dpe,
+        ("window",),
+        "window c/8, factors from YaRN's ramp over each group's slowest pair (1 to Self-Extend's G)",
+    ),
     "dca": Method(
         "dca",
         {"chunk_size": int, "local_size": int},
@@ -189,18 +250,23 @@ def _typed(item: str, key: str, text: str, kind: type) -> Any:
     try:
         value = kind(text)
     except ValueError as err:
-        what = "a whole number" if kind is int else "a number" if kind is float else "a name"
+        what = {int: "a whole number", float: "a number", _factor_list: "whole numbers joined by /"}.get(
+            kind, "a name"
+        )
         raise ValueError(f"--eval-variants {item!r}: {key} must be {what}, got {text!r}") from err
     if kind is float and not math.isfinite(value):
         raise ValueError(f"--eval-variants {item!r}: {key} must be finite, got {text!r}")
     return value
 
 
-def default_options(name: str, context: int, eval_len: int, given: dict[str, Any]) -> dict[str, Any]:
+def default_options(
+    name: str, context: int, eval_len: int, given: dict[str, Any], wavelengths: Sequence[float] = ()
+) -> dict[str, Any]:
     """The method's options (scaling options left out): those ``given``, the rest derived from the
-    model's ``context`` and ``eval_len`` (:data:`METHODS`' ``derive``)."""
+    model's ``context`` and ``eval_len`` and, for ``dpe``, the ``wavelengths`` ``2π / θ_i`` of the
+    method's RoPE pairs, fastest first (:data:`METHODS`' ``derive``)."""
     own = {k: v for k, v in given.items() if k not in _SCALING_OPTIONS}
-    return {**METHODS[name].derive(context, eval_len, own), **own}
+    return {**METHODS[name].derive(context, eval_len, own, wavelengths), **own}
 
 
 def method_parameters(item: str, config: Any, context: int, eval_len: int) -> dict[str, Any]:
@@ -219,14 +285,14 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
             "replace; the piecewise-RoPE methods apply to RoPE models only"
         )
     _check_below(item, name, given, eval_len)  # the given options first: the derivation reads them
+    rope = _method_rope(item, name, given, original, config, context, eval_len)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     try:
-        options = default_options(name, context, eval_len, given)
+        options = default_options(name, context, eval_len, given, _wavelengths(head_dim, rope))
     except ValueError as err:
         raise ValueError(f"--eval-variants {item!r}: {err}") from None
     _check_below(item, name, options, eval_len)
     _check_not_plain(item, name, options, given)
-    rope = _method_rope(item, name, given, original, config, context, eval_len)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     try:
         build(METHODS[name].encoding, head_dim=head_dim, rope_parameters=dict(rope), **options)
     except (ValueError, TypeError) as err:
@@ -239,6 +305,12 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
             t: p for t, p in per_type.items() if t not in scaled and t in config.layer_types
         }
     return entry
+
+
+def _wavelengths(head_dim: int, rope: dict[str, Any]) -> list[float]:
+    """``2π / θ_i`` of each rotary pair of the method's RoPE (``rope_parameters`` on ``head_dim``)."""
+    inv_freq, _ = rope_inv_freq(head_dim, float(rope.get("rope_theta", 10000.0)), scaling=dict(rope))
+    return [2 * math.pi / float(f) for f in inv_freq]
 
 
 def _check_below(item: str, name: str, options: dict[str, Any], eval_len: int) -> None:

@@ -21,6 +21,7 @@ __all__ = [
     "GLOBAL_LAYER_TYPES",
     "HF_TASKS",
     "VARIANTS",
+    "added_variants",
     "apply_scaling",
     "check_hf_folder",
     "check_positions",
@@ -114,11 +115,45 @@ def parse_variants(text: str | None) -> list[str]:
     return variants or ["none"]
 
 
-def check_hf_folder(out: Path, settings: dict[str, Any]) -> None:
-    """Refuse a folder that holds another experiment (a trained one, or another model or setting)."""
+#: The settings a study's variants fill: a later command may add variants to them, nothing else.
+_VARIANT_KEYS = ("encodings", "variants", "variant_names", "sweeps")
+
+
+def check_hf_folder(out: Path, settings: dict[str, Any]) -> list[str]:
+    """Refuse a folder that holds another experiment (a trained one, or another model or setting).
+
+    A study's folder also takes the same study with variants added (every setting equal, every saved
+    variant kept with its parameters, new ones after them): its windows, prompts and seed are the
+    same, so the new rows pair with the finished ones. Returns the added variants' labels (empty
+    when the settings are equal)."""
     saved = experiment_settings(load_config(out)) if (out / "config.json").exists() else None
-    if saved is not None and saved != json.loads(json.dumps(settings)):
-        raise ValueError(f"{out} holds another experiment (config.json differs); use another --out folder")
+    wanted = json.loads(json.dumps(settings))
+    if saved is None or saved == wanted:
+        return []
+    added = added_variants(saved, wanted)
+    if added is None:
+        raise ValueError(
+            f"{out} holds another experiment (config.json differs); use another --out folder (a study's "
+            "folder takes the same command with variants added after its own, nothing else changed)"
+        )
+    return added
+
+
+def added_variants(saved: dict[str, Any], wanted: dict[str, Any]) -> list[str] | None:
+    """The labels ``wanted`` adds to the study ``saved``, or None when it changes anything else: a
+    setting outside the variants, a saved variant's parameters or name, or the saved order."""
+    if not saved.get("study") or any(
+        saved.get(k) != wanted.get(k) for k in set(saved) | set(wanted) if k not in _VARIANT_KEYS
+    ):
+        return None
+    old, new = list(saved.get("encodings") or []), list(wanted.get("encodings") or [])
+    if new[: len(old)] != old or len(new) == len(old):
+        return None
+    for key in ("variants", "variant_names", "sweeps"):
+        before, after = saved.get(key) or {}, wanted.get(key) or {}
+        if any(k not in after or after[k] != v for k, v in before.items()):
+            return None
+    return new[len(old) :]
 
 
 def apply_scaling(model: nn.Module, parameters: dict[str, Any] | None, original: dict[str, Any]) -> None:

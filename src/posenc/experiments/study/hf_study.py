@@ -43,7 +43,9 @@ The unit of work is one (variant, length): ``--lengths`` (default ``c/2, c, 1.5c
 ``eval_len``, and ``eval_len``) for the passkey, and ``eval_len`` for perplexity (one forward at the
 longest length gives every bucket). A unit's records are written to the folder as soon as it is
 done and listed in ``runs.jsonl`` (``metric: unit``); a rerun of the same command skips finished
-units. ``--shard i/n`` keeps the units at positions ``i, i + n, ...`` of the list (variant-major);
+units, and the same command with variants added after the others (``--variants none,yarn`` then
+``--variants none,yarn,dpe``) runs only the added ones' units, which pair with the finished rows (same
+windows, prompts and seed). ``--shard i/n`` keeps the units at positions ``i, i + n, ...`` of the list (variant-major);
 ``posenc merge`` joins the shards' folders. Forwards per unit: ``len(depths) * eval_examples``
 passkey prompts (plus a few one-token decode steps each), and ``eval_examples`` perplexity windows
 for the units at ``eval_len``.
@@ -178,7 +180,9 @@ def run_study(
     progress = report or (lambda *args: None)
     say = log or (lambda line: None)
     with folder_lock(out):
-        check_hf_folder(out, settings)
+        added = check_hf_folder(out, settings)
+        if added:
+            say(f"adding {len(added)} variant(s) to the study in {out}: {', '.join(added)}")
         out.mkdir(parents=True, exist_ok=True)
         runtime = {"device": str(torch_device), "shard": None if shard is None else str(shard)}
         runtime.update(cpu_description())  # the machine every timing and precision figure ran on
