@@ -79,12 +79,11 @@ def test_a_caller_that_flushes_keeps_its_setting(two_threads):
 
 
 def test_nested_blocks_switch_once_and_an_error_restores(two_threads):
-    with pytest.raises(RuntimeError, match="inside"):
+    with pytest.raises(RuntimeError, match="inside"), flushed_denormals(MIN_FLUSHED_WORK):
         with flushed_denormals(MIN_FLUSHED_WORK):
-            with flushed_denormals(MIN_FLUSHED_WORK):
-                pass
-            assert _flushing() == (True, True)  # the inner block's exit left the outer one's setting
-            raise RuntimeError("inside")
+            pass
+        assert _flushing() == (True, True)  # the inner block's exit left the outer one's setting
+        raise RuntimeError("inside")
     assert _flushing() == (False, False)
 
 
@@ -109,8 +108,8 @@ def test_python_threads_each_keep_their_own_setting(two_threads):
             for _ in range(20):
                 with flushed_denormals(MIN_FLUSHED_WORK):
                     seen.append(_flushing())
-            seen.append(("after",) + _flushing())
-        except Exception as err:  # noqa: BLE001 (reported below)
+            seen.append(("after", *_flushing()))
+        except Exception as err:  # reported below
             errors.append(err)
 
     threads = [threading.Thread(target=worker) for _ in range(2)]
