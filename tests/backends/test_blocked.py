@@ -13,7 +13,7 @@ from torch.func import functional_call
 
 import posenc
 from _bias_fixtures import ClippedTableBias, QueryNormalisedBias, reference_attention
-from posenc.backends import AttentionRequest, blocked, get_backend, use_backend
+from posenc.backends import AttentionRequest, backend_limits, blocked, get_backend, use_backend
 from posenc.backends.blocked import blocked_bias_attention
 
 H, D = 2, 8
@@ -129,7 +129,7 @@ def test_auto_picks_blocked_for_bias_and_states_reasons():
     req = AttentionRequest.from_keywords(
         q=q, k=k, v=v, encoding=enc, q_pos=pos, k_pos=pos, scale=0.3, causal=True, dropout_p=0.1
     )
-    reasons = get_backend("blocked").reasons(req)
+    reasons = backend_limits(get_backend("blocked"), req)  # dropout: a fact the dispatcher checks
     assert any("dropout" in r for r in reasons)
     layer = posenc.MultiheadAttention(H * D, H, enc, causal=True)
     layer(torch.randn(1, 300, H * D))  # auto leaves problems below 256x256 to sdpa

@@ -16,6 +16,7 @@ import torch
 from _dispatch_grid import EXPECTED, build
 from posenc.backends import get_backend, memo, register_backend, select_backend, use_backend
 from posenc.backends.dispatch import PRIORITY, set_priority
+from posenc.encodings.base import Kind as posenc_kind
 from posenc.masks.attention_mask import AttentionMask
 
 DECODE = "rope|1|causal|offset=255"
@@ -232,3 +233,122 @@ def test_a_growing_decode_asks_no_backend_after_its_first_step(monkeypatch):
         for offset in range(11, 30):
             assert select_backend(build(f"rope|1|causal|offset={offset}")) is first
         assert calls == []
+
+
+# ---------------------------------------------------------------------------- declared reads
+
+READ_CASES = [
+    *CASES,
+    "self_extend:group_size=2,neighbor_window=4|600|causal",
+    "self_extend:group_size=2,neighbor_window=4|1|causal|offset=30",
+    "string_shift:shift=8,window=2|700|causal|bfloat16",
+    "rerope:window=8|600|causal|sinks",
+]
+
+
+class _Recording:
+    """A request that notes each field a backend reads (the real request answers)."""
+
+    def __init__(self, request, seen: set[str]) -> None:
+        object.__setattr__(self, "_request", request)
+        object.__setattr__(self, "_seen", seen)
+
+    def __getattr__(self, field: str):
+        self._seen.add(field)
+        return getattr(self._request, field)
+
+
+def _requests(case: str):
+    for grad in (False, True):
+        for options in ({}, {"weights": True}, {"float_mask": True}):
+            yield grad, Maker(case, nan=False, grad=grad, **options)
+
+
+@pytest.mark.parametrize("case", READ_CASES)
+def test_every_backend_reads_only_what_it_declares(case):
+    """The memo keys on the declared reads (posenc.backends.memo): a backend that reads a field it
+    did not declare could be answered from the memo for a request that differs in that field."""
+    from posenc.backends import available_backends
+
+    for name in available_backends("cpu"):
+        backend = get_backend(name)
+        for grad, make in _requests(case):
+            with torch.set_grad_enabled(grad):
+                request = make()
+                if request.kind not in backend.kinds:
+                    # the fact agrees with the backend's own limits: it refuses that kind itself
+                    assert backend.reasons(request), f"{name} serves {request.kind} but does not declare it"
+                    continue
+                seen: set[str] = set()
+                proxy = _Recording(request, seen)
+                backend.reasons(proxy)
+                backend.declines(proxy)
+                unknown = sorted(seen - set(memo.FIELDS))
+                assert unknown == [], f"{name} reads {unknown}: add them to posenc.backends.memo.FIELDS"
+                undeclared = sorted({memo.FIELDS[f] for f in seen} - backend.reads)
+                assert undeclared == [], (
+                    f"{name} reads {undeclared} of {make.label} but declares {sorted(backend.reads)}"
+                )
+
+
+class _Reading:
+    """A user backend serving rotary encodings, first in line, refusing odd positions: it reads positions."""
+
+    name = "reads_positions"
+    kinds = frozenset({posenc_kind.ROTARY})
+
+    def __init__(self, reads):
+        self.reads = reads
+
+    def reasons(self, request):
+        return [] if int(request.q_pos[0, 0]) % 2 == 0 else ["odd first position"]
+
+    def declines(self, request):
+        return []
+
+    def run(self, request):
+        raise AssertionError("not run here")
+
+
+@pytest.mark.parametrize("reads", [frozenset({"tensors", "positions"}), None])
+def test_a_backend_that_reads_positions_or_declares_nothing_turns_the_memo_off(reads):
+    from posenc.backends import _BACKENDS, _select, requested_backend
+
+    before = PRIORITY["cpu"]
+    try:
+        register_backend(_Reading(reads))
+        set_priority("cpu", ("reads_positions", *before))
+        with torch.no_grad():
+            even, odd = build("rope|1|causal|offset=10"), build("rope|1|causal|offset=11")
+            assert memo.signature(even, "auto", _BACKENDS) is None
+            assert select_backend(even).name == "reads_positions"
+            assert select_backend(odd).name == _select(odd, requested_backend("auto")).name == "sdpa"
+            assert memo.signature(build("alibi|300|causal"), "auto", _BACKENDS) is None  # bias: positions
+            assert memo.signature(build("rope|700|causal"), "auto", _BACKENDS) is None  # its kind
+    finally:
+        _BACKENDS.pop("reads_positions", None)
+        set_priority("cpu", before)
+        memo.bump()
+    assert memo.signature(build("rope|1|causal|offset=10"), "auto", _BACKENDS) is not None
+
+
+def test_a_backend_s_declarations_are_checked_when_it_registers():
+    bad = _Reading(frozenset({"tensors", "the moon"}))
+    with pytest.raises(ValueError, match=r"reads \['the moon'\] are not among tensors"):
+        register_backend(bad)
+    bad = _Reading(["tensors"])
+    with pytest.raises(TypeError, match="reads must be a frozenset"):
+        register_backend(bad)
+    bad = _Reading(frozenset({"tensors"}))
+    bad.kinds = {"rotary"}
+    with pytest.raises(TypeError, match="kinds must be a frozenset of Kind"):
+        register_backend(bad)
+
+
+def test_a_kind_a_backend_does_not_serve_gets_one_reason_naming_the_kinds_it_does():
+    from posenc.backends import backend_limits
+
+    request = build("shaw:k=16|300|causal")
+    assert backend_limits(get_backend("segments"), request) == [
+        "serves absolute, rotary encodings only; shaw is content"
+    ]

@@ -88,7 +88,7 @@ def test_a_backend_that_takes_no_flag_is_refused_naming_the_flag(registered):
         name = "slotted_test_backend"
         reasons = declines = run = _Plain.reasons
 
-    with pytest.raises(TypeError, match="serves_input_bias"):
+    with pytest.raises(TypeError, match="lacks serves_dropout and takes no attribute"):
         registered(Slotted())
 
 

@@ -56,6 +56,15 @@ class Backend(Protocol):
     """
 
     name: str
+    #: The encoding kinds it serves at all: a fact the dispatcher checks before asking anything else
+    #: (a request of another kind gets one reason naming them); default: every kind.
+    kinds: frozenset[Kind] = frozenset(Kind)
+    #: What its ``reasons`` and ``declines`` read of a request of those kinds (names of
+    #: :data:`posenc.backends.memo.READS`): the dispatcher's memo keys on them. None (the default):
+    #: undeclared, so no request of those kinds is remembered.
+    reads: frozenset[str] | None = None
+    #: It applies attention dropout (``request.dropout_p > 0``): a fact the dispatcher checks.
+    serves_dropout: bool = False
     #: It evaluates input-dependent biases (FoX: ``request.token_states``); others read the
     #: encoding's position-only view, so :func:`backend_limits` refuses such requests for them.
     serves_input_bias: bool = False
@@ -85,6 +94,9 @@ def kind_reasons(request: AttentionRequest, kind: Kind) -> list[str]:
     return [f"serves {kind.name} encodings only; {request.encoding.name} is {request.kind.value}"]
 
 
+#: Why a backend without ``serves_dropout = True`` refuses a request with attention dropout.
+DROPOUT_REASON = "attention dropout is not implemented in this backend (sdpa and eager apply it)"
+
 #: Why a backend without ``serves_input_bias = True`` refuses an input-dependent bias (FoX).
 INPUT_BIAS_REASON = (
     "the bias depends on the layer input (token_states); this backend evaluates position-only biases"
@@ -98,7 +110,13 @@ def backend_limits(backend: Backend, request: AttentionRequest) -> list[str]:
     any other would read the encoding's position-only view and give silently wrong attention. Likewise
     it soft-caps logits (``request.softcap``) only when it says so (``serves_softcap = True``).
     """
-    reasons = list(backend.reasons(request))
+    if request.kind in backend.kinds:
+        reasons = list(backend.reasons(request))
+    else:  # a fact: the backend is not asked
+        served = ", ".join(k.value for k in Kind if k in backend.kinds)
+        reasons = [f"serves {served} encodings only; {request.encoding.name} is {request.kind.value}"]
+    if request.dropout_p > 0 and not backend.serves_dropout:
+        reasons.append(DROPOUT_REASON)
     if request.token_states is not None and not backend.serves_input_bias:
         reasons.append(INPUT_BIAS_REASON)
     if request.softcap is not None and not backend.serves_softcap:
@@ -133,13 +151,20 @@ _forced = _Forced()
 
 
 #: The :class:`Backend` flags and their defaults, given at registration to a backend without them.
-_FLAG_DEFAULTS = {"serves_input_bias": False, "serves_softcap": False}
+_FLAG_DEFAULTS = {
+    "serves_dropout": False,
+    "serves_input_bias": False,
+    "serves_softcap": False,
+    "kinds": frozenset(Kind),
+    "reads": None,
+}
 
 
 def register_backend(backend: Backend) -> Backend:
     """Add a backend by its ``name``; :mod:`~posenc.backends.dispatch` says where ``auto`` tries it.
 
-    A backend that does not declare a :class:`Backend` flag gets its default (False) here.
+    A backend that does not declare a :class:`Backend` flag gets its default here (False; every kind;
+    no declared reads, so the memo stays off for the kinds it serves).
     """
     missing = [m for m in ("reasons", "declines", "run") if not callable(getattr(backend, m, None))]
     if missing:
@@ -152,6 +177,9 @@ def register_backend(backend: Backend) -> Backend:
                 raise TypeError(
                     f"backend {backend!r} lacks {flag} and takes no attribute: declare {flag} = {default}"
                 ) from None
+    _memo.check_reads(backend.name, backend.reads)
+    if not isinstance(backend.kinds, frozenset) or not all(isinstance(k, Kind) for k in backend.kinds):
+        raise TypeError(f"backend {backend.name!r}: kinds must be a frozenset of Kind, got {backend.kinds!r}")
     _BACKENDS[backend.name] = backend
     _memo.bump()
     return backend

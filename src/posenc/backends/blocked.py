@@ -504,6 +504,9 @@ def blocked_bias_attention(req: AttentionRequest, block: int = DEFAULT_BLOCK) ->
 
 class BlockedBackend:
     name = "blocked"
+    kinds = frozenset({Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset({"tensors", "kind", "mask", "nonfinite", "softcap"})
     serves_softcap = True  # explicit blocks (see the module's docstring)
 
     def declines(self, request: AttentionRequest) -> list[str]:

@@ -103,8 +103,6 @@ def _limits(req: AttentionRequest) -> str | None:
         return f"the clipped split needs square self-attention with a plain causal mask or none ({mask.describe()})"
     if req.sinks is not None:
         return "the clipped split has no attention sinks"
-    if req.dropout_p > 0:
-        return "attention dropout is not implemented in the clipped split"
     if req.q_len < 2 * CLIPPED_BLOCK + 2:  # near blocks have CLIPPED_BLOCK rows at least
         return f"below {2 * CLIPPED_BLOCK + 2} queries the near blocks leave no far part"
     return None
@@ -117,6 +115,11 @@ def _terms(req: AttentionRequest) -> ClippedRelative | None:
 
 class ClippedBackend:
     name = "clipped"
+    kinds = frozenset({Kind.CONTENT})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset(
+        {"tensors", "kind", "encoding", "positions", "layer", "mask", "nonfinite", "sinks", "derived"}
+    )
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         why = _limits(request)

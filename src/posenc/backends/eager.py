@@ -50,6 +50,10 @@ def attention_probs(req: AttentionRequest) -> Tensor:
 
 class EagerBackend:
     name = "eager"
+    serves_dropout = True
+    kinds = frozenset(Kind)
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads: frozenset[str] = frozenset()
     serves_input_bias = True
     serves_softcap = True
 

@@ -166,6 +166,11 @@ def flex_bias_attention(req: AttentionRequest, *, compiled: bool = True) -> Tens
 
 class FlexBackend:
     name = "flex"
+    kinds = frozenset({Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset(
+        {"tensors", "kind", "encoding", "mask", "need_weights", "grad", "sinks", "softcap", "token_states"}
+    )
     # An input-dependent bias (FoX) runs through its pointwise bias_at_index (the score_mod).
     serves_input_bias = True
     serves_softcap = True  # the score_mod caps each score
@@ -209,8 +214,6 @@ class FlexBackend:
             reasons.append(f"FlexAttention is not compiled for device {device!r}")
         if request.need_weights:
             reasons.append("FlexAttention returns no attention weights")
-        if request.dropout_p > 0:
-            reasons.append("FlexAttention has no attention dropout")
         if request.sinks is not None:
             reasons.append(
                 "attention sinks are not wired into the flex backend (blocked and eager serve them)"

@@ -29,6 +29,9 @@ CHUNK = 64
 
 class HouseholderBackend:
     name = "householder"
+    kinds = frozenset({Kind.CONTENT})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset({"tensors", "kind", "encoding", "mask", "need_weights", "sinks"})
     serves_input_bias = True
 
     def reasons(self, request: AttentionRequest) -> list[str]:
@@ -46,8 +49,6 @@ class HouseholderBackend:
             )
         if request.sinks is not None:
             reasons.append("attention sinks are not implemented in the householder backend")
-        if request.dropout_p > 0:
-            reasons.append("attention dropout is not implemented in the householder backend")
         if request.k.shape[1] != request.encoding.num_kv_heads:
             reasons.append(
                 f"path was built with num_kv_heads={request.encoding.num_kv_heads} but k has "

@@ -524,6 +524,9 @@ def near_far_attention(req: AttentionRequest, block: int = NEAR_BLOCK) -> Tensor
 
 class NearFarBackend:
     name = "near_far"
+    kinds = frozenset({Kind.BIAS})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset({"tensors", "kind", "encoding", "positions", "mask", "nonfinite", "scale", "derived"})
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         if request.kind is not Kind.BIAS:

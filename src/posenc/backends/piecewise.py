@@ -37,6 +37,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from ..encodings._rope_parts import PartTile, PiecewiseRoPE
+from ..encodings.base import Kind
 from ..kernels.rope import rotary
 from . import AttentionRequest, register_backend
 from .parts.exact import same_consecutive_positions
@@ -340,6 +341,9 @@ def _plan_reasons(req: AttentionRequest) -> list[str]:
 
 class PiecewiseBackend:
     name = "piecewise"
+    kinds = frozenset({Kind.CONTENT})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset({"tensors", "kind", "encoding", "positions", "mask", "nonfinite", "sinks", "grad"})
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         flash = cpu_flash_limit(request.q)

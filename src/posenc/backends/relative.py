@@ -87,12 +87,13 @@ def relative_attention(
 
 class RelativeBackend:
     name = "relative"
+    kinds = frozenset({Kind.CONTENT})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset({"kind"})
     serves_softcap = True  # the encoding's logits are explicit, a block at a time
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         reasons = kind_reasons(request, Kind.CONTENT)
-        if request.dropout_p > 0:
-            reasons.append("attention dropout is not implemented in the relative backend")
         return reasons
 
     def declines(self, request: AttentionRequest) -> list[str]:

@@ -55,6 +55,12 @@ class _FlashWithSinks(torch.autograd.Function):
 
 class SdpaBackend:
     name = "sdpa"
+    serves_dropout = True
+    kinds = frozenset({Kind.ABSOLUTE, Kind.ROTARY, Kind.BIAS})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset(
+        {"tensors", "kind", "encoding", "mask", "dropout", "nonfinite", "sinks", "token_states", "grad"}
+    )
     serves_input_bias = True
 
     def reasons(self, request: AttentionRequest) -> list[str]:

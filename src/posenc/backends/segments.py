@@ -381,6 +381,9 @@ def _segment_cost(groups: list[_Group]) -> float:
 
 class SegmentsBackend:
     name = "segments"
+    kinds = frozenset({Kind.ABSOLUTE, Kind.ROTARY})
+    # what reasons and declines read (posenc.backends.memo.READS): the memo's key
+    reads = frozenset({"tensors", "kind", "mask", "nonfinite"})
 
     def reasons(self, request: AttentionRequest) -> list[str]:
         if request.kind in (Kind.BIAS, Kind.CONTENT):

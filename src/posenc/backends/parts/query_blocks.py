@@ -65,8 +65,6 @@ def query_block_reasons(request: AttentionRequest) -> list[str]:
             f"v's head size {request.v.shape[-1]} differs from q/k's {request.q.shape[-1]}: "
             "the fused kernel takes one head size"
         )
-    if request.dropout_p > 0:
-        reasons.append("attention dropout is not implemented in the blocked backend and the splits")
     if request.q.device.type == "cpu" and request.has_nonfinite:
         reasons.append(NONFINITE_REASON)
     additive = request.mask.additive
