@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from .cluster.sharding import Shard
 from .plan import check_experiment, plan_runs
 from .results.folders import finished_runs
+from .shard import Shard
 from .train import ExperimentConfig, RunSpec, run_id_for
 from .variants import parse_eval_variants, variant_run_id
 

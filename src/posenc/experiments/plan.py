@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from ..backends import NoBackendError
-from .cluster.shards import Shard
 from .results.folders import check_folder_settings, check_writable_folder
+from .shard import Shard
 from .tasks.catalog import Task
 from .train import ExperimentConfig, RunSpec, build_model
 from .variants import check_variants

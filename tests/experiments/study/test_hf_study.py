@@ -630,3 +630,23 @@ def test_posenc_extrapolate_prints_the_study_table_whole_at_80_columns(model_dir
     text = terminal.file.getvalue()
     table = study_summary(settings, read_records(study / "results.jsonl"))
     assert "…" not in text and all(cell in text for cell in _cells(table))
+
+
+def test_the_study_says_when_its_precision_is_emulated_on_this_cpu(model_dir, corpus, tmp_path, monkeypatch):
+    from posenc.experiments.study import precision
+
+    monkeypatch.setattr(precision, "cpu_description", lambda: {"cpu": "Some CPU", "isa": ["avx2"]})
+    lines: list[str] = []
+    run_study(
+        model_dir,
+        tmp_path / "out",
+        task="text-lm",
+        eval_examples=2,
+        corpus=corpus,
+        dtype="bfloat16",
+        log=lines.append,
+    )
+    assert any(
+        line.startswith("--dtype bfloat16: this CPU (Some CPU; avx2) has no avx512_bf16 or amx_bf16")
+        for line in lines
+    )

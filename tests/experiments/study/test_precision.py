@@ -90,3 +90,25 @@ def test_a_bfloat16_study_is_near_float32_records_its_machine_and_never_mixes_wi
     with pytest.raises(ValueError, match=r"--dtype 'int8'"):
         run_study(model_dir, tmp_path / "int8", dtype="int8", **options)
     assert not (tmp_path / "int8").exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "isa", "emulated"),
+    [
+        ("bfloat16", ["avx2"], True),
+        ("bfloat16", ["avx2", "avx512f", "avx512_bf16"], False),
+        ("bfloat16", ["avx2", "avx512f", "amx_tile", "amx_bf16"], False),
+        ("float16", ["avx2", "avx512f", "avx512_bf16"], True),
+        ("float32", ["avx2"], False),
+    ],
+)
+def test_a_half_precision_without_its_instructions_is_named_as_emulated(monkeypatch, name, isa, emulated):
+    from posenc.experiments.study import precision
+
+    monkeypatch.setattr(precision, "cpu_description", lambda: {"cpu": "Some CPU", "isa": isa})
+    note = precision.emulated_note(name, "cpu")
+    assert (note is not None) == emulated
+    if emulated:
+        assert note.startswith(f"--dtype {name}: this CPU (Some CPU; {', '.join(isa)}) has no ")
+        assert "--dtype float32 is faster here" in note
+    assert precision.emulated_note(name, "meta") is None

@@ -1,47 +1,20 @@
-"""Shards: part ``i`` of ``n`` of an experiment's list of units (``--shard i/n``), and the shard of a
-Slurm array task read from the environment Slurm sets (``--shard slurm``).
+"""Reading a shard (:class:`~posenc.experiments.shard.Shard`, part ``i`` of ``n`` of a grid's units)
+from the command line (``--shard i/n``) or from the environment Slurm sets for an array task
+(``--shard slurm``).
 
 The lowest room of the cluster work: it imports no sibling module. A unit is whatever a grid splits
-(a trained run, or a study's (variant, length)); shard ``i`` of ``n`` keeps the units at positions
-``i, i + n, ...``, so the assignment is a function of the command line alone and array tasks need
-no coordination. :mod:`.shards` merges what shards wrote; :mod:`.slurm` submits them.
+(a trained run, or a study's (variant, length)). :mod:`.shards` merges what shards wrote;
+:mod:`.slurm` submits them.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TypeVar
+from collections.abc import Mapping
+
+from ..shard import Shard
 
 __all__ = ["Shard", "parse_shard", "shard_from_slurm"]
-
-T = TypeVar("T")
-
-
-@dataclass(frozen=True)
-class Shard:
-    """Part ``index`` of ``count`` (``0 <= index < count``) of an experiment's grid of runs."""
-
-    index: int
-    count: int
-
-    def __post_init__(self) -> None:
-        if isinstance(self.index, bool) or isinstance(self.count, bool):
-            raise ValueError(f"--shard needs integers, got {self.index!r}/{self.count!r}")
-        if self.count < 1 or not 0 <= self.index < self.count:
-            raise ValueError(
-                f"--shard {self.index}/{self.count}: need i/n with n >= 1 and 0 <= i < n "
-                f"(the shards of {max(self.count, 1)} are 0/{max(self.count, 1)} .. "
-                f"{max(self.count, 1) - 1}/{max(self.count, 1)})"
-            )
-
-    def __str__(self) -> str:
-        return f"{self.index}/{self.count}"
-
-    def select(self, runs: Sequence[T]) -> list[T]:
-        """The items of this shard: those at positions ``index, index + count, ...`` of ``runs``."""
-        return [run for position, run in enumerate(runs) if position % self.count == self.index]
 
 
 def parse_shard(text: str, env: Mapping[str, str] | None = None) -> Shard:

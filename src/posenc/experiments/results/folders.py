@@ -26,8 +26,8 @@ from typing import Any
 
 from ...encodings.spec import split_specs
 from ..cluster.slurm_env import slurm_job_active
+from ..config import ExperimentConfig, RunSpec, run_id_for
 from ..tasks.catalog import Metric, Task
-from ..train import ExperimentConfig, RunSpec, run_id_for
 from .records import (
     RUN_METRICS,
     atomic_write_text,

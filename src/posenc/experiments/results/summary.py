@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..cluster.shards import missing_runs_note
+from ..config import ExperimentConfig
 from ..tasks.catalog import Metric
-from ..train import ExperimentConfig
 from ..variants import row_labels
 from .records import IID, INTERVAL_METHOD, Record, SummaryRow, as_records, summarize
 

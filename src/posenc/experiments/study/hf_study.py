@@ -105,7 +105,7 @@ from .plan import (
     study_units,
     unit_id,
 )
-from .precision import cast_weights, check_dtype_runs, cpu_description, study_dtype
+from .precision import cast_weights, check_dtype_runs, cpu_description, emulated_note, study_dtype
 from .reading import bucket_interval
 from .summary import study_summary  # re-exported: the study's table
 
@@ -169,6 +169,9 @@ def run_study(
     plan = study_grid(model_ref, **options, tuning_windows=tuning_windows, dtype=dtype, trials=trials).plan
     torch_device = resolve_device(device, Distributed())
     check_dtype_runs(dtype, torch_device)  # before the weights load
+    slow = emulated_note(dtype, torch_device)
+    if slow is not None:
+        (log or (lambda line: None))(slow)
     model, tokenizer, _ = load_model(model_ref)
     settings, scalings, labels = plan.settings, plan.scalings, plan.labels
     check_positions(model, settings["eval_len"], model_ref)  # on the CPU it loaded on, before .to(device)
