@@ -124,6 +124,41 @@ def test_no_import_cycle_in_src():
     assert cycles == [], f"import cycles (imports in functions counted): {cycles}"
 
 
+def mutual_rooms(graph: dict[str, set[str]], package: str) -> list[tuple[str, str]]:
+    """The pairs of rooms directly inside ``package`` (a sub-package, or a module at its top) that
+    import each other, in either direction through any of their modules."""
+    prefix = package + "."
+
+    def room(module: str) -> str | None:
+        return module[len(prefix) :].split(".")[0] if module.startswith(prefix) else None
+
+    edges = {(room(a), room(b)) for a, targets in graph.items() for b in targets}
+    edges = {(a, b) for a, b in edges if a and b and a != b}
+    return sorted({tuple(sorted((a, b))) for a, b in edges if (b, a) in edges})
+
+
+def test_the_rooms_of_experiments_import_one_way():
+    """Inside experiments/ the folders follow a call: no two rooms (runtime, results, study, cluster,
+    grid, plan, ...) import each other."""
+    assert mutual_rooms(import_graph(SOURCE), "posenc.experiments") == []
+
+
+def test_the_room_checker_finds_two_rooms_that_import_each_other(tmp_path):
+    package = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a/__init__.py": "",
+            "a/one.py": "from ..b import two\n",
+            "b/__init__.py": "",
+            "b/two.py": "def f():\n    from ..a import one\n",
+            "c.py": "from .a import one\n",
+        },
+    )
+    graph = {k.replace(package.name, "pkg", 1): v for k, v in import_graph(package).items()}
+    assert mutual_rooms(graph, "pkg") == [("a", "b")]
+
+
 def _tree(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         path = root / "pkg" / name

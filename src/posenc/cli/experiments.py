@@ -329,11 +329,11 @@ def _train_on_task(
 ) -> None:
     """``extrapolate`` without ``--hf-model``: train the (encoding x seed) grid on the task (each task
     of ``preset``), write the results folder(s) and print the summary table(s)."""
-    from ..experiments.cluster.distributed import Distributed
     from ..experiments.cluster.shards import parse_shard
     from ..experiments.results.records import read_run_records
     from ..experiments.results.summary import summary_table
     from ..experiments.runner import ExperimentInterrupted, WorkerDied, run_experiment
+    from ..experiments.runtime.distributed import Distributed
     from ..viz.folder import write_figures
 
     config = config_from_options(options)

@@ -2,7 +2,7 @@
 
 :func:`run_experiment` checks the plan (:mod:`.plan`), holds the folder (:mod:`.folders`), skips
 the runs it has finished, trains the others in worker processes (:mod:`.workers`) or, under
-``torchrun``, with every process in one DDP job per run (:mod:`.distributed`), evaluates the
+``torchrun``, with every process in one DDP job per run (:mod:`.runtime.distributed`), evaluates the
 inference-time variants, and writes the records; :func:`~.summary.summary_table` summarizes them.
 
 Resume: a run whose records are in ``results.jsonl`` is finished and skipped; any other run
@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from .cluster.distributed import Distributed, process_group, resolve_device
 from .cluster.shards import Shard
 from .cluster.workers import (
     ExperimentInterrupted,
@@ -39,6 +38,7 @@ from .results.folders import (
 )
 from .results.records import RUNS_FILE, append_records, read_records, split_run_records
 from .results.summary import SummaryTable, summary_table
+from .runtime.distributed import Distributed, process_group, resolve_device
 from .tasks.catalog import Task
 from .train import ExperimentConfig, Interrupted, Reporter, RunSpec, run_id_for, train_and_evaluate
 from .variants import evaluate_variant, row_labels, variant_run_id, variant_runs

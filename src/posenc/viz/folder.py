@@ -28,7 +28,7 @@ from ..experiments.results.records import (
 )
 from ..experiments.tasks.catalog import TASKS
 from ..experiments.train import ExperimentConfig
-from ..experiments.variants import row_labels
+from ..experiments.variant_specs import row_labels
 from .curves import curve_figure
 from .depth import depth_heatmap_figure, has_depths
 

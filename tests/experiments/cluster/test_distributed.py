@@ -1,4 +1,4 @@
-"""Distributed training (posenc.experiments.cluster.distributed): torchrun on two CPU processes gives the
+"""Distributed training (posenc.experiments.runtime.distributed): torchrun on two CPU processes gives the
 records of one."""
 
 from __future__ import annotations

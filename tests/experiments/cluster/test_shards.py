@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from posenc.experiments import ExperimentConfig, run_experiment, summary_table
-from posenc.experiments.cluster.shards import Shard, merge_folders, missing_runs
+from posenc.experiments.cluster.shards import Shard, merge_folders
+from posenc.experiments.results.summary import missing_runs
 from posenc.experiments.train import RunSpec
 from posenc.viz.folder import write_figures
 

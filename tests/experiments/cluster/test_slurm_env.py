@@ -1,4 +1,4 @@
-"""Slurm's environment (posenc.experiments.cluster.slurm_env): the rendezvous of a job step read from Slurm
+"""Slurm's environment (posenc.experiments.runtime.slurm_env): the rendezvous of a job step read from Slurm
 (a fake scontrol), and outside a step the variable it lacks named."""
 
 from __future__ import annotations

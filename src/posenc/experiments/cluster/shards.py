@@ -37,8 +37,6 @@ from ..results.folders import (
 from ..results.records import (
     MEASUREMENT_KEY,
     RUNS_FILE,
-    Record,
-    as_records,
     atomic_write,
     atomic_write_text,
     differing_fields,
@@ -48,6 +46,7 @@ from ..results.records import (
     read_records,
     read_run_records,
 )
+from ..results.summary import missing_runs
 from ..study.paired import write_comparisons
 from ..study.plan import missing_units
 from ..train import ExperimentConfig, RunSpec
@@ -57,37 +56,9 @@ __all__ = [
     "MergeSummary",
     "Shard",
     "merge_folders",
-    "missing_runs",
-    "missing_runs_note",
     "missing_units_note",
     "parse_shard",
 ]
-
-
-def missing_runs(
-    task: str, encodings: Iterable[str], seeds: Iterable[int], records: Iterable[Record | dict[str, Any]]
-) -> list[RunSpec]:
-    """The runs of the (encoding x seed) grid of ``task`` that have no record in ``records`` (a
-    record without a task counts as one of ``task``)."""
-    present = {(r.encoding, r.seed) for r in as_records(records) if r.task in ("", task)}
-    grid = [RunSpec(encoding, seed) for seed in seeds for encoding in encodings]
-    return [run for run in grid if (run.encoding, run.seed) not in present]
-
-
-def missing_runs_note(
-    task: str, encodings: Iterable[str], seeds: Iterable[int], records: Iterable[Record | dict[str, Any]]
-) -> str | None:
-    """One line saying which runs of the grid this folder lacks (None when it holds them all)."""
-    encodings, seeds = list(encodings), list(seeds)
-    missing = missing_runs(task, encodings, seeds, records)
-    if not missing:
-        return None
-    total = len(encodings) * len(seeds)
-    shown = ", ".join(run.label for run in missing[:8]) + (", ..." if len(missing) > 8 else "")
-    return (
-        f"incomplete: {len(missing)} of {total} runs have no results here ({shown}); a shard holds part "
-        "of the grid: combine the shards' folders with posenc merge"
-    )
 
 
 def missing_units_note(settings: dict[str, Any], runs: Iterable[dict[str, Any]]) -> str | None:

@@ -25,7 +25,7 @@ Three pieces, each reading only what Slurm sets (see ``docs/architecture.md §8.
   ``srun``): ``torchrun``'s static rendezvous from ``SLURM_JOB_NODELIST`` (its first node, by
   ``scontrol show hostnames``, at its ``NodeAddr``), ``SLURM_NTASKS`` (the number of agents),
   ``SLURM_PROCID`` (this agent's rank) and ``SLURM_JOB_ID`` (the port), so that one run trains
-  with DDP across Slurm nodes (gloo on CPU, nccl on GPU, :mod:`.distributed`).
+  with DDP across Slurm nodes (gloo on CPU, nccl on GPU, :mod:`..runtime.distributed`).
 
 Scripts rather than ``submitit``: the scripts are plain files a user can read, edit and resubmit
 by hand, they need no dependency beyond ``sbatch`` on ``PATH``, and each array task runs the
@@ -55,15 +55,15 @@ from ..grid import (
 )
 from ..plan import plan_runs
 from ..results.folders import check_writable_folder
-from ..train import ExperimentConfig, RunSpec
-from .sharding import shard_from_slurm
-from .slurm_env import (
+from ..runtime.slurm_env import (
     Rendezvous,
     Runner,
     rendezvous_from_slurm,
     run_slurm_command,
     slurm_job_active,
 )
+from ..train import ExperimentConfig, RunSpec
+from .sharding import shard_from_slurm
 
 __all__ = [
     "Grid",

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from ..results.folders import checkpoint_path
+from ..runtime.distributed import Distributed
 from ..train import ExperimentConfig, Interrupted, Reporter, RunSpec, train_and_evaluate
-from .distributed import Distributed
 
 __all__ = [
     "PARENT_POLL_SECONDS",

@@ -14,10 +14,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..cluster.shards import missing_runs
 from ..results.agreement import BootstrapInterval
 from ..results.records import experiment_settings, load_config, read_records, read_run_records
 from ..results.summary import SummaryTable as Table  # the same plain-text table as the summary
+from ..results.summary import missing_runs
 from ..train import ExperimentConfig
 
 __all__ = [

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ...encodings.spec import split_specs
-from ..cluster.slurm_env import slurm_job_active
 from ..config import ExperimentConfig, RunSpec, run_id_for
+from ..runtime.slurm_env import slurm_job_active
 from ..tasks.catalog import Metric, Task
 from .records import (
     RUN_METRICS,

@@ -7,17 +7,16 @@ Rich, ``str(table)`` gives it as plain text, and the HTML report shows the same 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..cluster.shards import missing_runs_note
-from ..config import ExperimentConfig
+from ..config import ExperimentConfig, RunSpec
 from ..tasks.catalog import Metric
-from ..variants import row_labels
+from ..variant_specs import row_labels
 from .records import IID, INTERVAL_METHOD, Record, SummaryRow, as_records, summarize
 
-__all__ = ["INTERVAL_NOTE", "SummaryTable", "summary_table"]
+__all__ = ["INTERVAL_NOTE", "SummaryTable", "missing_runs", "missing_runs_note", "summary_table"]
 
 
 @dataclass(frozen=True)
@@ -216,3 +215,29 @@ def _steps_to_fit_notes(runs: list[dict[str, Any]], config: ExperimentConfig) ->
         f"apart from the evaluation's, so a row may pass it and still not fit here; '-': not within "
         f"{config.steps}): {cells}"
     ]
+
+
+def missing_runs(
+    task: str, encodings: Iterable[str], seeds: Iterable[int], records: Iterable[Record | dict[str, Any]]
+) -> list[RunSpec]:
+    """The runs of the (encoding x seed) grid of ``task`` that have no record in ``records`` (a
+    record without a task counts as one of ``task``)."""
+    present = {(r.encoding, r.seed) for r in as_records(records) if r.task in ("", task)}
+    grid = [RunSpec(encoding, seed) for seed in seeds for encoding in encodings]
+    return [run for run in grid if (run.encoding, run.seed) not in present]
+
+
+def missing_runs_note(
+    task: str, encodings: Iterable[str], seeds: Iterable[int], records: Iterable[Record | dict[str, Any]]
+) -> str | None:
+    """One line saying which runs of the grid this folder lacks (None when it holds them all)."""
+    encodings, seeds = list(encodings), list(seeds)
+    missing = missing_runs(task, encodings, seeds, records)
+    if not missing:
+        return None
+    total = len(encodings) * len(seeds)
+    shown = ", ".join(run.label for run in missing[:8]) + (", ..." if len(missing) > 8 else "")
+    return (
+        f"incomplete: {len(missing)} of {total} runs have no results here ({shown}); a shard holds part "
+        "of the grid: combine the shards' folders with posenc merge"
+    )

@@ -39,10 +39,10 @@ import torch
 from torch import Tensor, nn
 
 from ...pretrained.loading import MODELS, causal_lm_class_name, load, load_config
-from ..cluster.distributed import Distributed, resolve_device
 from ..results.folders import FigureWriter, folder_lock, write_outputs
 from ..results.records import RUNS_FILE, atomic_write_text, iid_record
 from ..results.summary import summary_table
+from ..runtime.distributed import Distributed, resolve_device
 from ..tasks.catalog import PERPLEXITY, ByteLM, Task
 from ..tasks.retrieval import Passkey
 from ..train import ExperimentConfig

@@ -72,9 +72,9 @@ import torch
 from torch import Tensor, nn
 
 from ...pretrained.loading import load
-from ..cluster.distributed import Distributed, resolve_device
 from ..results.folders import FigureWriter, folder_lock, write_outputs
 from ..results.records import RUNS_FILE, atomic_write_text, read_records, wilson_interval
+from ..runtime.distributed import Distributed, resolve_device
 
 # Imported by name, so _run_unit looks them up here (a test replaces hf_study.greedy_answer).
 from ..tasks.longppl import key_tokens, long_ppl, short_context_nll

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...experiments.cluster.shards import missing_runs_note, missing_units_note
+from ...experiments.cluster.shards import missing_units_note
 from ...experiments.results.compare import Ranking, rank_rows
 from ...experiments.results.records import (
     Record,
@@ -26,12 +26,12 @@ from ...experiments.results.records import (
     read_results,
     read_run_records,
 )
-from ...experiments.results.summary import SummaryTable, summary_table
+from ...experiments.results.summary import SummaryTable, missing_runs_note, summary_table
 from ...experiments.study.hf_study import study_summary
 from ...experiments.study.reading import verdict_table
 from ...experiments.tasks.catalog import TASKS, Metric
 from ...experiments.train import ExperimentConfig
-from ...experiments.variants import row_labels
+from ...experiments.variant_specs import row_labels
 
 __all__ = ["FolderView", "Summary", "read_folder"]
 
