@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import posenc
+from posenc.benchmarks._harness import machine
 
 #: (posenc spec, x-transformers keyword arguments for TransformerWrapper / Decoder)
 ENCODINGS = {
@@ -92,7 +93,7 @@ def main() -> None:
     batches = [torch.randint(0, args.vocab, (args.batch, args.seq)) for _ in range(args.steps)]
     print(
         f"d_model={args.d_model} layers={args.layers} heads={args.heads} seq={args.seq} batch={args.batch} "
-        f"threads={args.threads}, {args.steps} steps x {args.repeats} interleaved repeats; torch {torch.__version__}"
+        f"threads={args.threads}, {args.steps} steps x {args.repeats} interleaved repeats; {machine()}"
     )
     print(
         f"{'encoding':<9} {'params ours/theirs':>19} {'posenc steps/s':>24} {'x-transformers steps/s':>24} {'ratio':>6}"

@@ -73,6 +73,11 @@ BENCHMARKS: dict[str, tuple[str, list[str], str]] = {
         [],
         "HF generate with a static cache and torch.compile: sdpa vs attn_implementation='posenc' (and eager)",
     ),
+    "denormals": (
+        "bench_denormals",
+        [],
+        "ALiBi, a bias far below the row maximum: denormals flushed (posenc's scope) and kept, side by side",
+    ),
     "study-dtype": (
         "bench_study_dtype",
         [],
@@ -98,6 +103,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "hf": ["--sizes", "512", "--window", "64", "--repeats", "2"],
     "split": ["--sizes", "1024", "--window", "128", "--repeats", "2"],
     "piecewise": ["--sizes", "1024", "--repeats", "2"],
+    "denormals": ["--sizes", "1024", "--repeats", "2"],
     "decode": ["--caches", "256", "--steps", "32", "--repeats", "2", "--new", "16", "--prompt", "32"],
     "families": ["--sizes", "512", "--long", "", "--repeats", "2", "--no-memory"],
     "compile": ["--prompt", "16", "--new", "8", "--repeats", "1"],
