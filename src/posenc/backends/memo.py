@@ -156,36 +156,36 @@ def generation() -> int:
 def reads_for(kind: Kind, backends: dict) -> frozenset[str] | None:
     """The reads that decide a request of ``kind``: the dispatcher's and those of every backend that
     serves the kind; None when one of those declares none."""
-    known = _known(kind, backends)
-    return None if known is None else frozenset(known)
+    union: set[str] = set(DISPATCHER_READS)
+    for backend in backends.values():
+        if kind not in backend.kinds:
+            continue
+        if backend.reads is None:
+            return None
+        union |= backend.reads
+    return frozenset(union)
 
 
-def _known(kind: Kind, backends: dict) -> tuple[str, ...] | None:
-    """:func:`reads_for` as a sorted tuple, worked out once per kind until :func:`bump`."""
+def _extractors(kind: Kind, backends: dict) -> tuple[Callable[[Any, bool], Hashable], ...] | None:
+    """The :data:`READS` entries of :func:`reads_for`, in a fixed order, worked out once per kind
+    until :func:`bump` (a decode step only calls them)."""
     known = _state["reads"]
     if kind not in known:
-        union: set[str] | None = set(DISPATCHER_READS)
-        for backend in backends.values():
-            if kind not in backend.kinds:
-                continue
-            if backend.reads is None:
-                union = None
-                break
-            union |= backend.reads
-        known[kind] = None if union is None else tuple(sorted(union))
+        reads = reads_for(kind, backends)
+        known[kind] = None if reads is None else tuple(READS[name] for name in sorted(reads))
     return known[kind]
 
 
 def signature(request, requested: str, backends: dict) -> tuple | None:
     """The memo key of ``request``, or None when its choice may depend on more than the key."""
-    reads = _known(request.kind, backends)
-    if reads is None:
+    extractors = _extractors(request.kind, backends)
+    if extractors is None:
         return None
     q, k = request.q, request.k
     small = q.device.type == "cpu" and q.shape[2] * k.shape[2] < query_blocks.MIN_AUTO_LOGITS
     key: list[Hashable] = [requested, dispatch.listed_order(q.device.type), torch.is_grad_enabled()]
-    for name in reads:
-        value = READS[name](request, small)
+    for read in extractors:
+        value = read(request, small)
         if value is UNKEYED:
             return None
         key.append(value)
