@@ -180,6 +180,8 @@ class Method:
     defaults: str
     #: Option values at which the method changes no position (plain RoPE): refused by name.
     plain_at: dict[str, float] = field(default_factory=dict)
+    #: Its derivation reads the wavelengths of the model's RoPE pairs (worked out only then).
+    reads_wavelengths: bool = False
 
 
 #: Every method ``--eval-variants`` takes beside the scalings, by name.
@@ -214,6 +216,7 @@ METHODS: dict[str, Method] = {
         _dpe,
         ("window",),
         "window c/8, factors from YaRN's ramp over each group's slowest pair (1 to Self-Extend's G)",
+        reads_wavelengths=True,
     ),
     "dca": Method(
         "dca",
@@ -288,7 +291,8 @@ def method_parameters(item: str, config: Any, context: int, eval_len: int) -> di
     rope = _method_rope(item, name, given, original, config, context, eval_len)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     try:
-        options = default_options(name, context, eval_len, given, _wavelengths(head_dim, rope))
+        wavelengths = _wavelengths(head_dim, rope) if METHODS[name].reads_wavelengths else ()
+        options = default_options(name, context, eval_len, given, wavelengths)
     except ValueError as err:
         raise ValueError(f"--eval-variants {item!r}: {err}") from None
     _check_below(item, name, options, eval_len)
