@@ -236,6 +236,7 @@ def test_the_command_list_shows_what_the_library_does_first_and_the_cluster_last
         "show",
         "plot",
         "extrapolate",
+        "extend",
         "study",
         "compare",
         "merge",

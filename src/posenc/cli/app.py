@@ -24,6 +24,7 @@ COMMAND_ORDER = (
     "show",
     "plot",
     "extrapolate",
+    "extend",
     "study",
     "compare",
     "merge",
@@ -139,6 +140,7 @@ def print_line(message: str) -> None:
 #: Modules that add sub-commands to :data:`app` when imported (skipped if not present yet).
 COMMAND_MODULES = [
     "posenc.cli.experiments",
+    "posenc.cli.extend",
     "posenc.cli.study",
     "posenc.cli.slurm",
     "posenc.cli.plots",

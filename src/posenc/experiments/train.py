@@ -30,12 +30,25 @@ from .config import ExperimentConfig, RunSpec, layer_specs, run_id_for  # re-exp
 from .results.records import atomic_write, iid_record
 from .tasks.catalog import IGNORE, Task, mix_seed
 
-__all__ = ["INTERRUPT_ENV", "ExperimentConfig", "Interrupted", "RunSpec", "run_id_for", "train_and_evaluate"]
+__all__ = [
+    "INTERRUPT_ENV",
+    "ExperimentConfig",
+    "Interrupted",
+    "PositionSampler",
+    "RunSpec",
+    "continue_training",
+    "run_id_for",
+    "train_and_evaluate",
+]
 
 #: Test hook: stop (as if interrupted with Ctrl-C) after this many training steps in this process.
 INTERRUPT_ENV = "POSENC_INTERRUPT_AFTER_STEPS"
 
 Reporter = Callable[[str, str, int, int, str], None]
+
+#: ``(rows, width, generator) -> [rows, width]`` training position ids (PoSE, CREAM): drawn after the
+#: step's batch from the step's data generator, so a resumed run draws the same ones.
+PositionSampler = Callable[[int, int, torch.Generator], torch.Tensor]
 
 #: Training steps taken by this process (all runs), for the :data:`INTERRUPT_ENV` test hook.
 _steps_this_process = 0
@@ -68,13 +81,22 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def build_model(config: ExperimentConfig, task: Task, encoding: str) -> nn.Module:
+def build_model(
+    config: ExperimentConfig, task: Task, encoding: str, pattern: list[Any] | None = None
+) -> nn.Module:
     """The experiment's model. ``max_len`` covers the longest evaluated sequence, so a learned
     absolute table has rows for every evaluated position; rows past the training positions are
     never updated and stay at their random initialisation (the honest reason learned PE fails).
     ``encoding`` may name one spec per layer separated by ``/`` (a hybrid, see :mod:`posenc.layers.model`),
-    or a layer preset (``"gemma3:window=8"``, see :mod:`posenc.layers.patterns`)."""
-    layers = {"pattern": encoding} if is_layer_preset(encoding) else {"encoding": layer_specs(encoding)}
+    or a layer preset (``"gemma3:window=8"``, see :mod:`posenc.layers.patterns`); ``pattern``, one
+    :class:`~posenc.layers.patterns.LayerSpec` per layer, replaces the preset's own (an extension
+    recipe that changes some of its layers)."""
+    if pattern is not None:
+        layers: dict[str, Any] = {"pattern": pattern}
+    elif is_layer_preset(encoding):
+        layers = {"pattern": encoding}
+    else:
+        layers = {"encoding": layer_specs(encoding)}
     return TransformerLM(
         task.vocab_size,
         config.d_model,
@@ -197,6 +219,34 @@ def train_and_evaluate(
     return [*records, iid_record(records, task.metric, config.train_len, config.fit_threshold, **fit_steps)]
 
 
+def continue_training(
+    model: nn.Module,
+    config: ExperimentConfig,
+    task: Task,
+    run: RunSpec,
+    checkpoint_path: Path,
+    report: Reporter,
+    *,
+    sample_positions: PositionSampler | None = None,
+    device: torch.device | None = None,
+    log: Callable[[str], None] = lambda message: None,
+) -> tuple[int, int]:
+    """Train ``model`` (its weights as given: trained, changed or fresh) for ``config.steps`` steps of
+    ``config``'s task and schedule with a new AdamW, resuming from ``checkpoint_path`` when it exists
+    and saving it as :func:`train_and_evaluate` does; returns ``(steps trained, positions seen)``
+    (rows x padded width summed over the batches, the resumed part included). The batches and
+    dropout of step ``s`` come from ``(run.seed, s)``; ``sample_positions`` gives the training
+    position ids (PoSE, CREAM). Raises :class:`Interrupted` after saving when asked to stop."""
+    device = device or torch.device("cpu")
+    training = _Training.around(config, model.to(device), sample_positions)
+    if checkpoint_path.exists():
+        training.resume(load_checkpoint(checkpoint_path, run, device))
+        log(f"{run.label}: resumed from its checkpoint at step {training.step}/{config.steps}")
+    saver = _Saver(checkpoint_path, 0, 1, run, config)
+    _train(training, config, task, run, saver, report, device, lambda: False)
+    return training.step, training.positions_seen
+
+
 @dataclass
 class _Training:
     """A run's training as it goes: what a checkpoint saves, and the step it has reached."""
@@ -206,16 +256,24 @@ class _Training:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     step: int = 0
     fitted_at: int | None = None  # the step at which an ``until_fit`` run fitted
+    sample_positions: PositionSampler | None = None  # training position ids other than 0..n-1
+    positions_seen: int = 0  # rows x padded width of every batch trained on (the compute spent)
 
     @classmethod
     def start(cls, config: ExperimentConfig, task: Task, run: RunSpec, device: torch.device) -> _Training:
         """A fresh model (from the global RNG, seeded by the caller), its AdamW and its schedule."""
-        model = build_model(config, task, run.encoding).to(device)
+        return cls.around(config, build_model(config, task, run.encoding).to(device))
+
+    @classmethod
+    def around(
+        cls, config: ExperimentConfig, model: nn.Module, sample_positions: PositionSampler | None = None
+    ) -> _Training:
+        """``model`` (fresh or trained) with a new AdamW and schedule from ``config``."""
         optimizer = torch.optim.AdamW(
             model.parameters(), lr=config.lr, betas=(0.9, 0.98), weight_decay=config.weight_decay
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config))
-        return cls(model, optimizer, scheduler)
+        return cls(model, optimizer, scheduler, sample_positions=sample_positions)
 
     def resume(self, state: dict[str, Any]) -> None:
         """Continue from a checkpoint's ``state`` (:func:`load_checkpoint`), the global RNG included."""
@@ -225,6 +283,7 @@ class _Training:
         torch.set_rng_state(state["torch_rng"].cpu())
         self.step = int(state["step"])
         self.fitted_at = state.get("fitted_at")
+        self.positions_seen = int(state.get("positions_seen", 0))
 
 
 @dataclass(frozen=True)
@@ -248,6 +307,7 @@ class _Saver:
                     "torch_rng": torch.get_rng_state(),
                     "step": training.step,
                     "fitted_at": training.fitted_at,
+                    "positions_seen": training.positions_seen,
                     "run": dataclasses.asdict(self.run),
                     "config": self.config.to_dict(),
                 },
@@ -311,8 +371,11 @@ def _train_step(
     batch = make_batch(config.min_train_len, config.train_len, config.batch_size, data_generator)
     documents = None if batch.document_ids is None else batch.document_ids.to(device)
     positions = None
-    if config.randomize_positions is not None:
-        rows, width = batch.inputs.shape
+    rows, width = batch.inputs.shape
+    training.positions_seen += rows * width
+    if training.sample_positions is not None:
+        positions = training.sample_positions(rows, width, data_generator).to(device)
+    elif config.randomize_positions is not None:
         positions = random_positions(rows, width, config.randomize_positions, data_generator).to(device)
     loss = _loss(trained, batch.inputs.to(device), batch.targets.to(device), documents, positions)
     training.optimizer.zero_grad(set_to_none=True)
