@@ -73,3 +73,18 @@ def test_ci_run_builds_the_site_strictly_in_environment_1_and_keeps_torch():
     assert "mkdocs build --strict --site-dir site-ci" in body
     ignored = (ROOT / ".gitignore").read_text().splitlines()
     assert "site/" in ignored and "site-ci/" in ignored
+
+
+def test_the_range_ends_read_folders_that_exist_and_leave_no_slow_test_out():
+    """The floor and newest stages run the default suite on ``range_paths`` (and posenc.hf's tests on
+    ``hf_paths``) and every slow test elsewhere: each named path must exist (a renamed folder would
+    silently leave the range ends), and the slow call must read what the range folders do not."""
+    run = (ROOT / ".ci" / "run").read_text()
+    for name in ("range_paths", "hf_paths"):
+        body = re.search(rf"^{name}=\(([^)]*)\)", run, flags=re.M).group(1)
+        paths = body.split()
+        assert paths, name
+        missing = [path for path in paths if not (ROOT / path).exists()]
+        assert not missing, f"{name} names {missing}, which do not exist"
+    assert 'for path in "${range_paths[@]}"; do range_rest+=("--ignore=$path"); done' in run
+    assert run.count('-m "slow and not real') == 2  # one slow call at each end, over range_rest
