@@ -218,6 +218,13 @@ class ExperimentConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> ExperimentConfig:
+        """The config of a folder's saved ``settings``; fields this version does not know are left out
+        (they only matter to the version that wrote them)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in settings.items() if k in known})
+
     def identity(self) -> dict[str, Any]:
         """The settings that must match for a resumed run to reuse this folder's results."""
         settings = {k: v for k, v in self.to_dict().items() if k not in self.RUNTIME_FIELDS}

@@ -14,7 +14,6 @@ The harness (:mod:`posenc.experiments`) writes data only (``config.json``, ``res
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +82,7 @@ def write_figures(folder: str | Path) -> list[Path]:
 
 def _config(settings: dict[str, Any]) -> ExperimentConfig:
     """The folder's :class:`ExperimentConfig` (fields this version does not know are left out)."""
-    known = {field.name for field in dataclasses.fields(ExperimentConfig)}
-    return ExperimentConfig(**{k: v for k, v in settings.items() if k in known})
+    return ExperimentConfig.from_settings(settings)
 
 
 def _save(fig: Any, path: Path) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -280,8 +280,7 @@ def merge_folders(
 def _config_from_settings(settings: dict[str, Any]) -> ExperimentConfig:
     """An :class:`ExperimentConfig` from a folder's settings (fields this version does not know are
     left out: they only matter to the version that wrote them)."""
-    known = {field.name for field in fields(ExperimentConfig)}
-    return ExperimentConfig(**{k: v for k, v in settings.items() if k in known})
+    return ExperimentConfig.from_settings(settings)
 
 
 def _copy_checkpoints(out: Path, sources: list[_Source], runs: set[Any]) -> None:

@@ -299,22 +299,23 @@ def resample_table_rows(trained: torch.Tensor, new_rows: int) -> torch.Tensor:
     return resampled[0].T.to(trained.dtype).contiguous()
 
 
-def learned_tables(model: torch.nn.Module) -> list[Learned]:
-    """The learned absolute tables of ``model`` (what ``interpolate_table`` resamples)."""
-    return [module for module in model.modules() if isinstance(module, Learned)]
+def learned_tables(model: torch.nn.Module, encoding: str) -> list[Learned]:
+    """The learned absolute tables of ``model`` (what ``interpolate_table`` resamples); ``ValueError``
+    naming ``encoding`` when it has none."""
+    tables = [module for module in model.modules() if isinstance(module, Learned)]
+    if not tables:
+        raise ValueError(
+            f"--recipes 'interpolate_table' does not apply to {encoding!r}: it has no learned absolute "
+            "table (give it with learned encodings only)"
+        )
+    return tables
 
 
 @torch.no_grad()
 def interpolate_tables(model: torch.nn.Module, encoding: str, ctx: RecipeContext) -> None:
     """Rows ``0..train_tokens-1`` of every learned table resampled onto rows ``0..target_tokens-1``;
     ``ValueError`` when the model has none."""
-    tables = learned_tables(model)
-    if not tables:
-        raise ValueError(
-            f"--recipes 'interpolate_table' does not apply to {encoding!r}: it has no learned absolute "
-            "table (give it with learned encodings only)"
-        )
-    for table in tables:
+    for table in learned_tables(model, encoding):
         weight = table.table.weight
         if weight.shape[0] < ctx.target_tokens:
             raise ValueError(

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 
 from ..config import ExperimentConfig, RunSpec, run_id_for
-from ..results.folders import checkpoint_path, folder_lock, write_outputs
+from ..results.folders import checkpoint_path, finished_runs, folder_lock, write_outputs
 from ..results.records import (
     RUNS_FILE,
     append_records,
@@ -44,7 +44,7 @@ from ..results.records import (
 )
 from ..tasks.catalog import Task, mix_seed
 from ..train import Reporter, build_model, continue_training, evaluate, load_checkpoint
-from .recipes import Recipe, RecipeContext, interpolate_tables, parse_recipes, recipe_layers
+from .recipes import Recipe, RecipeContext, interpolate_tables, learned_tables, parse_recipes, recipe_layers
 
 __all__ = ["ExtensionConfig", "extension_folder_config", "load_base_config", "run_extension"]
 
@@ -104,18 +104,14 @@ def load_base_config(folder: Path) -> ExperimentConfig:
         raise ValueError(
             f"{folder} is an extension folder; extend the folder it continues ({saved['extension']['base']['folder']})"
         )
-    settings = experiment_settings(saved)
-    known = {f.name for f in dataclasses.fields(ExperimentConfig)}
-    config = ExperimentConfig(**{k: v for k, v in settings.items() if k in known})
+    config = ExperimentConfig.from_settings(experiment_settings(saved))
     config.validate()
     return config
 
 
 def extension_folder_config(folder: Path) -> ExperimentConfig:
     """The experiment an extension folder's ``config.json`` records (rows, ``train_len`` = ``L2``)."""
-    settings = experiment_settings(load_config(folder))
-    known = {f.name for f in dataclasses.fields(ExperimentConfig)}
-    return ExperimentConfig(**{k: v for k, v in settings.items() if k in known})
+    return ExperimentConfig.from_settings(experiment_settings(load_config(folder)))
 
 
 def _row_labels(base: ExperimentConfig, recipes: list[Recipe]) -> list[str]:
@@ -215,22 +211,13 @@ def _check_recipes(base: ExperimentConfig, ext: ExtensionConfig, task: Task, rec
     for recipe in recipes:
         train = _training_config(base, ext, recipe)
         if recipe.kind.trains_short:
-            rows_ok = recipe.position_sampler(ctx)
-            rows_ok(
-                1, ctx.train_tokens, torch.Generator().manual_seed(0)
-            )  # CREAM: a too-short length is refused
+            # one row drawn now: CREAM refuses a length too short for its continuity head
+            recipe.position_sampler(ctx)(1, ctx.train_tokens, torch.Generator().manual_seed(0))
         for encoding in base.encodings:
             encoding_spec, pattern = recipe_layers(encoding, base.num_layers, recipe, ctx)
             if recipe.kind.resamples_tables:
                 with torch.device("meta"):
-                    model = build_model(train, task, encoding_spec, pattern)
-                from .recipes import learned_tables
-
-                if not learned_tables(model):
-                    raise ValueError(
-                        f"--recipes 'interpolate_table' does not apply to {encoding!r}: it has no learned absolute "
-                        "table (give it with learned encodings only)"
-                    )
+                    learned_tables(build_model(train, task, encoding_spec, pattern), encoding)
 
 
 def _base_checkpoints(folder: Path, base: ExperimentConfig) -> dict[RunSpec, Path]:
@@ -274,14 +261,6 @@ def _check_out(out: Path, payload: dict[str, Any]) -> None:
         raise ValueError(f"{out} holds an extension with other settings ({details}); give another --out")
 
 
-def _finished(out: Path, eval_len: int, metric: str) -> set[str]:
-    seen: dict[str, set[int]] = {}
-    for record in read_records(out / "results.jsonl"):
-        if record.get("metric") == metric:
-            seen.setdefault(record["run"], set()).add(record["length"])
-    return {run for run, lengths in seen.items() if set(range(1, eval_len + 1)) <= lengths}
-
-
 def run_extension(
     base_folder: Path,
     ext: ExtensionConfig,
@@ -316,11 +295,10 @@ def run_extension(
         },
     }
     torch_device = torch.device(device)
-    metric = task.metric.name
     with folder_lock(out):
         _check_out(out, payload)
         atomic_write_text(out / "config.json", json.dumps(payload, indent=2) + "\n")
-        finished = _finished(out, ext.eval_len, metric)
+        finished = finished_runs(out, folder_config, task.metric)
         ctx = _recipe_context(base, ext, task)
         for run, source in checkpoints.items():
             state = load_checkpoint(source, run, torch_device)

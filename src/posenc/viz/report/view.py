@@ -140,8 +140,7 @@ def read_folder(directory: str | Path) -> FolderView:
 
 def experiment_config(settings: dict[str, Any]) -> ExperimentConfig:
     """The :class:`ExperimentConfig` of ``settings`` (fields this version does not know are left out)."""
-    known = {field.name for field in dataclasses.fields(ExperimentConfig)}
-    return ExperimentConfig(**{k: v for k, v in settings.items() if k in known})
+    return ExperimentConfig.from_settings(settings)
 
 
 def _encodings_in_order(records: list[Record], settings: dict[str, Any]) -> list[str]:
